@@ -1,0 +1,1 @@
+"""convert package (to come)."""

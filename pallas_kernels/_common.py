@@ -1,0 +1,74 @@
+"""Shared helpers for the kernel families: implementation dispatch and validation.
+
+Kernel bodies in this package use only backend-neutral Pallas (`ref[...]` indexing, `pl.when`,
+`jnp` math, `lax.dot_general`), so the Triton lowering used today and a later Mosaic GPU port differ
+only in the `pallas_call` builders (`compiler_params`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+# Pool slot 0 is reserved: rows of a batch whose slot index is NULL_SLOT are padding. Kernels write
+# zeros to their outputs and never touch slot 0, so padded rows cost no branches and corrupt nothing.
+NULL_SLOT = 0
+
+IMPLS = ("auto", "pallas", "xla")
+
+
+@functools.cache
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def resolve_impl(impl: str) -> str:
+    """`auto` means Pallas on an NVIDIA GPU and XLA elsewhere."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "pallas" if on_gpu() else "xla"
+    return impl
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """Pallas runs compiled on GPU and in interpret mode everywhere else (CPU CI)."""
+    return (not on_gpu()) if interpret is None else bool(interpret)
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two that divides `n` and is <= `cap`."""
+    d = 1
+    while d * 2 <= cap and n % (d * 2) == 0:
+        d *= 2
+    return d
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_shape(name: str, arr, shape: tuple) -> None:
+    """`shape` may contain None for dimensions that are not checked."""
+    ok = len(arr.shape) == len(shape) and all(
+        s is None or a == s for a, s in zip(arr.shape, shape))
+    if not ok:
+        want = tuple("*" if s is None else s for s in shape)
+        raise ValueError(f"{name} has shape {tuple(arr.shape)}, expected {want}")
+
+
+def check_dtype(name: str, arr, allowed) -> None:
+    if jnp.dtype(arr.dtype) not in [jnp.dtype(a) for a in allowed]:
+        names = ", ".join(jnp.dtype(a).name for a in allowed)
+        raise ValueError(f"{name} has dtype {jnp.dtype(arr.dtype).name}, expected one of: {names}")
+
+
+FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+STATE_DTYPES = (jnp.float32, jnp.bfloat16)

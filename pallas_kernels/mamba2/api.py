@@ -1,0 +1,126 @@
+"""Public Mamba-2 decode ops: validate, pick an implementation, run.
+
+    y, state   = standard_decode(state, x, B, C, dt, A, D, slots)
+    y, buffers = replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
+    counts     = advance_counts(counts, slots, window)     # once per model step, not per layer
+
+Shapes: batch b rows, H heads of dim P, G groups (H % G == 0), state size N, pool of S slots
+(slot 0 = null slot for padding rows), window L.
+    x [b, H, P] activation dtype; B, C [b, G, N] activation dtype; dt [b, H] float32 (after
+    dt_bias + softplus); A [H] float32 (= -exp(A_log)); D [H] float32; slots [b] int32;
+    counts [S] int32 in [0, L - 1]; pools as in `ReplayBuffers` / state [S, H, P, N].
+Rows must name distinct slots (two rows on one slot would race).
+
+impl: "pallas" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp), "auto" (Pallas on
+GPU, XLA elsewhere). Donate the pools at your jit boundary so the in-place update is real.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, check, check_dtype, check_shape,
+                                    is_pow2, largest_pow2_divisor, resolve_impl,
+                                    resolve_interpret)
+from pallas_kernels.mamba2 import kernels, reference
+from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
+
+__all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",
+           "advance_counts", "MAX_WINDOW", "DEFAULT_BLOCK_P"]
+
+MAX_WINDOW = 64
+DEFAULT_BLOCK_P = 64
+_MIN_BLOCK_P = 4
+
+
+def _check_step_inputs(x, B, C, dt, A, D, slots, num_slots, state):
+    check(x.ndim == 3, f"x must be [batch, heads, head_dim], got shape {tuple(x.shape)}")
+    b, H, P = x.shape
+    check(B.ndim == 3, f"B must be [batch, groups, d_state], got shape {tuple(B.shape)}")
+    G, N = B.shape[1], B.shape[2]
+    check(G > 0 and H % G == 0, f"heads ({H}) must be a multiple of groups ({G})")
+    check(is_pow2(N), f"d_state N = {N} must be a power of two (Pallas Triton block sizes)")
+    check_shape("B", B, (b, G, N))
+    check_shape("C", C, (b, G, N))
+    check_shape("dt", dt, (b, H))
+    check_shape("A", A, (H,))
+    check_shape("D", D, (H,))
+    check_shape("slots", slots, (b,))
+    check_shape("state pool", state, (num_slots, H, P, N))
+    for name, arr in (("x", x), ("B", B), ("C", C)):
+        check_dtype(name, arr, FLOAT_DTYPES)
+    for name, arr in (("dt", dt), ("A", A), ("D", D)):
+        check_dtype(name, arr, (jnp.float32,))
+    check_dtype("slots", slots, (jnp.int32,))
+    check(num_slots >= 2, f"the pool needs slot 0 (null) plus at least one slot, has {num_slots}")
+    return H, P, G, N
+
+
+def _block_p(P, block_p):
+    if block_p is None:
+        block_p = largest_pow2_divisor(P, DEFAULT_BLOCK_P)
+    check(is_pow2(block_p) and P % block_p == 0,
+          f"block_p = {block_p} must be a power of two dividing head_dim P = {P}")
+    check(block_p >= _MIN_BLOCK_P,
+          f"head_dim P = {P} has no power-of-two tile >= {_MIN_BLOCK_P} dividing it")
+    return block_p
+
+
+def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=None,
+                    num_warps=4, num_stages=2, interpret=None):
+    """One standard Mamba-2 step (reads and writes the state of every row): the baseline.
+
+    Returns y [b, H, P] in x.dtype and the updated state pool [S, H, P, N].
+    """
+    check_shape("state", state, (None, None, None, None))
+    check_dtype("state", state, STATE_DTYPES)
+    _, P, _, _ = _check_step_inputs(x, B, C, dt, A, D, slots, state.shape[0], state)
+    if resolve_impl(impl) == "xla":
+        return reference.standard_decode(state, x, B, C, dt, A, D, slots)
+    return kernels.standard_decode_pallas(
+        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p), num_warps=num_warps,
+        num_stages=num_stages, interpret=resolve_interpret(interpret))
+
+
+def check_buffers(buffers: ReplayBuffers, counts):
+    """Validates a replay cache; returns its window L."""
+    ck, rx, rb, rdt = buffers
+    check_shape("checkpoint", ck, (None, None, None, None))
+    S, H, P, N = ck.shape
+    check_shape("ring_x", rx, (S, H, None, P))
+    L = rx.shape[2]
+    check(is_pow2(L) and L <= MAX_WINDOW,
+          f"window L = {L} must be a power of two in [1, {MAX_WINDOW}]")
+    check_shape("ring_b", rb, (S, None, L, N))
+    check_shape("ring_dt", rdt, (S, H, L))
+    check_shape("counts", counts, (S,))
+    check_dtype("checkpoint", ck, STATE_DTYPES)
+    check_dtype("ring_x", rx, FLOAT_DTYPES)
+    check_dtype("ring_b", rb, (rx.dtype,))
+    check_dtype("ring_dt", rdt, (jnp.float32,))
+    check_dtype("counts", counts, (jnp.int32,))
+    return L
+
+
+def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
+                  block_p=None, num_warps=4, num_stages=2, interpret=None):
+    """One ReplaySSM step (T = 1). Reads `counts` (advance them once per model step with
+    `advance_counts`). Returns y [b, H, P] in x.dtype and the updated buffers.
+
+    Rows with count == L - 1 fold the ring and the current token into the checkpoint; the
+    others only append the token to the ring. Decided per row on device.
+    """
+    check_buffers(buffers, counts)
+    _, P, G, _ = _check_step_inputs(x, B, C, dt, A, D, slots, buffers.checkpoint.shape[0],
+                                    buffers.checkpoint)
+    check_shape("ring_b", buffers.ring_b, (None, G, None, None))
+    if resolve_impl(impl) == "xla":
+        return reference.replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
+    return kernels.replay_decode_pallas(
+        buffers, counts, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p),
+        num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+
+
+def advance_counts(counts, slots, window: int):
+    """Commit one token per live row (see `reference.advance_counts`)."""
+    return reference.advance_counts(counts, slots, window)

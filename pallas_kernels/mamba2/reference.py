@@ -1,0 +1,177 @@
+"""Pure-jnp Mamba-2 decode: the oracle for the kernels and the XLA implementation (`impl="xla"`).
+
+Notation (per head h of dim P, group g = h // (H // G), state size N):
+
+    standard step:  S <- exp(dt A) S + dt x B^T          y = S C + D x
+    replay step:    tokens w_0..w_c = ring[0:c] + current token (c = count)
+                    s_j = dt_j exp(A sum_{i>j} dt_i),  decay = exp(A sum_j dt_j)
+                    y = decay (S0 C) + sum_j s_j (B_j . C) x_j + D x          (never forms S)
+                    fold when c == L - 1:  S0 <- decay S0 + sum_j s_j x_j B_j^T,  count <- 0
+                    otherwise:             ring[c] <- (x, B, dt),              count <- c + 1
+
+`dt` is always the value after dt_bias and softplus, float32; `A = -exp(A_log)`.
+All math runs in float32 (float64 if the inputs are float64) at HIGHEST matmul precision.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels._common import NULL_SLOT
+
+_HI = lax.Precision.HIGHEST
+
+
+class ReplayBuffers(NamedTuple):
+    """Per-layer ReplaySSM cache for a pool of `S` sequence slots (slot 0 is the null slot).
+
+    checkpoint: [S, H, P, N] state dtype (float32 default, bfloat16 optional)
+    ring_x:     [S, H, L, P] ring dtype, post-conv x of the tokens since the checkpoint
+    ring_b:     [S, G, L, N] ring dtype, their B
+    ring_dt:    [S, H, L]    float32, their dt (after bias + softplus)
+
+    The committed count per slot ([S] int32) is shared by every SSM layer of a model and lives
+    outside this tuple; `L` (the window) is `ring_x.shape[2]`.
+    """
+
+    checkpoint: jax.Array
+    ring_x: jax.Array
+    ring_b: jax.Array
+    ring_dt: jax.Array
+
+    @property
+    def window(self) -> int:
+        return self.ring_x.shape[2]
+
+
+def init_replay_buffers(num_slots: int, num_heads: int, head_dim: int, d_state: int,
+                        n_groups: int, window: int = 16, state_dtype=jnp.float32,
+                        ring_dtype=jnp.bfloat16) -> ReplayBuffers:
+    """Zeroed buffers (never jnp.empty: padding rows read slot 0)."""
+    return ReplayBuffers(
+        checkpoint=jnp.zeros((num_slots, num_heads, head_dim, d_state), state_dtype),
+        ring_x=jnp.zeros((num_slots, num_heads, window, head_dim), ring_dtype),
+        ring_b=jnp.zeros((num_slots, n_groups, window, d_state), ring_dtype),
+        ring_dt=jnp.zeros((num_slots, num_heads, window), jnp.float32),
+    )
+
+
+def _compute_dtype(*arrays):
+    return jnp.float64 if any(a.dtype == jnp.float64 for a in arrays) else jnp.float32
+
+
+def _heads(v, num_heads):
+    """[b, G, ...] per-group tensor -> [b, H, ...] per-head view."""
+    return jnp.repeat(v, num_heads // v.shape[1], axis=1)
+
+
+def ssm_step(state, x, B, C, dt, A, D):
+    """One standard recurrence step for a batch of rows (no pool).
+
+    state [b, H, P, N]; x [b, H, P]; B, C [b, G, N]; dt [b, H]; A, D [H].
+    Returns y [b, H, P] and the new state [b, H, P, N], both in the compute dtype.
+    """
+    ct = _compute_dtype(state, x, B, dt)
+    H = x.shape[1]
+    state, x, dt, A, D = (a.astype(ct) for a in (state, x, dt, A, D))
+    Bh, Ch = _heads(B.astype(ct), H), _heads(C.astype(ct), H)
+    da = jnp.exp(dt * A)
+    new = da[..., None, None] * state + (dt[..., None] * x)[..., None] * Bh[:, :, None, :]
+    y = jnp.einsum("bhpn,bhn->bhp", new, Ch, precision=_HI) + D[:, None] * x
+    return y, new
+
+
+def replay_step(s0, ring_x, ring_b, ring_dt, count, x, B, C, dt, A, D):
+    """Closed-form replay step for a batch of rows (no pool).
+
+    s0 [b, H, P, N]; ring_x [b, H, L, P]; ring_b [b, G, L, N]; ring_dt [b, H, L]; count [b] in
+    [0, L - 1]; current token x [b, H, P], B, C [b, G, N], dt [b, H]; A, D [H].
+    Ring entries at positions >= count are ignored whatever they hold (NaN included).
+    Returns y [b, H, P] and the folded state [b, H, P, N] (the new checkpoint where
+    count == L - 1; meaningless elsewhere).
+    """
+    ct = _compute_dtype(s0, x, B, dt)
+    H, L = x.shape[1], ring_x.shape[2]
+    j = jnp.arange(L)
+    valid = j[None, :] < count[:, None]                       # [b, L]
+    cur = j[None, :] == count[:, None]
+
+    def window(ring, token):                                  # ring [b, H or G, L, ...]
+        shape = (valid.shape[0], 1, L) + (1,) * (ring.ndim - 3)
+        v, c = valid.reshape(shape), cur.reshape(shape)
+        return jnp.where(v, ring.astype(ct), jnp.where(c, token.astype(ct)[:, :, None], 0))
+
+    xw = window(ring_x, x)                                 # [b, H, L, P]
+    bw = _heads(window(ring_b, B), H)                   # [b, H, L, N]
+    dtw = window(ring_dt, dt)                              # [b, H, L]
+    A, D = A.astype(ct), D.astype(ct)
+    later = (j[None, :] > j[:, None]).astype(ct)              # later[j, i] = i > j
+    suffix = jnp.einsum("bhi,ji->bhj", dtw, later, precision=_HI)
+    s = dtw * jnp.exp(A[:, None] * suffix)                    # [b, H, L]
+    decay = jnp.exp(A * dtw.sum(-1))                          # [b, H]
+    Ch = _heads(C.astype(ct), H)
+    s0 = s0.astype(ct)
+    bc = jnp.einsum("bhln,bhn->bhl", bw, Ch, precision=_HI)
+    y = (decay[..., None] * jnp.einsum("bhpn,bhn->bhp", s0, Ch, precision=_HI)
+         + jnp.einsum("bhl,bhlp->bhp", s * bc, xw, precision=_HI)
+         + D[:, None] * x.astype(ct))
+    folded = decay[..., None, None] * s0 + jnp.einsum(
+        "bhlp,bhln->bhpn", xw * s[..., None], bw, precision=_HI)
+    return y, folded
+
+
+def _row_index(slots, live, num_slots):
+    """Scatter index: padding rows point past the pool and are dropped."""
+    return jnp.where(live, slots, num_slots)
+
+
+def standard_decode(state, x, B, C, dt, A, D, slots):
+    """Standard decode over a state pool: reads and writes the state of every row.
+
+    state [S, H, P, N]; slots [b] int32 (NULL_SLOT rows are padding: y = 0, nothing written).
+    Returns y [b, H, P] (x.dtype) and the updated pool.
+    """
+    live = slots != NULL_SLOT
+    y, new = ssm_step(state[slots], x, B, C, dt, A, D)
+    y = jnp.where(live[:, None, None], y, 0).astype(x.dtype)
+    idx = _row_index(slots, live, state.shape[0])
+    return y, state.at[idx].set(new.astype(state.dtype), mode="drop")
+
+
+def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots):
+    """ReplaySSM decode (T = 1) over a pool; the counts are read, not advanced (see
+    `advance_counts`). Returns y [b, H, P] (x.dtype) and the updated buffers."""
+    S, L = buffers.checkpoint.shape[0], buffers.window
+    live = slots != NULL_SLOT
+    count = counts[slots]
+    y, folded = replay_step(buffers.checkpoint[slots], buffers.ring_x[slots],
+                            buffers.ring_b[slots], buffers.ring_dt[slots], count,
+                            x, B, C, dt, A, D)
+    y = jnp.where(live[:, None, None], y, 0).astype(x.dtype)
+    idx = _row_index(slots, live, S)
+    fold_idx = jnp.where(count == L - 1, idx, S)
+    # The current token is appended at `count` on every step; after a fold that entry is
+    # past the (reset) count and therefore ignored.
+    c = jnp.minimum(count, L - 1)
+    return y, ReplayBuffers(
+        checkpoint=buffers.checkpoint.at[fold_idx].set(
+            folded.astype(buffers.checkpoint.dtype), mode="drop"),
+        ring_x=buffers.ring_x.at[idx, :, c, :].set(x.astype(buffers.ring_x.dtype), mode="drop"),
+        ring_b=buffers.ring_b.at[idx, :, c, :].set(B.astype(buffers.ring_b.dtype), mode="drop"),
+        ring_dt=buffers.ring_dt.at[idx, :, c].set(dt.astype(jnp.float32), mode="drop"),
+    )
+
+
+def advance_counts(counts, slots, window: int):
+    """Commit one decoded token per live row: count + 1, or 0 after a fold (count == L - 1).
+
+    counts [S] int32, shared by all SSM layers of a model: call once per model step.
+    """
+    live = slots != NULL_SLOT
+    c = counts[slots]
+    new = jnp.where(c >= window - 1, 0, c + 1).astype(counts.dtype)
+    return counts.at[_row_index(slots, live, counts.shape[0])].set(new, mode="drop")
