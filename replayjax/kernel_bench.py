@@ -162,29 +162,31 @@ def bench_mamba2(shape_name, batch, *, L=16, std_kw=None, rep_kw=None, seed=0, i
 
 
 def _config(text):
-    bp, warps, stages = (int(v) for v in text.split(","))
-    return dict(block_p=bp, num_warps=warps, num_stages=stages)
+    bp, bn, warps, stages = (int(v) for v in text.split(","))
+    return dict(block_p=bp, block_n=bn, num_warps=warps, num_stages=stages)
 
 
 def tune(shapes, batch, L):
     """Prints standard and replay times for a grid of tilings (cycling, amortised)."""
-    print("| shape | batch | block_p | warps | stages | standard us | replay us |\n|---|---|---|---|---|---|---|")
+    print("| shape | batch | block_p | block_n | warps | stages | standard us | replay us |\n"
+          "|---|---|---|---|---|---|---|---|")
+    tiles = ((16, 128), (32, 32), (32, 64), (32, 128), (64, 16), (64, 32), (64, 64), (64, 128))
     for shape in shapes:
         P = MAMBA2_SHAPES[shape]["P"]
-        for bp in (16, 32, 64):
+        for bp, bn in tiles:
             if P % bp:
                 continue
-            for warps in (1, 2, 4, 8):
-                for stages in (2,):
-                    cfg = dict(block_p=bp, num_warps=warps, num_stages=stages)
+            for warps in (2, 4, 8):
+                for stages in (2, 3):
+                    cfg = dict(block_p=bp, block_n=bn, num_warps=warps, num_stages=stages)
+                    head = f"| {shape} | {batch} | {bp} | {bn} | {warps} | {stages} |"
                     try:
                         r = bench_mamba2(shape, batch, L=L, std_kw=cfg, rep_kw=cfg, iterations=1,
                                          staggered=False)
-                        print(f"| {shape} | {batch} | {bp} | {warps} | {stages} | "
-                              f"{r['standard_us']:.1f} | {r['replay_us']:.1f} |", flush=True)
+                        print(f"{head} {r['standard_us']:.1f} | {r['replay_us']:.1f} "
+                              f"({r['nonfold_us']:.0f} / {r['fold_us']:.0f}) |", flush=True)
                     except Exception as e:  # a tiling the compiler rejects: report, go on
-                        print(f"| {shape} | {batch} | {bp} | {warps} | {stages} | failed: "
-                              f"{type(e).__name__}: {str(e)[:120]} | |", flush=True)
+                        print(f"{head} failed: {type(e).__name__}: {str(e)[:100]} | |", flush=True)
 
 
 def main(argv=None):
@@ -195,9 +197,9 @@ def main(argv=None):
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--std-config", type=_config, default={},
-                    help="standard kernel tiling as BLOCK_P,NUM_WARPS,NUM_STAGES")
+                    help="standard kernel tiling as BLOCK_P,BLOCK_N,NUM_WARPS,NUM_STAGES")
     ap.add_argument("--replay-config", type=_config, default={},
-                    help="replay kernel tiling as BLOCK_P,NUM_WARPS,NUM_STAGES")
+                    help="replay kernel tiling as BLOCK_P,BLOCK_N,NUM_WARPS,NUM_STAGES")
     ap.add_argument("--tune", action="store_true",
                     help="time tilings at the first batch instead of the table")
     ap.add_argument("--json", help="write the rows as JSON to this file")

@@ -30,6 +30,7 @@ __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_de
 
 MAX_WINDOW = 64
 DEFAULT_BLOCK_P = 64
+DEFAULT_BLOCK_N = 64
 _MIN_BLOCK_P = 4
 
 
@@ -66,19 +67,27 @@ def _block_p(P, block_p):
     return block_p
 
 
+def _block_n(N, block_n):
+    block_n = min(N, DEFAULT_BLOCK_N) if block_n is None else block_n
+    check(is_pow2(block_n) and N % block_n == 0,
+          f"block_n = {block_n} must be a power of two dividing d_state N = {N}")
+    return block_n
+
+
 def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=None,
-                    num_warps=4, num_stages=2, interpret=None):
+                    block_n=None, num_warps=4, num_stages=2, interpret=None):
     """One standard Mamba-2 step (reads and writes the state of every row): the baseline.
 
     Returns y [b, H, P] in x.dtype and the updated state pool [S, H, P, N].
     """
     check_shape("state", state, (None, None, None, None))
     check_dtype("state", state, STATE_DTYPES)
-    _, P, _, _ = _check_step_inputs(x, B, C, dt, A, D, slots, state.shape[0], state)
+    _, P, _, N = _check_step_inputs(x, B, C, dt, A, D, slots, state.shape[0], state)
     if resolve_impl(impl) == "xla":
         return reference.standard_decode(state, x, B, C, dt, A, D, slots)
     return kernels.standard_decode_pallas(
-        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p), num_warps=num_warps,
+        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p),
+        block_n=_block_n(N, block_n), num_warps=num_warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
@@ -103,7 +112,7 @@ def check_buffers(buffers: ReplayBuffers, counts):
 
 
 def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
-                  block_p=None, num_warps=4, num_stages=2, interpret=None):
+                  block_p=None, block_n=None, num_warps=4, num_stages=2, interpret=None):
     """One ReplaySSM step (T = 1). Reads `counts` (advance them once per model step with
     `advance_counts`). Returns y [b, H, P] in x.dtype and the updated buffers.
 
@@ -111,14 +120,14 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     others only append the token to the ring. Decided per row on device.
     """
     check_buffers(buffers, counts)
-    _, P, G, _ = _check_step_inputs(x, B, C, dt, A, D, slots, buffers.checkpoint.shape[0],
+    _, P, G, N = _check_step_inputs(x, B, C, dt, A, D, slots, buffers.checkpoint.shape[0],
                                     buffers.checkpoint)
     check_shape("ring_b", buffers.ring_b, (None, G, None, None))
     if resolve_impl(impl) == "xla":
         return reference.replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
     return kernels.replay_decode_pallas(
         buffers, counts, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p),
-        num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+        block_n=_block_n(N, block_n), num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
 def advance_counts(counts, slots, window: int):

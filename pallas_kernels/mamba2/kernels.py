@@ -1,10 +1,12 @@
 """Pallas kernels for Mamba-2 decode: the standard step (baseline) and the ReplaySSM step.
 
-Grid (batch, H, P // block_p): one program per (row, head, P tile). Pools are passed whole and
-gathered by slot inside the kernel (`ref[slot, h, ...]`), the updated pools are aliased to their
-inputs so the step writes in place (donate them at the outer jit). Every load and store is a
-power-of-two block: the P tile divides P (P = 80 runs as five tiles of 16), N and L are powers
-of two. Bodies use only backend-neutral Pallas; the Triton specifics are in `_compiler_params`.
+Grid (batch, H, P // block_p): one program per (row, head, P tile), which streams the state tile
+over d_state in chunks of block_n (a loop the Triton pipeliner overlaps: many loads in flight with
+few registers). Pools are passed whole and gathered by slot inside the kernel
+(`ref[slot, h, ...]`); the updated pools are aliased to their inputs so the step writes in place
+(donate them at the outer jit). Every load and store is a power-of-two block: the P tile divides P
+(P = 80 runs as five tiles of 16), N and L are powers of two. Bodies use only backend-neutral
+Pallas; the Triton specifics are in `_compiler_params`.
 """
 
 from __future__ import annotations
@@ -38,34 +40,44 @@ def _row_head_tile(heads_per_group, block_p):
     return b, h, h // heads_per_group, t, pl.ds(t * block_p, block_p)
 
 
+def _n_chunks(n, block_n, body, init):
+    """fori_loop over d_state chunks; body(ns, carry) gets the chunk's slice."""
+    return lax.fori_loop(0, n // block_n, lambda k, c: body(pl.ds(k * block_n, block_n), c), init)
+
+
 # --------------------------------------------------------------------------------------------
 # Standard decode: reads and writes the state of every row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
-                     y_ref, s_out, *, heads_per_group, block_p):
+                     y_ref, s_out, *, heads_per_group, block_p, block_n):
     b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     x = x_ref[b, h, ps].astype(_F32)                  # [bp]
-    bv = b_ref[b, g, :].astype(_F32)                  # [N]
-    cv = c_ref[b, g, :].astype(_F32)
     dt = dt_ref[b, h]
-    s = s_in[slot, h, ps, :].astype(_F32)             # [bp, N]
-    s = jnp.exp(dt * a_ref[h]) * s + (dt * x)[:, None] * bv[None, :]
-    y = jnp.sum(s * cv[None, :], axis=1) + d_ref[h] * x
+    da, dtx = jnp.exp(dt * a_ref[h]), dt * x
+
+    def chunk(ns, y):
+        s = s_in[slot, h, ps, ns].astype(_F32)        # [bp, bn]
+        s = da * s + dtx[:, None] * b_ref[b, g, ns].astype(_F32)[None, :]
+
+        @pl.when(live)
+        def _():
+            s_out[slot, h, ps, ns] = s.astype(s_out.dtype)
+        return y + jnp.sum(s * c_ref[b, g, ns].astype(_F32)[None, :], axis=1)
+
+    y = _n_chunks(s_in.shape[3], block_n, chunk, jnp.zeros_like(x)) + d_ref[h] * x
     y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
-    @pl.when(live)
-    def _():
-        s_out[slot, h, ps, :] = s.astype(s_out.dtype)
 
-
-@functools.partial(jax.jit, static_argnames=("block_p", "num_warps", "num_stages", "interpret"))
-def standard_decode_pallas(state, x, B, C, dt, A, D, slots, *, block_p, num_warps=4,
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
+                                             "interpret"))
+def standard_decode_pallas(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_warps=4,
                            num_stages=2, interpret=False):
     batch, H, P = x.shape
     G = B.shape[1]
-    kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_p=block_p)
+    kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_p=block_p,
+                               block_n=block_n)
     return pl.pallas_call(
         kernel,
         grid=(batch, H, P // block_p),
@@ -83,17 +95,15 @@ def standard_decode_pallas(state, x, B, C, dt, A, D, slots, *, block_p, num_warp
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
-                   heads_per_group, block_p, window, fold_dot, precision):
+                   heads_per_group, block_p, block_n, window, fold_dot, precision):
     b, h, g, t, ps = _row_head_tile(heads_per_group, block_p)
     L = window
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
+    fold = live & (c == L - 1)
     a = a_ref[h]
-
     x = x_ref[b, h, ps].astype(_F32)                  # current token
-    bv = b_ref[b, g, :].astype(_F32)
-    cv = c_ref[b, g, :].astype(_F32)
     dt = dt_ref[b, h]
 
     # Window = ring[0:c] + current token at position c; entries past c are garbage (maybe NaN),
@@ -102,8 +112,6 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     valid, cur = j < c, j == c
     xw = jnp.where(valid[:, None], rx_in[slot, h, :, ps].astype(_F32),
                    jnp.where(cur[:, None], x[None, :], 0.0))          # [L, bp]
-    bw = jnp.where(valid[:, None], rb_in[slot, g, :, :].astype(_F32),
-                   jnp.where(cur[:, None], bv[None, :], 0.0))         # [L, N]
     dtw = jnp.where(valid, rdt_in[slot, h, :], jnp.where(cur, dt, 0.0))  # [L]
 
     # s_j = dt_j exp(A sum_{i>j} dt_i): suffix sums as a masked [L, L] reduction (no cumsum).
@@ -113,25 +121,33 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     s = dtw * jnp.exp(a * suffix)                                      # [L]
     decay = jnp.exp(a * jnp.sum(dtw))
 
-    s0 = s_in[slot, h, ps, :].astype(_F32)                             # [bp, N]
-    bc = jnp.sum(bw * cv[None, :], axis=1)                             # [L]  B_j . C
-    y = (decay * jnp.sum(s0 * cv[None, :], axis=1)
-         + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x)
-    y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+    def chunk(ns, carry):
+        s0c, bc = carry
+        cv = c_ref[b, g, ns].astype(_F32)                              # [bn]
+        bv = b_ref[b, g, ns].astype(_F32)
+        bw = jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
+                       jnp.where(cur[:, None], bv[None, :], 0.0))     # [L, bn]
+        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
 
-    @pl.when(live & (c == L - 1))
-    def _fold():
-        if fold_dot:   # [bp, L] @ [L, N] on tensor cores
-            upd = lax.dot_general(xw, s[:, None] * bw, (((0,), (0,)), ((), ())),
-                                  precision=precision, preferred_element_type=_F32)
-        else:          # small L: rank-1 updates; ring rows are re-read (L2-hot), current last
-            def body(k, acc):
-                xk = jnp.where(k < c, rx_in[slot, h, k, ps].astype(_F32), x)
-                bk = jnp.where(k < c, rb_in[slot, g, k, :].astype(_F32), bv)
-                sk = jnp.sum(jnp.where(j == k, s, 0.0))
-                return acc + (sk * xk)[:, None] * bk[None, :]
-            upd = lax.fori_loop(0, L, body, jnp.zeros_like(s0))
-        s_out[slot, h, ps, :] = (decay * s0 + upd).astype(s_out.dtype)
+        @pl.when(fold)
+        def _fold():
+            if fold_dot:   # [bp, L] @ [L, bn] on tensor cores
+                upd = lax.dot_general(xw, s[:, None] * bw, (((0,), (0,)), ((), ())),
+                                      precision=precision, preferred_element_type=_F32)
+            else:          # small L: rank-1 updates, ring rows re-read (L2-hot), current last
+                def rank1(k, acc):
+                    xk = jnp.where(k < c, rx_in[slot, h, k, ps].astype(_F32), x)
+                    bk = jnp.where(k < c, rb_in[slot, g, k, ns].astype(_F32), bv)
+                    sk = jnp.sum(jnp.where(j == k, s, 0.0))
+                    return acc + (sk * xk)[:, None] * bk[None, :]
+                upd = lax.fori_loop(0, L, rank1, jnp.zeros_like(s0))
+            s_out[slot, h, ps, ns] = (decay * s0 + upd).astype(s_out.dtype)
+
+        return (s0c + jnp.sum(s0 * cv[None, :], axis=1), bc + jnp.sum(bw * cv[None, :], axis=1))
+
+    s0c, bc = _n_chunks(s_in.shape[3], block_n, chunk, (jnp.zeros_like(x), jnp.zeros_like(s)))
+    y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
+    y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
     # Append the current token at `c` (after a fold it lies past the reset count: harmless).
     @pl.when(live)
@@ -144,18 +160,20 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
             @pl.when(h % heads_per_group == 0)
             def _():
-                rb_out[slot, g, c, :] = bv.astype(rb_out.dtype)
+                rb_out[slot, g, c, :] = b_ref[b, g, :].astype(rb_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "num_warps", "num_stages", "interpret"))
-def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, num_warps=4,
-                         num_stages=2, interpret=False):
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
+                                             "interpret"))
+def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
+                         num_warps=4, num_stages=2, interpret=False):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
-        _replay_kernel, heads_per_group=H // G, block_p=block_p, window=L,
-        fold_dot=(L >= 16 and block_p >= 16), precision=_dot_precision(interpret))
+        _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
+        fold_dot=(L >= 16 and block_p >= 16 and block_n >= 16),
+        precision=_dot_precision(interpret))
     out_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype),) + tuple(
         jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
     y, *new = pl.pallas_call(

@@ -93,20 +93,22 @@ def _jitted(fn_name, **kw):
     return jax.jit(functools.partial(fn, **kw), donate_argnums=(0,))
 
 
-def _kw(impl, interpret, **extra):
-    return dict(impl=impl, interpret=interpret if impl == "pallas" else None, **extra)
+def _kw(impl, interpret, **tiling):
+    if impl != "pallas":
+        return dict(impl=impl)
+    return dict(impl=impl, interpret=interpret, **tiling)
 
 
 @pytest.mark.parametrize("impl", ["pallas", "xla"])
-@pytest.mark.parametrize("shape", [dict(H=4, P=16, N=16, G=2),        # grouped heads
-                                   dict(H=2, P=80, N=32, G=1)])       # P = 80: five tiles of 16
-def test_standard_decode_matches_recurrence(impl, shape, interpret):
+@pytest.mark.parametrize("shape,block_n", [(dict(H=4, P=16, N=16, G=2), None),  # grouped heads
+                                           (dict(H=2, P=80, N=32, G=1), 16)])   # P = 80, 2 N chunks
+def test_standard_decode_matches_recurrence(impl, shape, block_n, interpret):
     pb = Problem(0, **shape)
     state = pb.rand((pb.S, pb.H, pb.P, pb.N), F32, 0.5)
     oracle = {s: np.asarray(state[s], np.float64) for s in range(pb.S)}
     slots = jnp.asarray([3, NULL_SLOT, 1], jnp.int32)
     untouched = np.asarray(state[jnp.asarray([0, 2, 4, 5, 6])])
-    step = _jitted("standard_decode", **_kw(impl, interpret))
+    step = _jitted("standard_decode", **_kw(impl, interpret, block_n=block_n))
     for _ in range(5):
         x, B, C, dt = pb.step_inputs()
         y, state = step(state, x, B, C, dt, pb.A, pb.D, slots)
@@ -135,13 +137,13 @@ def test_replay_matches_recurrence_over_folds(impl, L, act, ring, state_dt, y_to
                                               interpret):
     """Outputs every step and the checkpoint after every fold equal the standard recurrence,
     over > 3 fold cycles, with rows at different counts, a padding row and untouched slots."""
-    pb = Problem(L, H=4, P=16, N=16, G=2, batch=4, act=act)
+    pb = Problem(L, H=4, P=16, N=32, G=2, batch=4, act=act)
     bufs, counts, oracle = make_replay_state(pb, L, state_dt, ring)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]
     idle = jnp.asarray([0, 3, 4, 6])
     idle_before = [np.asarray(a[idle]) for a in bufs]
-    step = _jitted("replay_decode", **_kw(impl, interpret))
+    step = _jitted("replay_decode", **_kw(impl, interpret, block_n=16))   # two N chunks
     folds = 0
     for _ in range(3 * L + 5):
         x, B, C, dt = pb.step_inputs()
