@@ -97,7 +97,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
                    heads_per_group, block_p, block_n, window, fold_dot, precision):
     b, h, g, t, ps = _row_head_tile(heads_per_group, block_p)
-    L = window
+    L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
@@ -121,31 +121,41 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     s = dtw * jnp.exp(a * suffix)                                      # [L]
     decay = jnp.exp(a * jnp.sum(dtw))
 
-    def chunk(ns, carry):
-        s0c, bc = carry
-        cv = c_ref[b, g, ns].astype(_F32)                              # [bn]
+    def window_b(ns):                                                  # [L, bn]
         bv = b_ref[b, g, ns].astype(_F32)
-        bw = jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
-                       jnp.where(cur[:, None], bv[None, :], 0.0))     # [L, bn]
-        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
+        return jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
+                         jnp.where(cur[:, None], bv[None, :], 0.0))
 
-        @pl.when(fold)
-        def _fold():
+    # Read-only pass (every step): S0 C and B_j . C, streamed over d_state chunks.
+    def readout(ns, carry):
+        s0c, bc = carry
+        cv = c_ref[b, g, ns].astype(_F32)[None, :]
+        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
+        return s0c + jnp.sum(s0 * cv, axis=1), bc + jnp.sum(window_b(ns) * cv, axis=1)
+
+    s0c, bc = _n_chunks(N, block_n, readout, (jnp.zeros_like(x), jnp.zeros_like(s)))
+
+    # Fold pass (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk; the S0 chunks
+    # were just read by this program and come back from L2.
+    @pl.when(fold)
+    def _fold():
+        def fold_chunk(ns, carry):
+            bw = window_b(ns)
             if fold_dot:   # [bp, L] @ [L, bn] on tensor cores
                 upd = lax.dot_general(xw, s[:, None] * bw, (((0,), (0,)), ((), ())),
                                       precision=precision, preferred_element_type=_F32)
-            else:          # small L: rank-1 updates, ring rows re-read (L2-hot), current last
+            else:          # small tiles: L rank-1 updates
                 def rank1(k, acc):
-                    xk = jnp.where(k < c, rx_in[slot, h, k, ps].astype(_F32), x)
-                    bk = jnp.where(k < c, rb_in[slot, g, k, ns].astype(_F32), bv)
-                    sk = jnp.sum(jnp.where(j == k, s, 0.0))
-                    return acc + (sk * xk)[:, None] * bk[None, :]
-                upd = lax.fori_loop(0, L, rank1, jnp.zeros_like(s0))
+                    sel = (j == k)[:, None]
+                    xk = jnp.sum(jnp.where(sel, xw, 0.0), axis=0)
+                    bk = jnp.sum(jnp.where(sel, s[:, None] * bw, 0.0), axis=0)
+                    return acc + xk[:, None] * bk[None, :]
+                upd = lax.fori_loop(0, L, rank1, jnp.zeros((block_p, block_n), _F32))
+            s0 = s_in[slot, h, ps, ns].astype(_F32)
             s_out[slot, h, ps, ns] = (decay * s0 + upd).astype(s_out.dtype)
+            return carry
+        _n_chunks(N, block_n, fold_chunk, 0)
 
-        return (s0c + jnp.sum(s0 * cv[None, :], axis=1), bc + jnp.sum(bw * cv[None, :], axis=1))
-
-    s0c, bc = _n_chunks(s_in.shape[3], block_n, chunk, (jnp.zeros_like(x), jnp.zeros_like(s)))
     y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
     y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
