@@ -168,21 +168,21 @@ def _config(text):
 
 def tune(shapes, batch, L):
     """Prints standard and replay times for a grid of tilings (cycling, amortised)."""
-    print("| shape | batch | block_p | block_n | warps | stages | standard us | replay us |\n"
-          "|---|---|---|---|---|---|---|---|")
-    tiles = ((16, 128), (32, 64), (32, 128), (64, 32), (64, 64), (64, 128))
+    print("| shape | batch | block_p | block_n | warps | fold | standard us | replay us "
+          "(non-fold / fold) |\n|---|---|---|---|---|---|---|---|")
+    tiles = ((32, 64), (64, 32), (64, 64))
     for shape in shapes:
         P = MAMBA2_SHAPES[shape]["P"]
         for bp, bn in tiles:
             if P % bp:
                 continue
-            for warps in (1, 2, 4, 8):
-                for stages in (2,):
-                    cfg = dict(block_p=bp, block_n=bn, num_warps=warps, num_stages=stages)
-                    head = f"| {shape} | {batch} | {bp} | {bn} | {warps} | {stages} |"
+            for warps in (2, 4):
+                for fold in ("dot", "fma"):
+                    cfg = dict(block_p=bp, block_n=bn, num_warps=warps)
+                    head = f"| {shape} | {batch} | {bp} | {bn} | {warps} | {fold} |"
                     try:
-                        r = bench_mamba2(shape, batch, L=L, std_kw=cfg, rep_kw=cfg, iterations=1,
-                                         staggered=False)
+                        r = bench_mamba2(shape, batch, L=L, std_kw=cfg, rep_kw=cfg | {"fold": fold},
+                                         iterations=1, staggered=False)
                         print(f"{head} {r['standard_us']:.1f} | {r['replay_us']:.1f} "
                               f"({r['nonfold_us']:.0f} / {r['fold_us']:.0f}) |", flush=True)
                     except Exception as e:  # a tiling the compiler rejects: report, go on

@@ -1,6 +1,6 @@
 """Runs a few Mamba-2 decode steps at batch 256 for Nsight Compute to inspect.
 
-    ncu --clock-control none -k regex:mamba2_ python3 scripts/ncu_mamba2.py BLOCK_P BLOCK_N WARPS
+    ncu --clock-control none -k regex:mamba2_ python3 scripts/ncu_mamba2.py BLOCK_P BLOCK_N WARPS [FOLD]
 Replay steps run at ring counts 0..15 (the 16th folds), then one standard step.
 """
 import sys
@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from pallas_kernels import mamba2
 
 bp, bn, warps = (int(v) for v in sys.argv[1:4])
+fold = sys.argv[4] if len(sys.argv) > 4 else "auto"
 H, P, N, G, L, batch = 128, 64, 128, 8, 16, 256
 S = 2 * batch + 1
 k = jax.random.split(jax.random.key(0), 6)
@@ -24,7 +25,8 @@ slots = jax.random.permutation(k[4], jnp.arange(1, S, dtype=jnp.int32))[:batch]
 bufs = mamba2.init_replay_buffers(S, H, P, N, G, window=L)
 counts = jnp.zeros((S,), jnp.int32)
 kw = dict(impl="pallas", block_p=bp, block_n=bn, num_warps=warps)
-step = jax.jit(lambda b, c: mamba2.replay_decode(b, c, x, B, C, dt, A, D, slots, **kw)[1],
+rkw = dict(kw, fold=fold)
+step = jax.jit(lambda b, c: mamba2.replay_decode(b, c, x, B, C, dt, A, D, slots, **rkw)[1],
                donate_argnums=(0,))
 for _ in range(L):
     bufs = step(bufs, counts)

@@ -112,12 +112,15 @@ def check_buffers(buffers: ReplayBuffers, counts):
 
 
 def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
-                  block_p=None, block_n=None, num_warps=4, num_stages=2, interpret=None):
+                  block_p=None, block_n=None, fold="auto", num_warps=4, num_stages=2,
+                  interpret=None):
     """One ReplaySSM step (T = 1). Reads `counts` (advance them once per model step with
     `advance_counts`). Returns y [b, H, P] in x.dtype and the updated buffers.
 
     Rows with count == L - 1 fold the ring and the current token into the checkpoint; the
-    others only append the token to the ring. Decided per row on device.
+    others only append the token to the ring. Decided per row on device. `fold` picks how the
+    Pallas kernel forms X^T diag(s) B: "dot" (tensor cores, tf32x3; needs L, block_p and
+    block_n >= 16), "fma" (rank-1 updates) or "auto".
     """
     check_buffers(buffers, counts)
     _, P, G, N = _check_step_inputs(x, B, C, dt, A, D, slots, buffers.checkpoint.shape[0],
@@ -125,9 +128,15 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     check_shape("ring_b", buffers.ring_b, (None, G, None, None))
     if resolve_impl(impl) == "xla":
         return reference.replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
+    block_p, block_n = _block_p(P, block_p), _block_n(N, block_n)
+    dot_ok = min(buffers.window, block_p, block_n) >= 16
+    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    check(fold != "dot" or dot_ok,
+          f"fold='dot' needs L, block_p and block_n >= 16 (got {buffers.window}, {block_p}, "
+          f"{block_n})")
     return kernels.replay_decode_pallas(
-        buffers, counts, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p),
-        block_n=_block_n(N, block_n), num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+        buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
+        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
 def advance_counts(counts, slots, window: int):

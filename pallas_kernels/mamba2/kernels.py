@@ -100,6 +100,21 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
+
+    # Read-only pass over the checkpoint first (it depends on nothing but the slot, so the state
+    # loads are in flight before the ring arithmetic): S0 C and, for every ring entry, B_j . C.
+    def readout(ns, carry):
+        s0c, bc_ring, bc_cur = carry
+        cv = c_ref[b, g, ns].astype(_F32)
+        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
+        return (s0c + jnp.sum(s0 * cv[None, :], axis=1),
+                bc_ring + jnp.sum(rb_in[slot, g, :, ns].astype(_F32) * cv[None, :], axis=1),
+                bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
+
+    zero_p = jnp.zeros((block_p,), _F32)
+    s0c, bc_ring, bc_cur = _n_chunks(N, block_n, readout,
+                                     (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
+
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
     fold = live & (c == L - 1)
     a = a_ref[h]
@@ -113,6 +128,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     xw = jnp.where(valid[:, None], rx_in[slot, h, :, ps].astype(_F32),
                    jnp.where(cur[:, None], x[None, :], 0.0))          # [L, bp]
     dtw = jnp.where(valid, rdt_in[slot, h, :], jnp.where(cur, dt, 0.0))  # [L]
+    bc = jnp.where(valid, bc_ring, jnp.where(cur, bc_cur, 0.0))        # [L]  B_j . C
 
     # s_j = dt_j exp(A sum_{i>j} dt_i): suffix sums as a masked [L, L] reduction (no cumsum).
     jj = lax.broadcasted_iota(jnp.int32, (L, L), 0)
@@ -121,34 +137,22 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     s = dtw * jnp.exp(a * suffix)                                      # [L]
     decay = jnp.exp(a * jnp.sum(dtw))
 
-    def window_b(ns):                                                  # [L, bn]
-        bv = b_ref[b, g, ns].astype(_F32)
-        return jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
-                         jnp.where(cur[:, None], bv[None, :], 0.0))
-
-    # Read-only pass (every step): S0 C and B_j . C, streamed over d_state chunks.
-    def readout(ns, carry):
-        s0c, bc = carry
-        cv = c_ref[b, g, ns].astype(_F32)[None, :]
-        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
-        return s0c + jnp.sum(s0 * cv, axis=1), bc + jnp.sum(window_b(ns) * cv, axis=1)
-
-    s0c, bc = _n_chunks(N, block_n, readout, (jnp.zeros_like(x), jnp.zeros_like(s)))
-
     # Fold pass (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk; the S0 chunks
     # were just read by this program and come back from L2.
     @pl.when(fold)
     def _fold():
         def fold_chunk(ns, carry):
-            bw = window_b(ns)
+            bv = b_ref[b, g, ns].astype(_F32)
+            sbw = s[:, None] * jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
+                                         jnp.where(cur[:, None], bv[None, :], 0.0))  # [L, bn]
             if fold_dot:   # [bp, L] @ [L, bn] on tensor cores
-                upd = lax.dot_general(xw, s[:, None] * bw, (((0,), (0,)), ((), ())),
+                upd = lax.dot_general(xw, sbw, (((0,), (0,)), ((), ())),
                                       precision=precision, preferred_element_type=_F32)
-            else:          # small tiles: L rank-1 updates
+            else:          # L rank-1 updates on the FMA units (fewer registers, no shared memory)
                 def rank1(k, acc):
                     sel = (j == k)[:, None]
                     xk = jnp.sum(jnp.where(sel, xw, 0.0), axis=0)
-                    bk = jnp.sum(jnp.where(sel, s[:, None] * bw, 0.0), axis=0)
+                    bk = jnp.sum(jnp.where(sel, sbw, 0.0), axis=0)
                     return acc + xk[:, None] * bk[None, :]
                 upd = lax.fori_loop(0, L, rank1, jnp.zeros((block_p, block_n), _F32))
             s0 = s_in[slot, h, ps, ns].astype(_F32)
@@ -173,17 +177,16 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                 rb_out[slot, g, c, :] = b_ref[b, g, :].astype(rb_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
+                                             "num_stages", "interpret"))
 def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
-                         num_warps=4, num_stages=2, interpret=False):
+                         fold_dot, num_warps=4, num_stages=2, interpret=False):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
         _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
-        fold_dot=(L >= 16 and block_p >= 16 and block_n >= 16),
-        precision=_dot_precision(interpret))
+        fold_dot=fold_dot, precision=_dot_precision(interpret))
     out_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype),) + tuple(
         jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
     y, *new = pl.pallas_call(

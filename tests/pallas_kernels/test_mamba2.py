@@ -123,17 +123,18 @@ def test_standard_decode_matches_recurrence(impl, shape, block_n, interpret):
 
 
 REPLAY_CASES = [
-    # (L, act dtype, ring dtype, state dtype, y tol, checkpoint tol)
-    (4, F32, F32, F32, 5e-5, 5e-5),
-    (16, F32, F32, F32, 5e-5, 5e-5),
-    (16, BF16, BF16, F32, 1e-2, 5e-5),
-    (8, BF16, BF16, BF16, 2e-2, 2e-2),
+    # (L, act dtype, ring dtype, state dtype, y tol, checkpoint tol, fold)
+    (4, F32, F32, F32, 5e-5, 5e-5, "fma"),
+    (16, F32, F32, F32, 5e-5, 5e-5, "dot"),
+    (16, F32, F32, F32, 5e-5, 5e-5, "fma"),
+    (16, BF16, BF16, F32, 1e-2, 5e-5, "dot"),
+    (8, BF16, BF16, BF16, 2e-2, 2e-2, "fma"),
 ]
 
 
 @pytest.mark.parametrize("impl", ["pallas", "xla"])
-@pytest.mark.parametrize("L,act,ring,state_dt,y_tol,ck_tol", REPLAY_CASES)
-def test_replay_matches_recurrence_over_folds(impl, L, act, ring, state_dt, y_tol, ck_tol,
+@pytest.mark.parametrize("L,act,ring,state_dt,y_tol,ck_tol,fold", REPLAY_CASES)
+def test_replay_matches_recurrence_over_folds(impl, L, act, ring, state_dt, y_tol, ck_tol, fold,
                                               interpret):
     """Outputs every step and the checkpoint after every fold equal the standard recurrence,
     over > 3 fold cycles, with rows at different counts, a padding row and untouched slots."""
@@ -143,7 +144,7 @@ def test_replay_matches_recurrence_over_folds(impl, L, act, ring, state_dt, y_to
     live = [(0, 5), (1, 2), (3, 1)]
     idle = jnp.asarray([0, 3, 4, 6])
     idle_before = [np.asarray(a[idle]) for a in bufs]
-    step = _jitted("replay_decode", **_kw(impl, interpret, block_n=16))   # two N chunks
+    step = _jitted("replay_decode", **_kw(impl, interpret, block_n=16, fold=fold))  # 2 N chunks
     folds = 0
     for _ in range(3 * L + 5):
         x, B, C, dt = pb.step_inputs()
