@@ -170,14 +170,13 @@ def tune(shapes, batch, L):
     """Prints standard and replay times for a grid of tilings (cycling, amortised)."""
     print("| shape | batch | block_p | block_n | warps | fold | standard us | replay us "
           "(non-fold / fold) |\n|---|---|---|---|---|---|---|---|")
-    tiles = ((32, 64), (64, 32), (64, 64))
+    configs = ((32, 64, 4), (64, 32, 2), (64, 64, 2), (64, 64, 4), (64, 128, 4))
     for shape in shapes:
         P = MAMBA2_SHAPES[shape]["P"]
-        for bp, bn in tiles:
+        for bp, bn, warps in configs:
             if P % bp:
                 continue
-            for warps in (2, 4):
-                for fold in ("dot", "fma"):
+            for fold in ("dot",):
                     cfg = dict(block_p=bp, block_n=bn, num_warps=warps)
                     head = f"| {shape} | {batch} | {bp} | {bn} | {warps} | {fold} |"
                     try:

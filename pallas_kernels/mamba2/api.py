@@ -26,12 +26,14 @@ from pallas_kernels.mamba2 import kernels, reference
 from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
 
 __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",
-           "advance_counts", "MAX_WINDOW", "DEFAULT_BLOCK_P"]
+           "advance_counts", "MAX_WINDOW"]
 
 MAX_WINDOW = 64
-DEFAULT_BLOCK_P = 64
-DEFAULT_BLOCK_N = 64
 _MIN_BLOCK_P = 4
+# Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md):
+# (block_p cap, block_n cap, num_warps) per kernel.
+STANDARD_TILING = (32, 64, 8)
+REPLAY_TILING = (64, 64, 2)
 
 
 def _check_step_inputs(x, B, C, dt, A, D, slots, num_slots, state):
@@ -57,9 +59,9 @@ def _check_step_inputs(x, B, C, dt, A, D, slots, num_slots, state):
     return H, P, G, N
 
 
-def _block_p(P, block_p):
+def _block_p(P, block_p, cap):
     if block_p is None:
-        block_p = largest_pow2_divisor(P, DEFAULT_BLOCK_P)
+        block_p = largest_pow2_divisor(P, cap)
     check(is_pow2(block_p) and P % block_p == 0,
           f"block_p = {block_p} must be a power of two dividing head_dim P = {P}")
     check(block_p >= _MIN_BLOCK_P,
@@ -67,15 +69,15 @@ def _block_p(P, block_p):
     return block_p
 
 
-def _block_n(N, block_n):
-    block_n = min(N, DEFAULT_BLOCK_N) if block_n is None else block_n
+def _block_n(N, block_n, cap):
+    block_n = min(N, cap) if block_n is None else block_n
     check(is_pow2(block_n) and N % block_n == 0,
           f"block_n = {block_n} must be a power of two dividing d_state N = {N}")
     return block_n
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=None,
-                    block_n=None, num_warps=4, num_stages=2, interpret=None):
+                    block_n=None, num_warps=None, num_stages=2, interpret=None):
     """One standard Mamba-2 step (reads and writes the state of every row): the baseline.
 
     Returns y [b, H, P] in x.dtype and the updated state pool [S, H, P, N].
@@ -85,9 +87,10 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=Non
     _, P, _, N = _check_step_inputs(x, B, C, dt, A, D, slots, state.shape[0], state)
     if resolve_impl(impl) == "xla":
         return reference.standard_decode(state, x, B, C, dt, A, D, slots)
+    bp_cap, bn_cap, warps = STANDARD_TILING
     return kernels.standard_decode_pallas(
-        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p),
-        block_n=_block_n(N, block_n), num_warps=num_warps,
+        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p, bp_cap),
+        block_n=_block_n(N, block_n, bn_cap), num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
@@ -112,7 +115,7 @@ def check_buffers(buffers: ReplayBuffers, counts):
 
 
 def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
-                  block_p=None, block_n=None, fold="auto", num_warps=4, num_stages=2,
+                  block_p=None, block_n=None, fold="auto", num_warps=None, num_stages=2,
                   interpret=None):
     """One ReplaySSM step (T = 1). Reads `counts` (advance them once per model step with
     `advance_counts`). Returns y [b, H, P] in x.dtype and the updated buffers.
@@ -128,7 +131,8 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     check_shape("ring_b", buffers.ring_b, (None, G, None, None))
     if resolve_impl(impl) == "xla":
         return reference.replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
-    block_p, block_n = _block_p(P, block_p), _block_n(N, block_n)
+    bp_cap, bn_cap, warps = REPLAY_TILING
+    block_p, block_n = _block_p(P, block_p, bp_cap), _block_n(N, block_n, bn_cap)
     dot_ok = min(buffers.window, block_p, block_n) >= 16
     check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
     check(fold != "dot" or dot_ok,
@@ -136,7 +140,7 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
           f"{block_n})")
     return kernels.replay_decode_pallas(
         buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
-        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
 def advance_counts(counts, slots, window: int):

@@ -100,9 +100,15 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
+    # Issue every load that needs only the slot before the state pass and use the values after
+    # it: one round trip of latency per program instead of three (slot -> count -> ring).
+    c = counts_ref[slot]                              # committed ring entries, 0..L-1
+    ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
+    ring_dt = rdt_in[slot, h, :]                      # [L]
+    x = x_ref[b, h, ps].astype(_F32)                  # current token
+    dt = dt_ref[b, h]
 
-    # Read-only pass over the checkpoint first (it depends on nothing but the slot, so the state
-    # loads are in flight before the ring arithmetic): S0 C and, for every ring entry, B_j . C.
+    # Read-only pass over the checkpoint: S0 C and, for every ring entry, B_j . C.
     def readout(ns, carry):
         s0c, bc_ring, bc_cur = carry
         cv = c_ref[b, g, ns].astype(_F32)
@@ -115,19 +121,16 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     s0c, bc_ring, bc_cur = _n_chunks(N, block_n, readout,
                                      (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
 
-    c = counts_ref[slot]                              # committed ring entries, 0..L-1
     fold = live & (c == L - 1)
     a = a_ref[h]
-    x = x_ref[b, h, ps].astype(_F32)                  # current token
-    dt = dt_ref[b, h]
 
     # Window = ring[0:c] + current token at position c; entries past c are garbage (maybe NaN),
     # so select with `where`, never multiply by a 0/1 mask.
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid, cur = j < c, j == c
-    xw = jnp.where(valid[:, None], rx_in[slot, h, :, ps].astype(_F32),
+    xw = jnp.where(valid[:, None], ring_x.astype(_F32),
                    jnp.where(cur[:, None], x[None, :], 0.0))          # [L, bp]
-    dtw = jnp.where(valid, rdt_in[slot, h, :], jnp.where(cur, dt, 0.0))  # [L]
+    dtw = jnp.where(valid, ring_dt, jnp.where(cur, dt, 0.0))           # [L]
     bc = jnp.where(valid, bc_ring, jnp.where(cur, bc_cur, 0.0))        # [L]  B_j . C
 
     # s_j = dt_j exp(A sum_{i>j} dt_i): suffix sums as a masked [L, L] reduction (no cumsum).
