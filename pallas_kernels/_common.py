@@ -72,3 +72,20 @@ def check_dtype(name: str, arr, allowed) -> None:
 
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 STATE_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def row_index(slots, live, num_slots):
+    """Scatter index for pool updates: padding rows point past the pool and are dropped."""
+    return jnp.where(live, slots, num_slots)
+
+
+def advance_counts(counts, slots, window: int):
+    """Commit one decoded token per live row: count + 1, or 0 after a fold (count == L - 1).
+
+    counts [S] int32 (committed ring entries per slot), shared by every SSM layer of a model:
+    call once per model step. slots [b] int32; NULL_SLOT rows change nothing.
+    """
+    live = slots != NULL_SLOT
+    c = counts[slots]
+    new = jnp.where(c >= window - 1, 0, c + 1).astype(counts.dtype)
+    return counts.at[row_index(slots, live, counts.shape[0])].set(new, mode="drop")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, check, check_dtype, check_shape,
+from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check, check_dtype, check_shape,
                                     is_pow2, largest_pow2_divisor, resolve_impl,
                                     resolve_interpret)
 from pallas_kernels.mamba2 import kernels, reference
@@ -141,8 +141,3 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     return kernels.replay_decode_pallas(
         buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
         fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
-
-
-def advance_counts(counts, slots, window: int):
-    """Commit one token per live row (see `reference.advance_counts`)."""
-    return reference.advance_counts(counts, slots, window)

@@ -19,30 +19,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels._common import NULL_SLOT
-
-_F32 = jnp.float32
-
-
-def _compiler_params(num_warps, num_stages, interpret):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as pltr  # only the GPU path needs Triton
-    return pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
-def _dot_precision(interpret):
-    # tf32x3 keeps fp32 accuracy (~1e-6) on tensor cores; the CPU interpreter takes HIGHEST.
-    return lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-
+from pallas_kernels._kernel_utils import (F32 as _F32, compiler_params, dot_precision, n_chunks,
+                                          masked_window, outer_fold, suffix_sums)
 
 def _row_head_tile(heads_per_group, block_p):
     b, h, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     return b, h, h // heads_per_group, t, pl.ds(t * block_p, block_p)
-
-
-def _n_chunks(n, block_n, body, init):
-    """fori_loop over d_state chunks; body(ns, carry) gets the chunk's slice."""
-    return lax.fori_loop(0, n // block_n, lambda k, c: body(pl.ds(k * block_n, block_n), c), init)
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,7 +48,7 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
             s_out[slot, h, ps, ns] = s.astype(s_out.dtype)
         return y + jnp.sum(s * c_ref[b, g, ns].astype(_F32)[None, :], axis=1)
 
-    y = _n_chunks(s_in.shape[3], block_n, chunk, jnp.zeros_like(x)) + d_ref[h] * x
+    y = n_chunks(s_in.shape[3], block_n, chunk, jnp.zeros_like(x)) + d_ref[h] * x
     y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
 
@@ -84,7 +66,7 @@ def standard_decode_pallas(state, x, B, C, dt, A, D, slots, *, block_p, block_n,
         out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
                    jax.ShapeDtypeStruct(state.shape, state.dtype)),
         input_output_aliases={7: 1},
-        compiler_params=_compiler_params(num_warps, num_stages, interpret),
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret,
         name="mamba2_standard_decode",
     )(slots, x, B, C, dt, A, D, state)
@@ -118,26 +100,20 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                 bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
 
     zero_p = jnp.zeros((block_p,), _F32)
-    s0c, bc_ring, bc_cur = _n_chunks(N, block_n, readout,
+    s0c, bc_ring, bc_cur = n_chunks(N, block_n, readout,
                                      (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
 
     fold = live & (c == L - 1)
     a = a_ref[h]
 
-    # Window = ring[0:c] + current token at position c; entries past c are garbage (maybe NaN),
-    # so select with `where`, never multiply by a 0/1 mask.
+    # Window = ring[0:c] + current token at position c (entries past c are garbage).
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid, cur = j < c, j == c
-    xw = jnp.where(valid[:, None], ring_x.astype(_F32),
-                   jnp.where(cur[:, None], x[None, :], 0.0))          # [L, bp]
+    xw = masked_window(valid, cur, ring_x, x)                                 # [L, bp]
     dtw = jnp.where(valid, ring_dt, jnp.where(cur, dt, 0.0))           # [L]
     bc = jnp.where(valid, bc_ring, jnp.where(cur, bc_cur, 0.0))        # [L]  B_j . C
 
-    # s_j = dt_j exp(A sum_{i>j} dt_i): suffix sums as a masked [L, L] reduction (no cumsum).
-    jj = lax.broadcasted_iota(jnp.int32, (L, L), 0)
-    ii = lax.broadcasted_iota(jnp.int32, (L, L), 1)
-    suffix = jnp.sum(jnp.where(ii > jj, dtw[None, :], 0.0), axis=1)
-    s = dtw * jnp.exp(a * suffix)                                      # [L]
+    s = dtw * jnp.exp(a * suffix_sums(dtw))           # s_j = dt_j exp(A sum_{i>j} dt_i)
     decay = jnp.exp(a * jnp.sum(dtw))
 
     # Fold pass (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk; the S0 chunks
@@ -145,23 +121,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     @pl.when(fold)
     def _fold():
         def fold_chunk(ns, carry):
-            bv = b_ref[b, g, ns].astype(_F32)
-            sbw = s[:, None] * jnp.where(valid[:, None], rb_in[slot, g, :, ns].astype(_F32),
-                                         jnp.where(cur[:, None], bv[None, :], 0.0))  # [L, bn]
-            if fold_dot:   # [bp, L] @ [L, bn] on tensor cores
-                upd = lax.dot_general(xw, sbw, (((0,), (0,)), ((), ())),
-                                      precision=precision, preferred_element_type=_F32)
-            else:          # L rank-1 updates on the FMA units (fewer registers, no shared memory)
-                def rank1(k, acc):
-                    sel = (j == k)[:, None]
-                    xk = jnp.sum(jnp.where(sel, xw, 0.0), axis=0)
-                    bk = jnp.sum(jnp.where(sel, sbw, 0.0), axis=0)
-                    return acc + xk[:, None] * bk[None, :]
-                upd = lax.fori_loop(0, L, rank1, jnp.zeros((block_p, block_n), _F32))
+            sbw = s[:, None] * masked_window(valid, cur, rb_in[slot, g, :, ns],
+                                             b_ref[b, g, ns].astype(_F32))  # [L, bn]
             s0 = s_in[slot, h, ps, ns].astype(_F32)
+            upd = outer_fold(xw, sbw, precision, fold_dot)              # [bp, bn]
             s_out[slot, h, ps, ns] = (decay * s0 + upd).astype(s_out.dtype)
             return carry
-        _n_chunks(N, block_n, fold_chunk, 0)
+        n_chunks(N, block_n, fold_chunk, 0)
 
     y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
     y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
@@ -189,7 +155,7 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
         _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
-        fold_dot=fold_dot, precision=_dot_precision(interpret))
+        fold_dot=fold_dot, precision=dot_precision(interpret))
     out_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype),) + tuple(
         jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
     y, *new = pl.pallas_call(
@@ -197,7 +163,7 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
         grid=(batch, H, P // block_p),
         out_shape=out_shape,
         input_output_aliases={8: 1, 9: 2, 10: 3, 11: 4},
-        compiler_params=_compiler_params(num_warps, num_stages, interpret),
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret,
         name="mamba2_replay_decode",
     )(slots, counts, x, B, C, dt, A, D, *buffers)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT
+from pallas_kernels._common import NULL_SLOT, row_index as _row_index
 
 _HI = lax.Precision.HIGHEST
 
@@ -124,11 +124,6 @@ def replay_step(s0, ring_x, ring_b, ring_dt, count, x, B, C, dt, A, D):
     return y, folded
 
 
-def _row_index(slots, live, num_slots):
-    """Scatter index: padding rows point past the pool and are dropped."""
-    return jnp.where(live, slots, num_slots)
-
-
 def standard_decode(state, x, B, C, dt, A, D, slots):
     """Standard decode over a state pool: reads and writes the state of every row.
 
@@ -164,14 +159,3 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots):
         ring_b=buffers.ring_b.at[idx, :, c, :].set(B.astype(buffers.ring_b.dtype), mode="drop"),
         ring_dt=buffers.ring_dt.at[idx, :, c].set(dt.astype(jnp.float32), mode="drop"),
     )
-
-
-def advance_counts(counts, slots, window: int):
-    """Commit one decoded token per live row: count + 1, or 0 after a fold (count == L - 1).
-
-    counts [S] int32, shared by all SSM layers of a model: call once per model step.
-    """
-    live = slots != NULL_SLOT
-    c = counts[slots]
-    new = jnp.where(c >= window - 1, 0, c + 1).astype(counts.dtype)
-    return counts.at[_row_index(slots, live, counts.shape[0])].set(new, mode="drop")
