@@ -50,6 +50,17 @@ def largest_pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
+def pick_block(name: str, dim_name: str, dim: int, block: int | None, cap: int,
+               minimum: int = 1) -> int:
+    """A power-of-two tile dividing `dim`: `block` if given, else the largest one <= cap."""
+    if block is None:
+        block = largest_pow2_divisor(dim, cap)
+    check(is_pow2(block) and dim % block == 0,
+          f"{name} = {block} must be a power of two dividing {dim_name} = {dim}")
+    check(block >= minimum, f"{dim_name} = {dim} has no power-of-two tile >= {minimum} dividing it")
+    return block
+
+
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)

@@ -1,6 +1,6 @@
 """Kernel benchmark: standard vs ReplaySSM decode per layer-step, on one GPU.
 
-    python -m replayjax.kernel_bench --family mamba2 [--batches 1 8 256] [--json out.json]
+    python -m replayjax.kernel_bench --family mamba2|gdn [--batches 1 8 256] [--json out.json]
 
 Method (see docs/benchmarks.md):
   * per-kernel device time from CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`), inside one
@@ -26,13 +26,11 @@ import time
 
 import numpy as np
 
+from pallas_kernels._common import advance_counts
+
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
 MIN_POOL_BYTES = 512 * 2**20
 
-MAMBA2_SHAPES = {
-    "nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
-    "nemotron-nano-9b-v2": dict(H=128, P=80, N=128, G=8),
-}
 
 
 def _device_times(fn, *args, name, iterations=3):
@@ -88,48 +86,112 @@ HEADER = ("| shape | batch | standard us | replay us (amortised) | replay non-fo
           "replay GB/s (% copy) |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
-def mamba2_bytes(H, P, N, G, L, state_bytes=4, act=2, ring=2):
-    state = H * P * N * state_bytes
-    token_io = H * P * act * 2 + 2 * G * N * act + H * 4          # x, y, B, C, dt
-    entry = H * P * ring + G * N * ring + H * 4                    # one ring entry (x, B, dt)
-    std = 2 * state + token_io
-    rep = state + state / L + entry * (L - 1) / 2 + entry + token_io
-    return std, rep
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What the driver needs to time one kernel family at one shape."""
+    name: str
+    shapes: dict
+    state_bytes: callable      # dims -> bytes of one sequence's state
+    min_bytes: callable        # (dims, L, ring_bytes) -> (standard, replay) bytes per row-step
+    setup: callable            # (dims, batch, S, L, ring_dtype, key) -> (inputs, buffers)
+    standard: callable         # (state, inputs, slots, **kw) -> state
+    replay: callable           # (buffers, counts, inputs, slots, **kw) -> buffers
 
 
-def bench_mamba2(shape_name, batch, *, L=16, std_kw=None, rep_kw=None, seed=0, iterations=3,
-                 staggered=True):
-    """Times both kernels at one shape and batch; tiling overrides in std_kw / rep_kw."""
+def _mamba2_family():
     import jax
     import jax.numpy as jnp
     from pallas_kernels import mamba2
 
-    dims = MAMBA2_SHAPES[shape_name]
-    H, P, N, G = dims["H"], dims["P"], dims["N"], dims["G"]
-    per_seq = H * P * N * 4
-    n_sets = max(2, math.ceil(MIN_POOL_BYTES / (batch * per_seq)))
+    def min_bytes(d, L, ring, state=4, act=2):
+        H, P, N, G = d["H"], d["P"], d["N"], d["G"]
+        st = H * P * N * state
+        token_io = H * P * act * 2 + 2 * G * N * act + H * 4         # x, y, B, C, dt
+        entry = H * P * ring + G * N * ring + H * 4                   # one ring entry (x, B, dt)
+        return 2 * st + token_io, st + st / L + entry * (L - 1) / 2 + entry + token_io
+
+    def setup(d, batch, S, L, ring_dtype, key):
+        H, P, N, G = d["H"], d["P"], d["N"], d["G"]
+        k = jax.random.split(key, 8)
+        inputs = (jax.random.normal(k[0], (batch, H, P), jnp.bfloat16),
+                  (jax.random.normal(k[1], (batch, G, N)) * N ** -0.5).astype(jnp.bfloat16),
+                  (jax.random.normal(k[2], (batch, G, N)) * N ** -0.5).astype(jnp.bfloat16),
+                  jax.random.uniform(k[3], (batch, H), jnp.float32, 0.005, 0.1),
+                  -jnp.exp(jax.random.uniform(k[4], (H,), jnp.float32, -1, 1)),
+                  jax.random.normal(k[5], (H,), jnp.float32))
+        bufs = mamba2.init_replay_buffers(S, H, P, N, G, window=L, ring_dtype=ring_dtype)
+        ck = jax.random.normal(k[6], bufs.checkpoint.shape, jnp.float32)
+        return inputs, bufs._replace(checkpoint=ck)
+
+    return Family(
+        name="mamba2",
+        shapes={"nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
+                "nemotron-nano-9b-v2": dict(H=128, P=80, N=128, G=8)},
+        state_bytes=lambda d: d["H"] * d["P"] * d["N"] * 4,
+        min_bytes=min_bytes, setup=setup,
+        standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
+        replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1])
+
+
+def _gdn_family():
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels import gdn
+
+    def min_bytes(d, L, ring, state=4, act=2):
+        Hk, Hv, K, V = d["Hk"], d["Hv"], d["K"], d["V"]
+        st = Hv * V * K * state
+        token_io = 2 * Hk * K * act + 2 * Hv * V * act + Hv * 8      # q, k, v, o, g, beta
+        entry = Hk * K * ring + Hv * V * ring + Hv * 4                # one ring entry (k, d, g)
+        return 2 * st + token_io, st + st / L + entry * (L - 1) / 2 + entry + token_io
+
+    def setup(d, batch, S, L, ring_dtype, key):
+        Hk, Hv, K, V = d["Hk"], d["Hv"], d["K"], d["V"]
+        k = jax.random.split(key, 8)
+        q, kk = gdn.prepare_qk(jax.random.normal(k[0], (batch, Hk, K)),
+                               jax.random.normal(k[1], (batch, Hk, K)))
+        g, beta = gdn.gates(jax.random.normal(k[2], (batch, Hv)),
+                            jax.random.normal(k[3], (batch, Hv)),
+                            jax.random.uniform(k[4], (Hv,), jnp.float32, 0, 2.7), jnp.zeros((Hv,)))
+        inputs = (q.astype(jnp.bfloat16), kk.astype(jnp.bfloat16),
+                  jax.random.normal(k[5], (batch, Hv, V), jnp.bfloat16), g, beta)
+        bufs = gdn.init_gdn_buffers(S, Hk, Hv, K, V, window=L, ring_dtype=ring_dtype)
+        ck = jax.random.normal(k[6], bufs.checkpoint.shape, jnp.float32) * 0.1
+        return inputs, bufs._replace(checkpoint=ck)
+
+    return Family(
+        name="gdn",
+        shapes={"qwen3-next": dict(Hk=16, Hv=32, K=128, V=128)},
+        state_bytes=lambda d: d["Hv"] * d["V"] * d["K"] * 4,
+        min_bytes=min_bytes, setup=setup,
+        standard=lambda st, inp, slots, **kw: gdn.standard_decode(st, *inp, slots, **kw)[1],
+        replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1])
+
+
+FAMILIES = {"mamba2": _mamba2_family, "gdn": _gdn_family}
+
+
+def bench(fam: Family, shape_name, batch, *, L=16, ring="bfloat16", std_kw=None, rep_kw=None,
+          seed=0, iterations=3, staggered=True):
+    """Times both kernels of a family at one shape and batch; tiling overrides in std_kw /
+    rep_kw. Returns the Row fields (times in us, bytes per row-step)."""
+    import jax
+    import jax.numpy as jnp
+
+    dims = fam.shapes[shape_name]
+    n_sets = max(2, math.ceil(MIN_POOL_BYTES / (batch * fam.state_bytes(dims))))
     S = n_sets * batch + 1
     rng = np.random.default_rng(seed)
     sets = jnp.asarray(rng.permutation(np.arange(1, S)).reshape(n_sets, batch), jnp.int32)
-    key = jax.random.key(seed)
-    k = jax.random.split(key, 8)
-    x = jax.random.normal(k[0], (batch, H, P), jnp.bfloat16)
-    B = (jax.random.normal(k[1], (batch, G, N)) * N ** -0.5).astype(jnp.bfloat16)
-    C = (jax.random.normal(k[2], (batch, G, N)) * N ** -0.5).astype(jnp.bfloat16)
-    dt = jax.random.uniform(k[3], (batch, H), jnp.float32, 0.005, 0.1)
-    A = -jnp.exp(jax.random.uniform(k[4], (H,), jnp.float32, -1, 1))
-    D = jax.random.normal(k[5], (H,), jnp.float32)
-    bufs = mamba2.init_replay_buffers(S, H, P, N, G, window=L)
-    bufs = bufs._replace(checkpoint=jax.random.normal(k[6], bufs.checkpoint.shape, jnp.float32))
+    ring_dtype = jnp.dtype(ring)
+    inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
     std_kw = dict(impl="pallas", **(std_kw or {}))
     rep_kw = dict(impl="pallas", **(rep_kw or {}))
     n_steps = n_sets * L
 
     @jax.jit
     def run_standard(state):
-        def body(i, state):
-            _, state = mamba2.standard_decode(state, x, B, C, dt, A, D, sets[i % n_sets], **std_kw)
-            return state
+        body = lambda i, st: fam.standard(st, inputs, sets[i % n_sets], **std_kw)
         return jax.lax.fori_loop(0, n_steps, body, state)
 
     @jax.jit
@@ -137,13 +199,13 @@ def bench_mamba2(shape_name, batch, *, L=16, std_kw=None, rep_kw=None, seed=0, i
         def body(i, carry):
             bufs, counts = carry
             slots = sets[i % n_sets]
-            _, bufs = mamba2.replay_decode(bufs, counts, x, B, C, dt, A, D, slots, **rep_kw)
-            return bufs, mamba2.advance_counts(counts, slots, L)
+            bufs = fam.replay(bufs, counts, inputs, slots, **rep_kw)
+            return bufs, advance_counts(counts, slots, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
 
     std_t = _device_times(run_standard, bufs.checkpoint, name="standard", iterations=iterations)
-    counts0 = jnp.zeros((S,), jnp.int32)
-    rep_t = _device_times(run_replay, bufs, counts0, name="replay", iterations=iterations)
+    rep_t = _device_times(run_replay, bufs, jnp.zeros((S,), jnp.int32), name="replay",
+                          iterations=iterations)
     stag_t = rep_t
     if staggered:
         stag = jnp.asarray(rng.integers(0, L, S), jnp.int32)
@@ -152,7 +214,7 @@ def bench_mamba2(shape_name, batch, *, L=16, std_kw=None, rep_kw=None, seed=0, i
         assert len(t) == n_steps, f"expected {n_steps} kernel launches, got {len(t)}"
     # Cycling: step i runs at count (i // n_sets) % L; the last block of n_sets steps folds.
     per_count = np.median(np.stack(rep_t), axis=0).reshape(L, n_sets)
-    std_b, rep_b = mamba2_bytes(H, P, N, G, L)
+    std_b, rep_b = fam.min_bytes(dims, L, ring_dtype.itemsize)
     return dict(
         standard_us=float(np.median([t.mean() for t in std_t])),
         replay_us=float(np.median([t.mean() for t in rep_t])),
@@ -161,46 +223,41 @@ def bench_mamba2(shape_name, batch, *, L=16, std_kw=None, rep_kw=None, seed=0, i
         std_bytes=std_b, rep_bytes=rep_b)
 
 
-def _config(text):
-    bp, bn, warps, stages = (int(v) for v in text.split(","))
-    return dict(block_p=bp, block_n=bn, num_warps=warps, num_stages=stages)
-
-
-def tune(shapes, batch, L):
-    """Prints standard and replay times for a grid of tilings (cycling, amortised)."""
-    print("| shape | batch | block_p | block_n | warps | fold | standard us | replay us "
-          "(non-fold / fold) |\n|---|---|---|---|---|---|---|---|")
-    configs = ((32, 64, 4), (64, 32, 2), (64, 64, 2), (64, 64, 4), (64, 128, 4))
+def tune(fam, shapes, batch, L, ring, configs):
+    """Times a list of tilings (cycling, amortised); prints a table, returns the results."""
+    results = []
+    print("| shape | batch | tiling | standard us | replay us (non-fold / fold) |\n|---|---|---|---|---|")
     for shape in shapes:
-        P = MAMBA2_SHAPES[shape]["P"]
-        for bp, bn, warps in configs:
-            if P % bp:
-                continue
-            for fold in ("dot",):
-                    cfg = dict(block_p=bp, block_n=bn, num_warps=warps)
-                    head = f"| {shape} | {batch} | {bp} | {bn} | {warps} | {fold} |"
-                    try:
-                        r = bench_mamba2(shape, batch, L=L, std_kw=cfg, rep_kw=cfg | {"fold": fold},
-                                         iterations=1, staggered=False)
-                        print(f"{head} {r['standard_us']:.1f} | {r['replay_us']:.1f} "
-                              f"({r['nonfold_us']:.0f} / {r['fold_us']:.0f}) |", flush=True)
-                    except Exception as e:  # a tiling the compiler rejects: report, go on
-                        print(f"{head} failed: {type(e).__name__}: {str(e)[:100]} | |", flush=True)
+        for cfg in configs:
+            std_cfg = {k: v for k, v in cfg.items() if k in ("block_p", "block_n", "block_v",
+                                                           "num_warps")}
+            head = f"| {shape} | {batch} | {cfg} |"
+            try:
+                r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
+                          iterations=1, staggered=False)
+                print(f"{head} {r['standard_us']:.1f} | {r['replay_us']:.1f} "
+                      f"({r['nonfold_us']:.0f} / {r['fold_us']:.0f}) |", flush=True)
+                results.append(dict(shape=shape, batch=batch, config=cfg, std_config=std_cfg, **r))
+            except Exception as e:  # a tiling the compiler rejects: report, go on
+                print(f"{head} failed: {type(e).__name__}: {str(e)[:100]} | |", flush=True)
+    return results
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="replayjax bench kernels", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["mamba2"], default="mamba2")
-    ap.add_argument("--shapes", nargs="+", default=list(MAMBA2_SHAPES))
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2")
+    ap.add_argument("--shapes", nargs="+", help="default: every shape of the family")
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--std-config", type=_config, default={},
-                    help="standard kernel tiling as BLOCK_P,BLOCK_N,NUM_WARPS,NUM_STAGES")
-    ap.add_argument("--replay-config", type=_config, default={},
-                    help="replay kernel tiling as BLOCK_P,BLOCK_N,NUM_WARPS,NUM_STAGES")
-    ap.add_argument("--tune", action="store_true",
-                    help="time tilings at the first batch instead of the table")
+    ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
+                    help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
+    ap.add_argument("--std-config", type=json.loads, default={},
+                    help='standard kernel tiling as JSON, e.g. \'{"block_p": 32, "num_warps": 8}\'')
+    ap.add_argument("--replay-config", type=json.loads, default={},
+                    help="replay kernel tiling as JSON")
+    ap.add_argument("--tune", type=json.loads, default=None, metavar="CONFIGS",
+                    help="JSON list of tilings to time at the first batch instead of the table")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
 
@@ -208,23 +265,32 @@ def main(argv=None):
     if jax.default_backend() != "gpu":
         sys.exit("replayjax bench kernels: needs a CUDA GPU (jax.default_backend() is "
                  f"{jax.default_backend()!r})")
+    fam = FAMILIES[args.family]()
+    shapes = args.shapes or list(fam.shapes)
+    ring = args.ring_dtype or ("float32" if fam.name == "gdn" else "bfloat16")
     bw = copy_bandwidth()
     print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-          f"L = {args.window}; fp32 state, bf16 activations and ring", flush=True)
-    if args.tune:
-        return tune(args.shapes, args.batches[0], args.window)
+          f"{fam.name}; L = {args.window}; fp32 state, bf16 activations, {ring} ring", flush=True)
+    if args.tune is not None:
+        results = tune(fam, shapes, args.batches[0], args.window, ring, args.tune)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     print(HEADER, flush=True)
     rows = []
-    for shape in args.shapes:
+    for shape in shapes:
         for batch in args.batches:
             t0 = time.time()
-            r = Row(shape=shape, batch=batch, copy_bw=bw, **bench_mamba2(
-                shape, batch, L=args.window, std_kw=args.std_config, rep_kw=args.replay_config))
+            r = Row(shape=shape, batch=batch, copy_bw=bw, **bench(
+                fam, shape, batch, L=args.window, ring=ring, std_kw=args.std_config,
+                rep_kw=args.replay_config))
             rows.append(r)
             print(r.line() + f"  <!-- {time.time() - t0:.0f}s -->", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) | {"speedup": r.speedup} for r in rows], f, indent=1)
+            json.dump([dataclasses.asdict(r) | {"speedup": r.speedup, "family": fam.name,
+                                                "ring": ring} for r in rows], f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check, check_dtype, check_shape,
-                                    is_pow2, largest_pow2_divisor, resolve_impl,
+from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
+                                    check_dtype, check_shape, is_pow2, pick_block, resolve_impl,
                                     resolve_interpret)
 from pallas_kernels.mamba2 import kernels, reference
 from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
@@ -59,23 +59,6 @@ def _check_step_inputs(x, B, C, dt, A, D, slots, num_slots, state):
     return H, P, G, N
 
 
-def _block_p(P, block_p, cap):
-    if block_p is None:
-        block_p = largest_pow2_divisor(P, cap)
-    check(is_pow2(block_p) and P % block_p == 0,
-          f"block_p = {block_p} must be a power of two dividing head_dim P = {P}")
-    check(block_p >= _MIN_BLOCK_P,
-          f"head_dim P = {P} has no power-of-two tile >= {_MIN_BLOCK_P} dividing it")
-    return block_p
-
-
-def _block_n(N, block_n, cap):
-    block_n = min(N, cap) if block_n is None else block_n
-    check(is_pow2(block_n) and N % block_n == 0,
-          f"block_n = {block_n} must be a power of two dividing d_state N = {N}")
-    return block_n
-
-
 def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=None,
                     block_n=None, num_warps=None, num_stages=2, interpret=None):
     """One standard Mamba-2 step (reads and writes the state of every row): the baseline.
@@ -89,8 +72,9 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", block_p=Non
         return reference.standard_decode(state, x, B, C, dt, A, D, slots)
     bp_cap, bn_cap, warps = STANDARD_TILING
     return kernels.standard_decode_pallas(
-        state, x, B, C, dt, A, D, slots, block_p=_block_p(P, block_p, bp_cap),
-        block_n=_block_n(N, block_n, bn_cap), num_warps=num_warps or warps,
+        state, x, B, C, dt, A, D, slots,
+        block_p=pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P),
+        block_n=pick_block("block_n", "d_state N", N, block_n, bn_cap), num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
@@ -132,7 +116,8 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     if resolve_impl(impl) == "xla":
         return reference.replay_decode(buffers, counts, x, B, C, dt, A, D, slots)
     bp_cap, bn_cap, warps = REPLAY_TILING
-    block_p, block_n = _block_p(P, block_p, bp_cap), _block_n(N, block_n, bn_cap)
+    block_p = pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P)
+    block_n = pick_block("block_n", "d_state N", N, block_n, bn_cap)
     dot_ok = min(buffers.window, block_p, block_n) >= 16
     check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
     check(fold != "dot" or dot_ok,

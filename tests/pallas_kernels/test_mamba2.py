@@ -19,13 +19,9 @@ import pytest
 from pallas_kernels import mamba2
 from pallas_kernels._common import NULL_SLOT
 from pallas_kernels.mamba2 import ReplayBuffers
+from tests.pallas_kernels.helpers import bitwise_equal, impl_kw as _kw, rel_err
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 class Problem:
@@ -93,12 +89,6 @@ def _jitted(fn_name, **kw):
     return jax.jit(functools.partial(fn, **kw), donate_argnums=(0,))
 
 
-def _kw(impl, interpret, **tiling):
-    if impl != "pallas":
-        return dict(impl=impl)
-    return dict(impl=impl, interpret=interpret, **tiling)
-
-
 @pytest.mark.parametrize("impl", ["pallas", "xla"])
 @pytest.mark.parametrize("shape,block_n", [(dict(H=4, P=16, N=16, G=2), None),  # grouped heads
                                            (dict(H=2, P=80, N=32, G=1), 16)])   # P = 80, 2 N chunks
@@ -164,7 +154,7 @@ def test_replay_matches_recurrence_over_folds(impl, L, act, ring, state_dt, y_to
                 assert counts[s] == before[s] + 1
     assert folds >= 3 * len(live)
     for a, b in zip(bufs, idle_before):
-        assert np.asarray(a[idle]).tobytes() == b.tobytes()     # null slot and idle slots, bitwise
+        assert bitwise_equal(a[idle], b)                         # null slot and idle slots
     assert int(counts[NULL_SLOT]) == 0
 
 

@@ -1,0 +1,163 @@
+"""Pallas kernels for Gated DeltaNet decode: the standard step (baseline) and the ReplaySSM step.
+
+Grid (batch, Hv, V // block_v): one program per (row, value head, V tile). The standard kernel
+holds its [block_v, K] state tile in registers (S k is needed before the update); the replay
+kernel streams the checkpoint over K in chunks of block_k. Pools are gathered by slot inside the
+kernel and updated in place through input_output_aliases, as in the Mamba-2 kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._common import NULL_SLOT
+from pallas_kernels._kernel_utils import (F32, compiler_params, dot_precision, masked_window,
+                                          n_chunks, outer_fold, suffix_sums)
+
+
+def _program(heads_per_key_head, block_v):
+    b, hv, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    return b, hv, hv // heads_per_key_head, t, pl.ds(t * block_v, block_v)
+
+
+# --------------------------------------------------------------------------------------------
+# Standard decode: reads and writes the state of every row every step.
+# --------------------------------------------------------------------------------------------
+def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in, o_ref, s_out, *,
+                     heads_per_key_head, block_v):
+    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    q = q_ref[b, hk, :].astype(F32)                   # [K]
+    k = k_ref[b, hk, :].astype(F32)
+    v = v_ref[b, hv, vs].astype(F32)                  # [bv]
+    alpha = jnp.exp(g_ref[b, hv])
+    s = s_in[slot, hv, vs, :].astype(F32)             # [bv, K]
+    d = beta_ref[b, hv] * (v - alpha * jnp.sum(s * k[None, :], axis=1))
+    s = alpha * s + d[:, None] * k[None, :]
+    o_ref[b, hv, vs] = jnp.where(live, jnp.sum(s * q[None, :], axis=1), 0.0).astype(o_ref.dtype)
+
+    @pl.when(live)
+    def _():
+        s_out[slot, hv, vs, :] = s.astype(s_out.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
+def standard_decode_pallas(state, q, k, v, g, beta, slots, *, block_v, num_warps=4, num_stages=2,
+                           interpret=False):
+    batch, Hv, V = v.shape
+    Hk = q.shape[1]
+    kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_v=block_v)
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, Hv, V // block_v),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
+                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
+        input_output_aliases={6: 1},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="gdn_standard_decode",
+    )(slots, q, k, v, g, beta, state)
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
+# --------------------------------------------------------------------------------------------
+def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
+                   s_in, rk_in, rd_in, rg_in, o_ref, s_out, rk_out, rd_out, rg_out, *,
+                   heads_per_key_head, block_v, block_k, window, fold_dot, precision):
+    b, hv, hk, t, vs = _program(heads_per_key_head, block_v)
+    L, K = window, s_in.shape[3]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    # Loads that need only the slot go out before the state pass; their values are used after.
+    c = counts_ref[slot]
+    ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
+    ring_g = rg_in[slot, hv, :]                       # [L]
+    v = v_ref[b, hv, vs].astype(F32)                  # [bv]
+    g, beta = g_ref[b, hv], beta_ref[b, hv]
+
+    # Read-only pass over the checkpoint: S0 k, S0 q, and k_j . k, k_j . q for every ring entry.
+    def readout(ks, carry):
+        s0k, s0q, rkk, rkq, kq = carry
+        kc = k_ref[b, hk, ks].astype(F32)
+        qc = q_ref[b, hk, ks].astype(F32)
+        s0 = s_in[slot, hv, vs, ks].astype(F32)                        # [bv, bk]
+        rk = rk_in[slot, hk, :, ks].astype(F32)                        # [L, bk]
+        return (s0k + jnp.sum(s0 * kc[None, :], axis=1), s0q + jnp.sum(s0 * qc[None, :], axis=1),
+                rkk + jnp.sum(rk * kc[None, :], axis=1), rkq + jnp.sum(rk * qc[None, :], axis=1),
+                kq + jnp.sum(kc * qc))
+
+    zv, zl = jnp.zeros((block_v,), F32), jnp.zeros((L,), F32)
+    s0k, s0q, rkk, rkq, kq = n_chunks(K, block_k, readout, (zv, zv, zl, zl, jnp.float32(0)))
+
+    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
+    valid, cur = j < c, j == c
+    g_hist = jnp.where(valid, ring_g, 0.0)
+    e = jnp.exp(suffix_sums(g_hist))                  # e_j = exp(sum_{j<i<c} g_i)
+    big_e = jnp.exp(jnp.sum(g_hist))
+    d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)             # [L, bv]
+    sk = big_e * s0k + jnp.sum(jnp.where(valid, e * rkk, 0.0)[:, None] * d_hist, axis=0)
+    sq = big_e * s0q + jnp.sum(jnp.where(valid, e * rkq, 0.0)[:, None] * d_hist, axis=0)
+    alpha = jnp.exp(g)
+    d = beta * (v - alpha * sk)                                              # [bv]
+    o_ref[b, hv, vs] = jnp.where(live, alpha * sq + d * kq, 0.0).astype(o_ref.dtype)
+
+    # Fold (one step in L): S0 <- exp(sum g) S0 + sum_j w_j d_j k_j^T over ring + current token.
+    @pl.when(live & (c == L - 1))
+    def _fold():
+        g_win = jnp.where(valid, ring_g, jnp.where(cur, g, 0.0))
+        w = jnp.exp(suffix_sums(g_win))
+        decay = jnp.exp(jnp.sum(g_win))
+        wd = w[:, None] * masked_window(valid, cur, ring_d, d)              # [L, bv]
+
+        def fold_chunk(ks, carry):
+            kw = masked_window(valid, cur, rk_in[slot, hk, :, ks],
+                               k_ref[b, hk, ks].astype(F32))                # [L, bk]
+            s0 = s_in[slot, hv, vs, ks].astype(F32)
+            upd = outer_fold(wd, kw, precision, fold_dot)                   # [bv, bk]
+            s_out[slot, hv, vs, ks] = (decay * s0 + upd).astype(s_out.dtype)
+            return carry
+        n_chunks(K, block_k, fold_chunk, 0)
+
+    # Append (k, d, g) at `c` (after a fold it lies past the reset count: harmless).
+    @pl.when(live)
+    def _append():
+        rd_out[slot, hv, c, vs] = d.astype(rd_out.dtype)
+
+        @pl.when(t == 0)
+        def _():
+            rg_out[slot, hv, c] = g
+
+            @pl.when(hv % heads_per_key_head == 0)
+            def _():
+                rk_out[slot, hk, c, :] = k_ref[b, hk, :].astype(rk_out.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
+                                             "num_stages", "interpret"))
+def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
+                         num_warps=4, num_stages=2, interpret=False):
+    batch, Hv, V = v.shape
+    Hk = q.shape[1]
+    L = buffers.ring_k.shape[2]
+    kernel = functools.partial(
+        _replay_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k, window=L,
+        fold_dot=fold_dot, precision=dot_precision(interpret))
+    out_shape = (jax.ShapeDtypeStruct(v.shape, v.dtype),) + tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
+    o, *new = pl.pallas_call(
+        kernel,
+        grid=(batch, Hv, V // block_v),
+        out_shape=out_shape,
+        input_output_aliases={7: 1, 8: 2, 9: 3, 10: 4},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="gdn_replay_decode",
+    )(slots, counts, q, k, v, g, beta, *buffers)
+    return o, type(buffers)(*new)

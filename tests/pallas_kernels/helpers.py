@@ -1,0 +1,20 @@
+"""Shared helpers for the kernel tests."""
+
+import numpy as np
+
+
+def rel_err(a, b):
+    """Relative Frobenius error ||a - b|| / ||b|| in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def impl_kw(impl, interpret, **tiling):
+    """Keyword arguments for a public op: tiling and interpret only apply to Pallas."""
+    if impl != "pallas":
+        return dict(impl=impl)
+    return dict(impl=impl, interpret=interpret, **tiling)
+
+
+def bitwise_equal(a, b):
+    return np.asarray(a).tobytes() == np.asarray(b).tobytes()
