@@ -29,7 +29,7 @@ __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_de
 MAX_WINDOW = 64
 # Tilings measured on an H200 at batch 256, fp32 state (docs/benchmarks.md):
 # standard (block_v cap, num_warps); replay (block_v cap, block_k cap, num_warps).
-STANDARD_TILING = (32, 4)
+STANDARD_TILING = (128, 8)
 REPLAY_TILING = (64, 64, 4)
 
 
