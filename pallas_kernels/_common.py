@@ -90,13 +90,26 @@ def row_index(slots, live, num_slots):
     return jnp.where(live, slots, num_slots)
 
 
-def advance_counts(counts, slots, window: int):
-    """Commit one decoded token per live row: count + 1, or 0 after a fold (count == L - 1).
+def verify_folds(count, window_len: int, window: int):
+    """Fold decision of a verify step over `window_len` tokens (T = 1 is plain decode): fold when
+    the committed entries plus the window would fill the ring. The fold takes the committed ring
+    entries plus the window's first token, which is always accepted (it was sampled last step)."""
+    return count + window_len >= window
 
-    counts [S] int32 (committed ring entries per slot), shared by every SSM layer of a model:
-    call once per model step. slots [b] int32; NULL_SLOT rows change nothing.
-    """
+
+def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
+    """Commit n_accepted (clamped to [1, T]) of a verify window per live row: the count becomes
+    n - 1 after a fold (the first token went into the checkpoint) and count + n otherwise.
+    Rejected entries stay in the ring past the count and are overwritten later: rollback is this
+    cursor move. counts [S] int32 (shared by every SSM layer: once per model step), slots and
+    n_accepted [b] int32; NULL_SLOT rows change nothing."""
     live = slots != NULL_SLOT
     c = counts[slots]
-    new = jnp.where(c >= window - 1, 0, c + 1).astype(counts.dtype)
+    n = jnp.clip(n_accepted, 1, window_len)
+    new = jnp.where(verify_folds(c, window_len, window), n - 1, c + n).astype(counts.dtype)
     return counts.at[row_index(slots, live, counts.shape[0])].set(new, mode="drop")
+
+
+def advance_counts(counts, slots, window: int):
+    """Commit one decoded token per live row (T = 1): count + 1, or 0 after a fold."""
+    return commit_counts(counts, slots, jnp.ones_like(slots), 1, window)

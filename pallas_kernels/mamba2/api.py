@@ -20,13 +20,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
-                                    check_dtype, check_shape, is_pow2, pick_block, resolve_impl,
-                                    resolve_interpret)
+                                    check_dtype, check_shape, commit_counts, is_pow2, pick_block,
+                                    resolve_impl, resolve_interpret)
 from pallas_kernels.mamba2 import kernels, reference
 from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
 
 __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",
-           "advance_counts", "MAX_WINDOW"]
+           "advance_counts", "replay_verify", "standard_verify", "commit_counts", "MAX_WINDOW",
+           "MAX_VERIFY_TOKENS"]
+
+MAX_VERIFY_TOKENS = 8
 
 MAX_WINDOW = 64
 _MIN_BLOCK_P = 4
@@ -126,3 +129,73 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     return kernels.replay_decode_pallas(
         buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
         fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+
+
+def _check_window_inputs(x, B, C, dt, A, D, slots, state):
+    """Window inputs are [b, T, ...]: validated as T single-token steps."""
+    check(x.ndim == 4, f"x must be [batch, T, heads, head_dim], got shape {tuple(x.shape)}")
+    T = x.shape[1]
+    check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")
+    for name, arr in (("B", B), ("C", C), ("dt", dt)):
+        check(arr.ndim >= 2 and arr.shape[1] == T,
+              f"{name} must have the window T = {T} on axis 1, got shape {tuple(arr.shape)}")
+    dims = _check_step_inputs(x[:, 0], B[:, 0], C[:, 0], dt[:, 0], A, D, slots,
+                              state.shape[0], state)
+    return T, dims
+
+
+def _pad_window(t, Tp):
+    return jnp.pad(t, [(0, 0), (0, Tp - t.shape[1])] + [(0, 0)] * (t.ndim - 2))
+
+
+def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
+                  block_p=None, block_n=None, fold="auto", num_warps=None, num_stages=2,
+                  interpret=None):
+    """Speculative verify of T window tokens per row (x [b, T, H, P], B, C [b, T, G, N],
+    dt [b, T, H]; 1 <= T <= min(8, L)). Returns y [b, T, H, P] in x.dtype, causal within the
+    window, and the buffers with the window written into the ring beyond the committed count.
+
+    Rows with count + T >= L fold ring[0:count] + window[0] into the checkpoint first (window[0]
+    is the token sampled last step, always accepted). Then `commit_counts(counts, slots,
+    n_accepted, T, L)` commits; rejected tokens are rolled back by not counting them.
+    T = 1 followed by commit(1) is exactly `replay_decode` + `advance_counts`.
+    """
+    L = check_buffers(buffers, counts)
+    T, (_, P, G, N) = _check_window_inputs(x, B, C, dt, A, D, slots, buffers.checkpoint)
+    check(T <= L, f"verify window T = {T} must not exceed the ring window L = {L}")
+    check_shape("ring_b", buffers.ring_b, (None, G, None, None))
+    if resolve_impl(impl) == "xla":
+        return reference.replay_verify(buffers, counts, x, B, C, dt, A, D, slots)
+    bp_cap, bn_cap, warps = REPLAY_TILING
+    block_p = pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P)
+    block_n = pick_block("block_n", "d_state N", N, block_n, bn_cap)
+    dot_ok = min(L, block_p, block_n) >= 16
+    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    Tp = 1 << (T - 1).bit_length()
+    y, ck = kernels.replay_verify_pallas(
+        buffers, counts, *(_pad_window(t, Tp) for t in (x, B, C, dt)), A, D, slots,
+        num_tokens=T, block_p=block_p, block_n=block_n,
+        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps,
+        num_stages=num_stages, interpret=resolve_interpret(interpret))
+    out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
+    return y[:, :T], out
+
+
+def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, impl="auto", block_p=None,
+                    block_n=None, num_warps=None, num_stages=2, interpret=None):
+    """The usual verify (baseline and cross-check): T standard steps from the state at `slots`,
+    writing the state after window token s to pool slot draft_slots[:, s] ([b, T] int32;
+    NULL_SLOT skips). Rollback = continue from draft_slots[:, n_accepted - 1].
+    Returns y [b, T, H, P] and the pool."""
+    T, (_, P, _, N) = _check_window_inputs(x, B, C, dt, A, D, slots, state)
+    check_shape("draft_slots", draft_slots, (x.shape[0], T))
+    check_dtype("draft_slots", draft_slots, (jnp.int32,))
+    if resolve_impl(impl) == "xla":
+        return reference.standard_verify(state, x, B, C, dt, A, D, slots, draft_slots)
+    bp_cap, bn_cap, warps = STANDARD_TILING
+    return kernels.standard_verify_pallas(
+        state, x, B, C, dt, A, D, slots, draft_slots,
+        block_p=pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P),
+        block_n=pick_block("block_n", "d_state N", N, block_n, bn_cap),
+        num_warps=num_warps or warps, num_stages=num_stages,
+        interpret=resolve_interpret(interpret))

@@ -168,3 +168,152 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
         name="mamba2_replay_decode",
     )(slots, counts, x, B, C, dt, A, D, *buffers)
     return y, type(buffers)(*new)
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM verify (T window tokens): y for every window token, causally, from checkpoint +
+# committed ring + window; folds ring[0:c] + window[0] into the checkpoint when c + T >= L.
+# The ring itself is written by the caller after this kernel (the fold rows overwrite ring rows
+# other programs of the same group still read here).
+# --------------------------------------------------------------------------------------------
+def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
+                   s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group, block_p,
+                   block_n, window, num_tokens, fold_dot, precision):
+    b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
+    L, N, T = window, s_in.shape[3], num_tokens
+    Tp = x_ref.shape[1]                               # T padded to a power of two
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    c = counts_ref[slot]
+    ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
+    ring_dt = rdt_in[slot, h, :]                      # [L]
+    xw = x_ref[b, :, h, ps].astype(_F32)              # [Tp, bp]
+    dtw_raw = dt_ref[b, :, h]                         # [Tp]
+
+    def readout(ns, carry):
+        s0c, bc_ring, bc_win = carry
+        cm = c_ref[b, :, g, ns].astype(_F32)                               # [Tp, bn]
+        s0 = s_in[slot, h, ps, ns].astype(_F32)                            # [bp, bn]
+        rb = rb_in[slot, g, :, ns].astype(_F32)                            # [L, bn]
+        bm = b_ref[b, :, g, ns].astype(_F32)                               # [Tp, bn]
+        return (s0c + jnp.sum(cm[:, None, :] * s0[None, :, :], axis=2),     # [Tp, bp] S0 C_s
+                bc_ring + jnp.sum(rb[:, None, :] * cm[None, :, :], axis=2),  # [L, Tp] B_j . C_s
+                bc_win + jnp.sum(bm[:, None, :] * cm[None, :, :], axis=2))   # [Tp, Tp] B_r . C_s
+
+    s0c, bc_ring, bc_win = n_chunks(N, block_n, readout, (
+        jnp.zeros((Tp, block_p), _F32), jnp.zeros((L, Tp), _F32), jnp.zeros((Tp, Tp), _F32)))
+
+    a = a_ref[h]
+    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
+    valid = j < c
+    dth = jnp.where(valid, ring_dt, 0.0)
+    s_hist = dth * jnp.exp(a * suffix_sums(dth))      # weights of ring entries at window start
+    xh = jnp.where(valid[:, None], ring_x.astype(_F32), 0.0)                # [L, bp]
+    si = lax.broadcasted_iota(jnp.int32, (Tp,), 0)
+    dtw = jnp.where(si < T, dtw_raw, 0.0)
+    rr = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 0)                     # r (source token)
+    ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                     # s (output token)
+    cumw = jnp.sum(jnp.where(rr <= ss, dtw[:, None], 0.0), axis=0)         # [Tp] sum_{r<=s} dt_r
+    w_hist = jnp.where(valid[:, None], s_hist[:, None] * bc_ring, 0.0)     # garbage rows -> 0
+    hist = jnp.sum(w_hist[:, :, None] * xh[:, None, :], axis=0)           # [Tp, bp]
+    w_win = jnp.where(rr <= ss, dtw[:, None] * jnp.exp(a * (cumw[None, :] - cumw[:, None])), 0.0)
+    intra = jnp.sum((w_win * bc_win)[:, :, None] * xw[:, None, :], axis=0)  # [Tp, bp]
+    y = (jnp.exp(a * cumw)[:, None] * (jnp.exp(a * jnp.sum(dth)) * s0c + hist) + intra
+         + d_ref[h] * xw)
+    y_ref[b, :, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & (c + T >= L))
+    def _fold():
+        cur = j == c
+        first = si == 0
+        x0 = jnp.sum(jnp.where(first[:, None], xw, 0.0), axis=0)          # [bp]
+        dtf = jnp.where(valid, ring_dt, jnp.where(cur, jnp.sum(jnp.where(first, dtw, 0.0)), 0.0))
+        sf = dtf * jnp.exp(a * suffix_sums(dtf))
+        decay = jnp.exp(a * jnp.sum(dtf))
+        xf = masked_window(valid, cur, ring_x, x0)                           # [L, bp]
+
+        def fold_chunk(ns, carry):
+            sbw = sf[:, None] * masked_window(valid, cur, rb_in[slot, g, :, ns],
+                                              b_ref[b, 0, g, ns].astype(_F32))  # [L, bn]
+            s0 = s_in[slot, h, ps, ns].astype(_F32)
+            s_out[slot, h, ps, ns] = (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)
+                                      ).astype(s_out.dtype)
+            return carry
+        n_chunks(N, block_n, fold_chunk, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("num_tokens", "block_p", "block_n", "fold_dot",
+                                             "num_warps", "num_stages", "interpret"))
+def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, num_tokens, block_p,
+                         block_n, fold_dot, num_warps=4, num_stages=2, interpret=False):
+    """x [b, Tp, H, P] etc. padded to a power of two Tp >= num_tokens. Returns y [b, Tp, H, P]
+    and the checkpoint pool (folded rows updated); the ring is not touched."""
+    batch, _, H, P = x.shape
+    G = B.shape[2]
+    kernel = functools.partial(
+        _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
+        window=buffers.ring_x.shape[2], num_tokens=num_tokens, fold_dot=fold_dot,
+        precision=dot_precision(interpret))
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, H, P // block_p),
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
+        input_output_aliases={8: 1},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="mamba2_replay_verify",
+    )(slots, counts, x, B, C, dt, A, D, *buffers)
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline verify: T standard steps, one full state written per window token.
+# --------------------------------------------------------------------------------------------
+def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
+                            s_in, y_ref, s_out, *, heads_per_group, block_p, block_n,
+                            num_tokens):
+    b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    a = a_ref[h]
+    xs = [x_ref[b, s, h, ps].astype(_F32) for s in range(num_tokens)]
+    dts = [dt_ref[b, s, h] for s in range(num_tokens)]
+
+    def chunk(ns, ys):
+        st = s_in[slot, h, ps, ns].astype(_F32)
+        out = []
+        for s in range(num_tokens):
+            st = jnp.exp(dts[s] * a) * st + (dts[s] * xs[s])[:, None] * b_ref[b, s, g, ns].astype(
+                _F32)[None, :]
+            dslot = draft_ref[b, s]
+
+            @pl.when(live & (dslot != NULL_SLOT))
+            def _():
+                s_out[dslot, h, ps, ns] = st.astype(s_out.dtype)
+            out.append(ys[s] + jnp.sum(st * c_ref[b, s, g, ns].astype(_F32)[None, :], axis=1))
+        return tuple(out)
+
+    ys = n_chunks(s_in.shape[3], block_n, chunk, tuple(jnp.zeros_like(xs[0]) for _ in xs))
+    for s in range(num_tokens):
+        y_ref[b, s, h, ps] = jnp.where(live, ys[s] + d_ref[h] * xs[s], 0.0).astype(y_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
+                                             "interpret"))
+def standard_verify_pallas(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, block_n,
+                           num_warps=4, num_stages=2, interpret=False):
+    batch, T, H, P = x.shape
+    G = B.shape[2]
+    kernel = functools.partial(_standard_verify_kernel, heads_per_group=H // G, block_p=block_p,
+                               block_n=block_n, num_tokens=T)
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, H, P // block_p),
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
+        input_output_aliases={8: 1},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="mamba2_standard_verify",
+    )(slots, draft_slots, x, B, C, dt, A, D, state)

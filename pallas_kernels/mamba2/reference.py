@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT, row_index as _row_index
+from pallas_kernels._common import NULL_SLOT, row_index as _row_index, verify_folds
 
 _HI = lax.Precision.HIGHEST
 
@@ -159,3 +159,71 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots):
         ring_b=buffers.ring_b.at[idx, :, c, :].set(B.astype(buffers.ring_b.dtype), mode="drop"),
         ring_dt=buffers.ring_dt.at[idx, :, c].set(dt.astype(jnp.float32), mode="drop"),
     )
+
+
+def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots):
+    """Speculative verify over a window of T tokens per row, the oracle/XLA form.
+
+    x [b, T, H, P]; B, C [b, T, G, N]; dt [b, T, H]; others as in `replay_decode`. Window token s
+    is output causally from checkpoint + ring[0:count] + window[0:s+1]. Rows whose count + T >= L
+    fold ring[0:count] + window[0] into the checkpoint and write window[1:] at ring 0..T-2; the
+    others write the window at count..count+T-1. The window entries are uncommitted until
+    `commit_counts`. Returns y [b, T, H, P] (x.dtype) and the buffers.
+    """
+    S, L = buffers.checkpoint.shape[0], buffers.window
+    T = x.shape[1]
+    live = slots != NULL_SLOT
+    count = counts[slots]
+    rows = jnp.arange(x.shape[0])
+    # Extended ring: committed entries, then the window tokens appended one by one.
+    ext = [jnp.concatenate([r[slots], jnp.zeros(r[slots].shape[:2] + (T,) + r.shape[3:], r.dtype)],
+                           axis=2) for r in (buffers.ring_x, buffers.ring_b, buffers.ring_dt)]
+    s0 = buffers.checkpoint[slots]
+    ys = []
+    for s in range(T):
+        y, folded = replay_step(s0, *ext, count + s, x[:, s], B[:, s], C[:, s], dt[:, s], A, D)
+        ys.append(y)
+        if s == 0:
+            first_fold = folded
+        ext = [e.at[rows, :, count + s].set(t.astype(e.dtype))
+               for e, t in zip(ext, (x[:, s], B[:, s], dt[:, s]))]
+    y = jnp.where(live[:, None, None, None], jnp.stack(ys, 1), 0).astype(x.dtype)
+    fold = live & verify_folds(count, T, L)
+    out = buffers._replace(checkpoint=buffers.checkpoint.at[jnp.where(fold, slots, S)].set(
+        first_fold.astype(buffers.checkpoint.dtype), mode="drop"))
+    return y, write_window(out, counts, slots, x, B, dt)
+
+
+def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt):
+    """Writes a verify window into the ring (uncommitted): at count..count+T-1, or window[1:] at
+    0..T-2 for rows that fold (window[0] went into the checkpoint). x [b, T, H, P] etc."""
+    S, L, T = buffers.checkpoint.shape[0], buffers.window, x.shape[1]
+    count = counts[slots]
+    idx = _row_index(slots, slots != NULL_SLOT, S)
+    fold = verify_folds(count, T, L)
+    out = buffers
+    for s in range(T):
+        pos = jnp.where(fold, s - 1, count + s)
+        ok = (pos >= 0) & (pos < L)
+        i, p = jnp.where(ok, idx, S), jnp.clip(pos, 0, L - 1)
+        out = out._replace(
+            ring_x=out.ring_x.at[i, :, p, :].set(x[:, s].astype(out.ring_x.dtype), mode="drop"),
+            ring_b=out.ring_b.at[i, :, p, :].set(B[:, s].astype(out.ring_b.dtype), mode="drop"),
+            ring_dt=out.ring_dt.at[i, :, p].set(dt[:, s].astype(jnp.float32), mode="drop"))
+    return out
+
+
+def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots):
+    """The usual verify, kept as a baseline and cross-check: T standard steps from the state at
+    `slots`, writing the state after window token s into pool slot draft_slots[:, s] (one full
+    state write per draft token; rollback = use the state of the last accepted token).
+    draft_slots [b, T] int32. Returns y [b, T, H, P] and the pool."""
+    live = slots != NULL_SLOT
+    st = state[slots]
+    ys = []
+    for s in range(x.shape[1]):
+        y, st = ssm_step(st, x[:, s], B[:, s], C[:, s], dt[:, s], A, D)
+        ys.append(y)
+        idx = _row_index(draft_slots[:, s], live & (draft_slots[:, s] != NULL_SLOT), state.shape[0])
+        state = state.at[idx].set(st.astype(state.dtype), mode="drop")
+    return jnp.where(live[:, None, None, None], jnp.stack(ys, 1), 0).astype(x.dtype), state
