@@ -18,15 +18,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
-                                    check_dtype, check_shape, is_pow2, pick_block, resolve_impl,
-                                    resolve_interpret)
+                                    check_dtype, check_shape, commit_counts, is_pow2, pick_block,
+                                    resolve_impl, resolve_interpret)
 from pallas_kernels.gdn import kernels, reference
 from pallas_kernels.gdn.reference import GDNBuffers, gates, init_gdn_buffers, prepare_qk
 
 __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_decode",
-           "replay_decode", "advance_counts", "MAX_WINDOW"]
+           "replay_decode", "advance_counts", "replay_verify", "standard_verify", "commit_counts",
+           "MAX_WINDOW", "MAX_VERIFY_TOKENS"]
 
 MAX_WINDOW = 64
+MAX_VERIFY_TOKENS = 8
 # Tilings measured on an H200 at batch 256, fp32 state (docs/benchmarks.md):
 # standard (block_v cap, num_warps); replay (block_v cap, block_k cap, num_warps).
 STANDARD_TILING = (128, 8)
@@ -117,3 +119,65 @@ def replay_decode(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
         buffers, counts, q, k, v, g, beta, slots, block_v=block_v, block_k=block_k,
         fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
+
+
+def _check_window_inputs(q, k, v, g, beta, slots, state):
+    check(v.ndim == 4, f"v must be [batch, T, value_heads, V], got shape {tuple(v.shape)}")
+    T = v.shape[1]
+    check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")
+    for name, arr in (("q", q), ("k", k), ("g", g), ("beta", beta)):
+        check(arr.ndim >= 2 and arr.shape[1] == T,
+              f"{name} must have the window T = {T} on axis 1, got shape {tuple(arr.shape)}")
+    return T, _check_step_inputs(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], slots, state)
+
+
+def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl="auto",
+                  block_v=None, block_k=None, fold="auto", num_warps=None, num_stages=2,
+                  interpret=None):
+    """Speculative verify of T window tokens per row (q, k [b, T, Hk, K]; v [b, T, Hv, V];
+    g, beta [b, T, Hv]; 1 <= T <= min(8, L)). Returns o [b, T, Hv, V] in v.dtype, causal within
+    the window, and the buffers with the window's (k, d, g) written into the ring beyond the
+    committed count (d exactly as T single steps would have cached it).
+
+    Rows with count + T >= L fold ring[0:count] + window[0] into the checkpoint first. Commit
+    with `commit_counts(counts, slots, n_accepted, T, L)`; T = 1 + commit(1) is `replay_decode`.
+    """
+    L = check_buffers(buffers, counts)
+    T, (Hk, _, K, V) = _check_window_inputs(q, k, v, g, beta, slots, buffers.checkpoint)
+    check(T <= L, f"verify window T = {T} must not exceed the ring window L = {L}")
+    check_shape("ring_k", buffers.ring_k, (None, Hk, None, None))
+    if resolve_impl(impl) == "xla":
+        o, out, _ = reference.replay_verify(buffers, counts, q, k, v, g, beta, slots)
+        return o, out
+    bv_cap, bk_cap, warps = REPLAY_TILING
+    block_v = pick_block("block_v", "value dim V", V, block_v, bv_cap, 4)
+    block_k = pick_block("block_k", "key dim K", K, block_k, bk_cap)
+    dot_ok = min(L, block_v, block_k) >= 16
+    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    Tp = 1 << (T - 1).bit_length()
+    pad = lambda t: jnp.pad(t, [(0, 0), (0, Tp - T)] + [(0, 0)] * (t.ndim - 2))
+    o, d, ck = kernels.replay_verify_pallas(
+        buffers, counts, *(pad(t) for t in (q, k, v, g, beta)), slots, num_tokens=T,
+        block_v=block_v, block_k=block_k, fold_dot=(fold == "dot") or (fold == "auto" and dot_ok),
+        num_warps=num_warps or warps, num_stages=num_stages,
+        interpret=resolve_interpret(interpret))
+    out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, k, d[:, :T], g)
+    return o[:, :T], out
+
+
+def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, impl="auto", block_v=None,
+                    num_warps=None, num_stages=2, interpret=None):
+    """The usual verify (baseline and cross-check): T standard steps from the state at `slots`,
+    the state after window token s written to draft_slots[:, s] ([b, T] int32; NULL_SLOT skips).
+    Returns o [b, T, Hv, V] and the pool."""
+    T, (_, _, _, V) = _check_window_inputs(q, k, v, g, beta, slots, state)
+    check_shape("draft_slots", draft_slots, (v.shape[0], T))
+    check_dtype("draft_slots", draft_slots, (jnp.int32,))
+    if resolve_impl(impl) == "xla":
+        return reference.standard_verify(state, q, k, v, g, beta, slots, draft_slots)
+    bv_cap, warps = STANDARD_TILING
+    return kernels.standard_verify_pallas(
+        state, q, k, v, g, beta, slots, draft_slots,
+        block_v=pick_block("block_v", "value dim V", V, block_v, bv_cap, 4),
+        num_warps=num_warps or warps, num_stages=num_stages,
+        interpret=resolve_interpret(interpret))

@@ -161,3 +161,161 @@ def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
         name="gdn_replay_decode",
     )(slots, counts, q, k, v, g, beta, *buffers)
     return o, type(buffers)(*new)
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM verify (T window tokens): one-chunk WY/UT form. With S_w the committed state at the
+# window start and G_s = sum_{r<=s} g_r:
+#   d_s = beta_s (v_s - e^{G_s} S_w k_s) - sum_{r<s} beta_s e^{G_s-G_r} (k_r . k_s) d_r
+#   o_s = e^{G_s} S_w q_s + sum_{r<=s} e^{G_s-G_r} (k_r . q_s) d_r
+# S_w k and S_w q come from checkpoint + ring without forming S_w. Rows with c + T >= L fold
+# ring[0:c] + window[0]. The ring is written by the caller from the returned d.
+# --------------------------------------------------------------------------------------------
+def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
+                   s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *, heads_per_key_head,
+                   block_v, block_k, window, num_tokens, fold_dot, precision):
+    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+    L, K, T = window, s_in.shape[3], num_tokens
+    Tp = v_ref.shape[1]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    c = counts_ref[slot]
+    ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
+    ring_g = rg_in[slot, hv, :]                       # [L]
+    vw = v_ref[b, :, hv, vs].astype(F32)              # [Tp, bv]
+    gw_raw, bw_raw = g_ref[b, :, hv], beta_ref[b, :, hv]
+
+    def dots(a, m):                                   # rows of a . rows of m: [A, M]
+        return jnp.sum(a[:, None, :] * m[None, :, :], axis=2)
+
+    def readout(ks, carry):
+        s0k, s0q, rkk, rkq, wkk, wkq = carry
+        km = k_ref[b, :, hk, ks].astype(F32)                               # [Tp, bk]
+        qm = q_ref[b, :, hk, ks].astype(F32)
+        s0 = s_in[slot, hv, vs, ks].astype(F32)                            # [bv, bk]
+        rk = rk_in[slot, hk, :, ks].astype(F32)                            # [L, bk]
+        return (s0k + dots(km, s0), s0q + dots(qm, s0), rkk + dots(rk, km), rkq + dots(rk, qm),
+                wkk + dots(km, km), wkq + dots(km, qm))
+
+    zt, zl, zw = (jnp.zeros((Tp, block_v), F32), jnp.zeros((L, Tp), F32),
+                  jnp.zeros((Tp, Tp), F32))
+    s0k, s0q, rkk, rkq, wkk, wkq = n_chunks(K, block_k, readout, (zt, zt, zl, zl, zw, zw))
+
+    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
+    valid = j < c
+    g_hist = jnp.where(valid, ring_g, 0.0)
+    e = jnp.exp(suffix_sums(g_hist))
+    big_e = jnp.exp(jnp.sum(g_hist))
+    d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)                  # [L, bv]
+
+    def through_history(s0x, rkx):                   # S_w x for every window row: [Tp, bv]
+        w = jnp.where(valid[:, None], e[:, None] * rkx, 0.0)                     # [L, Tp]
+        return big_e * s0x + jnp.sum(w[:, :, None] * d_hist[:, None, :], axis=0)
+
+    swk, swq = through_history(s0k, rkk), through_history(s0q, rkq)
+    si = lax.broadcasted_iota(jnp.int32, (Tp,), 0)
+    gw = jnp.where(si < T, gw_raw, 0.0)
+    rr = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 0)                         # r (source)
+    ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                         # s (target)
+    cum = jnp.sum(jnp.where(rr <= ss, gw[:, None], 0.0), axis=0)               # G_s
+    decay_rs = jnp.exp(jnp.where(rr <= ss, cum[None, :] - cum[:, None], 0.0))  # e^{G_s - G_r}
+    resid = bw_raw[:, None] * (vw - jnp.exp(cum)[:, None] * swk)               # [Tp, bv]
+    d_win = jnp.zeros((Tp, block_v), F32)
+    for s in range(T):                               # forward substitution, T <= 8
+        coef = jnp.where(si < s, jnp.sum(jnp.where(ss == s, decay_rs * wkk, 0.0), axis=1), 0.0)
+        beta_s = jnp.sum(jnp.where(si == s, bw_raw, 0.0))
+        d_s = (jnp.sum(jnp.where((si == s)[:, None], resid, 0.0), axis=0)
+               - beta_s * jnp.sum(coef[:, None] * d_win, axis=0))
+        d_win = jnp.where((si == s)[:, None], d_s[None, :], d_win)
+    w_out = jnp.where(rr <= ss, decay_rs * wkq, 0.0)                           # [Tp_r, Tp_s]
+    o = (jnp.exp(cum)[:, None] * swq
+         + jnp.sum(w_out[:, :, None] * d_win[:, None, :], axis=0))
+    o_ref[b, :, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
+    d_ref[b, :, hv, vs] = d_win
+
+    @pl.when(live & (c + T >= L))
+    def _fold():
+        cur = j == c
+        first = si == 0
+        d0 = jnp.sum(jnp.where(first[:, None], d_win, 0.0), axis=0)
+        g_win = jnp.where(valid, ring_g, jnp.where(cur, jnp.sum(jnp.where(first, gw, 0.0)), 0.0))
+        w = jnp.exp(suffix_sums(g_win))
+        decay = jnp.exp(jnp.sum(g_win))
+        wd = w[:, None] * masked_window(valid, cur, ring_d, d0)                  # [L, bv]
+
+        def fold_chunk(ks, carry):
+            kw = masked_window(valid, cur, rk_in[slot, hk, :, ks],
+                               k_ref[b, 0, hk, ks].astype(F32))                  # [L, bk]
+            s0 = s_in[slot, hv, vs, ks].astype(F32)
+            s_out[slot, hv, vs, ks] = (decay * s0 + outer_fold(wd, kw, precision, fold_dot)
+                                       ).astype(s_out.dtype)
+            return carry
+        n_chunks(K, block_k, fold_chunk, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("num_tokens", "block_v", "block_k", "fold_dot",
+                                             "num_warps", "num_stages", "interpret"))
+def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, num_tokens, block_v,
+                         block_k, fold_dot, num_warps=4, num_stages=2, interpret=False):
+    """Window inputs padded to a power of two Tp >= num_tokens. Returns o [b, Tp, Hv, V], the
+    window's d [b, Tp, Hv, V] float32 and the checkpoint pool; the ring is not touched."""
+    batch, Tp, Hv, V = v.shape
+    Hk = q.shape[2]
+    kernel = functools.partial(
+        _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
+        window=buffers.ring_k.shape[2], num_tokens=num_tokens, fold_dot=fold_dot,
+        precision=dot_precision(interpret))
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, Hv, V // block_v),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(v.shape, F32),
+                   jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
+        input_output_aliases={7: 2},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="gdn_replay_verify",
+    )(slots, counts, q, k, v, g, beta, *buffers)
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline verify: T standard steps, one full state written per window token.
+# --------------------------------------------------------------------------------------------
+def _standard_verify_kernel(slots_ref, draft_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in,
+                            o_ref, s_out, *, heads_per_key_head, block_v, num_tokens):
+    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    s = s_in[slot, hv, vs, :].astype(F32)             # [bv, K]
+    for t in range(num_tokens):
+        q = q_ref[b, t, hk, :].astype(F32)
+        k = k_ref[b, t, hk, :].astype(F32)
+        alpha = jnp.exp(g_ref[b, t, hv])
+        d = beta_ref[b, t, hv] * (v_ref[b, t, hv, vs].astype(F32)
+                                  - alpha * jnp.sum(s * k[None, :], axis=1))
+        s = alpha * s + d[:, None] * k[None, :]
+        o_ref[b, t, hv, vs] = jnp.where(live, jnp.sum(s * q[None, :], axis=1), 0.0
+                                        ).astype(o_ref.dtype)
+        dslot = draft_ref[b, t]
+
+        @pl.when(live & (dslot != NULL_SLOT))
+        def _():
+            s_out[dslot, hv, vs, :] = s.astype(s_out.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
+def standard_verify_pallas(state, q, k, v, g, beta, slots, draft_slots, *, block_v, num_warps=4,
+                           num_stages=2, interpret=False):
+    batch, T, Hv, V = v.shape
+    Hk = q.shape[2]
+    kernel = functools.partial(_standard_verify_kernel, heads_per_key_head=Hv // Hk,
+                               block_v=block_v, num_tokens=T)
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, Hv, V // block_v),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
+                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
+        input_output_aliases={7: 1},
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name="gdn_standard_verify",
+    )(slots, draft_slots, q, k, v, g, beta, state)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT, row_index
+from pallas_kernels._common import NULL_SLOT, row_index, verify_folds
 
 _HI = lax.Precision.HIGHEST
 QK_NORM_EPS = 1e-6
@@ -181,3 +181,71 @@ def replay_decode(buffers: GDNBuffers, counts, q, k, v, g, beta, slots):
         ring_d=buffers.ring_d.at[idx, :, c, :].set(d.astype(buffers.ring_d.dtype), mode="drop"),
         ring_g=buffers.ring_g.at[idx, :, c].set(g.astype(jnp.float32), mode="drop"),
     )
+
+
+def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots):
+    """Speculative verify over T window tokens per row, the oracle/XLA form (the Pallas kernel
+    uses the one-chunk WY/UT form of the same recurrence).
+
+    q, k [b, T, Hk, K]; v [b, T, Hv, V]; g, beta [b, T, Hv]. Window token s is output from the
+    committed state + window[0:s+1]; its corrected update d_s is what s single steps would cache.
+    Rows with count + T >= L fold ring[0:count] + window[0] into the checkpoint; the window is
+    written into the ring uncommitted (see `write_window`). Returns o [b, T, Hv, V] (v.dtype),
+    the buffers and the window's d [b, T, Hv, V] float32.
+    """
+    S, L = buffers.checkpoint.shape[0], buffers.window
+    T = v.shape[1]
+    live = slots != NULL_SLOT
+    count = counts[slots]
+    rows = jnp.arange(v.shape[0])
+    ext = [jnp.concatenate([r[slots], jnp.zeros(r[slots].shape[:2] + (T,) + r.shape[3:], r.dtype)],
+                           axis=2) for r in (buffers.ring_k, buffers.ring_d, buffers.ring_g)]
+    s0 = buffers.checkpoint[slots]
+    os_, ds = [], []
+    for s in range(T):
+        o, folded, d = replay_step(s0, *ext, count + s, q[:, s], k[:, s], v[:, s], g[:, s],
+                                   beta[:, s])
+        os_.append(o)
+        ds.append(d)
+        if s == 0:
+            first_fold = folded
+        ext = [e.at[rows, :, count + s].set(t.astype(e.dtype))
+               for e, t in zip(ext, (k[:, s], d, g[:, s]))]
+    o = jnp.where(live[:, None, None, None], jnp.stack(os_, 1), 0).astype(v.dtype)
+    d = jnp.stack(ds, 1)
+    fold = live & verify_folds(count, T, L)
+    out = buffers._replace(checkpoint=buffers.checkpoint.at[jnp.where(fold, slots, S)].set(
+        first_fold.astype(buffers.checkpoint.dtype), mode="drop"))
+    return o, write_window(out, counts, slots, k, d, g), d
+
+
+def write_window(buffers: GDNBuffers, counts, slots, k, d, g):
+    """Writes a verify window's (k, d, g) into the ring (uncommitted): at count..count+T-1, or
+    window[1:] at 0..T-2 for rows that fold. k [b, T, Hk, K]; d [b, T, Hv, V]; g [b, T, Hv]."""
+    S, L, T = buffers.checkpoint.shape[0], buffers.window, d.shape[1]
+    count = counts[slots]
+    idx = row_index(slots, slots != NULL_SLOT, S)
+    fold = verify_folds(count, T, L)
+    out = buffers
+    for s in range(T):
+        pos = jnp.where(fold, s - 1, count + s)
+        ok = (pos >= 0) & (pos < L)
+        i, p = jnp.where(ok, idx, S), jnp.clip(pos, 0, L - 1)
+        out = out._replace(
+            ring_k=out.ring_k.at[i, :, p, :].set(k[:, s].astype(out.ring_k.dtype), mode="drop"),
+            ring_d=out.ring_d.at[i, :, p, :].set(d[:, s].astype(out.ring_d.dtype), mode="drop"),
+            ring_g=out.ring_g.at[i, :, p].set(g[:, s].astype(jnp.float32), mode="drop"))
+    return out
+
+
+def standard_verify(state, q, k, v, g, beta, slots, draft_slots):
+    """Baseline: T standard steps, the state after window token s written to draft_slots[:, s]."""
+    live = slots != NULL_SLOT
+    st = state[slots]
+    os_ = []
+    for s in range(v.shape[1]):
+        o, st = delta_step(st, q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s])
+        os_.append(o)
+        idx = row_index(draft_slots[:, s], live & (draft_slots[:, s] != NULL_SLOT), state.shape[0])
+        state = state.at[idx].set(st.astype(state.dtype), mode="drop")
+    return jnp.where(live[:, None, None, None], jnp.stack(os_, 1), 0).astype(v.dtype), state
