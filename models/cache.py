@@ -1,0 +1,38 @@
+"""The decode cache of a hybrid model: one pytree for a pool of S sequence slots.
+
+Slot 0 is the null slot (padding rows point at it and change nothing). `counts` are the ReplaySSM
+ring counts, `lengths` the committed tokens per slot; both are shared by every layer, so a verify
+step commits once per model step. Per layer: `SSMCache` (Mamba-2 or GDN ring buffers + conv
+state) for SSM mixers, `KVCache` for attention, None for MLP/MoE layers. In `standard` SSM mode
+the checkpoint holds the running state and the rings are unused.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from models.common import KVCache
+
+
+@struct.dataclass
+class SSMCache:
+    buffers: tuple          # ReplayBuffers (Mamba-2) or GDNBuffers
+    conv: jax.Array         # [S, K - 1, conv_channels] last pre-conv inputs, oldest first
+
+
+@struct.dataclass
+class ModelCache:
+    counts: jax.Array       # [S] int32
+    lengths: jax.Array      # [S] int32
+    layers: tuple           # per layer: SSMCache | KVCache | None
+
+    @property
+    def num_slots(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        kv = [c for c in self.layers if isinstance(c, KVCache)]
+        return kv[0].k.shape[1] if kv else jnp.iinfo(jnp.int32).max

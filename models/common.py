@@ -1,0 +1,92 @@
+"""Building blocks shared by the model families: linear layers, norms, the attention KV cache.
+
+Weights are fp32 or bf16 `nnx.Param`s; activations follow the weights' dtype, norms and softmax
+run in fp32. Linear kernels are [in, out] (HF stores [out, in]; the loader transposes).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jax import lax
+
+from pallas_kernels._common import NULL_SLOT
+
+_HI = lax.Precision.HIGHEST
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel (+ bias); kernel [in, out]. fp32 weights use HIGHEST precision so GPU
+    results match CPU (no silent TF32)."""
+
+    def __init__(self, din: int, dout: int, *, bias: bool = False, dtype=jnp.float32):
+        self.kernel = nnx.Param(jnp.zeros((din, dout), dtype))
+        self.bias = nnx.Param(jnp.zeros((dout,), dtype)) if bias else None
+
+    def __call__(self, x):
+        k = self.kernel[...]
+        y = jnp.einsum("...i,io->...o", x.astype(k.dtype), k,
+                       precision=_HI if k.dtype == jnp.float32 else None)
+        return y if self.bias is None else y + self.bias[...]
+
+
+def rms_norm(x, weight, eps, *, zero_centered=False):
+    """RMSNorm over the last axis in fp32; `zero_centered` multiplies by (1 + w) (Qwen)."""
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    w = weight.astype(jnp.float32)
+    return (y * (1.0 + w if zero_centered else w)).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, zero_centered: bool = False):
+        self.weight = nnx.Param(jnp.zeros((dim,), jnp.float32) if zero_centered
+                                else jnp.ones((dim,), jnp.float32))
+        self.eps, self.zero_centered = eps, zero_centered
+
+    def __call__(self, x):
+        return rms_norm(x, self.weight[...], self.eps, zero_centered=self.zero_centered)
+
+
+def relu2(x):
+    return jnp.square(jax.nn.relu(x))
+
+
+@struct.dataclass
+class KVCache:
+    """Attention cache of one layer for a pool of S slots: k, v [S, max_len, kv_heads, head_dim].
+    Valid positions per slot are given by the model cache's `lengths` (rollback = shorter)."""
+    k: jax.Array
+    v: jax.Array
+
+    @classmethod
+    def zeros(cls, num_slots, max_len, kv_heads, head_dim, dtype=jnp.float32):
+        shape = (num_slots, max_len, kv_heads, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def cached_attention(q, k, v, cache: KVCache, slots, starts):
+    """Causal GQA attention for T new tokens per row against the slot's cached prefix.
+
+    q [b, T, nh, hd]; k, v [b, T, kv, hd]; slots [b]; starts [b] = cached tokens before the new
+    ones. The new k, v are written at positions starts..starts+T-1 (positions past max_len are
+    dropped); token t attends to positions <= starts + t. Scale hd^-1/2, softmax in fp32.
+    Returns out [b, T, nh, hd] and the updated cache.
+    """
+    b, T, nh, hd = q.shape
+    kv = k.shape[2]
+    max_len = cache.k.shape[1]
+    pos = starts[:, None] + jnp.arange(T)[None, :]                       # [b, T]
+    live = slots != NULL_SLOT                                            # padding rows write nothing
+    rows = jnp.broadcast_to(jnp.where(live, slots, cache.k.shape[0])[:, None], pos.shape)
+    ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop")
+    cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop")
+    keys, vals = ck[slots], cv[slots]                                    # [b, max_len, kv, hd]
+    qg = q.reshape(b, T, kv, nh // kv, hd).astype(jnp.float32)
+    s = jnp.einsum("btgqd,bsgd->bgqts", qg, keys.astype(jnp.float32), precision=_HI) * hd ** -0.5
+    visible = jnp.arange(max_len)[None, None, :] <= pos[:, :, None]       # [b, T, max_len]
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bgqts,bsgd->btgqd", p, vals.astype(jnp.float32), precision=_HI)
+    return out.reshape(b, T, nh, hd).astype(q.dtype), KVCache(ck, cv)

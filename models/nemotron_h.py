@@ -1,0 +1,303 @@
+"""Nemotron-H / Nemotron-3 (`model_type: nemotron_h`) in Flax NNX with an explicit decode cache.
+
+One pre-RMSNorm block per layer whose mixer is Mamba-2 (`M`), attention without positional
+encoding (`*`), a relu^2 MLP (`-`) or a relu^2 MoE with sigmoid + correction-bias routing (`E`,
+optionally latent). Modules hold weights only; the cache is passed in and returned:
+
+    logits, cache = model.prefill(cache, tokens, lengths, slots)          # new requests
+    logits, cache = model.decode(cache, tokens, slots, mode="replay")      # one token per row
+
+Use `models.runner.Runner` (split once, jitted pure steps with a donated cache) to run it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from models.cache import ModelCache, SSMCache
+from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2, rms_norm
+from models.config import NemotronHConfig
+from pallas_kernels import mamba2
+from pallas_kernels._common import NULL_SLOT, row_index
+from pallas_kernels.conv1d import conv_commit, conv_window
+from pallas_kernels.mamba2.prefill import ssd_prefill
+
+SSM_MODES = ("replay", "standard")
+
+
+class Mamba2Mixer(nnx.Module):
+    def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
+        H, I, C = cfg.mamba_num_heads, cfg.mamba_intermediate_size, cfg.mamba_conv_dim
+        self.cfg = cfg
+        self.in_proj = Linear(cfg.hidden_size, cfg.mamba_in_proj_dim, bias=cfg.use_bias, dtype=dtype)
+        self.conv_weight = nnx.Param(jnp.zeros((C, cfg.conv_kernel), dtype))   # [C, K]
+        self.conv_bias = nnx.Param(jnp.zeros((C,), dtype)) if cfg.use_conv_bias else None
+        self.dt_bias = nnx.Param(jnp.zeros((H,), jnp.float32))
+        self.A_log = nnx.Param(jnp.zeros((H,), jnp.float32))
+        self.D = nnx.Param(jnp.ones((H,), jnp.float32))
+        self.norm = nnx.Param(jnp.ones((I,), jnp.float32))
+        self.out_proj = Linear(I, cfg.hidden_size, bias=cfg.use_bias, dtype=dtype)
+
+    def _split(self, zxbcdt):
+        c = self.cfg
+        I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
+        return zxbcdt[..., :I], zxbcdt[..., I:2 * I + 2 * GN], zxbcdt[..., 2 * I + 2 * GN:]
+
+    def _ssm_inputs(self, conv_out, dt_raw):
+        """Post-conv [.., I + 2GN] -> x [.., H, P], B, C [.., G, N]; dt [.., H] fp32."""
+        c = self.cfg
+        I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
+        act = jax.nn.silu(conv_out)
+        lead = act.shape[:-1]
+        x = act[..., :I].reshape(lead + (c.mamba_num_heads, c.mamba_head_dim))
+        B = act[..., I:I + GN].reshape(lead + (c.n_groups, c.ssm_state_size))
+        C = act[..., I + GN:].reshape(lead + (c.n_groups, c.ssm_state_size))
+        dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...])
+        lo, hi = c.time_step_limit
+        if (lo, hi) != (0.0, float("inf")):
+            dt = jnp.clip(dt, lo, hi)
+        return x, B, C, dt
+
+    def _output(self, y, z):
+        """Gate first, then the grouped RMSNorm, then out_proj. y [.., I] fp32, z [.., I]."""
+        c = self.cfg
+        y = y * jax.nn.silu(z.astype(jnp.float32))
+        g = y.reshape(y.shape[:-1] + (c.n_groups, -1))
+        g = g * lax.rsqrt(jnp.mean(g * g, axis=-1, keepdims=True) + c.layer_norm_epsilon)
+        y = g.reshape(y.shape) * self.norm[...]
+        return self.out_proj(y.astype(self.out_proj.kernel[...].dtype))
+
+    @property
+    def A(self):
+        return -jnp.exp(self.A_log[...])
+
+    def prefill(self, h, lengths, cache: SSMCache, slots):
+        """h [b, T, D] right-padded prompts of `lengths`; starts every slot from a zero state.
+        Returns out [b, T, D] and the cache with checkpoint = state after the prompt, conv state =
+        its last K-1 pre-conv inputs."""
+        z, xbc, dt_raw = self._split(self.in_proj(h))
+        K = self.cfg.conv_kernel
+        T = h.shape[1]
+        pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)   # [b, K-1+T, C]
+        conv = sum(pad[:, k:k + T] * self.conv_weight[...][:, k] for k in range(K))
+        if self.conv_bias is not None:
+            conv = conv + self.conv_bias[...]
+        x, B, C, dt = self._ssm_inputs(conv, dt_raw)
+        y, state = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths)
+        out = self._output(y.reshape(y.shape[:2] + (-1,)), z)
+        # conv state: inputs at positions length-K+1 .. length-1 (pad offset K-1)
+        idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
+        conv_state = jnp.take_along_axis(pad, idx[:, :, None], axis=1)
+        live = slots != NULL_SLOT
+        i = row_index(slots, live, cache.conv.shape[0])
+        bufs = cache.buffers
+        bufs = bufs._replace(checkpoint=bufs.checkpoint.at[i].set(
+            state.astype(bufs.checkpoint.dtype), mode="drop"))
+        return out, SSMCache(bufs, cache.conv.at[i].set(conv_state.astype(cache.conv.dtype),
+                                                         mode="drop"))
+
+    def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
+        """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
+        advanced by the model once per step)."""
+        z, xbc, dt_raw = self._split(self.in_proj(h))
+        conv = conv_window(cache.conv, xbc, self.conv_weight[...],
+                           None if self.conv_bias is None else self.conv_bias[...], slots)
+        x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
+        if mode == "replay":
+            y, bufs = mamba2.replay_decode(cache.buffers, counts, x, B, C, dt, self.A,
+                                           self.D[...], slots, impl=impl)
+        else:
+            y, ck = mamba2.standard_decode(cache.buffers.checkpoint, x, B, C, dt, self.A,
+                                           self.D[...], slots, impl=impl)
+            bufs = cache.buffers._replace(checkpoint=ck)
+        out = self._output(y.astype(jnp.float32).reshape(y.shape[0], 1, -1), z)
+        return out, SSMCache(bufs, conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
+
+
+class Attention(nnx.Module):
+    """Causal GQA attention, no positional encoding, no q/k norm."""
+
+    def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
+        nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.nh, self.kv, self.hd = nh, kv, hd
+        bias = cfg.attention_bias
+        self.q_proj = Linear(D, nh * hd, bias=bias, dtype=dtype)
+        self.k_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
+        self.v_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
+        self.o_proj = Linear(nh * hd, D, bias=bias, dtype=dtype)
+
+    def __call__(self, h, cache: KVCache, slots, starts):
+        b, T, _ = h.shape
+        q = self.q_proj(h).reshape(b, T, self.nh, self.hd)
+        k = self.k_proj(h).reshape(b, T, self.kv, self.hd)
+        v = self.v_proj(h).reshape(b, T, self.kv, self.hd)
+        o, cache = cached_attention(q, k, v, cache, slots, starts)
+        return self.o_proj(o.reshape(b, T, -1)), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, din, width, dtype=jnp.float32, bias=False):
+        self.up_proj = Linear(din, width, bias=bias, dtype=dtype)
+        self.down_proj = Linear(width, din, bias=bias, dtype=dtype)
+
+    def __call__(self, x):
+        return self.down_proj(relu2(self.up_proj(x)))
+
+
+class MoE(nnx.Module):
+    """Sigmoid router with a selection-only correction bias, top-k (optionally group-limited),
+    renormalised weights times routed_scaling_factor; relu^2 experts (on a latent projection of
+    x when moe_latent_size is set); a shared expert on x. Experts run densely (all experts,
+    weighted by the one-hot routing): exact, fine for small models; grouped matmuls are a later
+    optimisation."""
+
+    def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
+        E, F, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.cfg = cfg
+        din = cfg.moe_latent_size or D
+        self.gate = nnx.Param(jnp.zeros((E, D), jnp.float32))
+        self.correction_bias = nnx.Param(jnp.zeros((E,), jnp.float32))
+        self.up = nnx.Param(jnp.zeros((E, din, F), dtype))
+        self.down = nnx.Param(jnp.zeros((E, F, din), dtype))
+        if cfg.moe_latent_size:
+            self.fc1_latent = Linear(D, din, dtype=dtype)
+            self.fc2_latent = Linear(din, D, dtype=dtype)
+        self.shared = (MLP(D, cfg.moe_shared_expert_intermediate_size, dtype)
+                       if cfg.n_shared_experts else None)
+
+    def route(self, x):
+        """x [..., D] -> dense routing weights [..., E] (zeros off the top-k), fp32."""
+        c = self.cfg
+        s = jax.nn.sigmoid(jnp.einsum("...d,ed->...e", x.astype(jnp.float32), self.gate[...],
+                                      precision=lax.Precision.HIGHEST))
+        sel = s + self.correction_bias[...]
+        if c.n_group > 1:   # keep the topk_group groups with the largest sum of their top-2
+            grp = sel.reshape(sel.shape[:-1] + (c.n_group, -1))
+            top2 = lax.top_k(grp, 2)[0].sum(-1)
+            keep = top2 >= lax.top_k(top2, c.topk_group)[0][..., -1:]
+            sel = jnp.where(jnp.repeat(keep, grp.shape[-1], axis=-1), sel, -jnp.inf)
+        _, idx = lax.top_k(sel, c.num_experts_per_tok)
+        w = jnp.take_along_axis(s, idx, axis=-1)
+        if c.norm_topk_prob:
+            w = w / (w.sum(-1, keepdims=True) + 1e-20)
+        w = w * c.routed_scaling_factor
+        onehot = jax.nn.one_hot(idx, s.shape[-1], dtype=jnp.float32)       # [..., k, E]
+        return jnp.einsum("...k,...ke->...e", w, onehot)
+
+    def __call__(self, x):
+        weights = self.route(x)
+        u = self.fc1_latent(x) if self.cfg.moe_latent_size else x
+        hi = lax.Precision.HIGHEST if self.up[...].dtype == jnp.float32 else None
+        hid = relu2(jnp.einsum("...d,edf->...ef", u.astype(self.up[...].dtype), self.up[...],
+                               precision=hi))
+        y = jnp.einsum("...ef,efd,...e->...d", hid, self.down[...], weights.astype(hid.dtype),
+                       precision=hi)
+        if self.cfg.moe_latent_size:
+            y = self.fc2_latent(y)
+        return (y + self.shared(x)) if self.shared is not None else y
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: NemotronHConfig, kind: str, dtype=jnp.float32):
+        self.kind = kind
+        self.norm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+        if kind == "mamba":
+            self.mixer = Mamba2Mixer(cfg, dtype)
+        elif kind == "attention":
+            self.mixer = Attention(cfg, dtype)
+        elif kind == "moe":
+            self.mixer = MoE(cfg, dtype)
+        else:
+            self.mixer = MLP(cfg.hidden_size, cfg.intermediate_size, dtype, cfg.mlp_bias)
+
+
+class NemotronH(nnx.Module):
+    def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
+        self.cfg = cfg
+        self.embeddings = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
+        self.layers = nnx.List([Block(cfg, k, dtype) for k in cfg.layer_kinds])
+        self.norm_f = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+
+    # ---------------------------------------------------------------- cache
+    def init_cache(self, num_slots: int, max_len: int, *, window: int = 16,
+                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None) -> ModelCache:
+        """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens."""
+        c = self.cfg
+        act = self.embeddings[...].dtype
+        ring_dtype, kv_dtype = ring_dtype or act, kv_dtype or act
+        layers = []
+        for kind in c.layer_kinds:
+            if kind == "mamba":
+                bufs = mamba2.init_replay_buffers(
+                    num_slots, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups,
+                    window, state_dtype, ring_dtype)
+                conv = jnp.zeros((num_slots, c.conv_kernel - 1, c.mamba_conv_dim), act)
+                layers.append(SSMCache(bufs, conv))
+            elif kind == "attention":
+                layers.append(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
+                                            kv_dtype))
+            else:
+                layers.append(None)
+        return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
+                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers))
+
+    # ---------------------------------------------------------------- forward
+    def _run(self, tokens, cache: ModelCache, slots, mixer_fn):
+        h = jnp.take(self.embeddings[...], tokens, axis=0)
+        new_layers = []
+        for layer, lc in zip(self.layers, cache.layers):
+            x = layer.norm(h)
+            if layer.kind in ("mamba", "attention"):
+                out, lc = mixer_fn(layer, x, lc)
+            else:
+                out = layer.mixer(x)
+            h = h + out.astype(h.dtype)
+            new_layers.append(lc)
+        logits = self.lm_head(self.norm_f(h)).astype(jnp.float32)
+        return logits, h, tuple(new_layers)
+
+    def prefill(self, cache: ModelCache, tokens, lengths, slots):
+        """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
+        afresh (any earlier content is discarded). Returns logits [b, T, V] fp32 (positions past a
+        prompt are meaningless) and the cache."""
+        zeros = jnp.zeros_like(slots)
+
+        def mixer(layer, x, lc):
+            if layer.kind == "mamba":
+                return layer.mixer.prefill(x, lengths, lc, slots)
+            return layer.mixer(x, lc, slots, zeros)
+
+        logits, _, layers = self._run(tokens, cache, slots, mixer)
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        return logits, ModelCache(counts=cache.counts.at[i].set(0, mode="drop"),
+                                  lengths=cache.lengths.at[i].set(lengths, mode="drop"),
+                                  layers=layers)
+
+    def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
+        [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
+        if mode not in SSM_MODES:
+            raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
+        starts = cache.lengths[slots]
+
+        def mixer(layer, x, lc):
+            if layer.kind == "mamba":
+                return layer.mixer.decode(x, lc, cache.counts, slots, mode, impl)
+            return layer.mixer(x, lc, slots, starts)
+
+        logits, _, layers = self._run(tokens, cache, slots, mixer)
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        counts = cache.counts
+        if mode == "replay":
+            counts = mamba2.advance_counts(counts, slots, self._window(cache))
+        return logits, ModelCache(counts=counts,
+                                  lengths=cache.lengths.at[i].add(1, mode="drop"),
+                                  layers=layers)
+
+    @staticmethod
+    def _window(cache: ModelCache) -> int:
+        return next(lc.buffers.window for lc in cache.layers if isinstance(lc, SSMCache))

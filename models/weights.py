@@ -1,0 +1,139 @@
+"""Reading Hugging Face safetensors into our modules (numpy + ml_dtypes; no torch).
+
+`read_safetensors(dir)` returns {name: np.ndarray} for a single file or a sharded index.
+`load_hf_weights(model, tensors)` fills a model built from the matching config, checking every
+shape and refusing missing or unused tensors (MTP tensors are reported when the model has no MTP
+head). The streaming converter with orbax output lives in `convert/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct as _struct
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+           "BOOL": np.bool_}
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not match the model (missing, unused or misshapen tensors)."""
+
+
+def _read_file(path):
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise WeightsError(f"{path}: truncated safetensors header")
+        (n,) = _struct.unpack("<Q", raw)
+        header = json.loads(f.read(n))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        if meta["dtype"] not in _DTYPES:
+            raise WeightsError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
+        if end > data.shape[0]:
+            raise WeightsError(f"{path}: tensor {name} ends at byte {end}, past the end of the file")
+        out[name] = np.frombuffer(data[start:end], dtype=_DTYPES[meta["dtype"]]).reshape(meta["shape"])
+    return out
+
+
+def read_safetensors(model_dir):
+    """All tensors of `model.safetensors` or of the shards listed in `model.safetensors.index.json`."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(_read_file(os.path.join(model_dir, name)))
+    return tensors
+
+
+class _Taker:
+    """Hands out tensors by name, checks shapes, remembers what was used."""
+
+    def __init__(self, tensors):
+        self.tensors, self.used = tensors, set()
+
+    def __call__(self, name, shape=None, transpose=False):
+        if name not in self.tensors:
+            raise WeightsError(f"missing tensor {name}")
+        self.used.add(name)
+        t = np.asarray(self.tensors[name])
+        t = t.T if transpose else t
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise WeightsError(f"tensor {name}: expected shape {tuple(shape)}, found {tuple(t.shape)}")
+        return t
+
+    def unused(self, ignore=()):
+        return sorted(n for n in self.tensors if n not in self.used
+                      and not any(n.startswith(p) for p in ignore))
+
+
+def _set(param, value):
+    param[...] = jnp.asarray(value, param[...].dtype)
+
+
+def _linear(take, lin, name):
+    _set(lin.kernel, take(f"{name}.weight", lin.kernel[...].shape, transpose=True))
+    if lin.bias is not None:
+        _set(lin.bias, take(f"{name}.bias", lin.bias[...].shape))
+
+
+def load_nemotron_h(model, tensors):
+    """Fills a `models.nemotron_h.NemotronH` from HF tensors (hub names `backbone.*`)."""
+    take = _Taker(tensors)
+    _set(model.embeddings, take("backbone.embeddings.weight", model.embeddings[...].shape))
+    _set(model.norm_f.weight, take("backbone.norm_f.weight", model.norm_f.weight[...].shape))
+    _linear(take, model.lm_head, "lm_head")
+    for i, layer in enumerate(model.layers):
+        p = f"backbone.layers.{i}"
+        _set(layer.norm.weight, take(f"{p}.norm.weight", layer.norm.weight[...].shape))
+        m, mp = layer.mixer, f"{p}.mixer"
+        if layer.kind == "mamba":
+            _linear(take, m.in_proj, f"{mp}.in_proj")
+            _linear(take, m.out_proj, f"{mp}.out_proj")
+            C, K = m.conv_weight[...].shape
+            _set(m.conv_weight, take(f"{mp}.conv1d.weight", (C, 1, K))[:, 0])
+            if m.conv_bias is not None:
+                _set(m.conv_bias, take(f"{mp}.conv1d.bias", (C,)))
+            for attr, name in (("dt_bias", "dt_bias"), ("A_log", "A_log"), ("D", "D"),
+                               ("norm", "norm.weight")):
+                _set(getattr(m, attr), take(f"{mp}.{name}", getattr(m, attr)[...].shape))
+        elif layer.kind == "attention":
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                _linear(take, getattr(m, proj), f"{mp}.{proj}")
+        elif layer.kind == "mlp":
+            _linear(take, m.up_proj, f"{mp}.up_proj")
+            _linear(take, m.down_proj, f"{mp}.down_proj")
+        else:
+            _set(m.gate, take(f"{mp}.gate.weight", m.gate[...].shape))
+            _set(m.correction_bias, take(f"{mp}.gate.e_score_correction_bias",
+                                         m.correction_bias[...].shape))
+            E, din, F = m.up[...].shape
+            _set(m.up, np.stack([take(f"{mp}.experts.{e}.up_proj.weight", (F, din)).T
+                                 for e in range(E)]))
+            _set(m.down, np.stack([take(f"{mp}.experts.{e}.down_proj.weight", (din, F)).T
+                                   for e in range(E)]))
+            if m.shared is not None:
+                _linear(take, m.shared.up_proj, f"{mp}.shared_experts.up_proj")
+                _linear(take, m.shared.down_proj, f"{mp}.shared_experts.down_proj")
+            if m.cfg.moe_latent_size:
+                _linear(take, m.fc1_latent, f"{mp}.fc1_latent_proj")
+                _linear(take, m.fc2_latent, f"{mp}.fc2_latent_proj")
+    unused = take.unused(ignore=("mtp.",))
+    if unused:
+        raise WeightsError(f"unused tensors ({len(unused)}): {', '.join(unused[:8])}"
+                           + (" ..." if len(unused) > 8 else ""))
+    return model
