@@ -20,6 +20,8 @@ from models.common import KVCache
 class SSMCache:
     buffers: tuple          # ReplayBuffers (Mamba-2) or GDNBuffers
     conv: jax.Array         # [S, K - 1, conv_channels] last pre-conv inputs, oldest first
+    pending: jax.Array | None = None  # [S, W, conv_channels] pre-conv inputs of an uncommitted
+                                      # verify window (W = max window; None: decode only)
 
 
 @struct.dataclass

@@ -96,8 +96,8 @@ class Mamba2Mixer(nnx.Module):
         bufs = cache.buffers
         bufs = bufs._replace(checkpoint=bufs.checkpoint.at[i].set(
             state.astype(bufs.checkpoint.dtype), mode="drop"))
-        return out, SSMCache(bufs, cache.conv.at[i].set(conv_state.astype(cache.conv.dtype),
-                                                         mode="drop"))
+        return out, cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
+            conv_state.astype(cache.conv.dtype), mode="drop"))
 
     def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
@@ -114,7 +114,31 @@ class Mamba2Mixer(nnx.Module):
                                            self.D[...], slots, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[0], 1, -1), z)
-        return out, SSMCache(bufs, conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
+        return out, cache.replace(buffers=bufs,
+                                  conv=conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
+
+    def verify(self, h, cache: SSMCache, counts, slots, impl):
+        """A speculative window of T tokens per row (replay mode): h [b, T, D]. The window goes
+        into the rings and `pending` uncommitted; `commit` settles it. Returns out [b, T, D]."""
+        T = h.shape[1]
+        if cache.pending is None or cache.pending.shape[1] < T:
+            raise ValueError(f"verify window T = {T} exceeds the cache's max_verify "
+                             f"({0 if cache.pending is None else cache.pending.shape[1]})")
+        z, xbc, dt_raw = self._split(self.in_proj(h))
+        conv = conv_window(cache.conv, xbc, self.conv_weight[...],
+                           None if self.conv_bias is None else self.conv_bias[...], slots)
+        x, B, C, dt = self._ssm_inputs(conv.astype(h.dtype), dt_raw)
+        y, bufs = mamba2.replay_verify(cache.buffers, counts, x, B, C, dt, self.A, self.D[...],
+                                       slots, impl=impl)
+        out = self._output(y.astype(jnp.float32).reshape(y.shape[:2] + (-1,)), z)
+        i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
+        pending = cache.pending.at[i, :T].set(xbc.astype(cache.pending.dtype), mode="drop")
+        return out, cache.replace(buffers=bufs, pending=pending)
+
+    def commit(self, cache: SSMCache, slots, n_accepted, T):
+        """Conv state as if only the accepted window tokens had run."""
+        return cache.replace(conv=conv_commit(cache.conv, cache.pending[slots][:, :T], slots,
+                                              n_accepted))
 
 
 class Attention(nnx.Module):
@@ -223,9 +247,10 @@ class NemotronH(nnx.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
 
     # ---------------------------------------------------------------- cache
-    def init_cache(self, num_slots: int, max_len: int, *, window: int = 16,
+    def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
                    state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None) -> ModelCache:
-        """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens."""
+        """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens;
+        `max_verify` > 1 makes room for speculative windows of up to that many tokens."""
         c = self.cfg
         act = self.embeddings[...].dtype
         ring_dtype, kv_dtype = ring_dtype or act, kv_dtype or act
@@ -236,7 +261,9 @@ class NemotronH(nnx.Module):
                     num_slots, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups,
                     window, state_dtype, ring_dtype)
                 conv = jnp.zeros((num_slots, c.conv_kernel - 1, c.mamba_conv_dim), act)
-                layers.append(SSMCache(bufs, conv))
+                pending = (jnp.zeros((num_slots, max_verify, c.mamba_conv_dim), act)
+                           if max_verify > 1 else None)
+                layers.append(SSMCache(bufs, conv, pending))
             elif kind == "attention":
                 layers.append(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
                                             kv_dtype))
@@ -257,8 +284,8 @@ class NemotronH(nnx.Module):
                 out = layer.mixer(x)
             h = h + out.astype(h.dtype)
             new_layers.append(lc)
-        logits = self.lm_head(self.norm_f(h)).astype(jnp.float32)
-        return logits, h, tuple(new_layers)
+        hidden = self.norm_f(h)
+        return self.lm_head(hidden).astype(jnp.float32), hidden, tuple(new_layers)
 
     def prefill(self, cache: ModelCache, tokens, lengths, slots):
         """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
@@ -297,6 +324,32 @@ class NemotronH(nnx.Module):
         return logits, ModelCache(counts=counts,
                                   lengths=cache.lengths.at[i].add(1, mode="drop"),
                                   layers=layers)
+
+    def verify(self, cache: ModelCache, tokens, slots, *, impl="auto"):
+        """Speculative verify (replay mode): tokens [b, T] at positions lengths[slot]..+T-1;
+        tokens[:, 0] is the last sampled token, the rest are drafts. Returns logits [b, T, V]
+        fp32, the final-norm hidden states [b, T, D] (what an MTP head drafts from) and the cache
+        with the window written but not committed: call `commit` next."""
+        starts = cache.lengths[slots]
+
+        def mixer(layer, x, lc):
+            if layer.kind == "mamba":
+                return layer.mixer.verify(x, lc, cache.counts, slots, impl)
+            return layer.mixer(x, lc, slots, starts)
+
+        logits, hidden, layers = self._run(tokens, cache, slots, mixer)
+        return logits, hidden, cache.replace(layers=layers)
+
+    def commit(self, cache: ModelCache, slots, n_accepted, window_len: int):
+        """Accept the first n_accepted (1..T) tokens of each row's verify window: ring counts,
+        conv states and attention lengths roll back the rest exactly."""
+        n = jnp.clip(n_accepted, 1, window_len)
+        layers = tuple(layer.mixer.commit(lc, slots, n, window_len) if layer.kind == "mamba"
+                       else lc for layer, lc in zip(self.layers, cache.layers))
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        return ModelCache(
+            counts=mamba2.commit_counts(cache.counts, slots, n, window_len, self._window(cache)),
+            lengths=cache.lengths.at[i].add(n, mode="drop"), layers=layers)
 
     @staticmethod
     def _window(cache: ModelCache) -> int:

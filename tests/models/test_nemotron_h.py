@@ -86,3 +86,40 @@ def test_checkpoint_mismatches_are_named():
         load_nemotron_h(model, missing)
     with pytest.raises(WeightsError, match="unused tensors"):
         load_nemotron_h(model, dict(tensors, extra=np.zeros(1, np.float32)))
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_speculative_greedy_equals_hf_greedy(impl):
+    """Verify windows of T = 4 (last token + 3 drafts, a third of the drafts corrupted), greedy
+    acceptance per row, commit: the emitted tokens are HF's greedy tokens exactly, so rollback
+    of rings, conv states and KV lengths is exact."""
+    runner, ref = _load("nemotron_h")
+    prompts, lens, slots = _batch(ref)
+    want = ref["greedy_tokens"]
+    b, n = want.shape
+    T = 4
+    rng = np.random.default_rng(0)
+    cache = runner.init_cache(6, 96, window=4, max_verify=T)
+    logits, cache = runner.prefill(cache, prompts, lens, slots)
+    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
+    out = [[int(t)] for t in last]
+    accepted_drafts = 0
+    while min(len(o) for o in out) < n:
+        drafts = np.zeros((b, T - 1), np.int32)
+        for r in range(b):
+            pos = len(out[r])
+            true = list(want[r, pos:pos + T - 1]) + [0] * (T - 1)
+            drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128)) for t in true[:T - 1]]
+        window = jnp.asarray(np.concatenate([last[:, None], drafts], 1), jnp.int32)
+        logits, _, cache = runner.verify(cache, window, slots, impl=impl)
+        pred = np.asarray(jnp.argmax(logits, -1))
+        n_acc = np.ones(b, np.int32)
+        for r in range(b):
+            while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
+                n_acc[r] += 1
+            accepted_drafts += n_acc[r] - 1
+            out[r] += [int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])]
+        last = pred[np.arange(b), n_acc - 1]
+        cache = runner.commit(cache, slots, jnp.asarray(n_acc), T)
+    np.testing.assert_array_equal(np.array([o[:n] for o in out]), want)
+    assert accepted_drafts > n          # the drafts were really used
