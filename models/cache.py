@@ -29,6 +29,7 @@ class ModelCache:
     counts: jax.Array       # [S] int32
     lengths: jax.Array      # [S] int32
     layers: tuple           # per layer: SSMCache | KVCache | None
+    mtp: tuple = ()         # per MTP-head layer: KVCache | None (empty without an MTP head)
 
     @property
     def num_slots(self) -> int:

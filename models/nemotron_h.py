@@ -7,7 +7,8 @@ optionally latent). Modules hold weights only; the cache is passed in and return
     logits, cache = model.prefill(cache, tokens, lengths, slots)          # new requests
     logits, cache = model.decode(cache, tokens, slots, mode="replay")      # one token per row
 
-Use `models.runner.Runner` (split once, jitted pure steps with a donated cache) to run it.
+prefill / decode / verify / commit come from `models.hybrid.HybridLM`; run it through
+`models.runner.Runner` (split once, jitted pure steps with a donated cache).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from flax import nnx
 from jax import lax
 
 from models.cache import ModelCache, SSMCache
-from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2, rms_norm
+from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
 from models.config import NemotronHConfig
+from models.hybrid import (HybridLM, conv_prefill, ssm_cache, store_pending,
+                           store_prefill)
 from pallas_kernels import mamba2
-from pallas_kernels._common import NULL_SLOT, row_index
 from pallas_kernels.conv1d import conv_commit, conv_window
 from pallas_kernels.mamba2.prefill import ssd_prefill
-
-SSM_MODES = ("replay", "standard")
 
 
 class Mamba2Mixer(nnx.Module):
@@ -79,32 +79,20 @@ class Mamba2Mixer(nnx.Module):
         Returns out [b, T, D] and the cache with checkpoint = state after the prompt, conv state =
         its last K-1 pre-conv inputs."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        K = self.cfg.conv_kernel
-        T = h.shape[1]
-        pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)   # [b, K-1+T, C]
-        conv = sum(pad[:, k:k + T] * self.conv_weight[...][:, k] for k in range(K))
-        if self.conv_bias is not None:
-            conv = conv + self.conv_bias[...]
+        conv, conv_state = conv_prefill(xbc, self.conv_weight[...], self._conv_bias(), lengths)
         x, B, C, dt = self._ssm_inputs(conv, dt_raw)
         y, state = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths)
         out = self._output(y.reshape(y.shape[:2] + (-1,)), z)
-        # conv state: inputs at positions length-K+1 .. length-1 (pad offset K-1)
-        idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
-        conv_state = jnp.take_along_axis(pad, idx[:, :, None], axis=1)
-        live = slots != NULL_SLOT
-        i = row_index(slots, live, cache.conv.shape[0])
-        bufs = cache.buffers
-        bufs = bufs._replace(checkpoint=bufs.checkpoint.at[i].set(
-            state.astype(bufs.checkpoint.dtype), mode="drop"))
-        return out, cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
-            conv_state.astype(cache.conv.dtype), mode="drop"))
+        return out, store_prefill(cache, slots, state, conv_state)
+
+    def _conv_bias(self):
+        return None if self.conv_bias is None else self.conv_bias[...]
 
     def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        conv = conv_window(cache.conv, xbc, self.conv_weight[...],
-                           None if self.conv_bias is None else self.conv_bias[...], slots)
+        conv = conv_window(cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
         x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
         if mode == "replay":
             y, bufs = mamba2.replay_decode(cache.buffers, counts, x, B, C, dt, self.A,
@@ -119,26 +107,14 @@ class Mamba2Mixer(nnx.Module):
 
     def verify(self, h, cache: SSMCache, counts, slots, impl):
         """A speculative window of T tokens per row (replay mode): h [b, T, D]. The window goes
-        into the rings and `pending` uncommitted; `commit` settles it. Returns out [b, T, D]."""
-        T = h.shape[1]
-        if cache.pending is None or cache.pending.shape[1] < T:
-            raise ValueError(f"verify window T = {T} exceeds the cache's max_verify "
-                             f"({0 if cache.pending is None else cache.pending.shape[1]})")
+        into the rings and `pending` uncommitted; the model's `commit` settles it."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        conv = conv_window(cache.conv, xbc, self.conv_weight[...],
-                           None if self.conv_bias is None else self.conv_bias[...], slots)
+        conv = conv_window(cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
         x, B, C, dt = self._ssm_inputs(conv.astype(h.dtype), dt_raw)
         y, bufs = mamba2.replay_verify(cache.buffers, counts, x, B, C, dt, self.A, self.D[...],
                                        slots, impl=impl)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[:2] + (-1,)), z)
-        i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
-        pending = cache.pending.at[i, :T].set(xbc.astype(cache.pending.dtype), mode="drop")
-        return out, cache.replace(buffers=bufs, pending=pending)
-
-    def commit(self, cache: SSMCache, slots, n_accepted, T):
-        """Conv state as if only the accepted window tokens had run."""
-        return cache.replace(conv=conv_commit(cache.conv, cache.pending[slots][:, :T], slots,
-                                              n_accepted))
+        return out, store_pending(cache.replace(buffers=bufs), slots, xbc)
 
 
 class Attention(nnx.Module):
@@ -238,13 +214,61 @@ class Block(nnx.Module):
             self.mixer = MLP(cfg.hidden_size, cfg.intermediate_size, dtype, cfg.mlp_bias)
 
 
-class NemotronH(nnx.Module):
+class MTPHead(nnx.Module):
+    """Multi-token-prediction head (`mtp.layers.*`): x = eh_proj([enorm(embed(t+1)) |
+    hnorm(h_t)]), then the MTP blocks (attention without positions / MoE / MLP) with residuals,
+    then final_layernorm; logits through the target's lm_head. h_t is the target's hidden state
+    after its final norm; drafting K tokens applies the head K times on its own output."""
+
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
+        if "mamba" in cfg.mtp_layer_kinds:
+            raise ValueError("Mamba layers inside the MTP head are not supported")
+        D, eps = cfg.hidden_size, cfg.layer_norm_epsilon
+        self.enorm, self.hnorm = RMSNorm(D, eps), RMSNorm(D, eps)
+        self.eh_proj = Linear(2 * D, D, dtype=dtype)
+        self.layers = nnx.List([Block(cfg, k, dtype) for k in cfg.mtp_layer_kinds])
+        self.final_layernorm = RMSNorm(D, eps)
+
+    def __call__(self, embeddings, hidden, next_tokens, caches, slots, starts):
+        """hidden [b, T, D] (target, final-normed); next_tokens [b, T]; caches: per MTP layer
+        KVCache or None; starts [b] = positions already in the MTP caches. Returns the head's
+        output hidden [b, T, D] (final-normed) and the caches."""
+        e = self.enorm(jnp.take(embeddings, next_tokens, axis=0))
+        x = self.eh_proj(jnp.concatenate([e, self.hnorm(hidden).astype(e.dtype)], axis=-1))
+        new = []
+        for layer, lc in zip(self.layers, caches):
+            y = layer.norm(x)
+            if layer.kind == "attention":
+                y, lc = layer.mixer(y, lc, slots, starts)
+            else:
+                y = layer.mixer(y)
+            x = x + y.astype(x.dtype)
+            new.append(lc)
+        return self.final_layernorm(x), tuple(new)
+
+
+class NemotronH(HybridLM):
+    def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32, *, mtp: bool = False):
+        """`mtp=True` builds the MTP head the config describes (checkpoints that ship
+        `mtp.*` tensors); HF-saved checkpoints have none, so it is off by default."""
         self.cfg = cfg
         self.embeddings = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.layers = nnx.List([Block(cfg, k, dtype) for k in cfg.layer_kinds])
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        if mtp and not cfg.num_mtp_layers:
+            raise ValueError("the config declares no MTP layers (num_nextn_predict_layers = 0)")
+        self.mtp = MTPHead(cfg, dtype) if mtp else None
+
+    def draft(self, cache: ModelCache, hidden, next_tokens, slots, starts):
+        """One MTP step: logits [b, T, V] fp32 for the token after `next_tokens`, the head's
+        hidden [b, T, D] (feed it back to draft further) and the cache (MTP KV written at
+        positions starts..starts+T-1)."""
+        if self.mtp is None:
+            raise ValueError("this model was built without an MTP head")
+        h, mtp_caches = self.mtp(self.embeddings[...], hidden, next_tokens, cache.mtp, slots,
+                                 starts)
+        return self.lm_head(h).astype(jnp.float32), h, cache.replace(mtp=mtp_caches)
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
@@ -260,20 +284,24 @@ class NemotronH(nnx.Module):
                 bufs = mamba2.init_replay_buffers(
                     num_slots, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups,
                     window, state_dtype, ring_dtype)
-                conv = jnp.zeros((num_slots, c.conv_kernel - 1, c.mamba_conv_dim), act)
-                pending = (jnp.zeros((num_slots, max_verify, c.mamba_conv_dim), act)
-                           if max_verify > 1 else None)
-                layers.append(SSMCache(bufs, conv, pending))
+                layers.append(ssm_cache(bufs, num_slots, c.conv_kernel, c.mamba_conv_dim, act,
+                                        max_verify))
             elif kind == "attention":
                 layers.append(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
                                             kv_dtype))
             else:
                 layers.append(None)
+        mtp = ()
+        if self.mtp is not None:
+            mtp = tuple(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
+                                      kv_dtype) if k == "attention" else None
+                        for k in c.mtp_layer_kinds)
         return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
-                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers))
+                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers),
+                          mtp=mtp)
 
     # ---------------------------------------------------------------- forward
-    def _run(self, tokens, cache: ModelCache, slots, mixer_fn):
+    def _run(self, tokens, cache: ModelCache, mixer_fn):
         h = jnp.take(self.embeddings[...], tokens, axis=0)
         new_layers = []
         for layer, lc in zip(self.layers, cache.layers):
@@ -286,71 +314,3 @@ class NemotronH(nnx.Module):
             new_layers.append(lc)
         hidden = self.norm_f(h)
         return self.lm_head(hidden).astype(jnp.float32), hidden, tuple(new_layers)
-
-    def prefill(self, cache: ModelCache, tokens, lengths, slots):
-        """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
-        afresh (any earlier content is discarded). Returns logits [b, T, V] fp32 (positions past a
-        prompt are meaningless) and the cache."""
-        zeros = jnp.zeros_like(slots)
-
-        def mixer(layer, x, lc):
-            if layer.kind == "mamba":
-                return layer.mixer.prefill(x, lengths, lc, slots)
-            return layer.mixer(x, lc, slots, zeros)
-
-        logits, _, layers = self._run(tokens, cache, slots, mixer)
-        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        return logits, ModelCache(counts=cache.counts.at[i].set(0, mode="drop"),
-                                  lengths=cache.lengths.at[i].set(lengths, mode="drop"),
-                                  layers=layers)
-
-    def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
-        """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
-        [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
-        if mode not in SSM_MODES:
-            raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
-        starts = cache.lengths[slots]
-
-        def mixer(layer, x, lc):
-            if layer.kind == "mamba":
-                return layer.mixer.decode(x, lc, cache.counts, slots, mode, impl)
-            return layer.mixer(x, lc, slots, starts)
-
-        logits, _, layers = self._run(tokens, cache, slots, mixer)
-        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        counts = cache.counts
-        if mode == "replay":
-            counts = mamba2.advance_counts(counts, slots, self._window(cache))
-        return logits, ModelCache(counts=counts,
-                                  lengths=cache.lengths.at[i].add(1, mode="drop"),
-                                  layers=layers)
-
-    def verify(self, cache: ModelCache, tokens, slots, *, impl="auto"):
-        """Speculative verify (replay mode): tokens [b, T] at positions lengths[slot]..+T-1;
-        tokens[:, 0] is the last sampled token, the rest are drafts. Returns logits [b, T, V]
-        fp32, the final-norm hidden states [b, T, D] (what an MTP head drafts from) and the cache
-        with the window written but not committed: call `commit` next."""
-        starts = cache.lengths[slots]
-
-        def mixer(layer, x, lc):
-            if layer.kind == "mamba":
-                return layer.mixer.verify(x, lc, cache.counts, slots, impl)
-            return layer.mixer(x, lc, slots, starts)
-
-        logits, hidden, layers = self._run(tokens, cache, slots, mixer)
-        return logits, hidden, cache.replace(layers=layers)
-
-    def commit(self, cache: ModelCache, slots, n_accepted, window_len: int):
-        """Accept the first n_accepted (1..T) tokens of each row's verify window: ring counts,
-        conv states and attention lengths roll back the rest exactly."""
-        n = jnp.clip(n_accepted, 1, window_len)
-        layers = tuple(layer.mixer.commit(lc, slots, n, window_len) if layer.kind == "mamba"
-                       else lc for layer, lc in zip(self.layers, cache.layers))
-        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        return ModelCache(
-            counts=mamba2.commit_counts(cache.counts, slots, n, window_len, self._window(cache)),
-            lengths=cache.lengths.at[i].add(n, mode="drop"), layers=layers)
-
-    @staticmethod
-    def _window(cache: ModelCache) -> int:
-        return next(lc.buffers.window for lc in cache.layers if isinstance(lc, SSMCache))

@@ -137,3 +137,92 @@ def load_nemotron_h(model, tensors):
         raise WeightsError(f"unused tensors ({len(unused)}): {', '.join(unused[:8])}"
                            + (" ..." if len(unused) > 8 else ""))
     return model
+
+
+def _qwen_gdn_in_proj(take, cfg, mp):
+    """The GDN input projections as one [D, out] kernel in the flat order
+    [q | k | v | z | b | a]. Qwen3.5 ships in_proj_qkv / _z / _b / _a flat; Qwen3-Next ships
+    in_proj_qkvz / in_proj_ba interleaved per key-head group i (q_i, k_i, v and z of value heads
+    i*r .. i*r+r-1; b then a of the same heads), which is de-interleaved here."""
+    D, Hk, Hv = cfg.hidden_size, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv, r = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.gdn_heads_ratio
+    if cfg.gdn_layout == "flat":
+        parts = [take(f"{mp}.in_proj_qkv.weight", (cfg.gdn_conv_dim, D)),
+                 take(f"{mp}.in_proj_z.weight", (cfg.gdn_value_dim, D)),
+                 take(f"{mp}.in_proj_b.weight", (Hv, D)),
+                 take(f"{mp}.in_proj_a.weight", (Hv, D))]
+    else:
+        qkvz = take(f"{mp}.in_proj_qkvz.weight", (2 * cfg.gdn_key_dim + 2 * cfg.gdn_value_dim, D))
+        ba = take(f"{mp}.in_proj_ba.weight", (2 * Hv, D))
+        qkvz = qkvz.reshape(Hk, 2 * dk + 2 * r * dv, D)
+        ba = ba.reshape(Hk, 2 * r, D)
+        flat = lambda t: t.reshape(-1, D)
+        q, k = flat(qkvz[:, :dk]), flat(qkvz[:, dk:2 * dk])
+        v, z = flat(qkvz[:, 2 * dk:2 * dk + r * dv]), flat(qkvz[:, 2 * dk + r * dv:])
+        parts = [np.concatenate([q, k, v]), z, flat(ba[:, :r]), flat(ba[:, r:])]
+    return np.concatenate(parts).T
+
+
+def load_qwen_hybrid(model, tensors):
+    """Fills a `models.qwen.QwenHybrid` from HF tensors: `model.*` (Qwen3-Next) or
+    `model.language_model.*` (Qwen3.5 multimodal checkpoints) plus top-level `lm_head.weight`.
+    Skipped on purpose: `model.visual.*` (the vision tower of a Qwen3.5 checkpoint; this is a
+    text-only model) and `mtp.*` (no MTP head yet); `lm_head.weight` too when embeddings are
+    tied. Routed experts are accepted per expert (`experts.{e}.{gate,up,down}_proj.weight`) or
+    fused (`experts.gate_up_proj` [E, 2F, D] gate rows first, `experts.down_proj` [E, D, F])."""
+    cfg = model.cfg
+    p = cfg.weight_prefix
+    take = _Taker(tensors)
+    _set(model.embed_tokens, take(f"{p}embed_tokens.weight", model.embed_tokens[...].shape))
+    _set(model.norm.weight, take(f"{p}norm.weight", model.norm.weight[...].shape))
+    if model.lm_head is not None:
+        _linear(take, model.lm_head, "lm_head")
+    for i, layer in enumerate(model.layers):
+        lp = f"{p}layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            w = getattr(layer, norm).weight
+            _set(w, take(f"{lp}.{norm}.weight", w[...].shape))
+        m = layer.mixer
+        if layer.kind == "gdn":
+            mp = f"{lp}.linear_attn"
+            _set(m.in_proj.kernel, _qwen_gdn_in_proj(take, cfg, mp))
+            C, K = m.conv_weight[...].shape
+            _set(m.conv_weight, take(f"{mp}.conv1d.weight", (C, 1, K))[:, 0])
+            for attr, name in (("dt_bias", "dt_bias"), ("A_log", "A_log"), ("norm", "norm.weight")):
+                _set(getattr(m, attr), take(f"{mp}.{name}", getattr(m, attr)[...].shape))
+            _linear(take, m.out_proj, f"{mp}.out_proj")
+        else:
+            mp = f"{lp}.self_attn"
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                _linear(take, getattr(m, proj), f"{mp}.{proj}")
+            for norm in ("q_norm", "k_norm"):
+                w = getattr(m, norm).weight
+                _set(w, take(f"{mp}.{norm}.weight", w[...].shape))
+        f, fp = layer.mlp, f"{lp}.mlp"
+        if hasattr(f, "route"):      # MoE
+            _set(f.gate, take(f"{fp}.gate.weight", f.gate[...].shape))
+            E, D, F = f.up[...].shape
+            if f"{fp}.experts.gate_up_proj" in tensors:
+                gu = take(f"{fp}.experts.gate_up_proj", (E, 2 * F, D))
+                _set(f.gate_w, gu[:, :F].transpose(0, 2, 1))
+                _set(f.up, gu[:, F:].transpose(0, 2, 1))
+                _set(f.down, take(f"{fp}.experts.down_proj", (E, D, F)).transpose(0, 2, 1))
+            else:
+                for attr, name, shape in (("gate_w", "gate_proj", (F, D)),
+                                          ("up", "up_proj", (F, D)), ("down", "down_proj", (D, F))):
+                    _set(getattr(f, attr), np.stack(
+                        [take(f"{fp}.experts.{e}.{name}.weight", shape).T for e in range(E)]))
+            if f.shared is not None:
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    _linear(take, getattr(f.shared, proj), f"{fp}.shared_expert.{proj}")
+                _linear(take, f.shared_gate, f"{fp}.shared_expert_gate")
+        else:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                _linear(take, getattr(f, proj), f"{fp}.{proj}")
+    ignore = ("mtp.",) + (("model.visual.",) if cfg.multimodal else ()) + (
+        ("lm_head.",) if model.lm_head is None else ())
+    unused = take.unused(ignore=ignore)
+    if unused:
+        raise WeightsError(f"unused tensors ({len(unused)}): {', '.join(unused[:8])}"
+                           + (" ..." if len(unused) > 8 else ""))
+    return model

@@ -1,0 +1,141 @@
+"""Cache plumbing shared by the hybrid model families (Nemotron-H, Qwen3-Next / Qwen3.5).
+
+A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
+implements `_run(tokens, cache, mixer_fn) -> (logits, final-normed hidden, layer caches)`. SSM
+mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
+`decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, impl)`;
+attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
+
+    logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
+    logits, cache         = model.decode(cache, tokens, slots, mode=...)   # one token per row
+    logits, hidden, cache = model.verify(cache, tokens, slots)             # T-token window
+    cache                 = model.commit(cache, slots, n_accepted, T)      # accept n, roll back rest
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from models.cache import ModelCache, SSMCache
+from pallas_kernels._common import NULL_SLOT, advance_counts, commit_counts, row_index
+from pallas_kernels.conv1d import conv_commit
+
+SSM_KINDS = ("mamba", "gdn")
+SSM_MODES = ("replay", "standard")
+
+
+def conv_prefill(xbc, weight, bias, lengths):
+    """Causal depthwise conv over right-padded prompts from a zero state.
+
+    xbc [b, T, C] pre-conv inputs; weight [C, K]; bias [C] or None; lengths [b]. Returns the
+    pre-activation outputs [b, T, C] and the conv state [b, K-1, C] (the last K-1 inputs of each
+    prompt)."""
+    K, T = weight.shape[1], xbc.shape[1]
+    pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)      # [b, K-1+T, C]
+    out = sum(pad[:, k:k + T] * weight[:, k] for k in range(K))
+    if bias is not None:
+        out = out + bias
+    idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
+    return out, jnp.take_along_axis(pad, idx[:, :, None], axis=1)
+
+
+def store_prefill(cache: SSMCache, slots, state, conv_state):
+    """Writes a prefilled slot: checkpoint = state after the prompt, conv state."""
+    i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
+    bufs = cache.buffers
+    bufs = bufs._replace(checkpoint=bufs.checkpoint.at[i].set(
+        state.astype(bufs.checkpoint.dtype), mode="drop"))
+    return cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
+        conv_state.astype(cache.conv.dtype), mode="drop"))
+
+
+def store_pending(cache: SSMCache, slots, window):
+    """Keeps a verify window's pre-conv inputs [b, T, C] until `commit`."""
+    T = window.shape[1]
+    if cache.pending is None or cache.pending.shape[1] < T:
+        have = 0 if cache.pending is None else cache.pending.shape[1]
+        raise ValueError(f"verify window T = {T} exceeds the cache's max_verify ({have}); "
+                         f"build the cache with init_cache(..., max_verify={T})")
+    i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
+    return cache.replace(pending=cache.pending.at[i, :T].set(window.astype(cache.pending.dtype),
+                                                             mode="drop"))
+
+
+def ssm_cache(buffers, num_slots, conv_kernel, conv_channels, dtype, max_verify):
+    conv = jnp.zeros((num_slots, conv_kernel - 1, conv_channels), dtype)
+    pending = (jnp.zeros((num_slots, max_verify, conv_channels), dtype) if max_verify > 1
+               else None)
+    return SSMCache(buffers, conv, pending)
+
+
+class HybridLM(nnx.Module):
+    """prefill / decode / verify / commit over the family's `_run`."""
+
+    def prefill(self, cache: ModelCache, tokens, lengths, slots):
+        """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
+        afresh (any earlier content is discarded). Returns logits [b, T, V] fp32 (positions past
+        a prompt are meaningless) and the cache."""
+        zeros = jnp.zeros_like(slots)
+
+        def mixer(layer, x, lc):
+            if layer.kind in SSM_KINDS:
+                return layer.mixer.prefill(x, lengths, lc, slots)
+            return layer.mixer(x, lc, slots, zeros)
+
+        logits, _, layers = self._run(tokens, cache, mixer)
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        return logits, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
+                                     lengths=cache.lengths.at[i].set(lengths, mode="drop"),
+                                     layers=layers)
+
+    def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
+        [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
+        if mode not in SSM_MODES:
+            raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
+        starts = cache.lengths[slots]
+
+        def mixer(layer, x, lc):
+            if layer.kind in SSM_KINDS:
+                return layer.mixer.decode(x, lc, cache.counts, slots, mode, impl)
+            return layer.mixer(x, lc, slots, starts)
+
+        logits, _, layers = self._run(tokens, cache, mixer)
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
+                  else cache.counts)
+        return logits, cache.replace(counts=counts, layers=layers,
+                                     lengths=cache.lengths.at[i].add(1, mode="drop"))
+
+    def verify(self, cache: ModelCache, tokens, slots, *, impl="auto"):
+        """Speculative verify (replay mode): tokens [b, T] at positions lengths[slot]..+T-1;
+        tokens[:, 0] is the last sampled token, the rest drafts. Returns logits [b, T, V] fp32,
+        the final-norm hidden states [b, T, D] (what an MTP head drafts from) and the cache with
+        the window written but not committed: call `commit` next."""
+        starts = cache.lengths[slots]
+
+        def mixer(layer, x, lc):
+            if layer.kind in SSM_KINDS:
+                return layer.mixer.verify(x, lc, cache.counts, slots, impl)
+            return layer.mixer(x, lc, slots, starts)
+
+        logits, hidden, layers = self._run(tokens, cache, mixer)
+        return logits, hidden, cache.replace(layers=layers)
+
+    def commit(self, cache: ModelCache, slots, n_accepted, window_len: int):
+        """Accept the first n_accepted (1..T) tokens of each row's verify window: ring counts,
+        conv states and attention lengths roll back the rest exactly."""
+        n = jnp.clip(n_accepted, 1, window_len)
+        layers = tuple(
+            lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len], slots, n))
+            if isinstance(lc, SSMCache) else lc for lc in cache.layers)
+        i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        return cache.replace(
+            counts=commit_counts(cache.counts, slots, n, window_len, self._window(cache)),
+            lengths=cache.lengths.at[i].add(n, mode="drop"), layers=layers)
+
+    @staticmethod
+    def _window(cache: ModelCache) -> int:
+        """The ring window L (1 for a model without SSM layers: counts are then unused)."""
+        return next((lc.buffers.window for lc in cache.layers if isinstance(lc, SSMCache)), 1)

@@ -1,0 +1,278 @@
+"""Qwen3-Next (`qwen3_next`) and Qwen3.5 dense / MoE (`qwen3_5`, `qwen3_5_moe`, text part) in Flax
+NNX with an explicit decode cache (same contract as `models.nemotron_h`).
+
+Every layer is two pre-norm residual sub-blocks: a token mixer, Gated DeltaNet (`gdn`) or gated
+attention (`attention`), then an FFN (a softmax top-k MoE with a sigmoid-gated shared expert, or a
+SwiGLU MLP). Layer, q/k and final norms are zero-centred (x (1 + w)); the GDN output norm is plain
+(x w), applied per value head before the silu(z) gate. Modules hold weights only:
+
+    logits, cache = model.prefill(cache, tokens, lengths, slots)          # new requests
+    logits, cache = model.decode(cache, tokens, slots, mode="replay")      # one token per row
+    (verify / commit for speculative windows: see models.hybrid.HybridLM)
+
+GDN projections are stored in the flat Qwen3.5 order, fused into one `in_proj` with output columns
+[q (Hk dk) | k (Hk dk) | v (Hv dv) | z (Hv dv) | b (Hv) | a (Hv)]; `models.weights.load_qwen_hybrid`
+de-interleaves Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` at load time, so one code path serves
+both. Use `models.runner.Runner` to run it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from models.cache import ModelCache, SSMCache
+from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
+from models.config import QwenHybridConfig
+from models.hybrid import HybridLM, conv_prefill, ssm_cache, store_pending, store_prefill
+from pallas_kernels import gdn
+from pallas_kernels.conv1d import conv_commit, conv_window
+from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
+_HI = lax.Precision.HIGHEST
+
+
+class GatedDeltaNet(nnx.Module):
+    """GDN mixer: in_proj -> causal depthwise conv (no bias) + SiLU over [q | k | v] -> L2-normed
+    q, k (q * dk^-1/2) -> gated delta rule -> per-head plain RMSNorm, * silu(z) -> out_proj."""
+
+    def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
+        Hv, C = cfg.linear_num_value_heads, cfg.gdn_conv_dim
+        self.cfg = cfg
+        self.in_proj = Linear(cfg.hidden_size, C + cfg.gdn_value_dim + 2 * Hv, dtype=dtype)
+        self.conv_weight = nnx.Param(jnp.zeros((C, cfg.linear_conv_kernel_dim), dtype))   # [C, K]
+        self.dt_bias = nnx.Param(jnp.zeros((Hv,), jnp.float32))
+        self.A_log = nnx.Param(jnp.zeros((Hv,), jnp.float32))
+        self.norm = nnx.Param(jnp.ones((cfg.linear_value_head_dim,), jnp.float32))
+        self.out_proj = Linear(cfg.gdn_value_dim, cfg.hidden_size, dtype=dtype)
+
+    def _split(self, proj):
+        """in_proj output [.., C + Hv dv + 2 Hv] -> pre-conv qkv [.., C], z [.., Hv, dv],
+        and g, beta [.., Hv] fp32 (from a, b)."""
+        c = self.cfg
+        C, VD, Hv = c.gdn_conv_dim, c.gdn_value_dim, c.linear_num_value_heads
+        lead = proj.shape[:-1]
+        z = proj[..., C:C + VD].reshape(lead + (Hv, c.linear_value_head_dim))
+        b, a = proj[..., C + VD:C + VD + Hv], proj[..., C + VD + Hv:]
+        g, beta = gdn.gates(a, b, self.A_log[...], self.dt_bias[...])
+        return proj[..., :C], z, g, beta
+
+    def _qkv(self, conv_out):
+        """Post-conv [.., C] -> q, k [.., Hk, dk] prepared fp32, v [.., Hv, dv]."""
+        c = self.cfg
+        act = jax.nn.silu(conv_out)
+        lead, KD = act.shape[:-1], c.gdn_key_dim
+        q = act[..., :KD].reshape(lead + (c.linear_num_key_heads, c.linear_key_head_dim))
+        k = act[..., KD:2 * KD].reshape(lead + (c.linear_num_key_heads, c.linear_key_head_dim))
+        v = act[..., 2 * KD:].reshape(lead + (c.linear_num_value_heads, c.linear_value_head_dim))
+        q, k = gdn.prepare_qk(q, k)
+        return q, k, v
+
+    def _output(self, o, z):
+        """Norm first (plain weight, per value head over dv), then the gate, then out_proj.
+        o, z [.., Hv, dv] -> [.., D]."""
+        y = rms_norm(o.astype(jnp.float32), self.norm[...], self.cfg.rms_norm_eps)
+        y = y * jax.nn.silu(z.astype(jnp.float32))
+        y = y.reshape(y.shape[:-2] + (-1,))
+        return self.out_proj(y.astype(self.out_proj.kernel[...].dtype))
+
+    def prefill(self, h, lengths, cache: SSMCache, slots):
+        """h [b, T, D] right-padded prompts of `lengths`; starts every slot from a zero state.
+        Returns out [b, T, D] and the cache with checkpoint = state after the prompt [Hv, dv, dk],
+        conv state = its last K-1 pre-conv inputs."""
+        qkv, z, g, beta = self._split(self.in_proj(h))
+        conv, conv_state = conv_prefill(qkv, self.conv_weight[...], None, lengths)
+        q, k, v = self._qkv(conv)
+        o, state = chunk_gated_delta_rule(q, k, v, g, beta, lengths)          # o [b, T, Hv, dv]
+        return self._output(o, z), store_prefill(cache, slots, state, conv_state)
+
+    def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
+        """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
+        advanced by the model once per step)."""
+        qkv, z, g, beta = self._split(self.in_proj(h))
+        conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, 1, C] f32
+        q, k, v = self._qkv(conv[:, 0].astype(h.dtype))
+        if mode == "replay":
+            o, bufs = gdn.replay_decode(cache.buffers, counts, q, k, v, g[:, 0], beta[:, 0],
+                                        slots, impl=impl)
+        else:
+            o, ck = gdn.standard_decode(cache.buffers.checkpoint, q, k, v, g[:, 0], beta[:, 0],
+                                        slots, impl=impl)
+            bufs = cache.buffers._replace(checkpoint=ck)
+        out = self._output(o[:, None], z)
+        return out, cache.replace(buffers=bufs,
+                                  conv=conv_commit(cache.conv, qkv, slots, jnp.ones_like(slots)))
+
+
+    def verify(self, h, cache: SSMCache, counts, slots, impl):
+        """A speculative window of T tokens per row (replay mode): h [b, T, D]; the window's
+        (k, d, g) go into the rings and its pre-conv inputs into `pending`, uncommitted."""
+        qkv, z, g, beta = self._split(self.in_proj(h))
+        conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, T, C] f32
+        q, k, v = self._qkv(conv.astype(h.dtype))
+        o, bufs = gdn.replay_verify(cache.buffers, counts, q, k, v, g, beta, slots, impl=impl)
+        return self._output(o, z), store_pending(cache.replace(buffers=bufs), slots, qkv)
+
+
+def rope(x, positions, rotary_dim: int, theta: float):
+    """NeoX (rotate-half) RoPE on the first `rotary_dim` dims of x [b, T, heads, hd] at
+    positions [b, T]; the other dims pass through. Computed in fp32."""
+    inv_freq = 1.0 / theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+    f = positions.astype(jnp.float32)[..., None] * inv_freq                  # [b, T, rd/2]
+    cos, sin = jnp.cos(f)[:, :, None], jnp.sin(f)[:, :, None]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., :rotary_dim // 2], xf[..., rotary_dim // 2:rotary_dim]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, xf[..., rotary_dim:]], -1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal GQA attention with zero-centred q/k norms, partial RoPE and a per-head sigmoid
+    output gate: q_proj yields [q_h | gate_h] per head (M-RoPE reduces to 1-D RoPE for text)."""
+
+    def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
+        nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.nh, self.kv, self.hd = nh, kv, hd
+        self.gated = cfg.attn_output_gate
+        self.rotary_dim, self.theta = cfg.rotary_dim, cfg.rope_theta
+        bias = cfg.attention_bias
+        self.q_proj = Linear(D, nh * hd * (2 if self.gated else 1), bias=bias, dtype=dtype)
+        self.k_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
+        self.v_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
+        self.o_proj = Linear(nh * hd, D, bias=bias, dtype=dtype)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
+
+    def __call__(self, h, cache: KVCache, slots, starts):
+        """h [b, T, D]; token t of row i sits at position starts[i] + t. Returns [b, T, D]."""
+        b, T, _ = h.shape
+        qg = self.q_proj(h).reshape(b, T, self.nh, -1)
+        q = qg[..., :self.hd]
+        pos = starts[:, None] + jnp.arange(T)[None, :]
+        q = rope(self.q_norm(q), pos, self.rotary_dim, self.theta)
+        k = rope(self.k_norm(self.k_proj(h).reshape(b, T, self.kv, self.hd)), pos,
+                 self.rotary_dim, self.theta)
+        v = self.v_proj(h).reshape(b, T, self.kv, self.hd)
+        o, cache = cached_attention(q, k, v, cache, slots, starts)
+        if self.gated:
+            o = o * jax.nn.sigmoid(qg[..., self.hd:])
+        return self.o_proj(o.reshape(b, T, -1)), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, din, width, dtype=jnp.float32):
+        self.gate_proj = Linear(din, width, dtype=dtype)
+        self.up_proj = Linear(din, width, dtype=dtype)
+        self.down_proj = Linear(width, din, dtype=dtype)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nnx.Module):
+    """Softmax router (fp32), top-k, renormalised if norm_topk_prob; SwiGLU experts; plus a
+    shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). Experts run densely (all
+    experts, weighted by the one-hot routing), as in `models.nemotron_h.MoE`."""
+
+    def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
+        E, F, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.cfg = cfg
+        self.gate = nnx.Param(jnp.zeros((E, D), jnp.float32))          # router
+        self.gate_w = nnx.Param(jnp.zeros((E, D, F), dtype))
+        self.up = nnx.Param(jnp.zeros((E, D, F), dtype))
+        self.down = nnx.Param(jnp.zeros((E, F, D), dtype))
+        Fs = cfg.shared_expert_intermediate_size
+        self.shared = MLP(D, Fs, dtype) if Fs else None
+        self.shared_gate = Linear(D, 1, dtype=dtype) if Fs else None
+
+    def route(self, x):
+        """x [..., D] -> dense routing weights [..., E] (zeros off the top-k), fp32."""
+        c = self.cfg
+        p = jax.nn.softmax(jnp.einsum("...d,ed->...e", x.astype(jnp.float32), self.gate[...],
+                                      precision=_HI), axis=-1)
+        w, idx = lax.top_k(p, c.num_experts_per_tok)
+        if c.norm_topk_prob:
+            w = w / w.sum(-1, keepdims=True)
+        onehot = jax.nn.one_hot(idx, p.shape[-1], dtype=jnp.float32)       # [..., k, E]
+        return jnp.einsum("...k,...ke->...e", w, onehot)
+
+    def __call__(self, x):
+        weights = self.route(x)
+        dt = self.up[...].dtype
+        hi = _HI if dt == jnp.float32 else None
+        xe = x.astype(dt)
+        hid = (jax.nn.silu(jnp.einsum("...d,edf->...ef", xe, self.gate_w[...], precision=hi))
+               * jnp.einsum("...d,edf->...ef", xe, self.up[...], precision=hi))
+        y = jnp.einsum("...ef,efd,...e->...d", hid, self.down[...], weights.astype(dt),
+                       precision=hi)
+        if self.shared is not None:
+            y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return y
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: QwenHybridConfig, kind: str, ffn_kind: str, dtype=jnp.float32):
+        self.kind = kind
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                                zero_centered=True)
+        self.mixer = GatedDeltaNet(cfg, dtype) if kind == "gdn" else Attention(cfg, dtype)
+        self.mlp = MoE(cfg, dtype) if ffn_kind == "moe" else MLP(cfg.hidden_size,
+                                                                 cfg.intermediate_size, dtype)
+
+
+class QwenHybrid(HybridLM):
+    def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        self.cfg = cfg
+        self.embed_tokens = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
+        self.layers = nnx.List([Block(cfg, k, f, dtype)
+                                for k, f in zip(cfg.layer_kinds, cfg.ffn_kinds)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype))
+
+    # ---------------------------------------------------------------- cache
+    def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
+                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None) -> ModelCache:
+        """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens;
+        `max_verify` > 1 makes room for speculative windows of up to that many tokens.
+        GDN rings default to float32 (bf16 corrected updates drift, see `gdn.init_gdn_buffers`)."""
+        c = self.cfg
+        act = self.embed_tokens[...].dtype
+        ring_dtype, kv_dtype = ring_dtype or jnp.float32, kv_dtype or act
+        layers = []
+        for kind in c.layer_kinds:
+            if kind == "gdn":
+                bufs = gdn.init_gdn_buffers(
+                    num_slots, c.linear_num_key_heads, c.linear_num_value_heads,
+                    c.linear_key_head_dim, c.linear_value_head_dim, window, state_dtype, ring_dtype)
+                layers.append(ssm_cache(bufs, num_slots, c.linear_conv_kernel_dim, c.gdn_conv_dim,
+                                        act, max_verify))
+            else:
+                layers.append(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
+                                            kv_dtype))
+        return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
+                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers))
+
+    # ---------------------------------------------------------------- forward
+    def _run(self, tokens, cache: ModelCache, mixer_fn):
+        h = jnp.take(self.embed_tokens[...], tokens, axis=0)
+        new_layers = []
+        for layer, lc in zip(self.layers, cache.layers):
+            out, lc = mixer_fn(layer, layer.input_layernorm(h), lc)
+            h = h + out.astype(h.dtype)
+            h = h + layer.mlp(layer.post_attention_layernorm(h)).astype(h.dtype)
+            new_layers.append(lc)
+        x = self.norm(h)
+        if self.lm_head is None:
+            emb = self.embed_tokens[...]
+            logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,
+                                precision=_HI if emb.dtype == jnp.float32 else None)
+        else:
+            logits = self.lm_head(x)
+        return logits.astype(jnp.float32), x, tuple(new_layers)

@@ -1,0 +1,59 @@
+"""Speculative decoding at the model level, both families: verify windows of T = 4 (the last
+token + 3 drafts, a third of them corrupted), greedy acceptance per row, commit. The emitted
+tokens must be HF's greedy tokens exactly, so the rollback of rings, conv states and KV lengths is
+exact; the GDN window's corrected updates go through the Pallas WY/UT verify kernel too."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.models import test_nemotron_h, test_qwen
+
+
+def _runner(variant):
+    mod = test_qwen if variant.startswith("qwen") else test_nemotron_h
+    return mod._load(variant)
+
+
+@pytest.mark.parametrize("variant,impl", [("nemotron_h", "xla"), ("nemotron_h", "pallas"),
+                                          ("qwen3_next", "xla"), ("qwen3_next", "pallas"),
+                                          ("qwen3_5_moe", "xla")])
+def test_speculative_greedy_equals_hf_greedy(variant, impl):
+    runner, ref = _runner(variant)
+    prompts, lens = jnp.asarray(ref["prompts"]), jnp.asarray(ref["prompt_lens"])
+    slots = jnp.asarray([4, 1, 3], jnp.int32)
+    want = ref["greedy_tokens"]
+    b, n = want.shape
+    T = 4
+    rng = np.random.default_rng(0)
+    cache = runner.init_cache(6, 96, window=4, max_verify=T)
+    logits, cache = runner.prefill(cache, prompts, lens, slots)
+    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
+    out = [[int(t)] for t in last]
+    accepted_drafts = 0
+    while min(len(o) for o in out) < n:
+        drafts = np.zeros((b, T - 1), np.int32)
+        for r in range(b):
+            true = list(want[r, len(out[r]):len(out[r]) + T - 1]) + [0] * (T - 1)
+            drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128))
+                         for t in true[:T - 1]]
+        window = jnp.asarray(np.concatenate([last[:, None], drafts], 1), jnp.int32)
+        logits, _, cache = runner.verify(cache, window, slots, impl=impl)
+        pred = np.asarray(jnp.argmax(logits, -1))
+        n_acc = np.ones(b, np.int32)
+        for r in range(b):
+            while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
+                n_acc[r] += 1
+            accepted_drafts += n_acc[r] - 1
+            out[r] += [int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])]
+        last = pred[np.arange(b), n_acc - 1]
+        cache = runner.commit(cache, slots, jnp.asarray(n_acc), T)
+    np.testing.assert_array_equal(np.array([o[:n] for o in out]), want)
+    assert accepted_drafts > n          # the drafts were really used
+
+
+def test_verify_needs_room_in_the_cache():
+    runner, ref = _runner("qwen3_next")
+    cache = runner.init_cache(6, 96, window=4)              # max_verify = 1
+    with pytest.raises(ValueError, match=r"exceeds the cache's max_verify \(0\)"):
+        runner.verify(cache, jnp.zeros((3, 4), jnp.int32), jnp.asarray([4, 1, 3], jnp.int32))
