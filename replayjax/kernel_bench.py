@@ -172,14 +172,14 @@ FAMILIES = {"mamba2": _mamba2_family, "gdn": _gdn_family}
 
 
 def bench(fam: Family, shape_name, batch, *, L=16, ring="bfloat16", std_kw=None, rep_kw=None,
-          seed=0, iterations=3, staggered=True):
+          seed=0, iterations=3, staggered=True, min_pool_bytes=MIN_POOL_BYTES):
     """Times both kernels of a family at one shape and batch; tiling overrides in std_kw /
     rep_kw. Returns the Row fields (times in us, bytes per row-step)."""
     import jax
     import jax.numpy as jnp
 
     dims = fam.shapes[shape_name]
-    n_sets = max(2, math.ceil(MIN_POOL_BYTES / (batch * fam.state_bytes(dims))))
+    n_sets = max(2, math.ceil(min_pool_bytes / (batch * fam.state_bytes(dims))))
     S = n_sets * batch + 1
     rng = np.random.default_rng(seed)
     sets = jnp.asarray(rng.permutation(np.arange(1, S)).reshape(n_sets, batch), jnp.int32)

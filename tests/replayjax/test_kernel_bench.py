@@ -1,6 +1,7 @@
 """The benchmark's byte model reproduces the minimum bytes the issues quote (per sequence,
 layer and step at fp32 state, bf16 activations and ring, L = 16)."""
 
+import numpy as np
 import pytest
 
 from replayjax import kernel_bench
@@ -22,3 +23,40 @@ def test_cli_lists_subcommands(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
     assert "bench kernels" in out and "generate" in out
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch):
+    """Runs the timed functions for real (interpret-mode Pallas on CPU) and returns made-up
+    launch times, so the benchmark plumbing is exercised without a GPU."""
+    from replayjax import verify_bench
+
+    def device_times(fn, *args, name, iterations=3):
+        import jax
+        jax.block_until_ready(fn(*args))
+        return [np.ones(calls[name]) for _ in range(iterations)]
+
+    def step_us(fn, args, first_kernel, n_steps, iterations=3):
+        import jax
+        jax.block_until_ready(fn(*args))
+        return float(n_steps)
+
+    calls = {}
+    monkeypatch.setattr(kernel_bench, "_device_times", device_times)
+    monkeypatch.setattr(verify_bench, "_step_us", step_us)
+    return calls
+
+
+@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
+                                         ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
+def test_bench_plumbing_runs_on_cpu(fake_cupti, family, dims):
+    from replayjax import verify_bench
+    fam = kernel_bench.FAMILIES[family]()
+    fam.shapes["tiny"] = dims
+    n_steps = 2 * 4                           # two slot sets, L = 4
+    fake_cupti.update(standard=n_steps, replay=n_steps)
+    r = kernel_bench.bench(fam, "tiny", 2, L=4, iterations=1, min_pool_bytes=1)
+    assert r["standard_us"] == 1.0 and r["replay_us"] == 1.0
+    v = verify_bench.bench_verify(fam, "tiny", 2, 2, L=4, ring="float32", iterations=1,
+                                  min_pool_bytes=1, steps_per_set=2)
+    assert v["speedup"] == 1.0 and v["baseline_mem_per_seq"] == 3 * fam.state_bytes(dims)
