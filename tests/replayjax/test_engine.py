@@ -1,0 +1,92 @@
+"""The engine on the tiny HF fixtures (CPU): greedy outputs equal HF's, continuous batching does
+not change a request's output, replay == standard, speculative (n-gram) == plain decoding,
+seeded sampling is batch-independent, bad requests are refused with a clear message."""
+
+import numpy as np
+import pytest
+
+from replayjax.engine import Engine, Request, RequestError, SamplingParams, ngram_drafts
+from tests.models import test_nemotron_h, test_qwen
+
+
+@pytest.fixture(scope="module", params=["nemotron_h", "qwen3_next"])
+def fixture(request):
+    mod = test_qwen if request.param.startswith("qwen") else test_nemotron_h
+    runner, ref = mod._load(request.param)
+    prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
+    return runner.model, prompts, ref["greedy_tokens"]
+
+
+def _greedy_requests(prompts, lengths):
+    return [Request(prompt=p, max_new_tokens=n, id=f"r{i}") for i, (p, n) in
+            enumerate(zip(prompts, lengths))]
+
+
+@pytest.mark.parametrize("mode,num_draft", [("replay", 0), ("standard", 0), ("replay", 3)])
+def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft):
+    """Six requests through two slots (admitted as others finish), different lengths: every
+    output is HF's greedy continuation of its prompt."""
+    model, prompts, want = fixture
+    order = [0, 1, 2, 2, 0, 1]
+    lengths = [40, 7, 23, 40, 3, 31]
+    eng = Engine(model, num_slots=2, max_len=128, ssm_mode=mode, window=4, steps_per_visit=5,
+                 num_draft=num_draft)
+    out = eng.generate(_greedy_requests([prompts[i] for i in order], lengths))
+    for c, i, n in zip(out, order, lengths):
+        assert c.tokens == list(want[i, :n]) and c.finish_reason == "length"
+        assert 0 <= c.ttft_s <= c.completion_s
+    if num_draft:
+        assert sum(c.accepted_drafts for c in out) > 0
+
+
+def test_stop_ids_end_a_request(fixture):
+    model, prompts, want = fixture
+    stop = int(want[0, 5])
+    first = list(want[0]).index(stop)
+    [c] = Engine(model, num_slots=2, max_len=128, window=4).generate(
+        [Request(prompt=prompts[0], max_new_tokens=30, stop_ids=(stop,))])
+    assert c.tokens == list(want[0, :first + 1]) and c.finish_reason == "stop"
+
+
+def test_seeded_sampling_is_batch_independent(fixture):
+    model, prompts, _ = fixture
+    sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7)
+    alone = Engine(model, num_slots=1, max_len=128, window=4).generate(
+        [Request(prompt=prompts[1], max_new_tokens=12, sampling=sp)])[0].tokens
+    busy = Engine(model, num_slots=3, max_len=128, window=4).generate(
+        [Request(prompt=prompts[0], max_new_tokens=20),
+         Request(prompt=prompts[1], max_new_tokens=12, sampling=sp),
+         Request(prompt=prompts[2], max_new_tokens=5, sampling=SamplingParams(0.5, seed=3))])
+    assert busy[1].tokens == alone
+    top1 = Engine(model, num_slots=1, max_len=128, window=4).generate(
+        [Request(prompt=prompts[1], max_new_tokens=12,
+                 sampling=SamplingParams(temperature=1.0, top_k=1, seed=1))])[0].tokens
+    greedy = Engine(model, num_slots=1, max_len=128, window=4).generate(
+        [Request(prompt=prompts[1], max_new_tokens=12)])[0].tokens
+    assert top1 == greedy
+
+
+@pytest.mark.parametrize("req,match", [
+    (Request(prompt=[], max_new_tokens=4), "empty prompt"),
+    (Request(prompt=[1, 500], max_new_tokens=4), r"token ids \[500\] out of the vocabulary"),
+    (Request(prompt=[1] * 100, max_new_tokens=40), "exceeds the cache length max_len = 128"),
+    (Request(prompt=[1, 2], max_new_tokens=0), "max_new_tokens must be >= 1"),
+])
+def test_bad_requests_are_refused(fixture, req, match):
+    model, _, _ = fixture
+    with pytest.raises(RequestError, match=match):
+        Engine(model, num_slots=1, max_len=128, window=4).generate([req])
+
+
+def test_bad_engine_settings(fixture):
+    model, _, _ = fixture
+    with pytest.raises(ValueError, match=r"num_draft = 9 must be in \[0, 3\]"):
+        Engine(model, window=4, num_draft=9)
+    with pytest.raises(ValueError, match="speculative decoding needs ssm_mode='replay'"):
+        Engine(model, ssm_mode="standard", num_draft=2)
+
+
+def test_ngram_drafter():
+    assert ngram_drafts([5, 6, 7, 9, 5, 6], 3) == [7, 9, 5]
+    assert ngram_drafts([1, 2, 3], 2) == [3, 3]
+    assert ngram_drafts([4], 2) == [4, 4]
