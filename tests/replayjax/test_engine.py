@@ -2,7 +2,6 @@
 not change a request's output, replay == standard, speculative (n-gram) == plain decoding,
 seeded sampling is batch-independent, bad requests are refused with a clear message."""
 
-import numpy as np
 import pytest
 
 from replayjax.engine import Engine, Request, RequestError, SamplingParams, ngram_drafts
