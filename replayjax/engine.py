@@ -108,6 +108,7 @@ class Engine:
                                     donate_argnums=(1,))
         self._spec_step = jax.jit(functools.partial(_spec_step, self.runner.graphdef, impl=impl),
                                   donate_argnums=(1,))
+        self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
 
     # ------------------------------------------------------------------ validation
     def _check(self, r: Request):
@@ -156,6 +157,7 @@ class Engine:
         for r, (i, s) in enumerate(zip(admit, free)):
             p = np.asarray(reqs[i].prompt, np.int32)
             tokens[r, :len(p)], lengths[r], slots[r] = p, len(p), s
+        start = time.perf_counter()
         logits, self.cache = self.runner.prefill(self.cache, jnp.asarray(tokens),
                                                  jnp.asarray(lengths), jnp.asarray(slots))
         last = logits[jnp.arange(rows), jnp.asarray(lengths) - 1]
@@ -164,6 +166,7 @@ class Engine:
                                            sampling.row_keys(jnp.asarray([p.seed for p in params]),
                                                              jnp.zeros(rows, jnp.int32))))
         now = time.perf_counter() - t0
+        self.visits.append(("prefill", 1, time.perf_counter() - start))
         for r, (i, s) in enumerate(zip(admit, free)):
             lv = _Live(i, reqs[i], [int(first[r])], now)
             live[s] = lv
@@ -198,9 +201,11 @@ class Engine:
 
     def _decode_visit(self, live, done, t0):
         st, sp = self._device_state(live)
+        start = time.perf_counter()
         self.cache, out = self._decode_loop(self.runner.params, self.cache, st, sp)
         out = np.asarray(out)                                      # [S, steps], -1 = none
         now = time.perf_counter() - t0
+        self.visits.append(("decode", int((out >= 0).any(0).sum()), time.perf_counter() - start))
         for s in list(live):
             lv = live[s]
             lv.tokens += [int(t) for t in out[s] if t >= 0]
@@ -211,10 +216,12 @@ class Engine:
         drafts = np.zeros((self.S, self.K), np.int32)
         for s, lv in live.items():
             drafts[s] = ngram_drafts(list(lv.req.prompt) + lv.tokens, self.K)
+        start = time.perf_counter()
         self.cache, emitted, n_acc = self._spec_step(self.runner.params, self.cache, st, sp,
                                                      jnp.asarray(drafts))
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
         now = time.perf_counter() - t0
+        self.visits.append(("verify", 1, time.perf_counter() - start))
         for s in list(live):
             lv = live[s]
             lv.tokens += [int(t) for t in emitted[s, :n_acc[s]]]
