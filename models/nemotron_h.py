@@ -215,14 +215,21 @@ class Block(nnx.Module):
 
 
 class MTPHead(nnx.Module):
-    """Multi-token-prediction head (`mtp.layers.*`): x = eh_proj([enorm(embed(t+1)) |
-    hnorm(h_t)]), then the MTP blocks (attention without positions / MoE / MLP) with residuals,
-    then final_layernorm; logits through the target's lm_head. h_t is the target's hidden state
-    after its final norm; drafting K tokens applies the head K times on its own output."""
+    """Multi-token-prediction head (`mtp.layers.*`, models.md A4 / vLLM nemotron_h_mtp.py):
+    x = eh_proj([enorm(embed(t+1)) | hnorm(h_t)]) (embedding first; plain-weight RMSNorms), then
+    the MTP blocks of `mtp_layer_kinds` (e.g. "*E": attention without positions, own KV cache;
+    MoE), each x = x + mixer(norm(x)), then final_layernorm; logits through the target's
+    lm_head (no own embedding / head). h_t is the target's hidden state after its final norm;
+    drafting K tokens applies the same depth-1 head K times on its own output.
+    Checkpoint names: enorm / hnorm / eh_proj sit on `mtp.layers.0`, final_layernorm on the last
+    MTP layer (see `models.weights.load_nemotron_h`)."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         if "mamba" in cfg.mtp_layer_kinds:
             raise ValueError("Mamba layers inside the MTP head are not supported")
+        if cfg.num_mtp_layers != 1:     # vLLM asserts the same (nemotron_h_mtp.py)
+            raise ValueError(f"only one MTP depth is supported (num_nextn_predict_layers = 1), "
+                             f"got {cfg.num_mtp_layers}")
         D, eps = cfg.hidden_size, cfg.layer_norm_epsilon
         self.enorm, self.hnorm = RMSNorm(D, eps), RMSNorm(D, eps)
         self.eh_proj = Linear(2 * D, D, dtype=dtype)

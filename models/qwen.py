@@ -9,6 +9,7 @@ SwiGLU MLP). Layer, q/k and final norms are zero-centred (x (1 + w)); the GDN ou
     logits, cache = model.prefill(cache, tokens, lengths, slots)          # new requests
     logits, cache = model.decode(cache, tokens, slots, mode="replay")      # one token per row
     (verify / commit for speculative windows: see models.hybrid.HybridLM)
+    logits, hidden, cache = model.draft(cache, hidden, next_tokens, slots, starts)  # mtp=True
 
 GDN projections are stored in the flat Qwen3.5 order, fused into one `in_proj` with output columns
 [q (Hk dk) | k (Hk dk) | v (Hv dv) | z (Hv dv) | b (Hv) | a (Hv)]; `models.weights.load_qwen_hybrid`
@@ -224,10 +225,59 @@ class Block(nnx.Module):
                                                                  cfg.intermediate_size, dtype)
 
 
-class QwenHybrid(HybridLM):
+def num_mtp_layers(cfg: QwenHybridConfig) -> int:
+    """MTP layers of a model built with mtp=True: the config's count, or 1 when it declares none
+    (vLLM reads `num_nextn_predict_layers` / `mtp_num_hidden_layers` with default 1; our config
+    parser cannot tell an absent field from 0)."""
+    return cfg.num_mtp_layers or 1
+
+
+class MTPHead(nnx.Module):
+    """Multi-token-prediction head (`mtp.*`, models.md B4 / vLLM Qwen3NextMultiTokenPredictor,
+    Qwen3_5MultiTokenPredictor):
+
+        x = fc([pre_fc_norm_embedding(embed(t+1)) | pre_fc_norm_hidden(h_t)])   # embedding first
+        x = x + Attn(input_layernorm(x), positions)       # full gated attention, RoPE, own KV
+        x = x + FFN(post_attention_layernorm(x))           # MoE (Qwen3-Next, 3.5-MoE) / SwiGLU
+        out = norm(x)                                      # logits: the target's lm_head
+
+    All four norms (pre_fc_norm_embedding, pre_fc_norm_hidden, the layer's two, mtp.norm) and the
+    q/k norms are zero-centred (x (1 + w)). h_t is the target's hidden state after its final norm.
+    The embedding and the LM head are the target's. With n MTP layers, draft step k uses layer
+    k % n (vLLM `spec_step_idx % num_mtp_layers`; n = 1 in every known checkpoint)."""
+
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
+        D, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.pre_fc_norm_embedding = RMSNorm(D, eps, zero_centered=True)
+        self.pre_fc_norm_hidden = RMSNorm(D, eps, zero_centered=True)
+        self.fc = Linear(2 * D, D, dtype=dtype)
+        self.layers = nnx.List([Block(cfg, "attention", cfg.mtp_ffn_kind, dtype)
+                                for _ in range(num_mtp_layers(cfg))])
+        self.norm = RMSNorm(D, eps, zero_centered=True)
+
+    def __call__(self, embeddings, hidden, next_tokens, caches, slots, starts, step=0):
+        """hidden [b, T, D] (target, final-normed); next_tokens [b, T]; caches: one KVCache per
+        MTP layer; starts [b] = positions already in the MTP cache (token t sits at RoPE position
+        starts + t). Returns the head's output hidden [b, T, D] (after mtp.norm) and the caches."""
+        e = self.pre_fc_norm_embedding(jnp.take(embeddings, next_tokens, axis=0))
+        x = self.fc(jnp.concatenate([e, self.pre_fc_norm_hidden(hidden).astype(e.dtype)], -1))
+        i = step % len(self.layers)
+        layer = self.layers[i]
+        out, kv = layer.mixer(layer.input_layernorm(x), caches[i], slots, starts)
+        x = x + out.astype(x.dtype)
+        x = x + layer.mlp(layer.post_attention_layernorm(x)).astype(x.dtype)
+        return self.norm(x), caches[:i] + (kv,) + caches[i + 1:]
+
+
+class QwenHybrid(HybridLM):
+    def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32, *, mtp: bool = False):
+        """`mtp=True` builds the MTP head (checkpoints that ship `mtp.*` tensors; HF-saved ones
+        have none, so it is off by default)."""
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        if mtp and cfg.mtp_use_dedicated_embeddings:
+            raise ValueError("mtp_use_dedicated_embeddings = true is not supported (the MTP head "
+                             "shares the target's embedding)")
         self.cfg = cfg
         self.embed_tokens = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.layers = nnx.List([Block(cfg, k, f, dtype)
@@ -235,6 +285,32 @@ class QwenHybrid(HybridLM):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype))
+        self.mtp = MTPHead(cfg, dtype) if mtp else None
+
+    def draft(self, cache: ModelCache, hidden, next_tokens, slots, starts, *, step: int = 0):
+        """One MTP step: logits [b, T, V] fp32 for the token after `next_tokens`, the head's
+        hidden [b, T, D] (feed it back to draft further) and the cache (MTP KV written at
+        positions starts..starts+T-1).
+
+        RoPE positions are the MTP cache positions starts + t. vLLM gives the drafter the target
+        positions of the hidden states it consumes (models.md B4: input_ids[i] = target_ids[i+1]
+        at target position i, +1 per further draft step); keeping the MTP cache aligned with
+        the target (MTP entry j <-> the target's hidden at position j, next token j+1) makes the
+        two identical. `step` (static) picks MTP layer step % n."""
+        if self.mtp is None:
+            raise ValueError("this model was built without an MTP head")
+        h, mtp_caches = self.mtp(self.embed_tokens[...], hidden, next_tokens, cache.mtp, slots,
+                                 starts, step)
+        return self._logits(h), h, cache.replace(mtp=mtp_caches)
+
+    def _logits(self, x):
+        if self.lm_head is None:
+            emb = self.embed_tokens[...]
+            logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,
+                                precision=_HI if emb.dtype == jnp.float32 else None)
+        else:
+            logits = self.lm_head(x)
+        return logits.astype(jnp.float32)
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
@@ -256,8 +332,13 @@ class QwenHybrid(HybridLM):
             else:
                 layers.append(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
                                             kv_dtype))
+        mtp = ()
+        if self.mtp is not None:
+            mtp = tuple(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
+                                      kv_dtype) for _ in self.mtp.layers)
         return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
-                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers))
+                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers),
+                          mtp=mtp)
 
     # ---------------------------------------------------------------- forward
     def _run(self, tokens, cache: ModelCache, mixer_fn):
@@ -269,10 +350,4 @@ class QwenHybrid(HybridLM):
             h = h + layer.mlp(layer.post_attention_layernorm(h)).astype(h.dtype)
             new_layers.append(lc)
         x = self.norm(h)
-        if self.lm_head is None:
-            emb = self.embed_tokens[...]
-            logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,
-                                precision=_HI if emb.dtype == jnp.float32 else None)
-        else:
-            logits = self.lm_head(x)
-        return logits.astype(jnp.float32), x, tuple(new_layers)
+        return self._logits(x), x, tuple(new_layers)
