@@ -1,38 +1,36 @@
-"""The `replayjax` command line."""
+"""The `replayjax` command line: each subcommand is a module with its own `main(argv)`."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-DESCRIPTION = """\
-Decode hybrid SSM/attention models (Nemotron-H, Qwen3-Next, Qwen3.5) in JAX with ReplaySSM.
+COMMANDS = {
+    "generate": ("replayjax.generate_cli", "generate from prompts (batch, sampling, speculation)"),
+    "convert": ("convert.cli", "Hugging Face safetensors -> orbax checkpoint, streaming"),
+    "bench": ("replayjax.e2e_bench", "A/B: standard vs ReplaySSM (and speculation) on the same "
+                                     "requests"),
+    "bench kernels": ("replayjax.kernel_bench", "standard vs ReplaySSM decode kernels (GPU)"),
+    "bench verify": ("replayjax.verify_bench", "speculative verify vs state-per-draft (GPU)"),
+    "profile": ("replayjax.profile_cli", "jax.profiler trace of decode steps + kernel table"),
+}
 
-Available now:
-  bench kernels   standard vs ReplaySSM decode kernels on a GPU (per layer-step, amortised)
-
-Planned (not in this release): generate, convert, bench (end-to-end A/B), profile.
-"""
+USAGE = "usage: replayjax COMMAND [options]   (replayjax COMMAND --help for each)\n\n" + \
+    "Decode hybrid SSM/attention models (Nemotron-H, Qwen3-Next, Qwen3.5) in JAX with " \
+    "ReplaySSM.\n\ncommands:\n" + "".join(f"  {name:<15} {text}\n"
+                                            for name, (_, text) in COMMANDS.items())
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="replayjax", description=DESCRIPTION,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="what", metavar="WHAT")
-    bench_sub.add_parser("kernels", help="kernel benchmark (GPU); see --help", add_help=False)
-    args, rest = ap.parse_known_args(argv)
-    if args.command == "bench" and args.what == "kernels":
-        from replayjax import kernel_bench
-        return kernel_bench.main(rest)
-    if args.command == "bench":
-        bench.print_help()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]
+    if name not in COMMANDS:
+        print(f"replayjax: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    ap.print_help()
-    return 0 if args.command is None else 2
+    module = __import__(COMMANDS[name][0], fromlist=["main"])
+    return module.main(argv[len(name.split()):])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def test_cli_lists_subcommands(capsys):
     from replayjax import cli
     assert cli.main([]) == 0
     out = capsys.readouterr().out
-    assert "bench kernels" in out and "generate" in out
+    assert all(c in out for c in ("generate", "convert", "bench kernels", "bench verify", "profile"))
+    assert cli.main(["nonsense"]) == 2
 
 
 @pytest.fixture
