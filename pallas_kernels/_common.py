@@ -61,6 +61,16 @@ def pick_block(name: str, dim_name: str, dim: int, block: int | None, cap: int,
     return block
 
 
+def use_fold_dot(fold: str, window: int, **tiles) -> bool:
+    """Resolves a kernel's `fold` option: "dot" (tensor cores; needs L and the tiles >= 16),
+    "fma" (rank-1 updates) or "auto" (dot where it can)."""
+    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    dot_ok = min(window, *tiles.values()) >= 16
+    names = ", ".join(f"{k} = {v}" for k, v in tiles.items())
+    check(fold != "dot" or dot_ok, f"fold='dot' needs L and the tiles >= 16 (L = {window}, {names})")
+    return fold == "dot" or (fold == "auto" and dot_ok)
+
+
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -95,6 +105,24 @@ def verify_folds(count, window_len: int, window: int):
     the committed entries plus the window would fill the ring. The fold takes the committed ring
     entries plus the window's first token, which is always accepted (it was sampled last step)."""
     return count + window_len >= window
+
+
+def write_window_rings(rings, values, counts, slots, window: int):
+    """Writes a verify window into ring tensors (uncommitted): at count..count+T-1, or window[1:]
+    at 0..T-2 for rows that fold (window[0] went into the checkpoint). rings: arrays
+    [S, heads, L, ...]; values: matching [b, T, heads, ...]. Returns the new rings."""
+    S, T = rings[0].shape[0], values[0].shape[1]
+    count = counts[slots]
+    idx = row_index(slots, slots != NULL_SLOT, S)
+    fold = verify_folds(count, T, window)
+    rings = list(rings)
+    for s in range(T):
+        pos = jnp.where(fold, s - 1, count + s)
+        i = jnp.where((pos >= 0) & (pos < window), idx, S)
+        p = jnp.clip(pos, 0, window - 1)
+        rings = [r.at[i, :, p].set(v[:, s].astype(r.dtype), mode="drop")
+                 for r, v in zip(rings, values)]
+    return tuple(rings)
 
 
 def commit_counts(counts, slots, n_accepted, window_len: int, window: int):

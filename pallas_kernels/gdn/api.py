@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
                                     check_dtype, check_shape, commit_counts, is_pow2, pick_block,
-                                    resolve_impl, resolve_interpret)
+                                    resolve_impl, resolve_interpret, use_fold_dot)
 from pallas_kernels.gdn import kernels, reference
 from pallas_kernels.gdn.reference import GDNBuffers, gates, init_gdn_buffers, prepare_qk
 
@@ -110,14 +110,10 @@ def replay_decode(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
     bv_cap, bk_cap, warps = REPLAY_TILING
     block_v = pick_block("block_v", "value dim V", V, block_v, bv_cap, 4)
     block_k = pick_block("block_k", "key dim K", K, block_k, bk_cap)
-    dot_ok = min(buffers.window, block_v, block_k) >= 16
-    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
-    check(fold != "dot" or dot_ok,
-          f"fold='dot' needs L, block_v and block_k >= 16 (got {buffers.window}, {block_v}, "
-          f"{block_k})")
+    fold_dot = use_fold_dot(fold, buffers.window, block_v=block_v, block_k=block_k)
     return kernels.replay_decode_pallas(
         buffers, counts, q, k, v, g, beta, slots, block_v=block_v, block_k=block_k,
-        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps,
+        fold_dot=fold_dot, num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
 
 
@@ -152,13 +148,12 @@ def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
     bv_cap, bk_cap, warps = REPLAY_TILING
     block_v = pick_block("block_v", "value dim V", V, block_v, bv_cap, 4)
     block_k = pick_block("block_k", "key dim K", K, block_k, bk_cap)
-    dot_ok = min(L, block_v, block_k) >= 16
-    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    fold_dot = use_fold_dot(fold, L, block_v=block_v, block_k=block_k)
     Tp = 1 << (T - 1).bit_length()
     pad = lambda t: jnp.pad(t, [(0, 0), (0, Tp - T)] + [(0, 0)] * (t.ndim - 2))
     o, d, ck = kernels.replay_verify_pallas(
         buffers, counts, *(pad(t) for t in (q, k, v, g, beta)), slots, num_tokens=T,
-        block_v=block_v, block_k=block_k, fold_dot=(fold == "dot") or (fold == "auto" and dot_ok),
+        block_v=block_v, block_k=block_k, fold_dot=fold_dot,
         num_warps=num_warps or warps, num_stages=num_stages,
         interpret=resolve_interpret(interpret))
     out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, k, d[:, :T], g)

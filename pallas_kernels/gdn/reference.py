@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT, row_index, verify_folds
+from pallas_kernels._common import NULL_SLOT, row_index, verify_folds, write_window_rings
 
 _HI = lax.Precision.HIGHEST
 QK_NORM_EPS = 1e-6
@@ -220,22 +220,11 @@ def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots):
 
 
 def write_window(buffers: GDNBuffers, counts, slots, k, d, g):
-    """Writes a verify window's (k, d, g) into the ring (uncommitted): at count..count+T-1, or
-    window[1:] at 0..T-2 for rows that fold. k [b, T, Hk, K]; d [b, T, Hv, V]; g [b, T, Hv]."""
-    S, L, T = buffers.checkpoint.shape[0], buffers.window, d.shape[1]
-    count = counts[slots]
-    idx = row_index(slots, slots != NULL_SLOT, S)
-    fold = verify_folds(count, T, L)
-    out = buffers
-    for s in range(T):
-        pos = jnp.where(fold, s - 1, count + s)
-        ok = (pos >= 0) & (pos < L)
-        i, p = jnp.where(ok, idx, S), jnp.clip(pos, 0, L - 1)
-        out = out._replace(
-            ring_k=out.ring_k.at[i, :, p, :].set(k[:, s].astype(out.ring_k.dtype), mode="drop"),
-            ring_d=out.ring_d.at[i, :, p, :].set(d[:, s].astype(out.ring_d.dtype), mode="drop"),
-            ring_g=out.ring_g.at[i, :, p].set(g[:, s].astype(jnp.float32), mode="drop"))
-    return out
+    """Writes a verify window's (k [b, T, Hk, K], d [b, T, Hv, V], g [b, T, Hv]) into the rings,
+    uncommitted (see `pallas_kernels._common.write_window_rings`)."""
+    rk, rd, rg = write_window_rings((buffers.ring_k, buffers.ring_d, buffers.ring_g),
+                                    (k, d, g.astype(jnp.float32)), counts, slots, buffers.window)
+    return buffers._replace(ring_k=rk, ring_d=rd, ring_g=rg)
 
 
 def standard_verify(state, q, k, v, g, beta, slots, draft_slots):

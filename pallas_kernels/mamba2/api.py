@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
                                     check_dtype, check_shape, commit_counts, is_pow2, pick_block,
-                                    resolve_impl, resolve_interpret)
+                                    resolve_impl, resolve_interpret, use_fold_dot)
 from pallas_kernels.mamba2 import kernels, reference
 from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
 
@@ -121,14 +121,11 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     bp_cap, bn_cap, warps = REPLAY_TILING
     block_p = pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P)
     block_n = pick_block("block_n", "d_state N", N, block_n, bn_cap)
-    dot_ok = min(buffers.window, block_p, block_n) >= 16
-    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
-    check(fold != "dot" or dot_ok,
-          f"fold='dot' needs L, block_p and block_n >= 16 (got {buffers.window}, {block_p}, "
-          f"{block_n})")
+    fold_dot = use_fold_dot(fold, buffers.window, block_p=block_p, block_n=block_n)
     return kernels.replay_decode_pallas(
         buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
-        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps, num_stages=num_stages, interpret=resolve_interpret(interpret))
+        fold_dot=fold_dot, num_warps=num_warps or warps, num_stages=num_stages,
+        interpret=resolve_interpret(interpret))
 
 
 def _check_window_inputs(x, B, C, dt, A, D, slots, state):
@@ -169,13 +166,12 @@ def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     bp_cap, bn_cap, warps = REPLAY_TILING
     block_p = pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P)
     block_n = pick_block("block_n", "d_state N", N, block_n, bn_cap)
-    dot_ok = min(L, block_p, block_n) >= 16
-    check(fold in ("auto", "dot", "fma"), f"fold must be 'auto', 'dot' or 'fma', got {fold!r}")
+    fold_dot = use_fold_dot(fold, L, block_p=block_p, block_n=block_n)
     Tp = 1 << (T - 1).bit_length()
     y, ck = kernels.replay_verify_pallas(
         buffers, counts, *(_pad_window(t, Tp) for t in (x, B, C, dt)), A, D, slots,
         num_tokens=T, block_p=block_p, block_n=block_n,
-        fold_dot=(fold == "dot") or (fold == "auto" and dot_ok), num_warps=num_warps or warps,
+        fold_dot=fold_dot, num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
     out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
     return y[:, :T], out

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT, row_index as _row_index, verify_folds
+from pallas_kernels._common import (NULL_SLOT, row_index as _row_index, verify_folds,
+                                    write_window_rings)
 
 _HI = lax.Precision.HIGHEST
 
@@ -195,22 +196,12 @@ def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots):
 
 
 def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt):
-    """Writes a verify window into the ring (uncommitted): at count..count+T-1, or window[1:] at
-    0..T-2 for rows that fold (window[0] went into the checkpoint). x [b, T, H, P] etc."""
-    S, L, T = buffers.checkpoint.shape[0], buffers.window, x.shape[1]
-    count = counts[slots]
-    idx = _row_index(slots, slots != NULL_SLOT, S)
-    fold = verify_folds(count, T, L)
-    out = buffers
-    for s in range(T):
-        pos = jnp.where(fold, s - 1, count + s)
-        ok = (pos >= 0) & (pos < L)
-        i, p = jnp.where(ok, idx, S), jnp.clip(pos, 0, L - 1)
-        out = out._replace(
-            ring_x=out.ring_x.at[i, :, p, :].set(x[:, s].astype(out.ring_x.dtype), mode="drop"),
-            ring_b=out.ring_b.at[i, :, p, :].set(B[:, s].astype(out.ring_b.dtype), mode="drop"),
-            ring_dt=out.ring_dt.at[i, :, p].set(dt[:, s].astype(jnp.float32), mode="drop"))
-    return out
+    """Writes a verify window (x [b, T, H, P], B [b, T, G, N], dt [b, T, H]) into the rings,
+    uncommitted (see `pallas_kernels._common.write_window_rings`)."""
+    rx, rb, rdt = write_window_rings((buffers.ring_x, buffers.ring_b, buffers.ring_dt),
+                                     (x, B, dt.astype(jnp.float32)), counts, slots,
+                                     buffers.window)
+    return buffers._replace(ring_x=rx, ring_b=rb, ring_dt=rdt)
 
 
 def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots):

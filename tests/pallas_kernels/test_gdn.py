@@ -264,7 +264,7 @@ def test_bad_tiles_are_named():
         gdn.standard_decode(state, q, k, v, g, beta, args["slots"], impl="pallas")
     with pytest.raises(ValueError, match=r"block_v = 32 must be a power of two dividing value dim"):
         gdn.replay_decode(**args, impl="pallas", block_v=32)
-    with pytest.raises(ValueError, match=r"fold='dot' needs"):
+    with pytest.raises(ValueError, match=r"fold=.dot. needs L and the tiles >= 16"):
         gdn.replay_decode(**args, impl="pallas", block_k=8, fold="dot")
 
 
