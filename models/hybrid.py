@@ -7,6 +7,7 @@ mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
 
     logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
+    logits, hidden, cache = model.prefill_hidden(...)                      # + hidden, for MTP
     logits, cache         = model.decode(cache, tokens, slots, mode=...)   # one token per row
     logits, hidden, cache = model.verify(cache, tokens, slots)             # T-token window
     cache                 = model.commit(cache, slots, n_accepted, T)      # accept n, roll back rest
@@ -76,6 +77,12 @@ class HybridLM(nnx.Module):
         """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
         afresh (any earlier content is discarded). Returns logits [b, T, V] fp32 (positions past
         a prompt are meaningless) and the cache."""
+        logits, _, cache = self.prefill_hidden(cache, tokens, lengths, slots)
+        return logits, cache
+
+    def prefill_hidden(self, cache: ModelCache, tokens, lengths, slots):
+        """`prefill` that also returns the final-norm hidden states [b, T, D] (what an MTP head
+        drafts from): (logits, hidden, cache)."""
         zeros = jnp.zeros_like(slots)
 
         def mixer(layer, x, lc):
@@ -83,11 +90,11 @@ class HybridLM(nnx.Module):
                 return layer.mixer.prefill(x, lengths, lc, slots)
             return layer.mixer(x, lc, slots, zeros)
 
-        logits, _, layers = self._run(tokens, cache, mixer)
+        logits, hidden, layers = self._run(tokens, cache, mixer)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        return logits, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
-                                     lengths=cache.lengths.at[i].set(lengths, mode="drop"),
-                                     layers=layers)
+        return logits, hidden, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
+                                             lengths=cache.lengths.at[i].set(lengths, mode="drop"),
+                                             layers=layers)
 
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits

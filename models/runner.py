@@ -25,6 +25,14 @@ class Runner:
     def _prefill(self, params, cache, tokens, lengths, slots):
         return nnx.merge(self.graphdef, params).prefill(cache, tokens, lengths, slots)
 
+    @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+    def _prefill_hidden(self, params, cache, tokens, lengths, slots):
+        return nnx.merge(self.graphdef, params).prefill_hidden(cache, tokens, lengths, slots)
+
+    def prefill_hidden(self, cache, tokens, lengths, slots):
+        """As `prefill`, also returning the final-normed hidden states: logits, hidden, cache."""
+        return self._prefill_hidden(self.params, cache, tokens, lengths, slots)
+
     @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("mode", "impl"),
                        donate_argnums=(2,))
     def _decode(self, params, cache, tokens, slots, *, mode, impl):

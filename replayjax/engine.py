@@ -10,6 +10,10 @@ with the cache donated. Finished slots are freed and reused (prefill resets a sl
 With `num_draft > 0` the engine decodes speculatively: an n-gram drafter proposes K tokens from the
 request's own text, the model verifies T = K + 1 tokens in one step, `verify_drafts` accepts a
 prefix (greedy: exact match; sampling: rejection sampling), and `commit` rolls back the rest.
+With `drafter="mtp"` the drafts come from the model's MTP head instead, all on device: prefill
+seeds the head's KV cache with (hidden_j, token_{j+1}) over the prompt and chains K greedy drafts;
+every speculative step re-runs the head over the verify window's hidden states and emitted tokens
+(at the window's positions) and chains the next K drafts, returned for the next step.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Completion:
     completion_s: float             # submission to last token
     verify_steps: int = 0           # speculative steps this request took part in
     accepted_drafts: int = 0
+    drafts: list = dataclasses.field(default_factory=list)  # (cache length, drafts) per spec
+                                                            # step, with Engine.record_drafts
 
     @property
     def tpot_s(self):
@@ -88,7 +94,7 @@ def ngram_drafts(history: Sequence[int], k: int, max_n: int = 3) -> list:
 class Engine:
     def __init__(self, model, *, num_slots: int = 8, max_len: int = 1024, ssm_mode: str = "replay",
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
-                 num_draft: int = 0, impl: str = "auto"):
+                 num_draft: int = 0, impl: str = "auto", drafter: str = "ngram"):
         if ssm_mode not in ("replay", "standard"):
             raise ValueError(f"ssm_mode must be 'replay' or 'standard', got {ssm_mode!r}")
         if num_draft and ssm_mode != "replay":
@@ -96,6 +102,12 @@ class Engine:
         if not 0 <= num_draft <= min(7, window - 1):
             raise ValueError(f"num_draft = {num_draft} must be in [0, {min(7, window - 1)}] "
                              f"(window L = {window}, at most 8 verify tokens)")
+        if drafter not in ("ngram", "mtp"):
+            raise ValueError(f"drafter must be 'ngram' or 'mtp', got {drafter!r}")
+        if drafter == "mtp" and getattr(model, "mtp", None) is None:
+            raise ValueError("drafter='mtp' needs a model with an MTP head (build it with mtp=True "
+                             "and load its mtp.* weights)")
+        self.drafter = drafter
         self.runner = Runner(model)
         self.vocab = model.cfg.vocab_size
         self.S = num_slots + 1                        # + the null slot
@@ -108,6 +120,16 @@ class Engine:
                                     donate_argnums=(1,))
         self._spec_step = jax.jit(functools.partial(_spec_step, self.runner.graphdef, impl=impl),
                                   donate_argnums=(1,))
+        self._mtp = drafter == "mtp" and num_draft > 0
+        if self._mtp:
+            self._mtp_prefill = jax.jit(functools.partial(_mtp_prefill, self.runner.graphdef),
+                                        donate_argnums=(1,))
+            self._mtp_seed = jax.jit(functools.partial(_mtp_seed, self.runner.graphdef),
+                                     donate_argnums=(1,))
+            self._spec_step = jax.jit(functools.partial(_spec_step_mtp, self.runner.graphdef,
+                                                        impl=impl), donate_argnums=(1,))
+            self._drafts = jnp.zeros((self.S, num_draft), jnp.int32)   # next drafts per slot
+        self.record_drafts = False   # tests: keep (cache length, drafts) per spec step per request
         self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
 
     # ------------------------------------------------------------------ validation
@@ -158,13 +180,23 @@ class Engine:
             p = np.asarray(reqs[i].prompt, np.int32)
             tokens[r, :len(p)], lengths[r], slots[r] = p, len(p), s
         start = time.perf_counter()
-        logits, self.cache = self.runner.prefill(self.cache, jnp.asarray(tokens),
-                                                 jnp.asarray(lengths), jnp.asarray(slots))
+        if self._mtp:
+            logits, hidden, self.cache = self._mtp_prefill(
+                self.runner.params, self.cache, jnp.asarray(tokens), jnp.asarray(lengths),
+                jnp.asarray(slots))
+        else:
+            logits, self.cache = self.runner.prefill(self.cache, jnp.asarray(tokens),
+                                                     jnp.asarray(lengths), jnp.asarray(slots))
         last = logits[jnp.arange(rows), jnp.asarray(lengths) - 1]
         params = [reqs[i].sampling for i in admit] + [SamplingParams()] * (rows - len(admit))
-        first = np.asarray(sampling.sample(last, *_params(params),
-                                           sampling.row_keys(jnp.asarray([p.seed for p in params]),
-                                                             jnp.zeros(rows, jnp.int32))))
+        first = sampling.sample(last, *_params(params),
+                                sampling.row_keys(jnp.asarray([p.seed for p in params]),
+                                                  jnp.zeros(rows, jnp.int32)))
+        if self._mtp:
+            self.cache, self._drafts = self._mtp_seed(
+                self.runner.params, self.cache, hidden, jnp.asarray(tokens), jnp.asarray(lengths),
+                jnp.asarray(slots), first, self._drafts)
+        first = np.asarray(first)
         now = time.perf_counter() - t0
         self.visits.append(("prefill", 1, time.perf_counter() - start))
         for r, (i, s) in enumerate(zip(admit, free)):
@@ -179,7 +211,7 @@ class Engine:
             n = min(hit + 1 if hit is not None else len(lv.tokens), r.max_new_tokens)
             reason = "stop" if hit is not None and hit < r.max_new_tokens else "length"
             done[lv.index] = Completion(r.id, lv.tokens[:n], reason, lv.ttft, now,
-                                        lv.verify_steps, lv.accepted)
+                                        lv.verify_steps, lv.accepted, lv.drafts)
             del live[slot]
 
     def _device_state(self, live):
@@ -213,12 +245,24 @@ class Engine:
 
     def _spec_visit(self, live, done, t0):
         st, sp = self._device_state(live)
-        drafts = np.zeros((self.S, self.K), np.int32)
-        for s, lv in live.items():
-            drafts[s] = ngram_drafts(list(lv.req.prompt) + lv.tokens, self.K)
+        if self._mtp:
+            drafts = self._drafts
+        else:
+            drafts = np.zeros((self.S, self.K), np.int32)
+            for s, lv in live.items():
+                drafts[s] = ngram_drafts(list(lv.req.prompt) + lv.tokens, self.K)
+            drafts = jnp.asarray(drafts)
+        if self.record_drafts:
+            host = np.asarray(drafts)
+            for s, lv in live.items():
+                lv.drafts.append((len(lv.req.prompt) + len(lv.tokens) - 1, host[s].tolist()))
         start = time.perf_counter()
-        self.cache, emitted, n_acc = self._spec_step(self.runner.params, self.cache, st, sp,
-                                                     jnp.asarray(drafts))
+        if self._mtp:
+            self.cache, emitted, n_acc, self._drafts = self._spec_step(
+                self.runner.params, self.cache, st, sp, drafts)
+        else:
+            self.cache, emitted, n_acc = self._spec_step(self.runner.params, self.cache, st, sp,
+                                                         drafts)
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
         now = time.perf_counter() - t0
         self.visits.append(("verify", 1, time.perf_counter() - start))
@@ -238,6 +282,7 @@ class _Live:
     ttft: float
     verify_steps: int = 0
     accepted: int = 0
+    drafts: list = dataclasses.field(default_factory=list)
 
 
 def _params(params):
@@ -276,18 +321,82 @@ def _decode_loop(graphdef, params, cache, st, sp, *, mode, impl, n):
     return cache, out
 
 
-def _spec_step(graphdef, params, cache, st, sp, drafts, *, impl):
-    """One speculative step: verify [last, drafts] for every active slot, accept a prefix,
-    commit. Returns the cache, the emitted tokens [S, T] (accepted drafts then the new token) and
-    how many of them are valid [S]."""
-    model = nnx.merge(graphdef, params)
+def _verify_commit(model, cache, st, sp, drafts, impl):
+    """Verify [last, drafts] for every active slot, accept a prefix, commit. Returns the cache,
+    the emitted tokens [S, T] (accepted drafts then the new token), n_accepted [S], the verify
+    hidden states [S, T, D], the slots used and the window's start positions."""
     temp, top_k, top_p, seeds = sp
     S, K = drafts.shape
     slots = jnp.where(st["active"], jnp.arange(S, dtype=jnp.int32), NULL_SLOT)
+    starts = cache.lengths[slots]
     window = jnp.concatenate([st["last"][:, None], drafts], axis=1)
-    logits, _, cache = model.verify(cache, window, slots, impl=impl)
+    logits, hidden, cache = model.verify(cache, window, slots, impl=impl)
     n_acc, new = sampling.verify_drafts(logits, drafts, temp, top_k, top_p, seeds, st["gen_pos"])
     cache = model.commit(cache, slots, n_acc, K + 1)
     emitted = jnp.concatenate([drafts, jnp.zeros((S, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(S), n_acc - 1].set(new)
+    return cache, emitted, n_acc, hidden, slots, starts
+
+
+def _spec_step(graphdef, params, cache, st, sp, drafts, *, impl):
+    """One speculative step with host-made drafts. Returns the cache, the emitted tokens [S, T]
+    and how many of them are valid [S]."""
+    cache, emitted, n_acc, *_ = _verify_commit(nnx.merge(graphdef, params), cache, st, sp,
+                                               drafts, impl)
     return cache, emitted, jnp.where(st["active"], n_acc, 0)
+
+
+# ---------------------------------------------------------------------- MTP drafter (on device)
+
+def _mtp_prefill(graphdef, params, cache, tokens, lengths, slots):
+    """Prefill that keeps the final-normed hidden states for the MTP head."""
+    return nnx.merge(graphdef, params).prefill_hidden(cache, tokens, lengths, slots)
+
+
+def _mtp_chain(model, cache, hidden, next_tokens, slots, starts, idx, K):
+    """Runs the MTP head over (hidden[:, t], next_tokens[:, t]) at positions starts + t (writing its
+    KV there), takes its output at index idx [b] as the source of the first draft, then chains
+    K - 1 single-token steps (the head's own hidden and argmax draft fed back) at positions
+    starts + idx + 1, ... Returns the greedy drafts [b, K] and the cache."""
+    def draft(cache, h, tok, pos, k):
+        return model.draft(cache, h, tok, slots, pos, step=k)
+
+    rows = jnp.arange(hidden.shape[0])
+    logits, h, cache = draft(cache, hidden, next_tokens, starts, 0)
+    d = jnp.argmax(logits[rows, idx], axis=-1).astype(jnp.int32)
+    h = h[rows, idx][:, None]
+    out, pos = [d], starts + idx + 1
+    for k in range(1, K):
+        logits, h, cache = draft(cache, h, d[:, None], pos, k)
+        d = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        out.append(d)
+        pos = pos + 1
+    return jnp.stack(out, axis=1), cache
+
+
+def _mtp_seed(graphdef, params, cache, hidden, tokens, lengths, slots, first, drafts):
+    """After prefill: the MTP cache gets (hidden_j, prompt_{j+1}) for j < n-1 and (hidden_{n-1},
+    first token) at n-1 (positions past that are scratch); the first K drafts of each admitted
+    slot go into `drafts` [S, K]."""
+    model = nnx.merge(graphdef, params)
+    rows = jnp.arange(tokens.shape[0])
+    nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    nxt = nxt.at[rows, lengths - 1].set(first)
+    new, cache = _mtp_chain(model, cache, hidden, nxt, slots, jnp.zeros_like(slots), lengths - 1,
+                            drafts.shape[1])
+    i = jnp.where(slots != NULL_SLOT, slots, drafts.shape[0])
+    return cache, drafts.at[i].set(new, mode="drop")
+
+
+def _spec_step_mtp(graphdef, params, cache, st, sp, drafts, *, impl):
+    """`_spec_step` with the MTP drafter: after verify + commit the head runs over the window's
+    hidden states and emitted tokens at the window's positions p.. (entries past n_acc - 1 are
+    scratch, overwritten later) and chains the next K drafts from index n_acc - 1. Returns the
+    cache, emitted tokens [S, T], n_acc [S] and the next drafts [S, K]."""
+    model = nnx.merge(graphdef, params)
+    cache, emitted, n_acc, hidden, slots, starts = _verify_commit(model, cache, st, sp, drafts,
+                                                                  impl)
+    nxt, cache = _mtp_chain(model, cache, hidden, emitted, slots, starts, n_acc - 1,
+                            drafts.shape[1])
+    nxt = jnp.where(st["active"][:, None], nxt, drafts)
+    return cache, emitted, jnp.where(st["active"], n_acc, 0), nxt

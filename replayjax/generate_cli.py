@@ -33,7 +33,7 @@ def build_parser():
     ap.add_argument("--stop-ids", type=_ids, default=[])
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay")
     ap.add_argument("--window", type=int, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--speculative", default="none", help="none | ngram")
+    ap.add_argument("--speculative", default="none", help="none | ngram | mtp (needs MTP weights)")
     ap.add_argument("--num-draft", type=int, default=3)
     ap.add_argument("--num-slots", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=2048)
@@ -58,9 +58,9 @@ def main(argv=None):
     from replayjax.engine import Engine, Request, RequestError, SamplingParams
     from replayjax.loading import ModelDirError, load_model
 
-    if args.speculative not in ("none", "ngram"):
+    if args.speculative not in ("none", "ngram", "mtp"):
         sys.exit(f"replayjax generate: --speculative {args.speculative!r} is not available "
-                 "(this release has: none, ngram)")
+                 "(this release has: none, ngram, mtp)")
     tok = _tokenizer(args.model) if args.prompt else None
     prompts = [tok.encode(p).ids for p in args.prompt] if tok else []
     prompts += args.prompt_ids
@@ -71,7 +71,8 @@ def main(argv=None):
         t0 = time.perf_counter()
         engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
                         ssm_mode=args.ssm_mode, window=args.window,
-                        num_draft=args.num_draft if args.speculative == "ngram" else 0)
+                        num_draft=0 if args.speculative == "none" else args.num_draft,
+                        drafter="mtp" if args.speculative == "mtp" else "ngram")
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,
                                            stop_ids=tuple(args.stop_ids), sampling=sp, id=i)

@@ -30,9 +30,13 @@ def load_model(path: str):
     if hf:
         from models import weights
         cfg = load_config(path)
-        model = model_class(cfg)(cfg)
+        tensors = weights.read_safetensors(path)
+        # build the MTP head when the checkpoint ships one (HF-saved checkpoints never do)
+        mtp = any(k.startswith("mtp.") for k in tensors) and (
+            cfg.family != "nemotron_h" or cfg.num_mtp_layers > 0)
+        model = model_class(cfg)(cfg, mtp=mtp)
         loader = weights.load_nemotron_h if cfg.family == "nemotron_h" else weights.load_qwen_hybrid
-        return loader(model, weights.read_safetensors(path))
+        return loader(model, tensors)
     try:
         import convert
         return convert.load(path)[1]

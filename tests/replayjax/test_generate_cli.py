@@ -21,8 +21,10 @@ def test_generate_json_matches_hf_greedy(capsys):
     (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1,999"], "out of the vocabulary"),
     (["--model", "tests/fixtures/hf/nemotron_h"], "at least one --prompt"),
     (["--model", "tests/fixtures/hf/nemotron_h", "--prompt", "hi"], "tokenizer.json"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "mtp"],
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "draft"],
      "not available"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "mtp"],
+     "needs a model with an MTP head"),
 ])
 def test_generate_errors(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:

@@ -1,0 +1,154 @@
+"""The engine's MTP drafter on the tiny HF fixtures (CPU) with random `mtp.*` weights loaded
+through the loaders (tests/models/test_mtp.py): greedy speculative decoding with MTP drafts gives
+HF's greedy tokens and the plain engine's, under continuous batching (more requests than slots),
+K = 1 and 3; the drafts the engine proposes at every step equal drafts recomputed from scratch
+(the MTP head run over the whole (hidden_j, token_{j+1}) history, then chained); a model without
+an MTP head is refused. Random heads rarely guess right, so a second model is made where the
+head is exact: every block's weights are zeroed (the target becomes a bigram model, hidden =
+final_norm(embed(token))) and the head maps (h_j, t_{j+1}) to final_norm(embed(t_{j+1})), so
+every draft is accepted."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from replayjax.engine import Engine, Request, SamplingParams
+from tests.models import test_mtp, test_nemotron_h, test_qwen
+
+FAMILY = {"nemotron_h": "nemotron_h", "qwen3_next": "qwen"}
+
+
+@pytest.fixture(scope="module", params=["nemotron_h", "qwen3_next"])
+def fixture(request):
+    model = test_mtp._setup(FAMILY[request.param], request.param)[1]
+    mod = test_qwen if request.param.startswith("qwen") else test_nemotron_h
+    plain, ref = mod._load(request.param)
+    prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
+    return model, plain.model, prompts, ref["greedy_tokens"]
+
+
+_JITTED = {}
+
+
+def _reference_fns(model, max_len=128):
+    """Jitted (model closed over) whole-sequence MTP pass and single chain step, per model."""
+    if id(model) not in _JITTED:
+        slots = jnp.asarray([1], jnp.int32)
+
+        def full(seq, n):                          # seq [1, max_len] right-padded, n [1]
+            cache = model.init_cache(2, max_len)
+            _, hidden, cache = model.prefill_hidden(cache, seq, n, slots)
+            nxt = jnp.concatenate([seq[:, 1:], jnp.zeros_like(seq[:, :1])], axis=1)
+            return model.draft(cache, hidden, nxt, slots, jnp.zeros((1,), jnp.int32))
+
+        def step(cache, h, d, pos):
+            return model.draft(cache, h, d, slots, pos)
+
+        _JITTED[id(model)] = (model, jax.jit(full), jax.jit(step))
+    return _JITTED[id(model)][1:]
+
+
+def _reference_drafts(model, seq, steps, K, max_len=128):
+    """Drafts from scratch: target hidden states of the whole sequence, the MTP head over
+    (hidden_j, seq_{j+1}) at positions 0.. from an empty cache, then for a step at cache length p
+    the chain from the head's output at p - 1 (positions >= p are overwritten by the chain)."""
+    full, step = _reference_fns(model, max_len)
+    padded = np.zeros((1, max_len), np.int32)
+    padded[0, :len(seq)] = seq
+    logits, h, base = full(jnp.asarray(padded), jnp.asarray([len(seq)], jnp.int32))
+    first = np.asarray(jnp.argmax(logits[0], axis=-1))
+    out = []
+    for p in steps:
+        d = int(first[p - 1])
+        hh, c, ds = h[:, p - 1:p], base, [d]
+        for k in range(1, K):
+            lg, hh, c = step(c, hh, jnp.asarray([[d]], jnp.int32),
+                             jnp.asarray([p + k - 1], jnp.int32))
+            d = int(jnp.argmax(lg[0, 0]))
+            ds.append(d)
+        out.append(ds)
+    return out
+
+
+def _bigram_with_exact_head(family, variant):
+    model = test_mtp._setup(family, variant)[1]
+    for tree in (model.layers, model.mtp.layers):
+        for _, v in nnx.iter_graph(tree):
+            if isinstance(v, nnx.Param):
+                v[...] = jnp.zeros_like(v[...])
+    D = model.cfg.hidden_size
+    head, final = model.mtp, model.norm_f if family == "nemotron_h" else model.norm
+    proj, enorm, out = ((head.eh_proj, head.enorm, head.final_layernorm) if family == "nemotron_h"
+                        else (head.fc, head.pre_fc_norm_embedding, head.norm))
+    proj.kernel[...] = jnp.concatenate([jnp.eye(D), jnp.zeros((D, D))]).astype(proj.kernel.dtype)
+    if proj.bias is not None:
+        proj.bias[...] = jnp.zeros_like(proj.bias[...])
+    unit = jnp.zeros_like if enorm.zero_centered else jnp.ones_like     # weight giving x 1
+    enorm.weight[...] = unit(enorm.weight[...])
+    out.weight[...] = final.weight[...]
+    return model
+
+
+@pytest.mark.parametrize("variant", ["nemotron_h", "qwen3_next"])
+def test_exact_head_accepts_every_draft(variant):
+    model = _bigram_with_exact_head(FAMILY[variant], variant)
+    reqs = lambda: [Request(prompt=[3, 9, 27, 81][:i + 1], max_new_tokens=n) for i, n in
+                    enumerate([17, 4, 30])]
+    want = [c.tokens for c in Engine(model, num_slots=2, max_len=64, window=4).generate(reqs())]
+    K = 3
+    out = Engine(model, num_slots=2, max_len=64, window=4, num_draft=K,
+                 drafter="mtp").generate(reqs())
+    assert [c.tokens for c in out] == want
+    for c in out:
+        assert c.accepted_drafts == K * c.verify_steps > 0
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_mtp_speculative_matches_greedy(fixture, K):
+    """Six requests through two slots: HF's greedy tokens, the plain engine's tokens for two
+    extra prompts, and at every step the drafts of the from-scratch MTP reference."""
+    model, _, prompts, want = fixture
+    order = [0, 1, 2, 2, 0, 1]
+    lengths = [40, 7, 23, 30, 3, 20]
+    extra = [prompts[0][::-1] + prompts[1], prompts[2][:5]]
+    reqs = [Request(prompt=prompts[i], max_new_tokens=n) for i, n in zip(order, lengths)]
+    reqs += [Request(prompt=p, max_new_tokens=25) for p in extra]
+    eng = Engine(model, num_slots=2, max_len=128, window=4, num_draft=K, drafter="mtp")
+    eng.record_drafts = True
+    out = eng.generate(reqs)
+    for c, i, n in zip(out, order, lengths):
+        assert c.tokens == list(want[i, :n]) and c.finish_reason == "length"
+    plain = Engine(model, num_slots=2, max_len=128, window=4, steps_per_visit=5).generate(
+        [Request(prompt=p, max_new_tokens=25) for p in extra])
+    assert [c.tokens for c in out[-2:]] == [c.tokens for c in plain]
+    steps = drafts_total = hits = 0
+    for r, c in zip(reqs, out):
+        assert 0 <= c.accepted_drafts <= K * c.verify_steps and c.verify_steps == len(c.drafts)
+        seq = [int(t) for t in r.prompt] + c.tokens
+        ref = _reference_drafts(model, seq, [p for p, _ in c.drafts], K)
+        got = [d for _, d in c.drafts]
+        hits += sum(a == b for a, b in zip(got, ref))
+        steps += len(got)
+        drafts_total += c.accepted_drafts
+    assert hits == steps, f"{steps - hits} of {steps} steps' drafts differ from the reference"
+    print(f"K={K}: {drafts_total} drafts accepted over {steps} steps")
+
+
+def test_mtp_sampling_top1_is_greedy(fixture):
+    model, _, prompts, want = fixture
+    eng = Engine(model, num_slots=2, max_len=128, window=4, num_draft=2, drafter="mtp")
+    out = eng.generate([Request(prompt=prompts[1], max_new_tokens=12,
+                                sampling=SamplingParams(temperature=1.0, top_k=1, seed=1)),
+                        Request(prompt=prompts[0], max_new_tokens=9,
+                                sampling=SamplingParams(temperature=0.7, seed=4))])
+    assert out[0].tokens == list(want[1, :12]) and len(out[1].tokens) == 9
+
+
+def test_mtp_drafter_needs_an_mtp_head(fixture):
+    _, plain, _, _ = fixture
+    with pytest.raises(ValueError, match="drafter='mtp' needs a model with an MTP head"):
+        Engine(plain, window=4, num_draft=2, drafter="mtp")
+    with pytest.raises(ValueError, match="drafter must be 'ngram' or 'mtp'"):
+        Engine(plain, window=4, num_draft=2, drafter="eagle")
