@@ -141,3 +141,14 @@ def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
 def advance_counts(counts, slots, window: int):
     """Commit one decoded token per live row (T = 1): count + 1, or 0 after a fold."""
     return commit_counts(counts, slots, jnp.ones_like(slots), 1, window)
+
+
+def to_chunks(t, valid, chunk: int):
+    """Prefill input [b, T, ...] -> float32 [b, nc, chunk, ...]: positions where `valid` [b, T] is
+    False are zeroed (NaN garbage too, so padded steps are identities) and T is padded to a
+    multiple of `chunk`."""
+    b, T = valid.shape
+    nc = -(-T // chunk)
+    t = jnp.where(valid.reshape(valid.shape + (1,) * (t.ndim - 2)), t.astype(jnp.float32), 0)
+    t = jnp.pad(t, [(0, 0), (0, nc * chunk - T)] + [(0, 0)] * (t.ndim - 2))
+    return t.reshape((b, nc, chunk) + t.shape[2:])

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels._common import to_chunks
+
 _HI = lax.Precision.HIGHEST
 _F32 = jnp.float32
 
@@ -55,11 +57,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chu
     valid = jnp.arange(T)[None, :] < lengths[:, None]                      # [b, T]
 
     def prep(t):
-        """Zero the padding (also scrubs NaN garbage), pad T to nc * Q, split into chunks."""
-        m = valid.reshape(valid.shape + (1,) * (t.ndim - 2))
-        t = jnp.where(m, t.astype(_F32), 0)
-        t = jnp.pad(t, [(0, 0), (0, Tp - T)] + [(0, 0)] * (t.ndim - 2))
-        return t.reshape((b, nc, Q) + t.shape[2:])
+        return to_chunks(t, valid, Q)
 
     # Value heads are kept as (Hk, R) so q, k and their products are formed once per key head.
     q, k = prep(q), prep(k)                                                 # [b, nc, Q, Hk, K]

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels._common import to_chunks
+
 _HI = lax.Precision.HIGHEST
 _F32 = jnp.float32
 
@@ -53,11 +55,7 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64):
     valid = jnp.arange(T)[None, :] < lengths[:, None]                       # [b, T]
 
     def prep(t):
-        """Zero the padding (also scrubs NaN garbage), pad T to nc * Q, split into chunks."""
-        m = valid.reshape(valid.shape + (1,) * (t.ndim - 2))
-        t = jnp.where(m, t.astype(_F32), 0)
-        t = jnp.pad(t, [(0, 0), (0, Tp - T)] + [(0, 0)] * (t.ndim - 2))
-        return t.reshape((b, nc, Q) + t.shape[2:])
+        return to_chunks(t, valid, Q)
 
     # Heads are kept as (G, R) so B, C and C.B are computed once per group, not per head.
     x = prep(x).reshape(b, nc, Q, G, R, P)
