@@ -91,24 +91,25 @@ class Family:
     """What the driver needs to time one kernel family at one shape."""
     name: str
     shapes: dict
-    state_bytes: callable      # dims -> bytes of one sequence's state
-    min_bytes: callable        # (dims, L, ring_bytes) -> (standard, replay) bytes per row-step
+    state_bytes: callable      # dims -> bytes of one sequence's fp32 state
+    token_io: callable         # dims -> bytes of one token's kernel inputs + outputs (bf16 acts)
+    entry_bytes: callable      # (dims, ring itemsize) -> bytes of one ring entry
     setup: callable            # (dims, batch, S, L, ring_dtype, key) -> (inputs, buffers)
     standard: callable         # (state, inputs, slots, **kw) -> state
     replay: callable           # (buffers, counts, inputs, slots, **kw) -> buffers
+
+    def min_bytes(self, d, L, ring):
+        """(standard, replay) minimum bytes per row-step: the state read + written vs the state
+        read, written once per L steps, the (L - 1) / 2 ring entries held on average read and one
+        appended; token inputs/outputs for both."""
+        st, io, entry = self.state_bytes(d), self.token_io(d), self.entry_bytes(d, ring)
+        return 2 * st + io, st + st / L + entry * (L - 1) / 2 + entry + io
 
 
 def _mamba2_family():
     import jax
     import jax.numpy as jnp
     from pallas_kernels import mamba2
-
-    def min_bytes(d, L, ring, state=4, act=2):
-        H, P, N, G = d["H"], d["P"], d["N"], d["G"]
-        st = H * P * N * state
-        token_io = H * P * act * 2 + 2 * G * N * act + H * 4         # x, y, B, C, dt
-        entry = H * P * ring + G * N * ring + H * 4                   # one ring entry (x, B, dt)
-        return 2 * st + token_io, st + st / L + entry * (L - 1) / 2 + entry + token_io
 
     def setup(d, batch, S, L, ring_dtype, key):
         H, P, N, G = d["H"], d["P"], d["N"], d["G"]
@@ -128,7 +129,10 @@ def _mamba2_family():
         shapes={"nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
                 "nemotron-nano-9b-v2": dict(H=128, P=80, N=128, G=8)},
         state_bytes=lambda d: d["H"] * d["P"] * d["N"] * 4,
-        min_bytes=min_bytes, setup=setup,
+        # x, y, B, C (bf16), dt (fp32); a ring entry holds x, B (ring dtype) and dt (fp32)
+        token_io=lambda d: d["H"] * d["P"] * 2 * 2 + 2 * d["G"] * d["N"] * 2 + d["H"] * 4,
+        entry_bytes=lambda d, ring: d["H"] * d["P"] * ring + d["G"] * d["N"] * ring + d["H"] * 4,
+        setup=setup,
         standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1])
 
@@ -137,13 +141,6 @@ def _gdn_family():
     import jax
     import jax.numpy as jnp
     from pallas_kernels import gdn
-
-    def min_bytes(d, L, ring, state=4, act=2):
-        Hk, Hv, K, V = d["Hk"], d["Hv"], d["K"], d["V"]
-        st = Hv * V * K * state
-        token_io = 2 * Hk * K * act + 2 * Hv * V * act + Hv * 8      # q, k, v, o, g, beta
-        entry = Hk * K * ring + Hv * V * ring + Hv * 4                # one ring entry (k, d, g)
-        return 2 * st + token_io, st + st / L + entry * (L - 1) / 2 + entry + token_io
 
     def setup(d, batch, S, L, ring_dtype, key):
         Hk, Hv, K, V = d["Hk"], d["Hv"], d["K"], d["V"]
@@ -163,7 +160,10 @@ def _gdn_family():
         name="gdn",
         shapes={"qwen3-next": dict(Hk=16, Hv=32, K=128, V=128)},
         state_bytes=lambda d: d["Hv"] * d["V"] * d["K"] * 4,
-        min_bytes=min_bytes, setup=setup,
+        # q, k, v, o (bf16), g, beta (fp32); a ring entry holds k, d (ring dtype) and g (fp32)
+        token_io=lambda d: 2 * d["Hk"] * d["K"] * 2 + 2 * d["Hv"] * d["V"] * 2 + d["Hv"] * 8,
+        entry_bytes=lambda d, ring: d["Hk"] * d["K"] * ring + d["Hv"] * d["V"] * ring + d["Hv"] * 4,
+        setup=setup,
         standard=lambda st, inp, slots, **kw: gdn.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1])
 

@@ -9,6 +9,11 @@ the state of the last accepted token, a slot remap that costs nothing). Acceptan
 uniform in 1..T per row and step, so rows fold at their own pace (amortised over many steps).
 Pools over 512 MiB as in `replayjax.kernel_bench`. Memory per sequence: ReplaySSM keeps one state
 plus the ring; the baseline one state per window token plus the committed one.
+
+Minimum bytes per row-step: baseline = state read + T states written + T tokens' inputs/outputs;
+ReplaySSM = state read + state written on fold steps only + the committed ring entries read + T
+entries written + T tokens' inputs/outputs, with the fold rate and mean committed count taken from
+the commit rule under the same acceptance law (`fold_statistics`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,26 @@ from pallas_kernels._common import commit_counts
 from replayjax.kernel_bench import FAMILIES, MIN_POOL_BYTES, copy_bandwidth
 
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
+
+
+def fold_statistics(T, L, steps=100_000, seed=0):
+    """(fraction of verify steps that fold, mean committed ring count before a step) when every
+    step accepts n ~ U{1..T}, under the commit rule of `pallas_kernels._common.commit_counts`."""
+    n_acc = np.random.default_rng(seed).integers(1, T + 1, steps)
+    c, folds, held = 0, 0, 0
+    for n in n_acc:
+        held += c
+        fold = c + T >= L
+        folds += fold
+        c = n - 1 if fold else c + n
+    return folds / steps, held / steps
+
+
+def min_bytes(fam, dims, T, L, ring_itemsize):
+    """(ReplaySSM, baseline) minimum bytes per row and verify step (see the module docstring)."""
+    st, io, entry = fam.state_bytes(dims), fam.token_io(dims), fam.entry_bytes(dims, ring_itemsize)
+    fold_rate, held = fold_statistics(T, L)
+    return st + fold_rate * st + held * entry + T * entry + T * io, st + T * st + T * io
 
 
 def _step_us(fn, args, first_kernel, n_steps, iterations=3):
@@ -88,9 +113,12 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                    iterations)
     base = _step_us(run_baseline, (bufs.checkpoint,), "standard_verify", n_steps, iterations)
     ring_bytes = sum(a.nbytes for a in bufs[1:]) / S
+    rep_b, base_b = min_bytes(fam, dims, T, L, jnp.dtype(ring).itemsize)
     return dict(family=fam.name, shape=shape, batch=batch, T=T, replay_us=rep, baseline_us=base,
                 speedup=base / rep, replay_mem_per_seq=per_seq + ring_bytes,
-                baseline_mem_per_seq=per_seq * (1 + T))
+                baseline_mem_per_seq=per_seq * (1 + T), replay_bytes_per_row=rep_b,
+                baseline_bytes_per_row=base_b, replay_gbs=rep_b * batch / rep / 1e3,
+                baseline_gbs=base_b * batch / base / 1e3)
 
 
 def main(argv=None):
@@ -110,18 +138,24 @@ def main(argv=None):
         sys.exit("verify_bench: needs a CUDA GPU")
     fam = FAMILIES[args.family]()
     ring = args.ring_dtype or ("float32" if fam.name == "gdn" else "bfloat16")
-    print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {copy_bandwidth() / 1e12:.2f} "
+    bw = copy_bandwidth() / 1e9
+    print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e3:.2f} "
           f"TB/s; {fam.name}; L = {args.window}; {ring} ring; acceptance uniform in 1..T")
     print("| shape | batch | T | ReplaySSM verify+commit us | state-per-draft us | speedup | "
-          "MB per sequence (replay / baseline) |\n|---|---|---|---|---|---|---|")
+          "min MB per row-step (replay / baseline) | replay GB/s (% copy) | baseline GB/s (% copy) "
+          "| MB per sequence (replay / baseline) |\n|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for shape in args.shapes or list(fam.shapes):
         for T in args.tokens:
             for batch in args.batches:
                 r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring)
                 rows.append(r)
+                r["copy_gbs"] = bw
                 print(f"| {shape} | {batch} | {T} | {r['replay_us']:.1f} | {r['baseline_us']:.1f} | "
-                      f"**{r['speedup']:.2f}x** | {r['replay_mem_per_seq'] / 1e6:.2f} / "
+                      f"**{r['speedup']:.2f}x** | {r['replay_bytes_per_row'] / 1e6:.2f} / "
+                      f"{r['baseline_bytes_per_row'] / 1e6:.2f} | {r['replay_gbs']:.0f} "
+                      f"({100 * r['replay_gbs'] / bw:.0f}%) | {r['baseline_gbs']:.0f} "
+                      f"({100 * r['baseline_gbs'] / bw:.0f}%) | {r['replay_mem_per_seq'] / 1e6:.2f} / "
                       f"{r['baseline_mem_per_seq'] / 1e6:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -61,3 +61,18 @@ def test_bench_plumbing_runs_on_cpu(fake_cupti, family, dims):
     v = verify_bench.bench_verify(fam, "tiny", 2, 2, L=4, ring="float32", iterations=1,
                                   min_pool_bytes=1, steps_per_set=2)
     assert v["speedup"] == 1.0 and v["baseline_mem_per_seq"] == 3 * fam.state_bytes(dims)
+
+
+def test_verify_byte_model_reduces_to_decode_at_one_token():
+    """With T = 1 every step accepts one token: the ring folds once per L steps holding (L - 1) / 2
+    entries on average, exactly the decode byte model; more tokens per step fold more often."""
+    from replayjax import verify_bench
+    assert verify_bench.fold_statistics(1, 16) == pytest.approx((1 / 16, 7.5), rel=1e-3)
+    fam = kernel_bench.FAMILIES["mamba2"]()
+    dims = fam.shapes["nemotron-h-8b"]
+    rep, base = verify_bench.min_bytes(fam, dims, 1, 16, 2)
+    assert (base, rep) == pytest.approx(fam.min_bytes(dims, 16, 2), rel=1e-3)
+    rate4, _ = verify_bench.fold_statistics(4, 16)
+    assert 1 / 16 < rate4 < 2.5 / (16 - 3)     # 2.5 tokens per step, >= L - T + 1 per fold
+    rep4, base4 = verify_bench.min_bytes(fam, dims, 4, 16, 2)
+    assert base4 / rep4 > 3                      # the issue's 3x target is reachable in bytes
