@@ -71,6 +71,13 @@ def use_fold_dot(fold: str, window: int, **tiles) -> bool:
     return fold == "dot" or (fold == "auto" and dot_ok)
 
 
+def verify_padding(T: int, dot: bool) -> int:
+    """Rows a verify kernel computes for a T-token window: a power of two, and >= 16 when its
+    window products run on tensor cores (a dot needs every dimension >= 16; the padded rows are
+    zero inputs, a few KB of loads, and keep the [T, tile] products out of registers)."""
+    return max(1 << (T - 1).bit_length(), 16 if dot else 1)
+
+
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -114,15 +121,12 @@ def write_window_rings(rings, values, counts, slots, window: int):
     S, T = rings[0].shape[0], values[0].shape[1]
     count = counts[slots]
     idx = row_index(slots, slots != NULL_SLOT, S)
-    fold = verify_folds(count, T, window)
-    rings = list(rings)
-    for s in range(T):
-        pos = jnp.where(fold, s - 1, count + s)
-        i = jnp.where((pos >= 0) & (pos < window), idx, S)
-        p = jnp.clip(pos, 0, window - 1)
-        rings = [r.at[i, :, p].set(v[:, s].astype(r.dtype), mode="drop")
-                 for r, v in zip(rings, values)]
-    return tuple(rings)
+    s = jnp.arange(T)
+    pos = jnp.where(verify_folds(count, T, window)[:, None], s - 1, count[:, None] + s)  # [b, T]
+    i = jnp.where((pos >= 0) & (pos < window), idx[:, None], S)     # out of the pool: dropped
+    p = jnp.clip(pos, 0, window - 1)
+    # one scatter per ring: r[i, :, p] with i, p [b, T] addresses [b, T, heads, ...] = values
+    return tuple(r.at[i, :, p].set(v.astype(r.dtype), mode="drop") for r, v in zip(rings, values))
 
 
 def commit_counts(counts, slots, n_accepted, window_len: int, window: int):

@@ -72,7 +72,7 @@ def _window(inputs, n_token_inputs, T):
 
 
 def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
-                 min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16):
+                 min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, num_warps=None):
     import jax
     import jax.numpy as jnp
     from pallas_kernels import gdn, mamba2
@@ -96,7 +96,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
         def body(i, carry):
             bufs, counts = carry
             slots = sets[i % n_sets]
-            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas")
+            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas",
+                                        num_warps=num_warps)
             n_acc = jax.random.randint(jax.random.fold_in(key, i), (batch,), 1, T + 1)
             return bufs, commit_counts(counts, slots, n_acc, T, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
@@ -130,6 +131,7 @@ def main(argv=None):
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None)
+    ap.add_argument("--num-warps", type=int, help="replay verify kernel warps (default: tuned)")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
 
@@ -148,7 +150,8 @@ def main(argv=None):
     for shape in args.shapes or list(fam.shapes):
         for T in args.tokens:
             for batch in args.batches:
-                r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring)
+                r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring,
+                                 num_warps=args.num_warps)
                 rows.append(r)
                 r["copy_gbs"] = bw
                 print(f"| {shape} | {batch} | {T} | {r['replay_us']:.1f} | {r['baseline_us']:.1f} | "

@@ -17,7 +17,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import NULL_SLOT
 from pallas_kernels._kernel_utils import (F32, compiler_params, dot_precision, masked_window,
-                                          n_chunks, outer_fold, suffix_sums)
+                                          n_chunks, outer_fold, pick, pick_row, row_dots,
+                                          suffix_sums)
 
 
 def _program(heads_per_key_head, block_v):
@@ -174,19 +175,19 @@ def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *, heads_per_key_head,
                    block_v, block_k, window, num_tokens, fold_dot, precision):
+    # Per-token tensors (v, o, d) move row by row, T of them; q, k, g, beta come padded to Tp
+    # rows so the window products are [Tp, .] matrices (tensor-core dots when fold_dot).
     b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
     L, K, T = window, s_in.shape[3], num_tokens
-    Tp = v_ref.shape[1]
+    Tp = k_ref.shape[1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
     ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
     ring_g = rg_in[slot, hv, :]                       # [L]
-    vw = v_ref[b, :, hv, vs].astype(F32)              # [Tp, bv]
-    gw_raw, bw_raw = g_ref[b, :, hv], beta_ref[b, :, hv]
-
-    def dots(a, m):                                   # rows of a . rows of m: [A, M]
-        return jnp.sum(a[:, None, :] * m[None, :, :], axis=2)
+    vs_ = [v_ref[b, t, hv, vs].astype(F32) for t in range(T)]             # T x [bv]
+    gw_raw, bw_raw = g_ref[b, :, hv], beta_ref[b, :, hv]                 # [Tp]
+    dots = functools.partial(row_dots, precision=precision, use_dot=fold_dot)  # [A, M]
 
     def readout(ks, carry):
         s0k, s0q, rkk, rkq, wkk, wkq = carry
@@ -210,38 +211,38 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
     def through_history(s0x, rkx):                   # S_w x for every window row: [Tp, bv]
         w = jnp.where(valid[:, None], e[:, None] * rkx, 0.0)                     # [L, Tp]
-        return big_e * s0x + jnp.sum(w[:, :, None] * d_hist[:, None, :], axis=0)
+        return big_e * s0x + outer_fold(w, d_hist, precision, fold_dot)
 
-    swk, swq = through_history(s0k, rkk), through_history(s0q, rkq)
     si = lax.broadcasted_iota(jnp.int32, (Tp,), 0)
     gw = jnp.where(si < T, gw_raw, 0.0)
     rr = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 0)                         # r (source)
     ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                         # s (target)
     cum = jnp.sum(jnp.where(rr <= ss, gw[:, None], 0.0), axis=0)               # G_s
     decay_rs = jnp.exp(jnp.where(rr <= ss, cum[None, :] - cum[:, None], 0.0))  # e^{G_s - G_r}
-    resid = bw_raw[:, None] * (vw - jnp.exp(cum)[:, None] * swk)               # [Tp, bv]
-    d_win = jnp.zeros((Tp, block_v), F32)
-    for s in range(T):                               # forward substitution, T <= 8
-        coef = jnp.where(si < s, jnp.sum(jnp.where(ss == s, decay_rs * wkk, 0.0), axis=1), 0.0)
-        beta_s = jnp.sum(jnp.where(si == s, bw_raw, 0.0))
-        d_s = (jnp.sum(jnp.where((si == s)[:, None], resid, 0.0), axis=0)
-               - beta_s * jnp.sum(coef[:, None] * d_win, axis=0))
-        d_win = jnp.where((si == s)[:, None], d_s[None, :], d_win)
-    w_out = jnp.where(rr <= ss, decay_rs * wkq, 0.0)                           # [Tp_r, Tp_s]
-    o = (jnp.exp(cum)[:, None] * swq
-         + jnp.sum(w_out[:, :, None] * d_win[:, None, :], axis=0))
-    o_ref[b, :, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
-    d_ref[b, :, hv, vs] = d_win
+    swk = jnp.exp(cum)[:, None] * through_history(s0k, rkk)                    # e^{G_s} S_w k_s
+    swq = jnp.exp(cum)[:, None] * through_history(s0q, rkq)
+    w_kk = jnp.where(rr < ss, decay_rs * wkk, 0.0)                             # [Tp_r, Tp_s]
+    w_out = jnp.where(rr <= ss, decay_rs * wkq, 0.0)
+    ds = []
+    for t in range(T):                               # forward substitution, T <= 8
+        beta_t = jnp.sum(jnp.where(si == t, bw_raw, 0.0))
+        corr = pick_row(swk, t)
+        for r in range(t):
+            corr = corr + pick(w_kk, r, t) * ds[r]
+        ds.append(beta_t * (vs_[t] - corr))
+        o = pick_row(swq, t)
+        for r in range(t + 1):
+            o = o + pick(w_out, r, t) * ds[r]
+        o_ref[b, t, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
+        d_ref[b, t, hv, vs] = ds[t]
 
     @pl.when(live & (c + T >= L))
     def _fold():
         cur = j == c
-        first = si == 0
-        d0 = jnp.sum(jnp.where(first[:, None], d_win, 0.0), axis=0)
-        g_win = jnp.where(valid, ring_g, jnp.where(cur, jnp.sum(jnp.where(first, gw, 0.0)), 0.0))
+        g_win = jnp.where(valid, ring_g, jnp.where(cur, g_ref[b, 0, hv], 0.0))
         w = jnp.exp(suffix_sums(g_win))
         decay = jnp.exp(jnp.sum(g_win))
-        wd = w[:, None] * masked_window(valid, cur, ring_d, d0)                  # [L, bv]
+        wd = w[:, None] * masked_window(valid, cur, ring_d, ds[0])              # [L, bv]
 
         def fold_chunk(ks, carry):
             kw = masked_window(valid, cur, rk_in[slot, hk, :, ks],
@@ -253,17 +254,18 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         n_chunks(K, block_k, fold_chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_tokens", "block_v", "block_k", "fold_dot",
-                                             "num_warps", "num_stages", "interpret"))
-def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, num_tokens, block_v,
-                         block_k, fold_dot, num_warps=4, num_stages=2, interpret=False):
-    """Window inputs padded to a power of two Tp >= num_tokens. Returns o [b, Tp, Hv, V], the
-    window's d [b, Tp, Hv, V] float32 and the checkpoint pool; the ring is not touched."""
-    batch, Tp, Hv, V = v.shape
+@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
+                                             "num_stages", "interpret"))
+def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
+                         num_warps=4, num_stages=2, interpret=False):
+    """v [b, T, Hv, V]; q, k [b, Tp, Hk, K] and g, beta [b, Tp, Hv] zero-padded to Tp >= T rows
+    (`verify_padding`). Returns o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the
+    checkpoint pool; the ring is not touched."""
+    batch, T, Hv, V = v.shape
     Hk = q.shape[2]
     kernel = functools.partial(
         _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
-        window=buffers.ring_k.shape[2], num_tokens=num_tokens, fold_dot=fold_dot,
+        window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret))
     return pl.pallas_call(
         kernel,

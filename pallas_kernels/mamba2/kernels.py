@@ -20,7 +20,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import NULL_SLOT
 from pallas_kernels._kernel_utils import (F32 as _F32, compiler_params, dot_precision, n_chunks,
-                                          masked_window, outer_fold, suffix_sums)
+                                          masked_window, outer_fold, pick, pick_row, row_dots,
+                                          suffix_sums)
 
 def _row_head_tile(heads_per_group, block_p):
     b, h, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -179,26 +180,26 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group, block_p,
                    block_n, window, num_tokens, fold_dot, precision):
+    # Per-token tensors (x, y) move row by row, T of them; B, C, dt come padded to Tp rows so the
+    # window products are [Tp, .] matrices (tensor-core dots when fold_dot; see verify_padding).
     b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
     L, N, T = window, s_in.shape[3], num_tokens
-    Tp = x_ref.shape[1]                               # T padded to a power of two
+    Tp = b_ref.shape[1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
     ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
     ring_dt = rdt_in[slot, h, :]                      # [L]
-    xw = x_ref[b, :, h, ps].astype(_F32)              # [Tp, bp]
+    xs = [x_ref[b, t, h, ps].astype(_F32) for t in range(T)]              # T x [bp]
     dtw_raw = dt_ref[b, :, h]                         # [Tp]
+    dots = functools.partial(row_dots, precision=precision, use_dot=fold_dot)
 
     def readout(ns, carry):
         s0c, bc_ring, bc_win = carry
         cm = c_ref[b, :, g, ns].astype(_F32)                               # [Tp, bn]
-        s0 = s_in[slot, h, ps, ns].astype(_F32)                            # [bp, bn]
-        rb = rb_in[slot, g, :, ns].astype(_F32)                            # [L, bn]
-        bm = b_ref[b, :, g, ns].astype(_F32)                               # [Tp, bn]
-        return (s0c + jnp.sum(cm[:, None, :] * s0[None, :, :], axis=2),     # [Tp, bp] S0 C_s
-                bc_ring + jnp.sum(rb[:, None, :] * cm[None, :, :], axis=2),  # [L, Tp] B_j . C_s
-                bc_win + jnp.sum(bm[:, None, :] * cm[None, :, :], axis=2))   # [Tp, Tp] B_r . C_s
+        return (s0c + dots(cm, s_in[slot, h, ps, ns].astype(_F32)),          # [Tp, bp] S0 C_s
+                bc_ring + dots(rb_in[slot, g, :, ns].astype(_F32), cm),      # [L, Tp] B_j . C_s
+                bc_win + dots(b_ref[b, :, g, ns].astype(_F32), cm))          # [Tp, Tp] B_r . C_s
 
     s0c, bc_ring, bc_win = n_chunks(N, block_n, readout, (
         jnp.zeros((Tp, block_p), _F32), jnp.zeros((L, Tp), _F32), jnp.zeros((Tp, Tp), _F32)))
@@ -215,23 +216,24 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                     # s (output token)
     cumw = jnp.sum(jnp.where(rr <= ss, dtw[:, None], 0.0), axis=0)         # [Tp] sum_{r<=s} dt_r
     w_hist = jnp.where(valid[:, None], s_hist[:, None] * bc_ring, 0.0)     # garbage rows -> 0
-    hist = jnp.sum(w_hist[:, :, None] * xh[:, None, :], axis=0)           # [Tp, bp]
+    hist = outer_fold(w_hist, xh, precision, fold_dot)                    # [Tp, bp]
+    base = jnp.exp(a * cumw)[:, None] * (jnp.exp(a * jnp.sum(dth)) * s0c + hist)  # [Tp, bp]
     w_win = jnp.where(rr <= ss, dtw[:, None] * jnp.exp(a * (cumw[None, :] - cumw[:, None])), 0.0)
-    intra = jnp.sum((w_win * bc_win)[:, :, None] * xw[:, None, :], axis=0)  # [Tp, bp]
-    y = (jnp.exp(a * cumw)[:, None] * (jnp.exp(a * jnp.sum(dth)) * s0c + hist) + intra
-         + d_ref[h] * xw)
-    y_ref[b, :, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+    coef = w_win * bc_win                             # [Tp_r, Tp_s] weight of x_r in y_s
+    for t in range(T):
+        y = pick_row(base, t) + d_ref[h] * xs[t]
+        for r in range(t + 1):
+            y = y + pick(coef, r, t) * xs[r]
+        y_ref[b, t, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & (c + T >= L))
     def _fold():
         cur = j == c
-        first = si == 0
-        x0 = jnp.sum(jnp.where(first[:, None], xw, 0.0), axis=0)          # [bp]
-        dtf = jnp.where(valid, ring_dt, jnp.where(cur, jnp.sum(jnp.where(first, dtw, 0.0)), 0.0))
+        dtf = jnp.where(valid, ring_dt, jnp.where(cur, dt_ref[b, 0, h], 0.0))
         sf = dtf * jnp.exp(a * suffix_sums(dtf))
         decay = jnp.exp(a * jnp.sum(dtf))
-        xf = masked_window(valid, cur, ring_x, x0)                           # [L, bp]
+        xf = masked_window(valid, cur, ring_x, xs[0])                        # [L, bp]
 
         def fold_chunk(ns, carry):
             sbw = sf[:, None] * masked_window(valid, cur, rb_in[slot, g, :, ns],
@@ -243,17 +245,18 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         n_chunks(N, block_n, fold_chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_tokens", "block_p", "block_n", "fold_dot",
-                                             "num_warps", "num_stages", "interpret"))
-def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, num_tokens, block_p,
-                         block_n, fold_dot, num_warps=4, num_stages=2, interpret=False):
-    """x [b, Tp, H, P] etc. padded to a power of two Tp >= num_tokens. Returns y [b, Tp, H, P]
-    and the checkpoint pool (folded rows updated); the ring is not touched."""
-    batch, _, H, P = x.shape
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
+                                             "num_stages", "interpret"))
+def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
+                         fold_dot, num_warps=4, num_stages=2, interpret=False):
+    """x [b, T, H, P]; B, C [b, Tp, G, N] and dt [b, Tp, H] zero-padded to Tp >= T rows
+    (`verify_padding`). Returns y [b, T, H, P] and the checkpoint pool (folded rows updated);
+    the ring is not touched."""
+    batch, T, H, P = x.shape
     G = B.shape[2]
     kernel = functools.partial(
         _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
-        window=buffers.ring_x.shape[2], num_tokens=num_tokens, fold_dot=fold_dot,
+        window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret))
     return pl.pallas_call(
         kernel,
