@@ -71,13 +71,6 @@ def use_fold_dot(fold: str, window: int, **tiles) -> bool:
     return fold == "dot" or (fold == "auto" and dot_ok)
 
 
-def verify_padding(T: int, dot: bool) -> int:
-    """Rows a verify kernel computes for a T-token window: a power of two, and >= 16 when its
-    window products run on tensor cores (a dot needs every dimension >= 16; the padded rows are
-    zero inputs, a few KB of loads, and keep the [T, tile] products out of registers)."""
-    return max(1 << (T - 1).bit_length(), 16 if dot else 1)
-
-
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)

@@ -45,29 +45,6 @@ def masked_window(valid, cur, ring, token):
     return jnp.where(valid[:, None], ring.astype(F32), jnp.where(cur[:, None], token[None, :], 0.0))
 
 
-def pick_row(m, i):
-    """Row i (static) of a register matrix m [R, C] -> [C] (a masked reduction: values in
-    registers cannot be indexed)."""
-    rows = lax.broadcasted_iota(jnp.int32, m.shape, 0)
-    return jnp.sum(jnp.where(rows == i, m, 0.0), axis=0)
-
-
-def pick(m, i, j):
-    """Element (i, j) (static) of a register matrix m [R, C] -> scalar."""
-    rows = lax.broadcasted_iota(jnp.int32, m.shape, 0)
-    cols = lax.broadcasted_iota(jnp.int32, m.shape, 1)
-    return jnp.sum(jnp.where((rows == i) & (cols == j), m, 0.0))
-
-
-def row_dots(a, m, precision, use_dot):
-    """a [A, K], m [M, K] -> a m^T [A, M] in fp32: a tensor-core dot (needs A, M, K >= 16) or a
-    broadcast product summed over K (only for small tiles: it holds A * M * K values)."""
-    if use_dot:
-        return lax.dot_general(a, m, (((1,), (1,)), ((), ())), precision=precision,
-                               preferred_element_type=F32)
-    return jnp.sum(a[:, None, :] * m[None, :, :], axis=2)
-
-
 def outer_fold(lhs, rhs, precision, use_dot):
     """sum_j lhs[j, :]^T rhs[j, :] for lhs [L, M], rhs [L, K] -> [M, K] in fp32: a tensor-core dot
     (needs L, M, K >= 16) or L rank-1 updates on the FMA units."""

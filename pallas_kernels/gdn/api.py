@@ -19,8 +19,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
                                     check_dtype, check_shape, commit_counts, is_pow2, pick_block,
-                                    resolve_impl, resolve_interpret, use_fold_dot,
-                                    verify_padding)
+                                    resolve_impl, resolve_interpret, use_fold_dot)
 from pallas_kernels.gdn import kernels, reference
 from pallas_kernels.gdn.reference import GDNBuffers, gates, init_gdn_buffers, prepare_qk
 
@@ -150,10 +149,8 @@ def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
     block_v = pick_block("block_v", "value dim V", V, block_v, bv_cap, 4)
     block_k = pick_block("block_k", "key dim K", K, block_k, bk_cap)
     fold_dot = use_fold_dot(fold, L, block_v=block_v, block_k=block_k)
-    Tp = verify_padding(T, fold_dot)
-    pad = lambda t: jnp.pad(t, [(0, 0), (0, Tp - T)] + [(0, 0)] * (t.ndim - 2))
     o, d, ck = kernels.replay_verify_pallas(
-        buffers, counts, pad(q), pad(k), v, pad(g), pad(beta), slots, block_v=block_v, block_k=block_k, fold_dot=fold_dot,
+        buffers, counts, q, k, v, g, beta, slots, block_v=block_v, block_k=block_k, fold_dot=fold_dot,
         num_warps=num_warps or warps, num_stages=num_stages,
         interpret=resolve_interpret(interpret))
     out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)

@@ -17,8 +17,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import NULL_SLOT
 from pallas_kernels._kernel_utils import (F32, compiler_params, dot_precision, masked_window,
-                                          n_chunks, outer_fold, pick, pick_row, row_dots,
-                                          suffix_sums)
+                                          n_chunks, outer_fold, suffix_sums)
 
 
 def _program(heads_per_key_head, block_v):
@@ -175,32 +174,39 @@ def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *, heads_per_key_head,
                    block_v, block_k, window, num_tokens, fold_dot, precision):
-    # Per-token tensors (v, o, d) move row by row, T of them; q, k, g, beta come padded to Tp
-    # rows so the window products are [Tp, .] matrices (tensor-core dots when fold_dot).
+    # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
+    # S0 q_t (the decode kernel's readout, T times) and the ring / window dot products; every
+    # per-token value is a [bv] / [L] vector or a scalar (no [T, tile, chunk] products).
     b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
     L, K, T = window, s_in.shape[3], num_tokens
-    Tp = k_ref.shape[1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
     ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
     ring_g = rg_in[slot, hv, :]                       # [L]
     vs_ = [v_ref[b, t, hv, vs].astype(F32) for t in range(T)]             # T x [bv]
-    gw_raw, bw_raw = g_ref[b, :, hv], beta_ref[b, :, hv]                 # [Tp]
-    dots = functools.partial(row_dots, precision=precision, use_dot=fold_dot)  # [A, M]
+    gs = [g_ref[b, t, hv] for t in range(T)]                               # T scalars
+    betas = [beta_ref[b, t, hv] for t in range(T)]
+    pairs = [(r, t) for t in range(T) for r in range(t + 1)]               # r <= t
 
     def readout(ks, carry):
         s0k, s0q, rkk, rkq, wkk, wkq = carry
-        km = k_ref[b, :, hk, ks].astype(F32)                               # [Tp, bk]
-        qm = q_ref[b, :, hk, ks].astype(F32)
         s0 = s_in[slot, hv, vs, ks].astype(F32)                            # [bv, bk]
         rk = rk_in[slot, hk, :, ks].astype(F32)                            # [L, bk]
-        return (s0k + dots(km, s0), s0q + dots(qm, s0), rkk + dots(rk, km), rkq + dots(rk, qm),
-                wkk + dots(km, km), wkq + dots(km, qm))
+        km = [k_ref[b, t, hk, ks].astype(F32) for t in range(T)]          # T x [bk]
+        qm = [q_ref[b, t, hk, ks].astype(F32) for t in range(T)]
 
-    zt, zl, zw = (jnp.zeros((Tp, block_v), F32), jnp.zeros((L, Tp), F32),
-                  jnp.zeros((Tp, Tp), F32))
-    s0k, s0q, rkk, rkq, wkk, wkq = n_chunks(K, block_k, readout, (zt, zt, zl, zl, zw, zw))
+        def matvecs(accs, m, vecs):
+            return tuple(acc + jnp.sum(m * v[None, :], axis=1) for acc, v in zip(accs, vecs))
+        return (matvecs(s0k, s0, km), matvecs(s0q, s0, qm), matvecs(rkk, rk, km),
+                matvecs(rkq, rk, qm),
+                tuple(acc + jnp.sum(km[r] * km[t]) for acc, (r, t) in zip(wkk, pairs)),
+                tuple(acc + jnp.sum(km[r] * qm[t]) for acc, (r, t) in zip(wkq, pairs)))
+
+    zt, zl, zs = ((jnp.zeros((block_v,), F32),) * T, (jnp.zeros((L,), F32),) * T,
+                  (jnp.float32(0),) * len(pairs))
+    s0k, s0q, rkk, rkq, wkk, wkq = n_chunks(K, block_k, readout, (zt, zt, zl, zl, zs, zs))
+    wkk, wkq = dict(zip(pairs, wkk)), dict(zip(pairs, wkq))               # k_r . k_t, k_r . q_t
 
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid = j < c
@@ -209,37 +215,27 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
     big_e = jnp.exp(jnp.sum(g_hist))
     d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)                  # [L, bv]
 
-    def through_history(s0x, rkx):                   # S_w x for every window row: [Tp, bv]
-        w = jnp.where(valid[:, None], e[:, None] * rkx, 0.0)                     # [L, Tp]
-        return big_e * s0x + outer_fold(w, d_hist, precision, fold_dot)
+    def through_history(s0x, rkx):                   # S_w x for one window token: [bv]
+        w = jnp.where(valid, e * rkx, 0.0)                                       # [L]
+        return big_e * s0x + jnp.sum(w[:, None] * d_hist, axis=0)
 
-    si = lax.broadcasted_iota(jnp.int32, (Tp,), 0)
-    gw = jnp.where(si < T, gw_raw, 0.0)
-    rr = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 0)                         # r (source)
-    ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                         # s (target)
-    cum = jnp.sum(jnp.where(rr <= ss, gw[:, None], 0.0), axis=0)               # G_s
-    decay_rs = jnp.exp(jnp.where(rr <= ss, cum[None, :] - cum[:, None], 0.0))  # e^{G_s - G_r}
-    swk = jnp.exp(cum)[:, None] * through_history(s0k, rkk)                    # e^{G_s} S_w k_s
-    swq = jnp.exp(cum)[:, None] * through_history(s0q, rkq)
-    w_kk = jnp.where(rr < ss, decay_rs * wkk, 0.0)                             # [Tp_r, Tp_s]
-    w_out = jnp.where(rr <= ss, decay_rs * wkq, 0.0)
+    cum = [sum(gs[:t + 1]) for t in range(T)]        # G_t = sum_{r <= t} g_r
     ds = []
     for t in range(T):                               # forward substitution, T <= 8
-        beta_t = jnp.sum(jnp.where(si == t, bw_raw, 0.0))
-        corr = pick_row(swk, t)
+        corr = jnp.exp(cum[t]) * through_history(s0k[t], rkk[t])
         for r in range(t):
-            corr = corr + pick(w_kk, r, t) * ds[r]
-        ds.append(beta_t * (vs_[t] - corr))
-        o = pick_row(swq, t)
+            corr = corr + jnp.exp(cum[t] - cum[r]) * wkk[r, t] * ds[r]
+        ds.append(betas[t] * (vs_[t] - corr))
+        o = jnp.exp(cum[t]) * through_history(s0q[t], rkq[t])
         for r in range(t + 1):
-            o = o + pick(w_out, r, t) * ds[r]
+            o = o + jnp.exp(cum[t] - cum[r]) * wkq[r, t] * ds[r]
         o_ref[b, t, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
         d_ref[b, t, hv, vs] = ds[t]
 
     @pl.when(live & (c + T >= L))
     def _fold():
         cur = j == c
-        g_win = jnp.where(valid, ring_g, jnp.where(cur, g_ref[b, 0, hv], 0.0))
+        g_win = jnp.where(valid, ring_g, jnp.where(cur, gs[0], 0.0))
         w = jnp.exp(suffix_sums(g_win))
         decay = jnp.exp(jnp.sum(g_win))
         wd = w[:, None] * masked_window(valid, cur, ring_d, ds[0])              # [L, bv]
@@ -258,9 +254,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                                              "num_stages", "interpret"))
 def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
                          num_warps=4, num_stages=2, interpret=False):
-    """v [b, T, Hv, V]; q, k [b, Tp, Hk, K] and g, beta [b, Tp, Hv] zero-padded to Tp >= T rows
-    (`verify_padding`). Returns o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the
-    checkpoint pool; the ring is not touched."""
+    """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
+    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool; the ring is
+    not touched."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
     kernel = functools.partial(

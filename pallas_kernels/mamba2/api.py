@@ -21,8 +21,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (FLOAT_DTYPES, STATE_DTYPES, advance_counts, check,
                                     check_dtype, check_shape, commit_counts, is_pow2, pick_block,
-                                    resolve_impl, resolve_interpret, use_fold_dot,
-                                    verify_padding)
+                                    resolve_impl, resolve_interpret, use_fold_dot)
 from pallas_kernels.mamba2 import kernels, reference
 from pallas_kernels.mamba2.reference import ReplayBuffers, init_replay_buffers
 
@@ -142,10 +141,6 @@ def _check_window_inputs(x, B, C, dt, A, D, slots, state):
     return T, dims
 
 
-def _pad_window(t, Tp):
-    return jnp.pad(t, [(0, 0), (0, Tp - t.shape[1])] + [(0, 0)] * (t.ndim - 2))
-
-
 def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, impl="auto",
                   block_p=None, block_n=None, fold="auto", num_warps=None, num_stages=2,
                   interpret=None):
@@ -168,10 +163,8 @@ def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     block_p = pick_block("block_p", "head_dim P", P, block_p, bp_cap, _MIN_BLOCK_P)
     block_n = pick_block("block_n", "d_state N", N, block_n, bn_cap)
     fold_dot = use_fold_dot(fold, L, block_p=block_p, block_n=block_n)
-    Tp = verify_padding(T, fold_dot)
     y, ck = kernels.replay_verify_pallas(
-        buffers, counts, x, *(_pad_window(t, Tp) for t in (B, C, dt)), A, D, slots,
-        block_p=block_p, block_n=block_n,
+        buffers, counts, x, B, C, dt, A, D, slots, block_p=block_p, block_n=block_n,
         fold_dot=fold_dot, num_warps=num_warps or warps,
         num_stages=num_stages, interpret=resolve_interpret(interpret))
     out = reference.write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)

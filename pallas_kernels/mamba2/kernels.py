@@ -20,8 +20,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import NULL_SLOT
 from pallas_kernels._kernel_utils import (F32 as _F32, compiler_params, dot_precision, n_chunks,
-                                          masked_window, outer_fold, pick, pick_row, row_dots,
-                                          suffix_sums)
+                                          masked_window, outer_fold, suffix_sums)
 
 def _row_head_tile(heads_per_group, block_p):
     b, h, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -180,57 +179,56 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group, block_p,
                    block_n, window, num_tokens, fold_dot, precision):
-    # Per-token tensors (x, y) move row by row, T of them; B, C, dt come padded to Tp rows so the
-    # window products are [Tp, .] matrices (tensor-core dots when fold_dot; see verify_padding).
+    # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
+    # decode kernel's readout, T times), ring and window dot products. Everything per token is a
+    # [bp] / [L] vector or a scalar: no [T, tile, chunk] products (they spill registers).
     b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
     L, N, T = window, s_in.shape[3], num_tokens
-    Tp = b_ref.shape[1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
     ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
     ring_dt = rdt_in[slot, h, :]                      # [L]
     xs = [x_ref[b, t, h, ps].astype(_F32) for t in range(T)]              # T x [bp]
-    dtw_raw = dt_ref[b, :, h]                         # [Tp]
-    dots = functools.partial(row_dots, precision=precision, use_dot=fold_dot)
+    dts = [dt_ref[b, t, h] for t in range(T)]                              # T scalars
+    pairs = [(r, t) for t in range(T) for r in range(t + 1)]               # r <= t
 
     def readout(ns, carry):
         s0c, bc_ring, bc_win = carry
-        cm = c_ref[b, :, g, ns].astype(_F32)                               # [Tp, bn]
-        return (s0c + dots(cm, s_in[slot, h, ps, ns].astype(_F32)),          # [Tp, bp] S0 C_s
-                bc_ring + dots(rb_in[slot, g, :, ns].astype(_F32), cm),      # [L, Tp] B_j . C_s
-                bc_win + dots(b_ref[b, :, g, ns].astype(_F32), cm))          # [Tp, Tp] B_r . C_s
+        s0 = s_in[slot, h, ps, ns].astype(_F32)                            # [bp, bn]
+        rb = rb_in[slot, g, :, ns].astype(_F32)                            # [L, bn]
+        cs = [c_ref[b, t, g, ns].astype(_F32) for t in range(T)]          # T x [bn]
+        bs = [b_ref[b, t, g, ns].astype(_F32) for t in range(T)]
+        return (tuple(acc + jnp.sum(s0 * cv[None, :], axis=1) for acc, cv in zip(s0c, cs)),
+                tuple(acc + jnp.sum(rb * cv[None, :], axis=1) for acc, cv in zip(bc_ring, cs)),
+                tuple(acc + jnp.sum(bs[r] * cs[t]) for acc, (r, t) in zip(bc_win, pairs)))
 
     s0c, bc_ring, bc_win = n_chunks(N, block_n, readout, (
-        jnp.zeros((Tp, block_p), _F32), jnp.zeros((L, Tp), _F32), jnp.zeros((Tp, Tp), _F32)))
+        (jnp.zeros((block_p,), _F32),) * T, (jnp.zeros((L,), _F32),) * T,
+        (jnp.float32(0),) * len(pairs)))
+    bc_win = dict(zip(pairs, bc_win))                 # B_r . C_t
 
     a = a_ref[h]
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid = j < c
     dth = jnp.where(valid, ring_dt, 0.0)
     s_hist = dth * jnp.exp(a * suffix_sums(dth))      # weights of ring entries at window start
+    decay_hist = jnp.exp(a * jnp.sum(dth))
     xh = jnp.where(valid[:, None], ring_x.astype(_F32), 0.0)                # [L, bp]
-    si = lax.broadcasted_iota(jnp.int32, (Tp,), 0)
-    dtw = jnp.where(si < T, dtw_raw, 0.0)
-    rr = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 0)                     # r (source token)
-    ss = lax.broadcasted_iota(jnp.int32, (Tp, Tp), 1)                     # s (output token)
-    cumw = jnp.sum(jnp.where(rr <= ss, dtw[:, None], 0.0), axis=0)         # [Tp] sum_{r<=s} dt_r
-    w_hist = jnp.where(valid[:, None], s_hist[:, None] * bc_ring, 0.0)     # garbage rows -> 0
-    hist = outer_fold(w_hist, xh, precision, fold_dot)                    # [Tp, bp]
-    base = jnp.exp(a * cumw)[:, None] * (jnp.exp(a * jnp.sum(dth)) * s0c + hist)  # [Tp, bp]
-    w_win = jnp.where(rr <= ss, dtw[:, None] * jnp.exp(a * (cumw[None, :] - cumw[:, None])), 0.0)
-    coef = w_win * bc_win                             # [Tp_r, Tp_s] weight of x_r in y_s
+    cum = [sum(dts[:t + 1]) for t in range(T)]       # sum_{r <= t} dt_r
     for t in range(T):
-        y = pick_row(base, t) + d_ref[h] * xs[t]
+        w = jnp.where(valid, s_hist * bc_ring[t], 0.0)                    # garbage rows -> 0
+        y = (jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + jnp.sum(w[:, None] * xh, axis=0))
+             + d_ref[h] * xs[t])
         for r in range(t + 1):
-            y = y + pick(coef, r, t) * xs[r]
+            y = y + dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bc_win[r, t] * xs[r]
         y_ref[b, t, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & (c + T >= L))
     def _fold():
         cur = j == c
-        dtf = jnp.where(valid, ring_dt, jnp.where(cur, dt_ref[b, 0, h], 0.0))
+        dtf = jnp.where(valid, ring_dt, jnp.where(cur, dts[0], 0.0))
         sf = dtf * jnp.exp(a * suffix_sums(dtf))
         decay = jnp.exp(a * jnp.sum(dtf))
         xf = masked_window(valid, cur, ring_x, xs[0])                        # [L, bp]
@@ -249,9 +247,8 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                                              "num_stages", "interpret"))
 def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
                          fold_dot, num_warps=4, num_stages=2, interpret=False):
-    """x [b, T, H, P]; B, C [b, Tp, G, N] and dt [b, Tp, H] zero-padded to Tp >= T rows
-    (`verify_padding`). Returns y [b, T, H, P] and the checkpoint pool (folded rows updated);
-    the ring is not touched."""
+    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
+    and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
     G = B.shape[2]
     kernel = functools.partial(
