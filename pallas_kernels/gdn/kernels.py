@@ -171,12 +171,14 @@ def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
 # S_w k and S_w q come from checkpoint + ring without forming S_w. Rows with c + T >= L fold
 # ring[0:c] + window[0]. The ring is written by the caller from the returned d.
 # --------------------------------------------------------------------------------------------
-def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
-                   s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *, heads_per_key_head,
-                   block_v, block_k, window, num_tokens, fold_dot, precision):
+def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
+                   rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *,
+                   heads_per_key_head, block_v, block_k, window, num_tokens, fold_dot,
+                   precision):
     # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
-    # S0 q_t (the decode kernel's readout, T times) and the ring / window dot products; every
-    # per-token value is a [bv] / [L] vector or a scalar (no [T, tile, chunk] products).
+    # S0 q_t (the decode kernel's readout, T times). The key products (ring x window, window x
+    # window) are per key head, not per program: they come precomputed (rkk/rkq/wkk/wkq_ref).
+    # Every per-token value is a [bv] / [L] vector or a scalar (no [T, tile, chunk] products).
     b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
     L, K, T = window, s_in.shape[3], num_tokens
     slot = slots_ref[b]
@@ -187,26 +189,22 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
     vs_ = [v_ref[b, t, hv, vs].astype(F32) for t in range(T)]             # T x [bv]
     gs = [g_ref[b, t, hv] for t in range(T)]                               # T scalars
     betas = [beta_ref[b, t, hv] for t in range(T)]
+    rkk = [rkk_ref[b, hk, t, :] for t in range(T)]                         # T x [L] k_j . k_t
+    rkq = [rkq_ref[b, hk, t, :] for t in range(T)]                         # T x [L] k_j . q_t
     pairs = [(r, t) for t in range(T) for r in range(t + 1)]               # r <= t
+    wkk = {rt: wkk_ref[b, hk, rt[0], rt[1]] for rt in pairs}               # k_r . k_t
+    wkq = {rt: wkq_ref[b, hk, rt[0], rt[1]] for rt in pairs}               # k_r . q_t
 
     def readout(ks, carry):
-        s0k, s0q, rkk, rkq, wkk, wkq = carry
         s0 = s_in[slot, hv, vs, ks].astype(F32)                            # [bv, bk]
-        rk = rk_in[slot, hk, :, ks].astype(F32)                            # [L, bk]
-        km = [k_ref[b, t, hk, ks].astype(F32) for t in range(T)]          # T x [bk]
-        qm = [q_ref[b, t, hk, ks].astype(F32) for t in range(T)]
+        s0k, s0q = carry
+        return (tuple(acc + jnp.sum(s0 * k_ref[b, t, hk, ks].astype(F32)[None, :], axis=1)
+                      for t, acc in enumerate(s0k)),
+                tuple(acc + jnp.sum(s0 * q_ref[b, t, hk, ks].astype(F32)[None, :], axis=1)
+                      for t, acc in enumerate(s0q)))
 
-        def matvecs(accs, m, vecs):
-            return tuple(acc + jnp.sum(m * v[None, :], axis=1) for acc, v in zip(accs, vecs))
-        return (matvecs(s0k, s0, km), matvecs(s0q, s0, qm), matvecs(rkk, rk, km),
-                matvecs(rkq, rk, qm),
-                tuple(acc + jnp.sum(km[r] * km[t]) for acc, (r, t) in zip(wkk, pairs)),
-                tuple(acc + jnp.sum(km[r] * qm[t]) for acc, (r, t) in zip(wkq, pairs)))
-
-    zt, zl, zs = ((jnp.zeros((block_v,), F32),) * T, (jnp.zeros((L,), F32),) * T,
-                  (jnp.float32(0),) * len(pairs))
-    s0k, s0q, rkk, rkq, wkk, wkq = n_chunks(K, block_k, readout, (zt, zt, zl, zl, zs, zs))
-    wkk, wkq = dict(zip(pairs, wkk)), dict(zip(pairs, wkq))               # k_r . k_t, k_r . q_t
+    zt = (jnp.zeros((block_v,), F32),) * T
+    s0k, s0q = n_chunks(K, block_k, readout, (zt, zt))
 
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid = j < c
@@ -259,6 +257,12 @@ def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
     not touched."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
+    hi = lax.Precision.HIGHEST
+    rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
+    products = (jnp.einsum("bhlk,bthk->bhtl", rk, kf, precision=hi),    # [b, Hk, T, L]
+                jnp.einsum("bhlk,bthk->bhtl", rk, qf, precision=hi),
+                jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi),    # [b, Hk, T, T]
+                jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi))
     kernel = functools.partial(
         _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
         window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
@@ -268,11 +272,11 @@ def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
         grid=(batch, Hv, V // block_v),
         out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(v.shape, F32),
                    jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
-        input_output_aliases={7: 2},
+        input_output_aliases={11: 2},
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret,
         name="gdn_replay_verify",
-    )(slots, counts, q, k, v, g, beta, *buffers)
+    )(slots, counts, q, k, v, g, beta, *products, *buffers)
 
 
 # --------------------------------------------------------------------------------------------

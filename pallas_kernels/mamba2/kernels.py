@@ -176,12 +176,13 @@ def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
 # The ring itself is written by the caller after this kernel (the fold rows overwrite ring rows
 # other programs of the same group still read here).
 # --------------------------------------------------------------------------------------------
-def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
-                   s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group, block_p,
-                   block_n, window, num_tokens, fold_dot, precision):
+def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
+                   bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group,
+                   block_p, block_n, window, num_tokens, fold_dot, precision):
     # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
-    # decode kernel's readout, T times), ring and window dot products. Everything per token is a
-    # [bp] / [L] vector or a scalar: no [T, tile, chunk] products (they spill registers).
+    # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
+    # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
+    # a [bp] / [L] vector or a scalar: no [T, tile, chunk] products (they spill registers).
     b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
     L, N, T = window, s_in.shape[3], num_tokens
     slot = slots_ref[b]
@@ -191,22 +192,15 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     ring_dt = rdt_in[slot, h, :]                      # [L]
     xs = [x_ref[b, t, h, ps].astype(_F32) for t in range(T)]              # T x [bp]
     dts = [dt_ref[b, t, h] for t in range(T)]                              # T scalars
-    pairs = [(r, t) for t in range(T) for r in range(t + 1)]               # r <= t
+    bc_ring = [bcr_ref[b, g, t, :] for t in range(T)]                      # T x [L] B_j . C_t
+    bc_win = {(r, t): bcw_ref[b, g, r, t] for t in range(T) for r in range(t + 1)}  # B_r . C_t
 
-    def readout(ns, carry):
-        s0c, bc_ring, bc_win = carry
+    def readout(ns, s0c):
         s0 = s_in[slot, h, ps, ns].astype(_F32)                            # [bp, bn]
-        rb = rb_in[slot, g, :, ns].astype(_F32)                            # [L, bn]
-        cs = [c_ref[b, t, g, ns].astype(_F32) for t in range(T)]          # T x [bn]
-        bs = [b_ref[b, t, g, ns].astype(_F32) for t in range(T)]
-        return (tuple(acc + jnp.sum(s0 * cv[None, :], axis=1) for acc, cv in zip(s0c, cs)),
-                tuple(acc + jnp.sum(rb * cv[None, :], axis=1) for acc, cv in zip(bc_ring, cs)),
-                tuple(acc + jnp.sum(bs[r] * cs[t]) for acc, (r, t) in zip(bc_win, pairs)))
+        return tuple(acc + jnp.sum(s0 * c_ref[b, t, g, ns].astype(_F32)[None, :], axis=1)
+                     for t, acc in enumerate(s0c))
 
-    s0c, bc_ring, bc_win = n_chunks(N, block_n, readout, (
-        (jnp.zeros((block_p,), _F32),) * T, (jnp.zeros((L,), _F32),) * T,
-        (jnp.float32(0),) * len(pairs)))
-    bc_win = dict(zip(pairs, bc_win))                 # B_r . C_t
+    s0c = n_chunks(N, block_n, readout, (jnp.zeros((block_p,), _F32),) * T)
 
     a = a_ref[h]
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
@@ -251,6 +245,10 @@ def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
     G = B.shape[2]
+    hi, f32 = lax.Precision.HIGHEST, jnp.float32
+    bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(f32), C.astype(f32),
+                         precision=hi)                                 # [b, G, T, L]
+    bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(f32), C.astype(f32), precision=hi)
     kernel = functools.partial(
         _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
         window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
@@ -260,11 +258,11 @@ def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
         grid=(batch, H, P // block_p),
         out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
                    jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
-        input_output_aliases={8: 1},
+        input_output_aliases={10: 1},
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret,
         name="mamba2_replay_verify",
-    )(slots, counts, x, B, C, dt, A, D, *buffers)
+    )(slots, counts, x, B, C, dt, A, D, bc_ring, bc_win, *buffers)
 
 
 # --------------------------------------------------------------------------------------------
