@@ -29,6 +29,7 @@ from pallas_kernels._common import commit_counts
 from replayjax.kernel_bench import FAMILIES, MIN_POOL_BYTES, copy_bandwidth
 
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
+BREAKDOWN = False
 
 
 def fold_statistics(T, L, steps=100_000, seed=0):
@@ -61,6 +62,12 @@ def _step_us(fn, args, first_kernel, n_steps, iterations=3):
     for it in timings:
         start = next(i for i, (k, _) in enumerate(it) if first_kernel in k)
         per.append(sum(ms for _, ms in it[start:]) * 1e3 / n_steps)
+    if BREAKDOWN:                                   # --breakdown: us per step by kernel name
+        by = {}
+        for k, ms in timings[-1][start:]:
+            by[k[:60]] = by.get(k[:60], 0.0) + ms * 1e3 / n_steps
+        for k, us in sorted(by.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"    {first_kernel}: {us:9.1f} us  {k}", flush=True)
     return float(np.median(per))
 
 
@@ -131,6 +138,7 @@ def main(argv=None):
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None)
+    ap.add_argument("--breakdown", action="store_true", help="print us per step by kernel")
     ap.add_argument("--num-warps", type=int, help="replay verify kernel warps (default: tuned)")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
@@ -138,6 +146,8 @@ def main(argv=None):
     import jax
     if jax.default_backend() != "gpu":
         sys.exit("verify_bench: needs a CUDA GPU")
+    global BREAKDOWN
+    BREAKDOWN = args.breakdown
     fam = FAMILIES[args.family]()
     ring = args.ring_dtype or ("float32" if fam.name == "gdn" else "bfloat16")
     bw = copy_bandwidth() / 1e9
