@@ -3,14 +3,19 @@
 A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
 implements `_run(tokens, cache, mixer_fn) -> (logits, final-normed hidden, layer caches)`. SSM
 mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
-`decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, impl)`;
+`decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
 
     logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
     logits, hidden, cache = model.prefill_hidden(...)                      # + hidden, for MTP
     logits, cache         = model.decode(cache, tokens, slots, mode=...)   # one token per row
-    logits, hidden, cache = model.verify(cache, tokens, slots)             # T-token window
-    cache                 = model.commit(cache, slots, n_accepted, T)      # accept n, roll back rest
+    logits, hidden, cache = model.verify(cache, tokens, slots, mode=...)   # T-token window
+    cache                 = model.commit(cache, slots, n_accepted, T, mode=...)  # accept n
+
+Speculative `mode="replay"` writes the window into the rings and commits by moving the ring
+counts; `mode="standard"` is the state-per-draft baseline: T standard steps writing the state
+after every window token into the slot's draft rows of the checkpoint pool (a cache built with
+`ssm_mode="standard"`, see `models.cache`), and commit copies the last accepted draft back.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from models.cache import ModelCache, SSMCache
+from models.cache import ModelCache, SSMCache, draft_pool_size, draft_slots
 from pallas_kernels._common import NULL_SLOT, advance_counts, commit_counts, row_index
 from pallas_kernels.conv1d import conv_commit
 
@@ -41,12 +46,25 @@ def conv_prefill(xbc, weight, bias, lengths):
     return out, jnp.take_along_axis(pad, idx[:, :, None], axis=1)
 
 
+def check_mode(mode, cache: ModelCache):
+    """A known mode, and no replay step on a standard-mode cache with drafts (its rings are
+    one entry per slot and its pool is larger than the rings: the kernels would reject it)."""
+    if mode not in SSM_MODES:
+        raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
+    if mode == "replay" and any(isinstance(lc, SSMCache) and lc.num_drafts
+                                for lc in cache.layers):
+        raise ValueError("this cache was built with ssm_mode='standard' (draft states, no "
+                         "rings): run it with mode='standard'")
+
+
 def store_prefill(cache: SSMCache, slots, state, conv_state):
     """Writes a prefilled slot: checkpoint = state after the prompt, conv state."""
-    i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
+    live = slots != NULL_SLOT
     bufs = cache.buffers
-    bufs = bufs._replace(checkpoint=bufs.checkpoint.at[i].set(
-        state.astype(bufs.checkpoint.dtype), mode="drop"))
+    ck = bufs.checkpoint       # a standard-mode pool is larger than S: drop past its own end
+    bufs = bufs._replace(checkpoint=ck.at[row_index(slots, live, ck.shape[0])].set(
+        state.astype(ck.dtype), mode="drop"))
+    i = row_index(slots, live, cache.conv.shape[0])
     return cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
         conv_state.astype(cache.conv.dtype), mode="drop"))
 
@@ -61,6 +79,41 @@ def store_pending(cache: SSMCache, slots, window):
     i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
     return cache.replace(pending=cache.pending.at[i, :T].set(window.astype(cache.pending.dtype),
                                                              mode="drop"))
+
+
+def ssm_buffers(init, num_slots: int, window: int, max_verify: int, ssm_mode: str):
+    """A layer's SSM buffers for `ssm_mode`. init(num_slots, window) builds ReplayBuffers or
+    GDNBuffers. Replay: as built. Standard: the rings are unused, so they shrink to one entry,
+    and the checkpoint pool grows to S * (1 + T) rows for T = max_verify > 1 (draft states)."""
+    if ssm_mode not in SSM_MODES:
+        raise ValueError(f"ssm_mode must be one of {SSM_MODES}, got {ssm_mode!r}")
+    if ssm_mode == "replay":
+        return init(num_slots, window)
+    bufs = init(num_slots, 1)
+    ck = bufs.checkpoint
+    return bufs._replace(checkpoint=jnp.zeros((draft_pool_size(num_slots, max_verify),)
+                                              + ck.shape[1:], ck.dtype))
+
+
+def verify_draft_slots(cache: SSMCache, slots, window_len: int):
+    """Draft rows [b, T] for a standard-mode verify window, or a ValueError without room."""
+    if cache.num_drafts < window_len:
+        raise ValueError(
+            f"standard-mode verify of T = {window_len} needs {window_len} draft states per slot, "
+            f"the cache has {cache.num_drafts}; build it with init_cache(..., "
+            f"ssm_mode='standard', max_verify={window_len})")
+    return draft_slots(slots, cache.conv.shape[0], cache.num_drafts, window_len)
+
+
+def commit_draft(cache: SSMCache, slots, n, window_len: int):
+    """Standard-mode commit of one layer: checkpoint[slot] = its draft state n - 1 (the state
+    after the last accepted token). n [b] in 1..T; NULL_SLOT rows change nothing."""
+    ck = cache.buffers.checkpoint
+    src = jnp.take_along_axis(verify_draft_slots(cache, slots, window_len), (n - 1)[:, None],
+                              axis=1)[:, 0]
+    i = row_index(slots, slots != NULL_SLOT, ck.shape[0])
+    return cache.replace(buffers=cache.buffers._replace(
+        checkpoint=ck.at[i].set(ck[src], mode="drop")))
 
 
 def ssm_cache(buffers, num_slots, conv_kernel, conv_channels, dtype, max_verify):
@@ -99,8 +152,7 @@ class HybridLM(nnx.Module):
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
         [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
-        if mode not in SSM_MODES:
-            raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
+        check_mode(mode, cache)
         starts = cache.lengths[slots]
 
         def mixer(layer, x, lc):
@@ -115,32 +167,41 @@ class HybridLM(nnx.Module):
         return logits, cache.replace(counts=counts, layers=layers,
                                      lengths=cache.lengths.at[i].add(1, mode="drop"))
 
-    def verify(self, cache: ModelCache, tokens, slots, *, impl="auto"):
-        """Speculative verify (replay mode): tokens [b, T] at positions lengths[slot]..+T-1;
-        tokens[:, 0] is the last sampled token, the rest drafts. Returns logits [b, T, V] fp32,
-        the final-norm hidden states [b, T, D] (what an MTP head drafts from) and the cache with
-        the window written but not committed: call `commit` next."""
+    def verify(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """Speculative verify: tokens [b, T] at positions lengths[slot]..+T-1; tokens[:, 0] is
+        the last sampled token, the rest drafts. Returns logits [b, T, V] fp32, the final-norm
+        hidden states [b, T, D] (what an MTP head drafts from) and the cache with the window
+        written but not committed: call `commit` with the same mode next. mode "replay": window
+        into the rings; "standard": the state after every window token into the slot's draft
+        rows (needs a cache built with ssm_mode="standard", max_verify >= T)."""
+        check_mode(mode, cache)
         starts = cache.lengths[slots]
 
         def mixer(layer, x, lc):
             if layer.kind in SSM_KINDS:
-                return layer.mixer.verify(x, lc, cache.counts, slots, impl)
+                return layer.mixer.verify(x, lc, cache.counts, slots, mode, impl)
             return layer.mixer(x, lc, slots, starts)
 
         logits, hidden, layers = self._run(tokens, cache, mixer)
         return logits, hidden, cache.replace(layers=layers)
 
-    def commit(self, cache: ModelCache, slots, n_accepted, window_len: int):
-        """Accept the first n_accepted (1..T) tokens of each row's verify window: ring counts,
-        conv states and attention lengths roll back the rest exactly."""
+    def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
+        """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and
+        attention lengths roll back the rest exactly; the SSM state by ring counts (replay) or
+        by copying draft state n - 1 into the slot's checkpoint (standard; counts untouched)."""
+        check_mode(mode, cache)
         n = jnp.clip(n_accepted, 1, window_len)
-        layers = tuple(
-            lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len], slots, n))
-            if isinstance(lc, SSMCache) else lc for lc in cache.layers)
+
+        def settle(lc: SSMCache):
+            lc = lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len], slots, n))
+            return commit_draft(lc, slots, n, window_len) if mode == "standard" else lc
+
+        layers = tuple(settle(lc) if isinstance(lc, SSMCache) else lc for lc in cache.layers)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        return cache.replace(
-            counts=commit_counts(cache.counts, slots, n, window_len, self._window(cache)),
-            lengths=cache.lengths.at[i].add(n, mode="drop"), layers=layers)
+        counts = (commit_counts(cache.counts, slots, n, window_len, self._window(cache))
+                  if mode == "replay" else cache.counts)
+        return cache.replace(counts=counts, lengths=cache.lengths.at[i].add(n, mode="drop"),
+                             layers=layers)
 
     @staticmethod
     def _window(cache: ModelCache) -> int:

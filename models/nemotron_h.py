@@ -21,8 +21,8 @@ from jax import lax
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
 from models.config import NemotronHConfig
-from models.hybrid import (HybridLM, conv_prefill, ssm_cache, store_pending,
-                           store_prefill)
+from models.hybrid import (HybridLM, conv_prefill, ssm_buffers, ssm_cache, store_pending,
+                           store_prefill, verify_draft_slots)
 from pallas_kernels import mamba2
 from pallas_kernels.conv1d import conv_commit, conv_window
 from pallas_kernels.mamba2.prefill import ssd_prefill
@@ -105,14 +105,21 @@ class Mamba2Mixer(nnx.Module):
         return out, cache.replace(buffers=bufs,
                                   conv=conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
 
-    def verify(self, h, cache: SSMCache, counts, slots, impl):
-        """A speculative window of T tokens per row (replay mode): h [b, T, D]. The window goes
-        into the rings and `pending` uncommitted; the model's `commit` settles it."""
+    def verify(self, h, cache: SSMCache, counts, slots, mode, impl):
+        """A speculative window of T tokens per row: h [b, T, D]. The window goes into the rings
+        (replay) or the states after each token into the slots' draft rows (standard), and its
+        pre-conv inputs into `pending`, uncommitted; the model's `commit` settles it."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
         conv = conv_window(cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
         x, B, C, dt = self._ssm_inputs(conv.astype(h.dtype), dt_raw)
-        y, bufs = mamba2.replay_verify(cache.buffers, counts, x, B, C, dt, self.A, self.D[...],
-                                       slots, impl=impl)
+        if mode == "replay":
+            y, bufs = mamba2.replay_verify(cache.buffers, counts, x, B, C, dt, self.A,
+                                           self.D[...], slots, impl=impl)
+        else:
+            drafts = verify_draft_slots(cache, slots, h.shape[1])
+            y, ck = mamba2.standard_verify(cache.buffers.checkpoint, x, B, C, dt, self.A,
+                                           self.D[...], slots, drafts, impl=impl)
+            bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[:2] + (-1,)), z)
         return out, store_pending(cache.replace(buffers=bufs), slots, xbc)
 
@@ -280,18 +287,23 @@ class NemotronH(HybridLM):
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
-                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None) -> ModelCache:
+                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None,
+                   ssm_mode: str = "replay") -> ModelCache:
         """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens;
-        `max_verify` > 1 makes room for speculative windows of up to that many tokens."""
+        `max_verify` > 1 makes room for speculative windows of up to that many tokens.
+        `ssm_mode="standard"`: one-entry rings (`window` unused) and, for max_verify = T > 1,
+        T draft states per slot for standard-mode verify (see `models.cache`); decode in either
+        mode works on a replay cache."""
         c = self.cfg
         act = self.embeddings[...].dtype
         ring_dtype, kv_dtype = ring_dtype or act, kv_dtype or act
+        init = lambda S, L: mamba2.init_replay_buffers(
+            S, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups, L,
+            state_dtype, ring_dtype)
         layers = []
         for kind in c.layer_kinds:
             if kind == "mamba":
-                bufs = mamba2.init_replay_buffers(
-                    num_slots, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups,
-                    window, state_dtype, ring_dtype)
+                bufs = ssm_buffers(init, num_slots, window, max_verify, ssm_mode)
                 layers.append(ssm_cache(bufs, num_slots, c.conv_kernel, c.mamba_conv_dim, act,
                                         max_verify))
             elif kind == "attention":

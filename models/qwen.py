@@ -27,7 +27,8 @@ from jax import lax
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
 from models.config import QwenHybridConfig
-from models.hybrid import HybridLM, conv_prefill, ssm_cache, store_pending, store_prefill
+from models.hybrid import (HybridLM, conv_prefill, ssm_buffers, ssm_cache, store_pending,
+                           store_prefill, verify_draft_slots)
 from pallas_kernels import gdn
 from pallas_kernels.conv1d import conv_commit, conv_window
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
@@ -105,14 +106,21 @@ class GatedDeltaNet(nnx.Module):
         return out, cache.replace(buffers=bufs,
                                   conv=conv_commit(cache.conv, qkv, slots, jnp.ones_like(slots)))
 
-
-    def verify(self, h, cache: SSMCache, counts, slots, impl):
-        """A speculative window of T tokens per row (replay mode): h [b, T, D]; the window's
-        (k, d, g) go into the rings and its pre-conv inputs into `pending`, uncommitted."""
+    def verify(self, h, cache: SSMCache, counts, slots, mode, impl):
+        """A speculative window of T tokens per row: h [b, T, D]; the window's (k, d, g) go into
+        the rings (replay) or the states after each token into the slots' draft rows
+        (standard), its pre-conv inputs into `pending`, uncommitted."""
         qkv, z, g, beta = self._split(self.in_proj(h))
         conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, T, C] f32
         q, k, v = self._qkv(conv.astype(h.dtype))
-        o, bufs = gdn.replay_verify(cache.buffers, counts, q, k, v, g, beta, slots, impl=impl)
+        if mode == "replay":
+            o, bufs = gdn.replay_verify(cache.buffers, counts, q, k, v, g, beta, slots,
+                                        impl=impl)
+        else:
+            drafts = verify_draft_slots(cache, slots, h.shape[1])
+            o, ck = gdn.standard_verify(cache.buffers.checkpoint, q, k, v, g, beta, slots,
+                                        drafts, impl=impl)
+            bufs = cache.buffers._replace(checkpoint=ck)
         return self._output(o, z), store_pending(cache.replace(buffers=bufs), slots, qkv)
 
 
@@ -314,19 +322,24 @@ class QwenHybrid(HybridLM):
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
-                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None) -> ModelCache:
+                   state_dtype=jnp.float32, ring_dtype=None, kv_dtype=None,
+                   ssm_mode: str = "replay") -> ModelCache:
         """Zeroed cache for `num_slots` slots (slot 0 = null slot) of up to `max_len` tokens;
         `max_verify` > 1 makes room for speculative windows of up to that many tokens.
-        GDN rings default to float32 (bf16 corrected updates drift, see `gdn.init_gdn_buffers`)."""
+        GDN rings default to float32 (bf16 corrected updates drift, see `gdn.init_gdn_buffers`).
+        `ssm_mode="standard"`: one-entry rings (`window` unused) and, for max_verify = T > 1,
+        T draft states per slot for standard-mode verify (see `models.cache`); decode in either
+        mode works on a replay cache."""
         c = self.cfg
         act = self.embed_tokens[...].dtype
         ring_dtype, kv_dtype = ring_dtype or jnp.float32, kv_dtype or act
+        init = lambda S, L: gdn.init_gdn_buffers(
+            S, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+            c.linear_value_head_dim, L, state_dtype, ring_dtype)
         layers = []
         for kind in c.layer_kinds:
             if kind == "gdn":
-                bufs = gdn.init_gdn_buffers(
-                    num_slots, c.linear_num_key_heads, c.linear_num_value_heads,
-                    c.linear_key_head_dim, c.linear_value_head_dim, window, state_dtype, ring_dtype)
+                bufs = ssm_buffers(init, num_slots, window, max_verify, ssm_mode)
                 layers.append(ssm_cache(bufs, num_slots, c.linear_conv_kernel_dim, c.gdn_conv_dim,
                                         act, max_verify))
             else:

@@ -38,21 +38,26 @@ class Runner:
     def _decode(self, params, cache, tokens, slots, *, mode, impl):
         return nnx.merge(self.graphdef, params).decode(cache, tokens, slots, mode=mode, impl=impl)
 
-    @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("impl",),
+    @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("mode", "impl"),
                        donate_argnums=(2,))
-    def _verify(self, params, cache, tokens, slots, *, impl):
-        return nnx.merge(self.graphdef, params).verify(cache, tokens, slots, impl=impl)
+    def _verify(self, params, cache, tokens, slots, *, mode, impl):
+        return nnx.merge(self.graphdef, params).verify(cache, tokens, slots, mode=mode,
+                                                       impl=impl)
 
-    @functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
-    def _commit(self, params, cache, slots, n_accepted, window_len):
-        return nnx.merge(self.graphdef, params).commit(cache, slots, n_accepted, window_len)
+    @functools.partial(jax.jit, static_argnums=(0, 5), static_argnames=("mode",),
+                       donate_argnums=(2,))
+    def _commit(self, params, cache, slots, n_accepted, window_len, *, mode):
+        return nnx.merge(self.graphdef, params).commit(cache, slots, n_accepted, window_len,
+                                                       mode=mode)
 
-    def verify(self, cache, tokens, slots, *, impl="auto"):
-        """tokens [b, T] -> logits [b, T, V], hidden [b, T, D], cache (window uncommitted)."""
-        return self._verify(self.params, cache, tokens, slots, impl=impl)
+    def verify(self, cache, tokens, slots, *, mode="replay", impl="auto"):
+        """tokens [b, T] -> logits [b, T, V], hidden [b, T, D], cache (window uncommitted).
+        mode "standard" needs a cache from init_cache(..., ssm_mode="standard")."""
+        return self._verify(self.params, cache, tokens, slots, mode=mode, impl=impl)
 
-    def commit(self, cache, slots, n_accepted, window_len):
-        return self._commit(self.params, cache, slots, n_accepted, window_len)
+    def commit(self, cache, slots, n_accepted, window_len, *, mode="replay"):
+        """Accept n_accepted [b] of the last verify window (same `mode` as that verify)."""
+        return self._commit(self.params, cache, slots, n_accepted, window_len, mode=mode)
 
     def prefill(self, cache, tokens, lengths, slots):
         """tokens [b, T] int32 right-padded, lengths [b], slots [b] -> logits [b, T, V], cache."""

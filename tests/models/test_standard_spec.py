@@ -1,0 +1,130 @@
+"""Speculative decoding in standard SSM mode (the state-per-draft baseline), both families: verify
+runs T standard steps writing every intermediate state into the slot's draft rows, commit copies
+the last accepted one back. It must match replay-mode verify + commit and plain decode over the
+accepted tokens step for step (random acceptance, a padding row on the null slot), and its
+speculative greedy must be plain greedy."""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.cache import SSMCache
+from tests.models import test_nemotron_h, test_qwen
+from tests.models.hf_checks import batch
+
+FAMILIES = ["nemotron_h", "qwen3_5"]
+MODES = ("replay", "standard")
+S, MAX_LEN, MAX_T = 6, 96, 4        # every cache has room for T = 4: shapes (compiles) shared
+TOL = dict(rtol=1e-4, atol=1e-4)     # logits of std ~1
+
+
+@functools.lru_cache(maxsize=None)
+def _load(variant):
+    """One Runner per family for the module: its jitted steps compile once."""
+    mod = test_qwen if variant.startswith("qwen") else test_nemotron_h
+    return mod._load(variant)
+
+
+@pytest.mark.parametrize("T", [2, 4])
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_standard_verify_commit_equals_replay_and_plain_decode(variant, T):
+    runner, ref = _load(variant)
+    prompts, lens, slots = batch(ref)
+    b, V = len(lens), ref["prefill_logits"].shape[-1]
+    vslots = jnp.concatenate([slots, jnp.zeros((1,), jnp.int32)])   # + a padding row
+    caches = {m: runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T, ssm_mode=m)
+              for m in MODES}
+    plain = runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T)
+    for m in MODES:
+        logits, caches[m] = runner.prefill(caches[m], prompts, lens, slots)
+    logits, plain = runner.prefill(plain, prompts, lens, slots)
+    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
+    rng = np.random.default_rng(T)
+    for _ in range(12):
+        window = np.concatenate([last[:, None], rng.integers(3, V, (b, T - 1))], 1)
+        window = np.concatenate([window, rng.integers(3, V, (1, T))]).astype(np.int32)
+        n_acc = rng.integers(1, T + 1, b + 1).astype(np.int32)
+        out = {}
+        for m in MODES:
+            lg, hid, caches[m] = runner.verify(caches[m], jnp.asarray(window), vslots, mode=m)
+            caches[m] = runner.commit(caches[m], vslots, jnp.asarray(n_acc), T, mode=m)
+            out[m] = np.asarray(lg)[:b], np.asarray(hid)[:b]
+        np.testing.assert_allclose(out["standard"][0], out["replay"][0], **TOL)
+        np.testing.assert_allclose(out["standard"][1], out["replay"][1], **TOL)
+        std = out["standard"][0]
+        for t in range(int(n_acc[:b].max())):          # plain decode over the accepted tokens
+            live = n_acc[:b] > t
+            lg, plain = runner.decode(plain, jnp.asarray(window[:b, t:t + 1]),
+                                      jnp.where(jnp.asarray(live), slots, 0))
+            np.testing.assert_allclose(std[live, t], np.asarray(lg)[live, 0], **TOL)
+        last = std[np.arange(b), n_acc[:b] - 1].argmax(-1)
+    std = caches["standard"]
+    np.testing.assert_array_equal(std.lengths, plain.lengths)
+    np.testing.assert_array_equal(std.counts, 0)                    # rings unused
+    untouched = np.array([0, 2, 5])                                 # null + free slots
+    for lc in std.layers:
+        if isinstance(lc, SSMCache):
+            assert lc.buffers.checkpoint.shape[0] == S * (1 + MAX_T) and lc.buffers.window == 1
+            assert not np.asarray(lc.buffers.checkpoint[untouched]).any()
+            assert not np.asarray(lc.conv[untouched]).any()
+
+
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_standard_speculative_greedy_equals_greedy(variant):
+    runner, ref = _load(variant)
+    prompts, lens, slots = batch(ref)
+    b, n, T = len(lens), 24, MAX_T
+    want, _, _ = runner.greedy(runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T),
+                               prompts, lens, slots, n)
+    want = np.asarray(want)
+    np.testing.assert_array_equal(want, ref["greedy_tokens"][:, :n])
+    rng = np.random.default_rng(1)
+    # the shapes of the test above (a padding row included): its compiles are reused
+    vslots = jnp.concatenate([slots, jnp.zeros((1,), jnp.int32)])
+    cache = runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T, ssm_mode="standard")
+    logits, cache = runner.prefill(cache, prompts, lens, slots)
+    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
+    out = [[int(t)] for t in last]
+    accepted_drafts = 0
+    while min(len(o) for o in out) < n:
+        drafts = np.zeros((b, T - 1), np.int32)
+        for r in range(b):                              # the true continuation, a third corrupted
+            true = list(want[r, len(out[r]):len(out[r]) + T - 1]) + [0] * (T - 1)
+            drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128))
+                         for t in true[:T - 1]]
+        window = np.concatenate([last[:, None], drafts], 1)
+        window = jnp.asarray(np.concatenate([window, np.zeros((1, T))]), jnp.int32)
+        logits, _, cache = runner.verify(cache, window, vslots, mode="standard")
+        pred = np.asarray(jnp.argmax(logits[:b], -1))
+        n_acc = np.ones(b, np.int32)
+        for r in range(b):
+            while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
+                n_acc[r] += 1
+            accepted_drafts += n_acc[r] - 1
+            out[r] += [int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])]
+        last = pred[np.arange(b), n_acc - 1]
+        cache = runner.commit(cache, vslots, jnp.asarray(np.append(n_acc, 1)), T,
+                              mode="standard")
+    np.testing.assert_array_equal(np.array([o[:n] for o in out]), want)
+    assert accepted_drafts > n // 2           # the drafts were really used
+
+
+def test_bad_modes_and_missing_draft_room():
+    runner, ref = _load("qwen3_5")
+    window, slots = jnp.zeros((3, 4), jnp.int32), jnp.asarray([4, 1, 3], jnp.int32)
+    with pytest.raises(ValueError, match="ssm_mode must be one of"):
+        runner.init_cache(S, 16, ssm_mode="stanard")
+    cache = runner.init_cache(S, 16, max_verify=4)                  # replay: no draft rows
+    with pytest.raises(ValueError, match="needs 4 draft states per slot, the cache has 0"):
+        runner.verify(cache, window, slots, mode="standard")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        runner.verify(cache, window, slots, mode="bogus")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        runner.commit(cache, slots, jnp.ones((3,), jnp.int32), 4, mode="bogus")
+    small = runner.init_cache(S, 16, max_verify=2, ssm_mode="standard")
+    with pytest.raises(ValueError, match="needs 4 draft states per slot, the cache has 2"):
+        runner.verify(small, window, slots, mode="standard")
+    with pytest.raises(ValueError, match="built with ssm_mode='standard'"):
+        runner.decode(small, window[:, :1], slots, mode="replay")
