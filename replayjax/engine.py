@@ -7,13 +7,24 @@ Requests are admitted into free slots between host visits (prefill of the new on
 fixed batch and a power-of-two length bucket, so shapes -- and compilations -- stay fixed); every
 visit runs up to `steps_per_visit` decode steps on device in one `lax.while_loop` over all slots,
 with the cache donated. Finished slots are freed and reused (prefill resets a slot's state).
-With `num_draft > 0` the engine decodes speculatively: an n-gram drafter proposes K tokens from the
-request's own text, the model verifies T = K + 1 tokens in one step, `verify_drafts` accepts a
-prefix (greedy: exact match; sampling: rejection sampling), and `commit` rolls back the rest.
-With `drafter="mtp"` the drafts come from the model's MTP head instead, all on device: prefill
-seeds the head's KV cache with (hidden_j, token_{j+1}) over the prompt and chains K greedy drafts;
-every speculative step re-runs the head over the verify window's hidden states and emitted tokens
-(at the window's positions) and chains the next K drafts, returned for the next step.
+With `num_draft > 0` the engine decodes speculatively: a drafter proposes K tokens, the model
+verifies T = K + 1 tokens in one step, `verify_drafts` accepts a prefix (greedy: exact match;
+sampling: rejection sampling against the deterministic drafts), and `commit` rolls back the rest.
+Drafters:
+
+- "ngram" (host): prompt lookup in the request's own text.
+- "mtp" (device): the model's MTP head. Prefill seeds the head's KV cache with (hidden_j,
+  token_{j+1}) over the prompt and chains K greedy drafts; every speculative step re-runs the head
+  over the verify window's hidden states and emitted tokens (at the window's positions) and chains
+  the next K drafts, returned for the next step.
+- "draft" (device): a separate, smaller `draft_model` with the same vocabulary and its own cache
+  (same slots and max_len), prefilled with the same prompts. Every step chains K greedy decodes
+  from its committed cache on a throwaway copy, then -- after the target's verify + commit --
+  verifies the same window [last, d_1..d_K] on the real draft cache and commits the accepted
+  prefix, so both caches always hold exactly the emitted tokens.
+
+With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
+from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ from flax import nnx
 from models.runner import Runner
 from pallas_kernels._common import NULL_SLOT
 from replayjax import sampling
+
+DRAFTERS = ("ngram", "mtp", "draft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +75,7 @@ class Completion:
     accepted_drafts: int = 0
     drafts: list = dataclasses.field(default_factory=list)  # (cache length, drafts) per spec
                                                             # step, with Engine.record_drafts
+    logits: np.ndarray | None = None  # [len(tokens), V] fp32, with Engine(return_logits=True)
 
     @property
     def tpot_s(self):
@@ -94,43 +108,66 @@ def ngram_drafts(history: Sequence[int], k: int, max_n: int = 3) -> list:
 class Engine:
     def __init__(self, model, *, num_slots: int = 8, max_len: int = 1024, ssm_mode: str = "replay",
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
-                 num_draft: int = 0, impl: str = "auto", drafter: str = "ngram"):
+                 num_draft: int = 0, impl: str = "auto", drafter: str = "ngram",
+                 draft_model=None, return_logits: bool = False):
         if ssm_mode not in ("replay", "standard"):
             raise ValueError(f"ssm_mode must be 'replay' or 'standard', got {ssm_mode!r}")
-        if num_draft and ssm_mode != "replay":
-            raise ValueError("speculative decoding needs ssm_mode='replay' (rollback by cursor)")
         if not 0 <= num_draft <= min(7, window - 1):
             raise ValueError(f"num_draft = {num_draft} must be in [0, {min(7, window - 1)}] "
                              f"(window L = {window}, at most 8 verify tokens)")
-        if drafter not in ("ngram", "mtp"):
-            raise ValueError(f"drafter must be 'ngram' or 'mtp', got {drafter!r}")
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(map(repr, DRAFTERS))}, "
+                             f"got {drafter!r}")
         if drafter == "mtp" and getattr(model, "mtp", None) is None:
             raise ValueError("drafter='mtp' needs a model with an MTP head (build it with mtp=True "
                              "and load its mtp.* weights)")
-        self.drafter = drafter
+        if (drafter == "draft") != (draft_model is not None):
+            raise ValueError("drafter='draft' needs draft_model=..., and draft_model is only used "
+                             "with drafter='draft'")
+        if draft_model is not None and draft_model.cfg.vocab_size != model.cfg.vocab_size:
+            raise ValueError(f"the draft model's vocab_size ({draft_model.cfg.vocab_size}) differs "
+                             f"from the target model's ({model.cfg.vocab_size}); a draft model "
+                             f"must share the target's vocabulary")
         self.runner = Runner(model)
         self.vocab = model.cfg.vocab_size
         self.S = num_slots + 1                        # + the null slot
         self.max_len, self.mode, self.impl = max_len, ssm_mode, impl
         self.steps, self.K = steps_per_visit, num_draft
-        self.cache = self.runner.init_cache(self.S, max_len, window=window,
-                                            max_verify=num_draft + 1, state_dtype=state_dtype)
-        self._decode_loop = jax.jit(functools.partial(_decode_loop, self.runner.graphdef,
-                                                      mode=ssm_mode, impl=impl, n=steps_per_visit),
-                                    donate_argnums=(1,))
-        self._spec_step = jax.jit(functools.partial(_spec_step, self.runner.graphdef, impl=impl),
-                                  donate_argnums=(1,))
-        self._mtp = drafter == "mtp" and num_draft > 0
-        if self._mtp:
-            self._mtp_prefill = jax.jit(functools.partial(_mtp_prefill, self.runner.graphdef),
-                                        donate_argnums=(1,))
-            self._mtp_seed = jax.jit(functools.partial(_mtp_seed, self.runner.graphdef),
+        self.return_logits = return_logits
+        # without drafts no drafter runs: "none" keeps prefill and state free of drafter parts
+        self.drafter = drafter if num_draft else "none"
+
+        def mk_cache(runner, mode):
+            return runner.init_cache(self.S, max_len, window=window, max_verify=num_draft + 1,
+                                     state_dtype=state_dtype, ssm_mode=mode)
+
+        # device state, donated to every step: the target cache plus the drafter's own part.
+        # Speculation in standard mode is the state-per-draft baseline (T states per slot).
+        self.state = dict(cache=mk_cache(self.runner, ssm_mode))
+        graphdefs, self.params = [self.runner.graphdef], [self.runner.params]
+        if self.drafter == "mtp":
+            self.state["drafts"] = jnp.zeros((self.S, num_draft), jnp.int32)  # next drafts
+        elif self.drafter == "draft":
+            self.draft_runner = Runner(draft_model)
+            self.state["draft_cache"] = mk_cache(self.draft_runner, "replay")
+            graphdefs.append(self.draft_runner.graphdef)
+            self.params.append(self.draft_runner.params)
+        graphdefs, self.params = tuple(graphdefs), tuple(self.params)
+        static = dict(drafter=self.drafter, keep_logits=return_logits)
+        self._prefill_step = jax.jit(functools.partial(_prefill_step, graphdefs, **static),
                                      donate_argnums=(1,))
-            self._spec_step = jax.jit(functools.partial(_spec_step_mtp, self.runner.graphdef,
-                                                        impl=impl), donate_argnums=(1,))
-            self._drafts = jnp.zeros((self.S, num_draft), jnp.int32)   # next drafts per slot
+        self._decode_loop = jax.jit(functools.partial(
+            _decode_loop, graphdefs[0], mode=ssm_mode, impl=impl, n=steps_per_visit,
+            keep_logits=return_logits), donate_argnums=(1,))
+        self._spec_step = jax.jit(functools.partial(_spec_step, graphdefs, K=num_draft, impl=impl,
+                                                    mode=ssm_mode, **static), donate_argnums=(1,))
         self.record_drafts = False   # tests: keep (cache length, drafts) per spec step per request
         self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
+
+    @property
+    def cache(self):
+        """The target model's cache."""
+        return self.state["cache"]
 
     # ------------------------------------------------------------------ validation
     def _check(self, r: Request):
@@ -179,28 +216,20 @@ class Engine:
         for r, (i, s) in enumerate(zip(admit, free)):
             p = np.asarray(reqs[i].prompt, np.int32)
             tokens[r, :len(p)], lengths[r], slots[r] = p, len(p), s
+        sp = _sampling_args([reqs[i].sampling for i in admit]
+                            + [SamplingParams()] * (rows - len(admit)))
         start = time.perf_counter()
-        if self._mtp:
-            logits, hidden, self.cache = self._mtp_prefill(
-                self.runner.params, self.cache, jnp.asarray(tokens), jnp.asarray(lengths),
-                jnp.asarray(slots))
-        else:
-            logits, self.cache = self.runner.prefill(self.cache, jnp.asarray(tokens),
-                                                     jnp.asarray(lengths), jnp.asarray(slots))
-        last = logits[jnp.arange(rows), jnp.asarray(lengths) - 1]
-        params = [reqs[i].sampling for i in admit] + [SamplingParams()] * (rows - len(admit))
-        first = sampling.sample(last, *_params(params),
-                                sampling.row_keys(jnp.asarray([p.seed for p in params]),
-                                                  jnp.zeros(rows, jnp.int32)))
-        if self._mtp:
-            self.cache, self._drafts = self._mtp_seed(
-                self.runner.params, self.cache, hidden, jnp.asarray(tokens), jnp.asarray(lengths),
-                jnp.asarray(slots), first, self._drafts)
+        self.state, first, last = self._prefill_step(
+            self.params, self.state, jnp.asarray(tokens), jnp.asarray(lengths),
+            jnp.asarray(slots), sp)
         first = np.asarray(first)
+        last = np.asarray(last) if self.return_logits else None
         now = time.perf_counter() - t0
         self.visits.append(("prefill", 1, time.perf_counter() - start))
         for r, (i, s) in enumerate(zip(admit, free)):
             lv = _Live(i, reqs[i], [int(first[r])], now)
+            if last is not None:
+                lv.logits.append(last[r:r + 1])
             live[s] = lv
             self._maybe_finish(s, lv, live, done, now)
 
@@ -210,8 +239,9 @@ class Engine:
         if hit is not None or len(lv.tokens) >= r.max_new_tokens:
             n = min(hit + 1 if hit is not None else len(lv.tokens), r.max_new_tokens)
             reason = "stop" if hit is not None and hit < r.max_new_tokens else "length"
+            logits = np.concatenate(lv.logits)[:n] if self.return_logits else None
             done[lv.index] = Completion(r.id, lv.tokens[:n], reason, lv.ttft, now,
-                                        lv.verify_steps, lv.accepted, lv.drafts)
+                                        lv.verify_steps, lv.accepted, lv.drafts, logits)
             del live[slot]
 
     def _device_state(self, live):
@@ -227,48 +257,47 @@ class Engine:
             stops = list(lv.req.stop_ids)[:8]
             st["stops"][s, :len(stops)] = stops
             params[s] = lv.req.sampling
-        st = {k: jnp.asarray(v) for k, v in st.items()}
-        temp, top_k, top_p = _params(params)
-        return st, (temp, top_k, top_p, jnp.asarray([p.seed for p in params], jnp.int32))
+        return {k: jnp.asarray(v) for k, v in st.items()}, _sampling_args(params)
 
     def _decode_visit(self, live, done, t0):
         st, sp = self._device_state(live)
         start = time.perf_counter()
-        self.cache, out = self._decode_loop(self.runner.params, self.cache, st, sp)
+        self.state["cache"], out, logits = self._decode_loop(self.params[0], self.state["cache"],
+                                                             st, sp)
         out = np.asarray(out)                                      # [S, steps], -1 = none
+        logits = np.asarray(logits) if self.return_logits else None
         now = time.perf_counter() - t0
         self.visits.append(("decode", int((out >= 0).any(0).sum()), time.perf_counter() - start))
         for s in list(live):
             lv = live[s]
-            lv.tokens += [int(t) for t in out[s] if t >= 0]
+            ok = out[s] >= 0
+            lv.tokens += [int(t) for t in out[s, ok]]
+            if logits is not None:
+                lv.logits.append(logits[s, ok])
             self._maybe_finish(s, lv, live, done, now)
 
     def _spec_visit(self, live, done, t0):
         st, sp = self._device_state(live)
-        if self._mtp:
-            drafts = self._drafts
-        else:
-            drafts = np.zeros((self.S, self.K), np.int32)
+        host_drafts = None
+        if self.drafter == "ngram":
+            host_drafts = np.zeros((self.S, self.K), np.int32)
             for s, lv in live.items():
-                drafts[s] = ngram_drafts(list(lv.req.prompt) + lv.tokens, self.K)
-            drafts = jnp.asarray(drafts)
-        if self.record_drafts:
-            host = np.asarray(drafts)
-            for s, lv in live.items():
-                lv.drafts.append((len(lv.req.prompt) + len(lv.tokens) - 1, host[s].tolist()))
+                host_drafts[s] = ngram_drafts(list(lv.req.prompt) + lv.tokens, self.K)
+            host_drafts = jnp.asarray(host_drafts)
         start = time.perf_counter()
-        if self._mtp:
-            self.cache, emitted, n_acc, self._drafts = self._spec_step(
-                self.runner.params, self.cache, st, sp, drafts)
-        else:
-            self.cache, emitted, n_acc = self._spec_step(self.runner.params, self.cache, st, sp,
-                                                         drafts)
-        emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
+        self.state, out = self._spec_step(self.params, self.state, st, sp, host_drafts)
+        out = {k: np.asarray(v) for k, v in out.items()}
+        emitted, n_acc = out["emitted"], out["n_acc"]
         now = time.perf_counter() - t0
         self.visits.append(("verify", 1, time.perf_counter() - start))
         for s in list(live):
             lv = live[s]
+            if self.record_drafts:
+                lv.drafts.append((len(lv.req.prompt) + len(lv.tokens) - 1,
+                                  out["drafts"][s].tolist()))
             lv.tokens += [int(t) for t in emitted[s, :n_acc[s]]]
+            if self.return_logits:
+                lv.logits.append(out["logits"][s, :n_acc[s]])
             lv.verify_steps += 1
             lv.accepted += int(n_acc[s]) - 1
             self._maybe_finish(s, lv, live, done, now)
@@ -283,17 +312,49 @@ class _Live:
     verify_steps: int = 0
     accepted: int = 0
     drafts: list = dataclasses.field(default_factory=list)
+    logits: list = dataclasses.field(default_factory=list)   # [k, V] chunks, return_logits
 
 
-def _params(params):
+def _sampling_args(params):
+    """Per-row SamplingParams -> (temperature, top_k, top_p, seed) arrays [b]."""
     return (jnp.asarray([p.temperature for p in params], jnp.float32),
             jnp.asarray([p.top_k for p in params], jnp.int32),
-            jnp.asarray([p.top_p for p in params], jnp.float32))
+            jnp.asarray([p.top_p for p in params], jnp.float32),
+            jnp.asarray([p.seed for p in params], jnp.int32))
 
 
-def _decode_loop(graphdef, params, cache, st, sp, *, mode, impl, n):
-    """Up to n decode steps over all slots (inactive ones as null-slot rows). Returns the cache
-    and the sampled tokens [S, n] (-1 where a row was inactive)."""
+# ---------------------------------------------------------------------- jitted steps
+# Pure functions of (params, state, ...): graphdefs and flags are bound with functools.partial
+# (static), params are arguments (not baked into the HLO), the state pytree is donated.
+
+def _prefill_step(graphdefs, params, state, tokens, lengths, slots, sp, *, drafter, keep_logits):
+    """Admits prompts: tokens [b, T] right-padded, lengths [b], slots [b] (NULL_SLOT = unused
+    row), sampling arrays sp [b]. Prefills the target (and, per drafter, seeds the MTP drafts or
+    prefills the draft model) and samples each row's first token. Returns the state, the first
+    tokens [b] and their logits [b, V] fp32 (None unless keep_logits)."""
+    model = nnx.merge(graphdefs[0], params[0])
+    temp, top_k, top_p, seeds = sp
+    if drafter == "mtp":
+        logits, hidden, cache = model.prefill_hidden(state["cache"], tokens, lengths, slots)
+    else:
+        logits, cache = model.prefill(state["cache"], tokens, lengths, slots)
+    last = logits[jnp.arange(tokens.shape[0]), lengths - 1]
+    first = sampling.sample(last, temp, top_k, top_p,
+                            sampling.row_keys(seeds, jnp.zeros_like(lengths)))
+    state = dict(state, cache=cache)
+    if drafter == "mtp":
+        state["cache"], state["drafts"] = _mtp_seed(model, cache, hidden, tokens, lengths, slots,
+                                                    first, state["drafts"])
+    elif drafter == "draft":
+        draft = nnx.merge(graphdefs[1], params[1])
+        _, state["draft_cache"] = draft.prefill(state["draft_cache"], tokens, lengths, slots)
+    return state, first, last if keep_logits else None
+
+
+def _decode_loop(graphdef, params, cache, st, sp, *, mode, impl, n, keep_logits):
+    """Up to n decode steps over all slots (inactive ones as null-slot rows). Returns the cache,
+    the sampled tokens [S, n] (-1 where a row was inactive) and, with keep_logits, the logits
+    they were sampled from [S, n, V] fp32 (else None)."""
     model = nnx.merge(graphdef, params)
     temp, top_k, top_p, seeds = sp
     S = st["last"].shape[0]
@@ -303,55 +364,78 @@ def _decode_loop(graphdef, params, cache, st, sp, *, mode, impl, n):
         return (c[0] < n) & jnp.any(c[2]["active"])
 
     def body(c):
-        i, cache, s, out = c
+        i, cache, s, out, lg = c
         slots = jnp.where(s["active"], ids, NULL_SLOT)
         logits, cache = model.decode(cache, s["last"][:, None], slots, mode=mode, impl=impl)
         tok = sampling.sample(logits[:, 0], temp, top_k, top_p,
                               sampling.row_keys(seeds, s["gen_pos"]))
         out = out.at[:, i].set(jnp.where(s["active"], tok, -1))
+        if keep_logits:
+            lg = lg.at[:, i].set(logits[:, 0])
         remaining = s["remaining"] - s["active"]
         stop = jnp.any(tok[:, None] == s["stops"], axis=1)
         active = s["active"] & (remaining > 0) & ~stop
         s = dict(s, last=jnp.where(s["active"], tok, s["last"]), active=active,
                  remaining=remaining, gen_pos=s["gen_pos"] + s["active"])
-        return i + 1, cache, s, out
+        return i + 1, cache, s, out, lg
 
     out = jnp.full((S, n), -1, jnp.int32)
-    _, cache, _, out = jax.lax.while_loop(cond, body, (0, cache, st, out))
-    return cache, out
+    lg = jnp.zeros((S, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
+    _, cache, _, out, lg = jax.lax.while_loop(cond, body, (0, cache, st, out, lg))
+    return cache, out, lg
 
 
-def _verify_commit(model, cache, st, sp, drafts, impl):
-    """Verify [last, drafts] for every active slot, accept a prefix, commit. Returns the cache,
-    the emitted tokens [S, T] (accepted drafts then the new token), n_accepted [S], the verify
-    hidden states [S, T, D], the slots used and the window's start positions."""
+def _verify_commit(model, cache, st, sp, drafts, slots, impl, mode="replay"):
+    """Verify [last, drafts] for every active slot (slots [S]: NULL_SLOT where inactive), accept
+    a prefix, commit. Returns the cache, the emitted tokens [S, T] (accepted drafts then the new
+    token), n_accepted [S] in 1..T, the verify logits [S, T, V] and hidden states [S, T, D], and
+    the window's start positions [S]."""
     temp, top_k, top_p, seeds = sp
     S, K = drafts.shape
-    slots = jnp.where(st["active"], jnp.arange(S, dtype=jnp.int32), NULL_SLOT)
     starts = cache.lengths[slots]
     window = jnp.concatenate([st["last"][:, None], drafts], axis=1)
-    logits, hidden, cache = model.verify(cache, window, slots, impl=impl)
+    logits, hidden, cache = model.verify(cache, window, slots, mode=mode, impl=impl)
     n_acc, new = sampling.verify_drafts(logits, drafts, temp, top_k, top_p, seeds, st["gen_pos"])
-    cache = model.commit(cache, slots, n_acc, K + 1)
+    cache = model.commit(cache, slots, n_acc, K + 1, mode=mode)
     emitted = jnp.concatenate([drafts, jnp.zeros((S, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(S), n_acc - 1].set(new)
-    return cache, emitted, n_acc, hidden, slots, starts
+    return cache, emitted, n_acc, logits, hidden, starts
 
 
-def _spec_step(graphdef, params, cache, st, sp, drafts, *, impl):
-    """One speculative step with host-made drafts. Returns the cache, the emitted tokens [S, T]
-    and how many of them are valid [S]."""
-    cache, emitted, n_acc, *_ = _verify_commit(nnx.merge(graphdef, params), cache, st, sp,
-                                               drafts, impl)
-    return cache, emitted, jnp.where(st["active"], n_acc, 0)
+def _spec_step(graphdefs, params, state, st, sp, host_drafts, *, K, drafter, impl, mode,
+               keep_logits):
+    """One speculative step over all slots. Drafts [S, K] come from the host (ngram: host_drafts),
+    from the state (mtp: chained by the previous step or prefill) or from the draft model (draft:
+    chained now). Returns the state and a dict of emitted [S, T], n_acc [S] (0 for inactive
+    rows: how many emitted tokens are valid), the drafts verified [S, K] and, with keep_logits,
+    the verify logits [S, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits)."""
+    model = nnx.merge(graphdefs[0], params[0])
+    S = st["last"].shape[0]
+    slots = jnp.where(st["active"], jnp.arange(S, dtype=jnp.int32), NULL_SLOT)
+    if drafter == "ngram":
+        drafts = host_drafts
+    elif drafter == "mtp":
+        drafts = state["drafts"]
+    else:
+        draft = nnx.merge(graphdefs[1], params[1])
+        drafts = _draft_chain(draft, state["draft_cache"], st["last"], slots, K, impl)
+    cache, emitted, n_acc, logits, hidden, starts = _verify_commit(model, state["cache"], st, sp,
+                                                                   drafts, slots, impl, mode)
+    state = dict(state, cache=cache)
+    if drafter == "mtp":
+        nxt, state["cache"] = _mtp_chain(model, cache, hidden, emitted, slots, starts, n_acc - 1,
+                                         K)
+        state["drafts"] = jnp.where(st["active"][:, None], nxt, drafts)
+    elif drafter == "draft":
+        state["draft_cache"] = _draft_sync(draft, state["draft_cache"], st["last"], drafts, slots,
+                                           n_acc, impl)
+    out = dict(emitted=emitted, n_acc=jnp.where(st["active"], n_acc, 0), drafts=drafts)
+    if keep_logits:
+        out["logits"] = logits
+    return state, out
 
 
 # ---------------------------------------------------------------------- MTP drafter (on device)
-
-def _mtp_prefill(graphdef, params, cache, tokens, lengths, slots):
-    """Prefill that keeps the final-normed hidden states for the MTP head."""
-    return nnx.merge(graphdef, params).prefill_hidden(cache, tokens, lengths, slots)
-
 
 def _mtp_chain(model, cache, hidden, next_tokens, slots, starts, idx, K):
     """Runs the MTP head over (hidden[:, t], next_tokens[:, t]) at positions starts + t (writing its
@@ -374,11 +458,10 @@ def _mtp_chain(model, cache, hidden, next_tokens, slots, starts, idx, K):
     return jnp.stack(out, axis=1), cache
 
 
-def _mtp_seed(graphdef, params, cache, hidden, tokens, lengths, slots, first, drafts):
+def _mtp_seed(model, cache, hidden, tokens, lengths, slots, first, drafts):
     """After prefill: the MTP cache gets (hidden_j, prompt_{j+1}) for j < n-1 and (hidden_{n-1},
     first token) at n-1 (positions past that are scratch); the first K drafts of each admitted
-    slot go into `drafts` [S, K]."""
-    model = nnx.merge(graphdef, params)
+    slot go into `drafts` [S, K]. Returns the cache and drafts."""
     rows = jnp.arange(tokens.shape[0])
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
     nxt = nxt.at[rows, lengths - 1].set(first)
@@ -388,15 +471,28 @@ def _mtp_seed(graphdef, params, cache, hidden, tokens, lengths, slots, first, dr
     return cache, drafts.at[i].set(new, mode="drop")
 
 
-def _spec_step_mtp(graphdef, params, cache, st, sp, drafts, *, impl):
-    """`_spec_step` with the MTP drafter: after verify + commit the head runs over the window's
-    hidden states and emitted tokens at the window's positions p.. (entries past n_acc - 1 are
-    scratch, overwritten later) and chains the next K drafts from index n_acc - 1. Returns the
-    cache, emitted tokens [S, T], n_acc [S] and the next drafts [S, K]."""
-    model = nnx.merge(graphdef, params)
-    cache, emitted, n_acc, hidden, slots, starts = _verify_commit(model, cache, st, sp, drafts,
-                                                                  impl)
-    nxt, cache = _mtp_chain(model, cache, hidden, emitted, slots, starts, n_acc - 1,
-                            drafts.shape[1])
-    nxt = jnp.where(st["active"][:, None], nxt, drafts)
-    return cache, emitted, jnp.where(st["active"], n_acc, 0), nxt
+# ---------------------------------------------------------------------- draft model (on device)
+
+def _draft_chain(draft, dcache, last, slots, K, impl):
+    """K greedy draft-model decodes (a scan: one compiled decode) from its committed cache, fed
+    last [S] then its own argmax: returns the drafts [S, K]. The decoded cache is dropped --
+    `_draft_sync` rewrites the same positions from the committed state -- so the step's donated
+    draft cache must survive the chain: XLA copies its pools once per step, which is cheap for a
+    small draft model."""
+    def step(carry, _):
+        c, tok = carry
+        logits, c = draft.decode(c, tok[:, None], slots, mode="replay", impl=impl)
+        tok = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        return (c, tok), tok
+
+    _, drafts = jax.lax.scan(step, (dcache, last), None, length=K)
+    return drafts.T
+
+
+def _draft_sync(draft, dcache, last, drafts, slots, n_acc, impl):
+    """Brings the draft cache level with the target's: verify the window [last, drafts] [S, K+1]
+    and commit its first n_acc [S] tokens, so it holds every emitted token but the newest (the
+    next step's `last`), exactly as the target's cache does."""
+    window = jnp.concatenate([last[:, None], drafts], axis=1)
+    _, _, dcache = draft.verify(dcache, window, slots, impl=impl)
+    return draft.commit(dcache, slots, n_acc, window.shape[1])

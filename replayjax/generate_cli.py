@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 
 def _ids(text):
     try:
@@ -33,12 +35,44 @@ def build_parser():
     ap.add_argument("--stop-ids", type=_ids, default=[])
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay")
     ap.add_argument("--window", type=int, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--speculative", default="none", help="none | ngram | mtp (needs MTP weights)")
+    ap.add_argument("--speculative", default="none",
+                    help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
+                         "with the same vocabulary, loaded like --model)")
     ap.add_argument("--num-draft", type=int, default=3)
     ap.add_argument("--num-slots", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--save-logits", metavar="FILE.npy",
+                    help="write the fp32 logits each generated token was sampled from as an "
+                         "array [prompts, max_new_tokens, vocab] (np.save format, written to FILE "
+                         "as named); rows past a prompt's last token (it stopped early) are NaN")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
+
+
+def _speculative(spec):
+    """--speculative value -> (drafter or None, draft model dir or None); exits on a bad one."""
+    if spec in ("none", "ngram", "mtp"):
+        return (None if spec == "none" else spec), None
+    if spec.startswith("draft:") and spec[len("draft:"):]:
+        return "draft", spec[len("draft:"):]
+    hint = " (give the draft model's directory: draft:DIR)" if spec.startswith("draft") else ""
+    sys.exit(f"replayjax generate: --speculative {spec!r} is not available{hint} "
+             "(this release has: none, ngram, mtp, draft:DIR)")
+
+
+def _check_output(path):
+    """Fail before any model loads if FILE's directory is missing."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        sys.exit(f"replayjax generate: --save-logits {path!r}: directory {d!r} does not exist")
+
+
+def _logits_array(results, max_new_tokens, vocab):
+    """[prompts, max_new_tokens, vocab] fp32, NaN past each completion's length."""
+    out = np.full((len(results), max_new_tokens, vocab), np.nan, np.float32)
+    for i, c in enumerate(results):
+        out[i, :len(c.logits)] = c.logits
+    return out
 
 
 def _tokenizer(model_dir):
@@ -58,21 +92,26 @@ def main(argv=None):
     from replayjax.engine import Engine, Request, RequestError, SamplingParams
     from replayjax.loading import ModelDirError, load_model
 
-    if args.speculative not in ("none", "ngram", "mtp"):
-        sys.exit(f"replayjax generate: --speculative {args.speculative!r} is not available "
-                 "(this release has: none, ngram, mtp)")
-    tok = _tokenizer(args.model) if args.prompt else None
+    drafter, draft_dir = _speculative(args.speculative)
+    if args.save_logits:
+        _check_output(args.save_logits)
+    model_dir = args.model       # the one place to resolve a default model when --model is omitted
+    tok = _tokenizer(model_dir) if args.prompt else None
     prompts = [tok.encode(p).ids for p in args.prompt] if tok else []
     prompts += args.prompt_ids
     if not prompts:
         sys.exit("replayjax generate: give at least one --prompt or --prompt-ids")
     try:
-        model = load_model(args.model)
+        model = load_model(model_dir)
+        try:
+            draft_model = load_model(draft_dir) if draft_dir else None
+        except ModelDirError as e:
+            raise ModelDirError(f"--speculative draft: {e}") from None
         t0 = time.perf_counter()
         engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
                         ssm_mode=args.ssm_mode, window=args.window,
-                        num_draft=0 if args.speculative == "none" else args.num_draft,
-                        drafter="mtp" if args.speculative == "mtp" else "ngram")
+                        num_draft=args.num_draft if drafter else 0, drafter=drafter or "ngram",
+                        draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,
                                            stop_ids=tuple(args.stop_ids), sampling=sp, id=i)
@@ -80,6 +119,9 @@ def main(argv=None):
         wall = time.perf_counter() - t0
     except (ModelDirError, RequestError, ValueError) as e:
         sys.exit(f"replayjax generate: {e}")
+    if args.save_logits:
+        with open(args.save_logits, "wb") as f:        # np.save(name) would append ".npy"
+            np.save(f, _logits_array(results, args.max_new_tokens, engine.vocab))
     rows = []
     for p, c in zip(prompts, results):
         row = dict(prompt_ids=list(p), tokens=c.tokens, finish_reason=c.finish_reason,

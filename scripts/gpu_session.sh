@@ -21,11 +21,14 @@ case $stage in
         2>&1 | grep -v Warning
     done ;;
   e2e)
-    for m in nemotron-h-8b qwen3.5-9b; do
-      for b in 1 32 256; do
-        python3 -m replayjax.e2e_bench --synthetic $m --batch $b --prompt-len 128 --new-tokens 64 \
-          --variants standard replay replay+ngram 2>&1 | grep -v Warning | tail -6
-      done
-    done ;;
+    # decode A/B (the targets: >= 1.4x at batch 256 on the Mamba-2 model, batch 1 within
+    # 2%), then spec decode MTP K = 3, ReplaySSM vs state-per-draft (batch 128: the baseline's
+    # T + 1 states per sequence do not fit next to the model at 256)
+    run() { timeout "$1" python3 -m replayjax.e2e_bench "${@:2}" --prompt-len 128 --new-tokens 64 \
+              --json 2>&1 | grep -v Warning | tee -a "$out/e2e.jsonl" | tail -c 1500; }
+    run 150 --synthetic nemotron-h-8b --batch 256 --variants standard replay
+    run 150 --synthetic nemotron-h-8b --batch 128 --variants replay+mtp standard+mtp
+    run 70 --synthetic nemotron-h-8b --batch 1 --variants standard replay
+    run 150 --synthetic qwen3.5-9b --batch 256 --variants standard replay ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -150,5 +150,5 @@ def test_mtp_drafter_needs_an_mtp_head(fixture):
     _, plain, _, _ = fixture
     with pytest.raises(ValueError, match="drafter='mtp' needs a model with an MTP head"):
         Engine(plain, window=4, num_draft=2, drafter="mtp")
-    with pytest.raises(ValueError, match="drafter must be 'ngram' or 'mtp'"):
+    with pytest.raises(ValueError, match="drafter must be one of .*'draft', got 'eagle'"):
         Engine(plain, window=4, num_draft=2, drafter="eagle")
