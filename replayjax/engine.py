@@ -109,7 +109,7 @@ class Engine:
     def __init__(self, model, *, num_slots: int = 8, max_len: int = 1024, ssm_mode: str = "replay",
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str = "ngram",
-                 draft_model=None, return_logits: bool = False):
+                 draft_model=None, return_logits: bool = False, prefill_rows: int = 32):
         if ssm_mode not in ("replay", "standard"):
             raise ValueError(f"ssm_mode must be 'replay' or 'standard', got {ssm_mode!r}")
         if not 0 <= num_draft <= min(7, window - 1):
@@ -133,6 +133,9 @@ class Engine:
         self.S = num_slots + 1                        # + the null slot
         self.max_len, self.mode, self.impl = max_len, ssm_mode, impl
         self.steps, self.K = steps_per_visit, num_draft
+        # prompts prefilled per call: bounds prefill memory (activations and logits of rows x
+        # bucket positions) however many slots free up at once; a fixed shape, one compile
+        self.prefill_rows = max(1, min(prefill_rows, num_slots))
         self.return_logits = return_logits
         # without drafts no drafter runs: "none" keeps prefill and state free of drafter parts
         self.drafter = drafter if num_draft else "none"
@@ -208,7 +211,12 @@ class Engine:
         return done
 
     def _prefill(self, reqs, admit, free, live, done, t0):
-        rows = self.S - 1
+        P = self.prefill_rows
+        for k in range(0, len(admit), P):
+            self._prefill_rows(reqs, admit[k:k + P], free[k:k + P], live, done, t0)
+
+    def _prefill_rows(self, reqs, admit, free, live, done, t0):
+        rows = self.prefill_rows
         T = _bucket(max(len(reqs[i].prompt) for i in admit))
         tokens = np.zeros((rows, T), np.int32)
         lengths = np.ones(rows, np.int32)

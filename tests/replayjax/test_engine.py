@@ -40,6 +40,17 @@ def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft):
         assert sum(c.accepted_drafts for c in out) > 0
 
 
+def test_prefill_in_row_chunks(fixture):
+    """Five requests admitted at once into five slots but prefilled two rows per call (bounded
+    prefill memory): outputs still equal HF's greedy continuations."""
+    model, prompts, want = fixture
+    order, lengths = [0, 1, 2, 1, 0], [9, 5, 12, 3, 7]
+    eng = Engine(model, num_slots=5, max_len=128, window=4, prefill_rows=2)
+    out = eng.generate(_greedy_requests([prompts[i] for i in order], lengths))
+    assert [c.tokens for c in out] == [list(want[i, :n]) for i, n in zip(order, lengths)]
+    assert sum(kind == "prefill" for kind, *_ in eng.visits) == 3
+
+
 def test_stop_ids_end_a_request(fixture):
     model, prompts, want = fixture
     stop = int(want[0, 5])
