@@ -6,6 +6,8 @@ Output directory layout:
     OUT_DIR/convert.json    provenance: converter version, source files (size + mtime, or sha256),
                             dtype, family, MTP, skipped tensors, notes, statistics
     OUT_DIR/params/         orbax checkpoint (OCDBT + zarr) of the model's pure-dict state
+    OUT_DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+            generation_config.json, chat_template.jinja   copied as-is when the source has them
 
 Everything is written into a hidden temporary directory next to OUT_DIR (`.OUT_DIR.tmp-*`),
 fsynced and renamed into place only when complete; on any error or interrupt (SIGINT / SIGTERM
@@ -42,6 +44,9 @@ FORMAT = 1
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 BLOCK_BYTES = 8 << 20
 PARAMS_DIR, CONFIG_NAME, META_NAME = "params", "config.json", "convert.json"
+# files a generator needs next to the weights (text prompts, stop ids): carried over verbatim
+CARRIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json", "chat_template.jinja")
 
 
 def _maxrss_mb() -> float:
@@ -203,6 +208,8 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
             entry["mtime"] = sf.mtime
         files.append(entry)
     small = {"config.json": _sha256(os.path.join(hf_dir, "config.json"))}
+    carried = [n for n in CARRIED_FILES if os.path.isfile(os.path.join(hf_dir, n))]
+    small.update({n: _sha256(os.path.join(hf_dir, n)) for n in carried})
     if ck.index:
         small[INDEX_NAME] = _sha256(ck.index)
 
@@ -240,6 +247,8 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
         try:
             with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
                 json.dump(cfg.to_dict(), f, indent=2)
+            for name in carried:
+                shutil.copyfile(os.path.join(hf_dir, name), os.path.join(tmp, name))
             with _signals_cancel(cancel, signalled):
                 save_params(os.path.join(tmp, PARAMS_DIR), _nest(pending))
             if signalled:

@@ -21,8 +21,9 @@ def _ids(text):
 def build_parser():
     ap = argparse.ArgumentParser(prog="replayjax generate",
                                  description="Generate from one or more prompts (run as a batch).")
-    ap.add_argument("--model", required=True,
-                    help="Hugging Face checkpoint dir or a `replayjax convert` output dir")
+    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output dir "
+                    "(default: the demo model shipped with the package, a tiny byte-level "
+                    "Nemotron-H-style hybrid trained on licence texts)")
     ap.add_argument("--prompt", action="append", default=[],
                     help="text prompt (needs tokenizer.json in the model dir and `tokenizers`)")
     ap.add_argument("--prompt-ids", action="append", default=[], type=_ids,
@@ -95,7 +96,9 @@ def main(argv=None):
     drafter, draft_dir = _speculative(args.speculative)
     if args.save_logits:
         _check_output(args.save_logits)
-    model_dir = args.model       # the one place to resolve a default model when --model is omitted
+    if args.model is None:
+        from replayjax import demo
+    model_dir = args.model or demo.model_dir()
     tok = _tokenizer(model_dir) if args.prompt else None
     prompts = [tok.encode(p).ids for p in args.prompt] if tok else []
     prompts += args.prompt_ids

@@ -56,7 +56,11 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fixture_converts_loads_and_matches_hf(converted, variant):
     out = converted[variant]
-    assert sorted(os.listdir(out)) == ["config.json", "convert.json", "params"]
+    # + generation_config.json: the source's generator files are carried over verbatim
+    assert sorted(os.listdir(out)) == ["config.json", "convert.json", "generation_config.json",
+                                       "params"]
+    assert (out / "generation_config.json").read_bytes() == \
+        open(os.path.join(fixture_dir(variant), "generation_config.json"), "rb").read()
     cfg, model = load(out)
     assert cfg == load_config(fixture_dir(variant))
     assert_params_equal(flat_params(model), reference_params(variant))
@@ -229,7 +233,8 @@ def test_overwrite(converted, tmp_path, capsys):
     assert "already exists (use --overwrite" in capsys.readouterr().err
     assert os.listdir(out) == ["keep.txt"]                      # untouched
     assert run_cli(fixture_dir("nemotron_h_p80"), out, "--json", "--overwrite") == 0
-    assert sorted(os.listdir(out)) == ["config.json", "convert.json", "params"]
+    assert sorted(os.listdir(out)) == ["config.json", "convert.json", "generation_config.json",
+                                       "params"]
     assert leftovers(tmp_path) == ["out"]
     _, model = load(out)
     assert_params_equal(flat_params(model), reference_params("nemotron_h_p80"))
