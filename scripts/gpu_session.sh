@@ -14,6 +14,7 @@ case $stage in
     REPLAYJAX_TEST_BACKEND=gpu python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_mamba2_verify.py tests/pallas_kernels/test_gdn_verify.py \
       tests/models/test_nemotron_h.py tests/models/test_qwen.py tests/models/test_speculative.py \
+      tests/models/test_mtp.py tests/models/test_standard_spec.py \
       -k "not xla" 2>&1 | tail -15 ;;
   verify)
     for fam in mamba2 gdn; do
@@ -22,12 +23,12 @@ case $stage in
     done ;;
   e2e)
     # decode A/B (the targets: >= 1.4x at batch 256 on the Mamba-2 model, batch 1 within
-    # 2%), then spec decode MTP K = 3, ReplaySSM vs state-per-draft (batch 128: the baseline's
-    # T + 1 states per sequence do not fit next to the model at 256)
+    # 2%), then spec decode MTP K = 3, ReplaySSM vs state-per-draft (batch 64: the baseline's
+    # T + 1 states per sequence did not fit next to the model at 128)
     run() { timeout "$1" python3 -m replayjax.e2e_bench "${@:2}" --prompt-len 128 --new-tokens 64 \
               --json 2>&1 | grep -v Warning | tee -a "$out/e2e.jsonl" | tail -c 1500; }
     run 150 --synthetic nemotron-h-8b --batch 256 --variants standard replay
-    run 150 --synthetic nemotron-h-8b --batch 128 --variants replay+mtp standard+mtp
+    run 150 --synthetic nemotron-h-8b --batch 64 --variants replay+mtp standard+mtp
     run 70 --synthetic nemotron-h-8b --batch 1 --variants standard replay
     run 150 --synthetic qwen3.5-9b --batch 256 --variants standard replay ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
