@@ -23,6 +23,10 @@ Drafters:
   verifies the same window [last, d_1..d_K] on the real draft cache and commits the accepted
   prefix, so both caches always hold exactly the emitted tokens.
 
+Rollback is a ring-cursor move in `ssm_mode="replay"`; in `ssm_mode="standard"` speculation is the
+usual state-per-draft scheme (T SSM states per slot, commit copies the last accepted one), kept as
+the baseline ReplaySSM is measured against (`replayjax bench --variants replay+mtp standard+mtp`).
+
 With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
 """
