@@ -343,6 +343,8 @@ def _warm_up(engine, reqs, steps_per_visit):
 def run_variant(model, variant, args, reqs, max_len):
     """Serves `reqs` with one engine configuration. Returns (row, completions or None)."""
     import jax
+    import jax.numpy as jnp
+
     from replayjax.engine import Engine
     mode, drafter = variant
     name = variant_name(variant)
@@ -351,7 +353,8 @@ def run_variant(model, variant, args, reqs, max_len):
         restore = _without_mtp(model, keep=drafter == "mtp")
         try:    # ssm_mode goes through unchanged: the engine decides what it supports
             engine = Engine(model, num_slots=args.batch, max_len=max_len, ssm_mode=mode,
-                            window=args.window, steps_per_visit=args.steps_per_visit,
+                            window=args.window, state_dtype=jnp.dtype(args.state_dtype),
+                            steps_per_visit=args.steps_per_visit,
                             num_draft=K, drafter=drafter or "ngram")
         finally:
             restore()
@@ -445,6 +448,8 @@ def build_parser():
                     help="MODE standard|replay, DRAFTER ngram|mtp (default: standard replay)")
     ap.add_argument("--num-draft", type=int, default=3, help="drafts K per speculative step")
     ap.add_argument("--window", type=int, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="SSM state (checkpoint) dtype")
     ap.add_argument("--steps-per-visit", type=int, default=16,
                     help="decode steps per host visit (non-speculative variants)")
     ap.add_argument("--seed", type=int, default=0, help="synthetic weights and prompts")

@@ -36,6 +36,8 @@ def build_parser():
     ap.add_argument("--stop-ids", type=_ids, default=[])
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay")
     ap.add_argument("--window", type=int, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="SSM state (checkpoint) dtype")
     ap.add_argument("--speculative", default="none",
                     help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
                          "with the same vocabulary, loaded like --model)")
@@ -90,6 +92,8 @@ def _tokenizer(model_dir):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    import jax.numpy as jnp
+
     from replayjax.engine import Engine, Request, RequestError, SamplingParams
     from replayjax.loading import ModelDirError, load_model
 
@@ -113,6 +117,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
                         ssm_mode=args.ssm_mode, window=args.window,
+                        state_dtype=jnp.dtype(args.state_dtype),
                         num_draft=args.num_draft if drafter else 0, drafter=drafter or "ngram",
                         draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)

@@ -49,3 +49,17 @@ def check_pallas_greedy(runner, ref, n=12):
         cache = runner.init_cache(6, 64, window=4)
         toks, _, _ = runner.greedy(cache, prompts, lens, slots, n, mode=mode, impl="pallas")
         np.testing.assert_array_equal(toks, ref["greedy_tokens"][:, :n])
+
+
+def greedy_accept(drafts, pred):
+    """Greedy verification on the host: drafts [b, T - 1], the model's argmax over the window
+    pred [b, T]. Returns n_accepted [b] int32 (1 + the matching draft prefix) and each row's
+    emitted tokens (the accepted drafts, then the model's token after them)."""
+    b, T = pred.shape
+    n_acc = np.ones(b, np.int32)
+    emitted = []
+    for r in range(b):
+        while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
+            n_acc[r] += 1
+        emitted.append([int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])])
+    return n_acc, emitted

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.models.hf_checks import greedy_accept
+
 from tests.models import test_nemotron_h, test_qwen
 
 
@@ -40,12 +42,10 @@ def test_speculative_greedy_equals_hf_greedy(variant, impl):
         window = jnp.asarray(np.concatenate([last[:, None], drafts], 1), jnp.int32)
         logits, _, cache = runner.verify(cache, window, slots, impl=impl)
         pred = np.asarray(jnp.argmax(logits, -1))
-        n_acc = np.ones(b, np.int32)
+        n_acc, emitted = greedy_accept(drafts, pred)
+        accepted_drafts += int(n_acc.sum()) - b
         for r in range(b):
-            while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
-                n_acc[r] += 1
-            accepted_drafts += n_acc[r] - 1
-            out[r] += [int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])]
+            out[r] += emitted[r]
         last = pred[np.arange(b), n_acc - 1]
         cache = runner.commit(cache, slots, jnp.asarray(n_acc), T)
     np.testing.assert_array_equal(np.array([o[:n] for o in out]), want)

@@ -12,7 +12,7 @@ import pytest
 
 from models.cache import SSMCache
 from tests.models import test_nemotron_h, test_qwen
-from tests.models.hf_checks import batch
+from tests.models.hf_checks import batch, greedy_accept
 
 FAMILIES = ["nemotron_h", "qwen3_5"]
 MODES = ("replay", "standard")
@@ -98,12 +98,10 @@ def test_standard_speculative_greedy_equals_greedy(variant):
         window = jnp.asarray(np.concatenate([window, np.zeros((1, T))]), jnp.int32)
         logits, _, cache = runner.verify(cache, window, vslots, mode="standard")
         pred = np.asarray(jnp.argmax(logits[:b], -1))
-        n_acc = np.ones(b, np.int32)
+        n_acc, emitted = greedy_accept(drafts, pred)
+        accepted_drafts += int(n_acc.sum()) - b
         for r in range(b):
-            while n_acc[r] < T and drafts[r, n_acc[r] - 1] == pred[r, n_acc[r] - 1]:
-                n_acc[r] += 1
-            accepted_drafts += n_acc[r] - 1
-            out[r] += [int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])]
+            out[r] += emitted[r]
         last = pred[np.arange(b), n_acc - 1]
         cache = runner.commit(cache, vslots, jnp.asarray(np.append(n_acc, 1)), T,
                               mode="standard")
