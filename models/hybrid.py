@@ -1,7 +1,8 @@
 """Cache plumbing shared by the hybrid model families (Nemotron-H, Qwen3-Next / Qwen3.5).
 
 A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
-implements `_run(tokens, cache, mixer_fn) -> (logits, final-normed hidden, layer caches)`. SSM
+implements `_run(tokens, cache, mixer_fn) -> (final-normed hidden, layer caches)` and
+`_logits(hidden) -> fp32 logits`. SSM
 mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
@@ -126,14 +127,15 @@ def ssm_cache(buffers, num_slots, conv_kernel, conv_channels, dtype, max_verify)
 class HybridLM(nnx.Module):
     """prefill / decode / verify / commit over the family's `_run`."""
 
-    def prefill(self, cache: ModelCache, tokens, lengths, slots):
+    def prefill(self, cache: ModelCache, tokens, lengths, slots, *, last_only=False):
         """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
         afresh (any earlier content is discarded). Returns logits [b, T, V] fp32 (positions past
-        a prompt are meaningless) and the cache."""
-        logits, _, cache = self.prefill_hidden(cache, tokens, lengths, slots)
+        a prompt are meaningless), or with last_only those of each prompt's last token [b, 1, V]
+        (what a generator needs: the LM head over b rows, not b x T), and the cache."""
+        logits, _, cache = self.prefill_hidden(cache, tokens, lengths, slots, last_only=last_only)
         return logits, cache
 
-    def prefill_hidden(self, cache: ModelCache, tokens, lengths, slots):
+    def prefill_hidden(self, cache: ModelCache, tokens, lengths, slots, *, last_only=False):
         """`prefill` that also returns the final-norm hidden states [b, T, D] (what an MTP head
         drafts from): (logits, hidden, cache)."""
         zeros = jnp.zeros_like(slots)
@@ -143,7 +145,9 @@ class HybridLM(nnx.Module):
                 return layer.mixer.prefill(x, lengths, lc, slots)
             return layer.mixer(x, lc, slots, zeros)
 
-        logits, hidden, layers = self._run(tokens, cache, mixer)
+        hidden, layers = self._run(tokens, cache, mixer)
+        last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)   # [b, 1, D]
+        logits = self._logits(last if last_only else hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         return logits, hidden, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
                                              lengths=cache.lengths.at[i].set(lengths, mode="drop"),
@@ -160,7 +164,8 @@ class HybridLM(nnx.Module):
                 return layer.mixer.decode(x, lc, cache.counts, slots, mode, impl)
             return layer.mixer(x, lc, slots, starts)
 
-        logits, _, layers = self._run(tokens, cache, mixer)
+        hidden, layers = self._run(tokens, cache, mixer)
+        logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
                   else cache.counts)
@@ -182,8 +187,8 @@ class HybridLM(nnx.Module):
                 return layer.mixer.verify(x, lc, cache.counts, slots, mode, impl)
             return layer.mixer(x, lc, slots, starts)
 
-        logits, hidden, layers = self._run(tokens, cache, mixer)
-        return logits, hidden, cache.replace(layers=layers)
+        hidden, layers = self._run(tokens, cache, mixer)
+        return self._logits(hidden), hidden, cache.replace(layers=layers)
 
     def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
         """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and

@@ -332,5 +332,7 @@ class NemotronH(HybridLM):
                 out = layer.mixer(x)
             h = h + out.astype(h.dtype)
             new_layers.append(lc)
-        hidden = self.norm_f(h)
-        return self.lm_head(hidden).astype(jnp.float32), hidden, tuple(new_layers)
+        return self.norm_f(h), tuple(new_layers)
+
+    def _logits(self, hidden):
+        return self.lm_head(hidden).astype(jnp.float32)

@@ -362,5 +362,4 @@ class QwenHybrid(HybridLM):
             h = h + out.astype(h.dtype)
             h = h + layer.mlp(layer.post_attention_layernorm(h)).astype(h.dtype)
             new_layers.append(lc)
-        x = self.norm(h)
-        return self._logits(x), x, tuple(new_layers)
+        return self.norm(h), tuple(new_layers)

@@ -346,11 +346,9 @@ def _prefill_step(graphdefs, params, state, tokens, lengths, slots, sp, *, draft
     tokens [b] and their logits [b, V] fp32 (None unless keep_logits)."""
     model = nnx.merge(graphdefs[0], params[0])
     temp, top_k, top_p, seeds = sp
-    if drafter == "mtp":
-        logits, hidden, cache = model.prefill_hidden(state["cache"], tokens, lengths, slots)
-    else:
-        logits, cache = model.prefill(state["cache"], tokens, lengths, slots)
-    last = logits[jnp.arange(tokens.shape[0]), lengths - 1]
+    logits, hidden, cache = model.prefill_hidden(state["cache"], tokens, lengths, slots,
+                                                 last_only=True)
+    last = logits[:, 0]
     first = sampling.sample(last, temp, top_k, top_p,
                             sampling.row_keys(seeds, jnp.zeros_like(lengths)))
     state = dict(state, cache=cache)

@@ -14,9 +14,13 @@ def batch(ref):
 
 
 def check_prefill_and_forced(runner, ref):
-    """Prefill logits of the ragged batch, then 8 teacher-forced decode steps (two folds per row
-    at L = 4), in both SSM modes."""
+    """Prefill logits of the ragged batch (all positions, and the generator's last-token-only
+    form), then 8 teacher-forced decode steps (two folds per row at L = 4), in both SSM modes."""
     prompts, lens, slots = batch(ref)
+    last, _ = runner.model.prefill(runner.init_cache(6, 64, window=4), prompts, lens, slots,
+                                   last_only=True)
+    want = ref["prefill_logits"][np.arange(len(lens)), np.asarray(lens) - 1]
+    np.testing.assert_allclose(last[:, 0], want, atol=ATOL)
     for mode in ("replay", "standard"):
         cache = runner.init_cache(6, 64, window=4)
         logits, cache = runner.prefill(cache, prompts, lens, slots)
