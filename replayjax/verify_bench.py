@@ -1,6 +1,7 @@
 """Speculative verify benchmark: ReplaySSM verify + commit vs the state-per-draft baseline.
 
     python -m replayjax.verify_bench --family mamba2|gdn [--tokens 2 4 8] [--batches 1 8 256]
+        [--tune '[{"num_warps": 4}, {"block_p": 32}]'] [--breakdown] [--json FILE]
 
 Per layer-step device time (CUPTI) of everything one verify step launches: for ReplaySSM the
 verify kernel, the ring writes of the window and the count commit; for the baseline the kernel
@@ -79,7 +80,10 @@ def _window(inputs, n_token_inputs, T):
 
 
 def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
-                 min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, num_warps=None):
+                 min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None):
+    """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
+    replay_kw: tiling keywords for `replay_verify` (block_p / block_n / block_v / block_k,
+    num_warps, fold), default the tuned ones."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels import gdn, mamba2
@@ -104,7 +108,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
             bufs, counts = carry
             slots = sets[i % n_sets]
             _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas",
-                                        num_warps=num_warps)
+                                        **(replay_kw or {}))
             n_acc = jax.random.randint(jax.random.fold_in(key, i), (batch,), 1, T + 1)
             return bufs, commit_counts(counts, slots, n_acc, T, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
@@ -139,7 +143,10 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None)
     ap.add_argument("--breakdown", action="store_true", help="print us per step by kernel")
-    ap.add_argument("--num-warps", type=int, help="replay verify kernel warps (default: tuned)")
+    ap.add_argument("--tune", type=json.loads, default=[{}], metavar="CONFIGS",
+                    help='JSON list of replay_verify tilings to time, e.g. '
+                         '\'[{"block_p": 32, "num_warps": 4}, {"num_warps": 8}]\' (default: [{}], '
+                         'the tuned one)')
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
 
@@ -160,16 +167,19 @@ def main(argv=None):
     for shape in args.shapes or list(fam.shapes):
         for T in args.tokens:
             for batch in args.batches:
-                r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring,
-                                 num_warps=args.num_warps)
-                rows.append(r)
-                r["copy_gbs"] = bw
-                print(f"| {shape} | {batch} | {T} | {r['replay_us']:.1f} | {r['baseline_us']:.1f} | "
-                      f"**{r['speedup']:.2f}x** | {r['replay_bytes_per_row'] / 1e6:.2f} / "
-                      f"{r['baseline_bytes_per_row'] / 1e6:.2f} | {r['replay_gbs']:.0f} "
-                      f"({100 * r['replay_gbs'] / bw:.0f}%) | {r['baseline_gbs']:.0f} "
-                      f"({100 * r['baseline_gbs'] / bw:.0f}%) | {r['replay_mem_per_seq'] / 1e6:.2f} / "
-                      f"{r['baseline_mem_per_seq'] / 1e6:.2f} |", flush=True)
+                for kw in args.tune:
+                    r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring, replay_kw=kw)
+                    r.update(copy_gbs=bw, replay_kw=kw)
+                    rows.append(r)
+                    label = shape + (f" {json.dumps(kw)}" if kw else "")
+                    print(f"| {label} | {batch} | {T} | {r['replay_us']:.1f} | "
+                          f"{r['baseline_us']:.1f} | **{r['speedup']:.2f}x** | "
+                          f"{r['replay_bytes_per_row'] / 1e6:.2f} / "
+                          f"{r['baseline_bytes_per_row'] / 1e6:.2f} | {r['replay_gbs']:.0f} "
+                          f"({100 * r['replay_gbs'] / bw:.0f}%) | {r['baseline_gbs']:.0f} "
+                          f"({100 * r['baseline_gbs'] / bw:.0f}%) | "
+                          f"{r['replay_mem_per_seq'] / 1e6:.2f} / "
+                          f"{r['baseline_mem_per_seq'] / 1e6:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
