@@ -100,8 +100,7 @@ def main(argv=None):
     drafter, draft_dir = _speculative(args.speculative)
     if args.save_logits:
         _check_output(args.save_logits)
-    if args.model is None:
-        from replayjax import demo
+    from replayjax import demo
     model_dir = args.model or demo.model_dir()
     tok = _tokenizer(model_dir) if args.prompt else None
     prompts = [tok.encode(p).ids for p in args.prompt] if tok else []
@@ -127,9 +126,11 @@ def main(argv=None):
         wall = time.perf_counter() - t0
     except (ModelDirError, RequestError, ValueError) as e:
         sys.exit(f"replayjax generate: {e}")
-    if args.save_logits:
-        with open(args.save_logits, "wb") as f:        # np.save(name) would append ".npy"
+    if args.save_logits:        # whole or not at all: write beside it, then rename
+        tmp = f"{args.save_logits}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:                      # np.save(name) would append ".npy"
             np.save(f, _logits_array(results, args.max_new_tokens, engine.vocab))
+        os.replace(tmp, args.save_logits)
     rows = []
     for p, c in zip(prompts, results):
         row = dict(prompt_ids=list(p), tokens=c.tokens, finish_reason=c.finish_reason,
