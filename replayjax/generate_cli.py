@@ -141,8 +141,12 @@ def main(argv=None):
         rows.append(row)
     total = sum(len(c.tokens) for c in results)
     if args.json:
+        import jax
+        mem = jax.devices()[0].memory_stats() or {}       # None on CPU
+        peak = mem.get("peak_bytes_in_use")
         print(json.dumps(dict(results=rows, wall_s=round(wall, 3),
-                              tokens_per_s=round(total / wall, 2))))
+                              tokens_per_s=round(total / wall, 2),
+                              peak_device_mem_gb=round(peak / 1e9, 3) if peak else None)))
     else:
         for r in rows:
             print(r.get("text", " ".join(map(str, r["tokens"]))))
