@@ -157,14 +157,8 @@ class HybridLM(nnx.Module):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
         [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
         check_mode(mode, cache)
-        starts = cache.lengths[slots]
-
-        def mixer(layer, x, lc):
-            if layer.kind in SSM_KINDS:
-                return layer.mixer.decode(x, lc, cache.counts, slots, mode, impl)
-            return layer.mixer(x, lc, slots, starts)
-
-        hidden, layers = self._run(tokens, cache, mixer)
+        hidden, layers = self._window_pass(
+            cache, tokens, slots, lambda m, x, lc: m.decode(x, lc, cache.counts, slots, mode, impl))
         logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
@@ -180,15 +174,21 @@ class HybridLM(nnx.Module):
         into the rings; "standard": the state after every window token into the slot's draft
         rows (needs a cache built with ssm_mode="standard", max_verify >= T)."""
         check_mode(mode, cache)
+        hidden, layers = self._window_pass(
+            cache, tokens, slots, lambda m, x, lc: m.verify(x, lc, cache.counts, slots, mode, impl))
+        return self._logits(hidden), hidden, cache.replace(layers=layers)
+
+    def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn):
+        """tokens [b, T] at positions lengths[slot]..: SSM mixers through ssm_fn(mixer, x, lc),
+        attention at those positions. Returns (final-normed hidden, layer caches)."""
         starts = cache.lengths[slots]
 
         def mixer(layer, x, lc):
             if layer.kind in SSM_KINDS:
-                return layer.mixer.verify(x, lc, cache.counts, slots, mode, impl)
+                return ssm_fn(layer.mixer, x, lc)
             return layer.mixer(x, lc, slots, starts)
 
-        hidden, layers = self._run(tokens, cache, mixer)
-        return self._logits(hidden), hidden, cache.replace(layers=layers)
+        return self._run(tokens, cache, mixer)
 
     def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
         """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and

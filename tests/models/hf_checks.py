@@ -55,6 +55,16 @@ def check_pallas_greedy(runner, ref, n=12):
         np.testing.assert_array_equal(toks, ref["greedy_tokens"][:, :n])
 
 
+def corrupted_drafts(want, out, T, rng):
+    """Drafts [b, T - 1] for the next speculative step: each row's true greedy continuation
+    (want [b, n] after its len(out[r]) emitted tokens), a third of the tokens replaced at random."""
+    drafts = np.zeros((len(out), T - 1), np.int32)
+    for r, o in enumerate(out):
+        true = list(want[r, len(o):len(o) + T - 1]) + [0] * (T - 1)
+        drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128)) for t in true[:T - 1]]
+    return drafts
+
+
 def greedy_accept(drafts, pred):
     """Greedy verification on the host: drafts [b, T - 1], the model's argmax over the window
     pred [b, T]. Returns n_accepted [b] int32 (1 + the matching draft prefix) and each row's

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.models.hf_checks import greedy_accept
+from tests.models.hf_checks import corrupted_drafts, greedy_accept
 
 from tests.models import test_nemotron_h, test_qwen
 
@@ -34,11 +34,7 @@ def test_speculative_greedy_equals_hf_greedy(variant, impl):
     out = [[int(t)] for t in last]
     accepted_drafts = 0
     while min(len(o) for o in out) < n:
-        drafts = np.zeros((b, T - 1), np.int32)
-        for r in range(b):
-            true = list(want[r, len(out[r]):len(out[r]) + T - 1]) + [0] * (T - 1)
-            drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128))
-                         for t in true[:T - 1]]
+        drafts = corrupted_drafts(want, out, T, rng)
         window = jnp.asarray(np.concatenate([last[:, None], drafts], 1), jnp.int32)
         logits, _, cache = runner.verify(cache, window, slots, impl=impl)
         pred = np.asarray(jnp.argmax(logits, -1))

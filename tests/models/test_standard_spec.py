@@ -12,7 +12,7 @@ import pytest
 
 from models.cache import SSMCache
 from tests.models import test_nemotron_h, test_qwen
-from tests.models.hf_checks import batch, greedy_accept
+from tests.models.hf_checks import batch, corrupted_drafts, greedy_accept
 
 FAMILIES = ["nemotron_h", "qwen3_5"]
 MODES = ("replay", "standard")
@@ -89,11 +89,7 @@ def test_standard_speculative_greedy_equals_greedy(variant):
     out = [[int(t)] for t in last]
     accepted_drafts = 0
     while min(len(o) for o in out) < n:
-        drafts = np.zeros((b, T - 1), np.int32)
-        for r in range(b):                              # the true continuation, a third corrupted
-            true = list(want[r, len(out[r]):len(out[r]) + T - 1]) + [0] * (T - 1)
-            drafts[r] = [t if rng.random() > 0.33 else int(rng.integers(3, 128))
-                         for t in true[:T - 1]]
+        drafts = corrupted_drafts(want, out, T, rng)
         window = np.concatenate([last[:, None], drafts], 1)
         window = jnp.asarray(np.concatenate([window, np.zeros((1, T))]), jnp.int32)
         logits, _, cache = runner.verify(cache, window, vslots, mode="standard")
