@@ -196,28 +196,41 @@ class Engine:
     def generate(self, requests: Sequence[Request]) -> list:
         """Serves the requests with continuous batching; returns a Completion per request, in
         order. Each request's tokens do not depend on what else is in the batch."""
+        visits = self.serve(requests)
+        while True:
+            try:
+                next(visits)
+            except StopIteration as finished:
+                return finished.value
+
+    def serve(self, requests: Sequence[Request]):
+        """`generate` one host visit at a time: a generator that yields the kind of each visit
+        ("prefill", "decode" or "verify") just before running it, and returns generate's
+        Completions. Lets a caller act between visits (a profiler tracing only decode steps).
+        The requests are validated before anything runs."""
         reqs = list(requests)
         for i, r in enumerate(reqs):
             if r.id is None:
                 r.id = i
             self._check(r)
+        return self._serve(reqs)
+
+    def _serve(self, reqs):
         t0 = time.perf_counter()
         queue = deque(range(len(reqs)))
         live = {}                                     # slot -> _Live
         done = [None] * len(reqs)
+        P = self.prefill_rows
         while queue or live:
             free = [s for s in range(1, self.S) if s not in live]
             admit = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-            if admit:
-                self._prefill(reqs, admit, free, live, done, t0)
+            for k in range(0, len(admit), P):
+                yield "prefill"
+                self._prefill_rows(reqs, admit[k:k + P], free[k:k + P], live, done, t0)
             if live:
+                yield "verify" if self.K else "decode"
                 (self._spec_visit if self.K else self._decode_visit)(live, done, t0)
         return done
-
-    def _prefill(self, reqs, admit, free, live, done, t0):
-        P = self.prefill_rows
-        for k in range(0, len(admit), P):
-            self._prefill_rows(reqs, admit[k:k + P], free[k:k + P], live, done, t0)
 
     def _prefill_rows(self, reqs, admit, free, live, done, t0):
         rows = self.prefill_rows

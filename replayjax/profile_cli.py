@@ -3,8 +3,9 @@
     replayjax profile --synthetic nemotron-h-8b --batch 256 --steps 32 [--mode replay] \
         [--trace-dir DIR] [--json]
 
-The trace (open it in Perfetto or XProf) covers `--steps` decode steps after a warm-up; the table
-sums the device events of the trace per kernel name (on a CPU-only machine: the host events).
+The trace (open it in Perfetto or XProf) covers `--steps` decode steps (one host visit) after a
+warm-up, without the prompts' prefill; the table sums the device events of the trace per kernel
+name (on a CPU-only machine: the host events).
 """
 
 from __future__ import annotations
@@ -67,8 +68,17 @@ def main(argv=None):
     reqs = lambda: [Request(prompt=p, max_new_tokens=args.steps + 1) for p in prompts]  # noqa: E731
     engine.generate(reqs())                                    # compile and warm up
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="replayjax-trace-")
-    with jax.profiler.trace(trace_dir):
-        engine.generate(reqs())
+    # prefill outside the trace: it covers the one decode visit of --steps steps (every visit
+    # waits for its results, so nothing of the prefill is still running when the trace starts)
+    visits, tracing = engine.serve(reqs()), False
+    try:
+        for kind in visits:
+            if kind == "decode" and not tracing:
+                jax.profiler.start_trace(trace_dir)
+                tracing = True
+    finally:
+        if tracing:
+            jax.profiler.stop_trace()
     table = sorted(kernel_table(trace_dir).items(), key=lambda kv: -kv[1][1])[:args.top]
     if args.json:
         print(json.dumps(dict(trace_dir=trace_dir, kernels=[

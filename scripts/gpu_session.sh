@@ -20,9 +20,9 @@ case $stage in
   verify)
     # tilings first (batch 256, T = 4), then the table with the default tiling
     python3 -m replayjax.verify_bench --family mamba2 --shapes nemotron-h-8b --tokens 4 \
-      --batches 256 --tune '[{}, {"num_warps": 4}, {"block_p": 32}, {"block_n": 32}]' 2>&1 | grep "^|"
+      --batches 256 --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"num_warps": 4}]' 2>&1 | grep "^|"
     python3 -m replayjax.verify_bench --family gdn --tokens 4 --batches 256 \
-      --tune '[{}, {"num_warps": 2}, {"num_warps": 8}, {"block_v": 32}]' 2>&1 | grep "^|"
+      --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"num_warps": 2}]' 2>&1 | grep "^|"
     for fam in mamba2 gdn; do
       python3 -m replayjax.verify_bench --family $fam --batches 1 32 256 --json "$out/verify_$fam.json" \
         2>&1 | grep -v Warning

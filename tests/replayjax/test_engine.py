@@ -51,6 +51,27 @@ def test_prefill_in_row_chunks(fixture):
     assert sum(kind == "prefill" for kind, *_ in eng.visits) == 3
 
 
+def test_serve_yields_each_visit_before_running_it(fixture):
+    """`serve` announces every host visit before it runs (what a profiler needs to trace decode
+    steps only) and returns generate's completions; bad requests fail before anything runs."""
+    model, prompts, want = fixture
+    eng = Engine(model, num_slots=2, max_len=128, window=4, steps_per_visit=4, prefill_rows=1)
+    visits = eng.serve(_greedy_requests(prompts[:3], [5, 9, 2]))
+    kinds = []
+    try:
+        while True:
+            kinds.append(next(visits))
+            assert len(eng.visits) == len(kinds) - 1          # announced, not yet run
+    except StopIteration as finished:
+        out = finished.value
+    assert [c.tokens for c in out] == [list(want[i, :n]) for i, n in enumerate([5, 9, 2])]
+    assert kinds == [kind for kind, *_ in eng.visits] and kinds[:2] == ["prefill", "prefill"]
+    assert kinds.count("prefill") == 3 and "decode" in kinds
+    with pytest.raises(RequestError, match="empty prompt"):
+        eng.serve([Request(prompt=[], max_new_tokens=1)])
+    assert len(eng.visits) == len(kinds)
+
+
 @pytest.mark.parametrize("mode", ["replay", "standard"])
 def test_bf16_state_keeps_hf_greedy_on_nemotron_h(mode):
     """A bf16 SSM state (half the state bytes) still reproduces HF's 40 greedy tokens on the
