@@ -7,6 +7,7 @@ Requests are admitted into free slots between host visits (prefill of the new on
 fixed batch and a power-of-two length bucket, so shapes -- and compilations -- stay fixed); every
 visit runs up to `steps_per_visit` decode steps on device in one `lax.while_loop` over all slots,
 with the cache donated. Finished slots are freed and reused (prefill resets a slot's state).
+`generate(..., on_tokens=f)` streams each request's new tokens after every visit.
 With `num_draft > 0` the engine decodes speculatively: a drafter proposes K tokens, the model
 verifies T = K + 1 tokens in one step, `verify_drafts` accepts a prefix (greedy: exact match;
 sampling: rejection sampling against the deterministic drafts), and `commit` rolls back the rest.
@@ -116,6 +117,8 @@ class Engine:
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32):
         if ssm_mode not in ("replay", "standard"):
             raise ValueError(f"ssm_mode must be 'replay' or 'standard', got {ssm_mode!r}")
+        if steps_per_visit < 1:
+            raise ValueError(f"steps_per_visit must be >= 1, got {steps_per_visit}")
         if not 0 <= num_draft <= min(7, window - 1):
             raise ValueError(f"num_draft = {num_draft} must be in [0, {min(7, window - 1)}] "
                              f"(window L = {window}, at most 8 verify tokens)")
@@ -168,6 +171,7 @@ class Engine:
             keep_logits=return_logits), donate_argnums=(1,))
         self._spec_step = jax.jit(functools.partial(_spec_step, graphdefs, K=num_draft, impl=impl,
                                                     mode=ssm_mode, **static), donate_argnums=(1,))
+        self._on_tokens = None       # the streaming callback of the current generate / serve
         self.record_drafts = False   # tests: keep (cache length, drafts) per spec step per request
         self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
 
@@ -193,17 +197,21 @@ class Engine:
                                f"cache length max_len = {self.max_len}")
 
     # ------------------------------------------------------------------ main loop
-    def generate(self, requests: Sequence[Request]) -> list:
+    def generate(self, requests: Sequence[Request], on_tokens=None) -> list:
         """Serves the requests with continuous batching; returns a Completion per request, in
-        order. Each request's tokens do not depend on what else is in the batch."""
-        visits = self.serve(requests)
+        order. Each request's tokens do not depend on what else is in the batch.
+
+        on_tokens(request_id, tokens, finished): streaming; called after every host visit for
+        each request that got tokens there (a list of ints, already cut at a stop id or
+        max_new_tokens) or finished. A request's calls concatenate to its Completion.tokens."""
+        visits = self.serve(requests, on_tokens)
         while True:
             try:
                 next(visits)
             except StopIteration as finished:
                 return finished.value
 
-    def serve(self, requests: Sequence[Request]):
+    def serve(self, requests: Sequence[Request], on_tokens=None):
         """`generate` one host visit at a time: a generator that yields the kind of each visit
         ("prefill", "decode" or "verify") just before running it, and returns generate's
         Completions. Lets a caller act between visits (a profiler tracing only decode steps).
@@ -213,9 +221,10 @@ class Engine:
             if r.id is None:
                 r.id = i
             self._check(r)
-        return self._serve(reqs)
+        return self._serve(reqs, on_tokens)
 
-    def _serve(self, reqs):
+    def _serve(self, reqs, on_tokens):
+        self._on_tokens = on_tokens
         t0 = time.perf_counter()
         queue = deque(range(len(reqs)))
         live = {}                                     # slot -> _Live
@@ -259,15 +268,23 @@ class Engine:
             self._maybe_finish(s, lv, live, done, now)
 
     def _maybe_finish(self, slot, lv, live, done, now):
+        """After a visit added tokens to `lv`: completes it at a stop id or max_new_tokens (the
+        tokens past either are dropped), then streams what is new."""
         r = lv.req
         hit = next((j for j, t in enumerate(lv.tokens) if t in r.stop_ids), None)
-        if hit is not None or len(lv.tokens) >= r.max_new_tokens:
+        finished = hit is not None or len(lv.tokens) >= r.max_new_tokens
+        if finished:
             n = min(hit + 1 if hit is not None else len(lv.tokens), r.max_new_tokens)
             reason = "stop" if hit is not None and hit < r.max_new_tokens else "length"
             logits = np.concatenate(lv.logits)[:n] if self.return_logits else None
-            done[lv.index] = Completion(r.id, lv.tokens[:n], reason, lv.ttft, now,
+            lv.tokens = lv.tokens[:n]
+            done[lv.index] = Completion(r.id, lv.tokens, reason, lv.ttft, now,
                                         lv.verify_steps, lv.accepted, lv.drafts, logits)
             del live[slot]
+        new = lv.tokens[lv.streamed:]
+        if self._on_tokens is not None and (new or finished):
+            lv.streamed = len(lv.tokens)
+            self._on_tokens(r.id, new, finished)
 
     def _device_state(self, live):
         S = self.S
@@ -336,6 +353,7 @@ class _Live:
     ttft: float
     verify_steps: int = 0
     accepted: int = 0
+    streamed: int = 0                                        # tokens passed to on_tokens
     drafts: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)   # [k, V] chunks, return_logits
 

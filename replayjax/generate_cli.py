@@ -48,6 +48,11 @@ def build_parser():
                     help="write the fp32 logits each generated token was sampled from as an "
                          "array [prompts, max_new_tokens, vocab] (np.save format, written to FILE "
                          "as named); rows past a prompt's last token (it stopped early) are NaN")
+    ap.add_argument("--stream", action="store_true",
+                    help="print the text (or ids) of a single prompt as it is generated, every "
+                         "host visit (--steps-per-visit decode steps)")
+    ap.add_argument("--steps-per-visit", type=int, default=8,
+                    help="decode steps run on device between two host visits")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -78,9 +83,36 @@ def _logits_array(results, max_new_tokens, vocab):
     return out
 
 
-def _tokenizer(model_dir):
+class _Printer:
+    """--stream: writes a request's tokens as they arrive, as text through the tokenizer
+    (re-decoding the whole output and writing what is new, so multi-token characters come out
+    whole) or as ids."""
+
+    def __init__(self, tok, out=None):
+        self.tok, self.out, self.tokens, self.text = tok, out or sys.stdout, [], ""
+
+    def __call__(self, _id, tokens, finished):
+        before, self.tokens = len(self.tokens), self.tokens + list(tokens)
+        if self.tok is None:
+            self.out.write("".join(f"{' ' if before + i else ''}{t}" for i, t in enumerate(tokens)))
+        else:
+            text = self.tok.decode(self.tokens)
+            if text.startswith(self.text) and (finished or not text.endswith("\ufffd")):
+                self.out.write(text[len(self.text):])
+                self.text = text
+            elif finished:      # a decoder that rewrote earlier text: the rest from where it did
+                self.out.write(text[len(os.path.commonprefix([text, self.text])):])
+        if finished:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def _tokenizer(model_dir, required):
+    """The model dir's tokenizer; None if it has none and `required` is false."""
     path = os.path.join(model_dir, "tokenizer.json")
     if not os.path.exists(path):
+        if not required:
+            return None
         sys.exit(f"replayjax generate: --prompt needs {path}; use --prompt-ids instead")
     try:
         from tokenizers import Tokenizer
@@ -102,11 +134,14 @@ def main(argv=None):
         _check_output(args.save_logits)
     from replayjax import demo
     model_dir = args.model or demo.model_dir()
-    tok = _tokenizer(model_dir) if args.prompt else None
-    prompts = [tok.encode(p).ids for p in args.prompt] if tok else []
+    tok = _tokenizer(model_dir, required=bool(args.prompt))
+    prompts = [tok.encode(p).ids for p in args.prompt] if args.prompt else []
     prompts += args.prompt_ids
     if not prompts:
         sys.exit("replayjax generate: give at least one --prompt or --prompt-ids")
+    if args.stream and (args.json or len(prompts) != 1):
+        sys.exit("replayjax generate: --stream prints one prompt's output as text; give a single "
+                 "prompt and no --json")
     try:
         model = load_model(model_dir)
         try:
@@ -117,12 +152,14 @@ def main(argv=None):
         engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
                         ssm_mode=args.ssm_mode, window=args.window,
                         state_dtype=jnp.dtype(args.state_dtype),
+                        steps_per_visit=args.steps_per_visit,
                         num_draft=args.num_draft if drafter else 0, drafter=drafter or "ngram",
                         draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,
                                            stop_ids=tuple(args.stop_ids), sampling=sp, id=i)
-                                   for i, p in enumerate(prompts)])
+                                   for i, p in enumerate(prompts)],
+                                  on_tokens=_Printer(tok) if args.stream else None)
         wall = time.perf_counter() - t0
     except (ModelDirError, RequestError, ValueError) as e:
         sys.exit(f"replayjax generate: {e}")
@@ -148,7 +185,7 @@ def main(argv=None):
                               tokens_per_s=round(total / wall, 2),
                               peak_device_mem_gb=round(peak / 1e9, 3) if peak else None)))
     else:
-        for r in rows:
+        for r in rows if not args.stream else ():            # streamed already
             print(r.get("text", " ".join(map(str, r["tokens"]))))
         print(f"[{total} tokens in {wall:.2f}s incl. compilation]", file=sys.stderr)
     return 0

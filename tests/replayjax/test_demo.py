@@ -122,3 +122,42 @@ def test_converted_demo_generates_the_same_text(tmp_path, capsys):
                                   "--max-new-tokens", "16", "--json"]) == 0
         texts.append(json.loads(capsys.readouterr().out)["results"][0]["text"])
     assert texts[0] == texts[1]
+
+
+def test_stream_prints_what_generate_prints(capsys):
+    """--stream writes the text visit by visit; the result is the batch output's text."""
+    from replayjax import generate_cli
+    argv = ["--prompt", "This program is free software; ", "--max-new-tokens", "20",
+            "--steps-per-visit", "3"]
+    outs = []
+    for extra in ([], ["--stream"]):
+        assert generate_cli.main(argv + extra) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(outs[0].strip()) >= 10
+
+
+def test_stream_printer_holds_back_split_characters():
+    """Byte tokens of a multi-byte character arrive in different visits: the printer writes the
+    character once it is whole, never a replacement character."""
+    import io
+
+    from tokenizers import Tokenizer
+
+    from replayjax.generate_cli import _Printer
+    out = io.StringIO()
+    printer = _Printer(Tokenizer.from_file(str(Path(model_dir()) / "tokenizer.json")), out)
+    ids = list("naïve café €".encode())
+    seen = []
+    for k, t in enumerate(ids):
+        printer("r", [t], k == len(ids) - 1)
+        seen.append(out.getvalue())
+    assert out.getvalue() == "naïve café €\n"
+    assert all("\ufffd" not in s for s in seen) and seen[2] == "na" and seen[3] == "naï"
+
+
+def test_prompt_ids_get_text_when_the_model_has_a_tokenizer(capsys):
+    from replayjax import generate_cli
+    assert generate_cli.main(["--prompt-ids", ",".join(map(str, b"GNU ")), "--max-new-tokens",
+                              "8", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["results"]
+    assert row["text"] == bytes(row["tokens"]).decode("utf-8", "replace")

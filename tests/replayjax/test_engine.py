@@ -72,6 +72,29 @@ def test_serve_yields_each_visit_before_running_it(fixture):
     assert len(eng.visits) == len(kinds)
 
 
+@pytest.mark.parametrize("num_draft", [0, 3])
+def test_streamed_tokens_add_up_to_the_completions(fixture, num_draft):
+    """on_tokens gets each request's tokens visit by visit, cut at the stop id / max_new_tokens
+    like the Completion (nothing generated past them leaks out), and `finished` exactly once,
+    last; a long request streams over several visits."""
+    model, prompts, want = fixture
+    stop = int(want[1, 6])                        # the 7th greedy token of prompt 1
+    reqs = [Request(prompt=prompts[0], max_new_tokens=23, id="a"),
+            Request(prompt=prompts[1], max_new_tokens=30, stop_ids=(stop,), id="b"),
+            Request(prompt=prompts[2], max_new_tokens=1, id="c")]
+    calls = []
+    eng = Engine(model, num_slots=2, max_len=128, window=4, steps_per_visit=3,
+                 num_draft=num_draft)
+    out = eng.generate(reqs, on_tokens=lambda i, toks, fin: calls.append((i, list(toks), fin)))
+    for r, c in zip(reqs, out):
+        mine = [(toks, fin) for i, toks, fin in calls if i == r.id]
+        assert sum((toks for toks, _ in mine), []) == c.tokens
+        assert [fin for _, fin in mine] == [False] * (len(mine) - 1) + [True]
+    assert out[1].finish_reason == "stop" and out[1].tokens[-1] == stop
+    assert out[0].tokens == list(want[0, :23])
+    assert sum(i == "a" for i, *_ in calls) >= 3
+
+
 @pytest.mark.parametrize("mode", ["replay", "standard"])
 def test_bf16_state_keeps_hf_greedy_on_nemotron_h(mode):
     """A bf16 SSM state (half the state bytes) still reproduces HF's 40 greedy tokens on the
@@ -133,6 +156,8 @@ def test_bad_engine_settings(fixture):
         Engine(model, window=4, num_draft=9)
     with pytest.raises(ValueError, match="ssm_mode must be 'replay' or 'standard'"):
         Engine(model, ssm_mode="fast")
+    with pytest.raises(ValueError, match="steps_per_visit must be >= 1, got 0"):
+        Engine(model, steps_per_visit=0)
 
 
 def test_ngram_drafter():

@@ -31,6 +31,12 @@ def test_generate_json_matches_hf_greedy(capsys):
       "/nonexistent/x.npy"], "directory '/nonexistent' does not exist"),
     (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "mtp"],
      "needs a model with an MTP head"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--prompt-ids", "2",
+      "--stream"], "give a single prompt and no --json"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--stream", "--json"],
+     "give a single prompt and no --json"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--steps-per-visit", "0"],
+     "steps_per_visit must be >= 1"),
 ])
 def test_generate_errors(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -64,3 +70,16 @@ def test_generate_draft_speculation_saves_logits(tmp_path, capsys):
         n = len(r["tokens"])
         assert list(logits[i, :n].argmax(-1)) == r["tokens"] == list(want[i, :n])
         assert np.isnan(logits[i, n:]).all() and not np.isnan(logits[i, :n]).any()
+
+
+def test_stream_without_tokenizer_prints_the_ids(capsys):
+    """A model dir without tokenizer.json streams token ids, the same line the batch output
+    prints."""
+    argv = ["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "3,17,42",
+            "--max-new-tokens", "9", "--steps-per-visit", "2", "--window", "4", "--num-slots",
+            "1", "--max-len", "64"]
+    outs = []
+    for extra in ([], ["--stream"]):
+        assert generate_cli.main(argv + extra) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(outs[0].split()) == 9
