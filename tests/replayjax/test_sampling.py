@@ -41,3 +41,31 @@ def test_greedy_acceptance_is_exact_match():
                                         jnp.ones(1), jnp.zeros(1, jnp.int32),
                                         jnp.zeros(1, jnp.int32))
         assert int(n[0]) == want_n and int(new[0]) == want_new
+
+
+def test_greedy_rows_do_not_depend_on_the_batch_sampling():
+    """An all-greedy batch takes a cheaper branch (no sort, softmax or draws over the
+    vocabulary); greedy rows inside a batch with sampling rows get the same tokens and the same
+    acceptance, and unfiltered sampling rows draw from softmax(logits / T)."""
+    b, T, V = 6, 4, 50
+    logits = jax.random.normal(jax.random.key(0), (b, T, V)) * 3
+    greedy = np.asarray(jnp.argmax(logits, -1))
+    drafts = jnp.asarray(np.where(np.arange(T - 1) < np.arange(b)[:, None] % T, greedy[:, :T - 1],
+                                  (greedy[:, :T - 1] + 1) % V), jnp.int32)
+    mixed = jnp.asarray([0.0, 0.8, 0.0, 1.3, 0.0, 0.5])
+    args = (jnp.zeros(b, jnp.int32), jnp.ones(b), jnp.arange(b, dtype=jnp.int32),
+            jnp.full(b, 7, jnp.int32))
+    n_all, new_all = sampling.verify_drafts(logits, drafts, jnp.zeros(b), *args)
+    n_mix, new_mix = sampling.verify_drafts(logits, drafts, mixed, *args)
+    g = np.asarray(mixed) == 0
+    assert np.array_equal(np.asarray(n_all), np.arange(b) % T + 1)
+    assert np.array_equal(np.asarray(n_all)[g], np.asarray(n_mix)[g])
+    assert np.array_equal(np.asarray(new_all)[g], np.asarray(new_mix)[g])
+    keys = jax.vmap(jax.random.key)(jnp.arange(b))
+    tok_all = sampling.sample(logits[:, 0], jnp.zeros(b), *args[:2], keys)
+    tok_mix = sampling.sample(logits[:, 0], mixed, *args[:2], keys)
+    assert np.array_equal(np.asarray(tok_all), greedy[:, 0])
+    assert np.array_equal(np.asarray(tok_mix)[g], greedy[g, 0])
+    probs = sampling.filtered_probs(logits[:, 0], jnp.full(b, 0.7), jnp.zeros(b, jnp.int32),
+                                    jnp.ones(b))
+    np.testing.assert_allclose(probs, jax.nn.softmax(logits[:, 0] / 0.7), rtol=1e-6, atol=1e-7)
