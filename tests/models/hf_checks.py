@@ -77,3 +77,32 @@ def greedy_accept(drafts, pred):
             n_acc[r] += 1
         emitted.append([int(t) for t in drafts[r, :n_acc[r] - 1]] + [int(pred[r, n_acc[r] - 1])])
     return n_acc, emitted
+
+
+def speculative_greedy(runner, cache, prompts, lens, slots, want, T, rng, *, pad_rows=0,
+                       mode="replay", impl="auto"):
+    """Greedy speculative decoding at the model level until every row has want.shape[1] tokens:
+    prefill, then verify windows [last, drafts] (`corrupted_drafts`), `greedy_accept`, commit.
+    `pad_rows` extra window rows on the null slot (commit 1) exercise padding. Returns the
+    tokens [b, n] and the number of accepted drafts."""
+    b, n = want.shape
+    vslots = jnp.concatenate([slots, jnp.zeros((pad_rows,), jnp.int32)])
+    logits, cache = runner.prefill(cache, prompts, lens, slots)
+    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
+    out = [[int(t)] for t in last]
+    accepted = 0
+    while min(len(o) for o in out) < n:
+        drafts = corrupted_drafts(want, out, T, rng)
+        window = np.concatenate([np.concatenate([last[:, None], drafts], 1),
+                                 np.zeros((pad_rows, T))])
+        logits, _, cache = runner.verify(cache, jnp.asarray(window, jnp.int32), vslots,
+                                         mode=mode, impl=impl)
+        pred = np.asarray(jnp.argmax(logits[:b], -1))
+        n_acc, emitted = greedy_accept(drafts, pred)
+        accepted += int(n_acc.sum()) - b
+        for r in range(b):
+            out[r] += emitted[r]
+        last = pred[np.arange(b), n_acc - 1]
+        n_commit = np.concatenate([n_acc, np.ones(pad_rows, np.int32)])
+        cache = runner.commit(cache, vslots, jnp.asarray(n_commit), T, mode=mode)
+    return np.array([o[:n] for o in out]), accepted

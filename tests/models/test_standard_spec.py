@@ -12,7 +12,7 @@ import pytest
 
 from models.cache import SSMCache
 from tests.models import test_nemotron_h, test_qwen
-from tests.models.hf_checks import batch, corrupted_drafts, greedy_accept
+from tests.models.hf_checks import batch, speculative_greedy
 
 FAMILIES = ["nemotron_h", "qwen3_5"]
 MODES = ("replay", "standard")
@@ -75,33 +75,17 @@ def test_standard_verify_commit_equals_replay_and_plain_decode(variant, T):
 def test_standard_speculative_greedy_equals_greedy(variant):
     runner, ref = _load(variant)
     prompts, lens, slots = batch(ref)
-    b, n, T = len(lens), 24, MAX_T
+    n, T = 24, MAX_T
     want, _, _ = runner.greedy(runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T),
                                prompts, lens, slots, n)
     want = np.asarray(want)
     np.testing.assert_array_equal(want, ref["greedy_tokens"][:, :n])
-    rng = np.random.default_rng(1)
     # the shapes of the test above (a padding row included): its compiles are reused
-    vslots = jnp.concatenate([slots, jnp.zeros((1,), jnp.int32)])
     cache = runner.init_cache(S, MAX_LEN, window=4, max_verify=MAX_T, ssm_mode="standard")
-    logits, cache = runner.prefill(cache, prompts, lens, slots)
-    last = np.asarray(jnp.argmax(logits[jnp.arange(b), lens - 1], -1))
-    out = [[int(t)] for t in last]
-    accepted_drafts = 0
-    while min(len(o) for o in out) < n:
-        drafts = corrupted_drafts(want, out, T, rng)
-        window = np.concatenate([last[:, None], drafts], 1)
-        window = jnp.asarray(np.concatenate([window, np.zeros((1, T))]), jnp.int32)
-        logits, _, cache = runner.verify(cache, window, vslots, mode="standard")
-        pred = np.asarray(jnp.argmax(logits[:b], -1))
-        n_acc, emitted = greedy_accept(drafts, pred)
-        accepted_drafts += int(n_acc.sum()) - b
-        for r in range(b):
-            out[r] += emitted[r]
-        last = pred[np.arange(b), n_acc - 1]
-        cache = runner.commit(cache, vslots, jnp.asarray(np.append(n_acc, 1)), T,
-                              mode="standard")
-    np.testing.assert_array_equal(np.array([o[:n] for o in out]), want)
+    out, accepted_drafts = speculative_greedy(runner, cache, prompts, lens, slots, want, T,
+                                              np.random.default_rng(1), pad_rows=1,
+                                              mode="standard")
+    np.testing.assert_array_equal(out, want)
     assert accepted_drafts > n // 2           # the drafts were really used
 
 
