@@ -281,9 +281,8 @@ class Engine:
             done[lv.index] = Completion(r.id, lv.tokens, reason, lv.ttft, now,
                                         lv.verify_steps, lv.accepted, lv.drafts, logits)
             del live[slot]
-        new = lv.tokens[lv.streamed:]
-        if self._on_tokens is not None and (new or finished):
-            lv.streamed = len(lv.tokens)
+        if self._on_tokens is not None and (finished or len(lv.tokens) > lv.streamed):
+            new, lv.streamed = lv.tokens[lv.streamed:], len(lv.tokens)
             self._on_tokens(r.id, new, finished)
 
     def _device_state(self, live):
