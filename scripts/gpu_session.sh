@@ -3,9 +3,9 @@
 # machine whose python3 has jax 0.11.2 + CUDA plugin:  scripts/gpu_session.sh STAGE [OUT_DIR]
 #   tests    - the Pallas verify kernels and the tiny models of both families, compiled on the GPU
 #   kernels  - decode kernels, standard vs ReplaySSM (staggered headline), both families
-#   verify   - ReplaySSM verify + commit vs the state-per-draft baseline (T = 2, 4, 8), both families
+#   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
-#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32 / 128
+#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 # Each e2e variant runs in its own process (peak memory per variant); rows go to OUT/e2e.jsonl,
@@ -58,8 +58,10 @@ case $stage in
     e2e 250 --synthetic nemotron-h-8b --batch 32 --prompt-len 128 --variants standard replay
     e2e 330 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
   e2e-moe)
-    e2e 280 --synthetic nemotron-3-nano-30b-a3b --batch 64 --prompt-len 128 --variants standard replay
-    e2e 280 --synthetic qwen3.5-35b-a3b --batch 64 --prompt-len 128 --variants standard replay ;;
+    e2e 280 --synthetic nemotron-3-nano-30b-a3b --batch 64 --prompt-len 128 \
+      --variants standard replay
+    e2e 280 --synthetic qwen3.5-35b-a3b --batch 64 --prompt-len 128 \
+      --variants standard replay ;;
   profile)
     python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
       --steps 16 --mode replay --top 30 --trace-dir "$out/trace" 2>>"$out/profile.log" ;;

@@ -43,10 +43,10 @@ import numpy as np
 
 from replayjax.bench import cli
 from replayjax.bench.roofline import decode_step_bytes
-from replayjax.bench.synthetic import SYNTHETIC, SYNTHETIC_MTP, build
+from replayjax.bench.synthetic import SYNTHETIC, build
 from replayjax.bench.timing import copy_bandwidth, percentile
-from replayjax.bench.workload import (WORKLOADS, TraceError, Workload, arrival_times,
-                                      check_vocab, load_trace, synthetic_requests)
+from replayjax.bench.workload import (WORKLOADS, Workload, arrival_times, check_vocab,
+                                      load_trace, synthetic_requests)
 
 PROG = "replayjax bench"
 MODES = ("standard", "replay")

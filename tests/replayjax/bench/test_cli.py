@@ -8,7 +8,8 @@ from replayjax import cli
 def test_cli_lists_subcommands(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
-    assert all(c in out for c in ("generate", "convert", "bench kernels", "bench verify", "profile"))
+    assert all(c in out for c in ("generate", "convert", "bench kernels", "bench verify",
+                                  "profile"))
     assert cli.main(["nonsense"]) == 2
 
 

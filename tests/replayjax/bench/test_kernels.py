@@ -43,7 +43,8 @@ def test_cycling_schedule_is_what_advance_counts_does():
         slots = sets[i % n_sets]
         seen.append(np.asarray(counts[slots]))
         counts = advance_counts(counts, slots, L)
-    assert all((c == expected).all() for c, expected in zip(seen, kernels.cycling_counts(n_sets, L)))
+    expected = kernels.cycling_counts(n_sets, L)
+    assert all((c == e).all() for c, e in zip(seen, expected))
 
 
 def test_staggered_schedule_mixes_fold_and_append_rows():

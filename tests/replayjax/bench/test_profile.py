@@ -74,6 +74,17 @@ def test_instruction_class(opcode, op_name, frames, target, cls):
     assert trace.instruction_class(opcode, op_name, frames, target) == cls
 
 
+@pytest.mark.parametrize("name,op_name,cls", [
+    ("fusion_12", "jit(_decode_loop)/while/body/moe/dot_general", "moe"),
+    ("mamba2_replay_decode", "", "ssm"),
+    ("nvjet_sm90_tss_128x136", "jit(f)", "gemm"),
+    ("loop_add_fusion", "jit(f)/add", "other"),
+])
+def test_kernels_without_hlo_fall_back_to_scope_then_name(name, op_name, cls):
+    ev = trace.Event(name, 1.0, "jit_missing", 7, "op.1", op_name)
+    assert trace._fallback_class(ev) == cls
+
+
 def test_nested_thunks_keep_the_innermost():
     evs = [(0, 10, "while", {}), (1, 4, "body1", {}), (5, 9, "body2", {}), (12, 13, "after", {})]
     assert [e[2] for e in trace._innermost(evs)] == ["body1", "body2", "after"]
