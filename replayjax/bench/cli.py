@@ -87,16 +87,6 @@ def power_of_two(text):
     return v
 
 
-def positive_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
 def json_of(kind: type, what: str):
     """argparse type: JSON text decoding to `kind` (dict or list), e.g. a tiling."""
     def check(text):

@@ -6,7 +6,8 @@ A `jax.profiler` trace (XSpace, `*.xplane.pb`) holds the device events, each car
 module. The HLO text of those modules carries each instruction's `op_name` (with any
 `jax.named_scope` names) and its Python stack frames. A kernel's class is the first of
 `PRIORITY` among the classes of the instructions it runs (a fusion runs its fused computation):
-  * a named scope equal to a class name ("ssm", "gemm", "attention", "moe", "sampling");
+  * the innermost named scope equal to a class name ("ssm", "gemm", "attention", "moe",
+    "sampling");
   * else its stack: `cached_attention` -> attention; a MoE module's methods -> moe;
     replayjax/sampling.py -> sampling;
   * else the instruction: a dot or a GEMM custom call -> gemm;
@@ -189,10 +190,9 @@ def _stack_tables(text):
 
 def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> str:
     """The class of one HLO instruction (rules in the module docstring)."""
-    scopes = set(op_name.split("/"))
-    for c in CLASSES:
-        if c in scopes:
-            return c
+    for scope in reversed(op_name.split("/")):       # the innermost named scope decides
+        if scope in CLASSES:
+            return scope
     funcs = [f for _, f in frames]
     files = [f.replace(os.sep, "/") for f, _ in frames]
     if "cached_attention" in funcs:

@@ -58,6 +58,7 @@ def test_classes_come_from_scopes_stacks_and_opcodes():
 
 @pytest.mark.parametrize("opcode,op_name,frames,target,cls", [
     ("add", "jit(f)/ssm/add", [], "", "ssm"),
+    ("dot", "jit(f)/ssm/gemm/dot_general", [], "", "gemm"),         # the innermost scope
     ("fusion", "jit(f)/sampling", [], "", "sampling"),
     ("reduce", "jit(f)/reduce", [("/x/replayjax/sampling.py", "sample")], "", "sampling"),
     ("dot", "jit(f)/dot_general", [("/x/models/common.py", "Linear.__call__"),
