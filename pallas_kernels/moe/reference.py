@@ -53,4 +53,4 @@ def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
     hid = hid * dense_weights(expert_ids, weights, valid, E)[:, :, None]
     y = jnp.einsum("nef,efd->nd", hid.astype(dt), w_down, precision=hi,
                    preferred_element_type=F32)
-    return y.astype(x.dtype)
+    return jnp.where(valid[:, None], y, 0.0).astype(x.dtype)
