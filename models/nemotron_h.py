@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
-from models import moe
 from models.config import NemotronHConfig
 from models.hybrid import (HybridLM, conv_prefill, ssm_buffers, ssm_cache, store_pending,
                            store_prefill, token_validity, verify_draft_slots)

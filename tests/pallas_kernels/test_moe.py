@@ -167,7 +167,8 @@ def test_default_block_m(n, k, E, m):
 @pytest.mark.parametrize("change,match", [
     (dict(activation="gelu"), "activation must be one of"),
     (dict(w_gate=None, activation="swiglu"), "w_gate is needed by activation 'swiglu'"),
-    (dict(w_down=jnp.zeros((6, DIN, F))), r"w_down has shape \(6, 32, 48\), expected \(6, 48, 32\)"),
+    (dict(w_down=jnp.zeros((6, DIN, F))),
+     r"w_down has shape \(6, 32, 48\), expected \(6, 48, 32\)"),
     (dict(expert_ids=jnp.zeros((12, 2), jnp.int64 if jax.config.x64_enabled else jnp.float32)),
      "expert_ids has dtype"),
     (dict(weights=jnp.zeros((12, 3), F32)), r"weights has shape \(12, 3\)"),
