@@ -11,6 +11,7 @@ COMMANDS = {
                                      "requests"),
     "bench kernels": ("replayjax.bench.kernels", "standard vs ReplaySSM decode kernels (GPU)"),
     "bench verify": ("replayjax.bench.verify", "speculative verify vs state-per-draft (GPU)"),
+    "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
 }
 

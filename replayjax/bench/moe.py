@@ -225,9 +225,9 @@ def variants():
 
 def _time_us(fn, args, iterations=5):
     """Median device time (us) of every kernel one call of fn launches (CUPTI)."""
-    from jax.experimental.mosaic.gpu import profiler
-    _, timings = profiler.measure(fn, iterations=iterations)(*args)
-    return float(np.median(timings)) * 1e3
+    from replayjax.bench.timing import kernel_times
+    return float(np.median([sum(us for _, us in it)
+                            for it in kernel_times(fn, *args, iterations=iterations)]))
 
 
 @dataclasses.dataclass
@@ -291,7 +291,7 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m replayjax.bench.moe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="replayjax bench moe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
@@ -305,9 +305,9 @@ def main(argv=None):
 
     import jax
     if jax.default_backend() != "gpu":
-        sys.exit("python -m replayjax.bench.moe: needs a CUDA GPU (jax.default_backend() is "
+        sys.exit("replayjax bench moe: needs a CUDA GPU (jax.default_backend() is "
                  f"{jax.default_backend()!r})")
-    from replayjax.kernel_bench import copy_bandwidth
+    from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
     peak = args.peak_tflops or peak_tflops(kind)
     bw = copy_bandwidth()
