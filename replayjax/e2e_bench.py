@@ -110,7 +110,8 @@ def build_model(args, mtp=False):
     """The model of `args.model` (MTP head iff the checkpoint ships one) or a randomised synthetic
     one (with an MTP head when `mtp`)."""
     import jax.numpy as jnp
-    from replayjax.loading import load_model, model_class
+    from models.registry import model_class
+    from replayjax.loading import load_model
     if args.model:
         return load_model(args.model)
     cfg = synthetic_config(args.synthetic, mtp)

@@ -1,5 +1,5 @@
 """`replayjax convert` on the HF-written fixtures: every family converts, loads and reproduces the
-HF prefill logits (atol 1e-4, fp32); the converted params equal `models.weights.load_*` bitwise;
+HF prefill logits (atol 1e-4, fp32); the converted params equal the imperative oracle's bitwise;
 bf16; sharded input; fused / stacked experts; MTP tensors; --overwrite; --json.
 
 bf16 tolerance: the params are exactly the fp32 params rounded to bf16 (fp32-kept params --

@@ -155,7 +155,7 @@ def test_mtp_variant_on_a_synthetic_model(monkeypatch, capsys):
 @pytest.mark.parametrize("name", sorted(e2e_bench.SYNTHETIC))
 def test_synthetic_configs_describe_an_mtp_head(name):
     from flax import nnx
-    from replayjax.loading import model_class
+    from models.registry import model_class
     cfg = e2e_bench.synthetic_config(name, mtp=True)
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16, mtp=True))
     assert model.mtp is not None and len(model.mtp.layers) >= 1
