@@ -94,9 +94,13 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     ckptr = ocp.StandardCheckpointer()
     params_dir = os.path.join(out_dir, meta.get("params_dir", PARAMS_DIR))
     try:
-        tree = ckptr.metadata(params_dir).item_metadata.tree
+        item = ckptr.metadata(params_dir).item_metadata
     except Exception as e:       # orbax / tensorstore / OS errors of a damaged checkpoint
         raise _damaged(out_dir, e) from None
+    if item is None:
+        raise ConvertError(f"{out_dir}: damaged checkpoint, orbax cannot read the metadata of "
+                           f"{params_dir}")
+    tree = item.tree
     saved = {tuple(_key(k) for k in kp): m
              for kp, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -123,9 +127,11 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
 
 
 def _damaged(out_dir: str, e: Exception) -> ConvertError:
-    first = next((line for line in str(e).splitlines() if line.strip()), "")
-    return ConvertError(f"{out_dir}: damaged checkpoint, cannot restore its params "
-                        f"({type(e).__name__}: {first[:300]})")
+    """One line for an orbax / tensorstore failure: its innermost cause names the array."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return ConvertError(f"{out_dir}: damaged checkpoint, cannot restore its params: {first[:300]}")
 
 
 def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -124,6 +125,7 @@ def _tokenizer(model_dir, required):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
     import jax.numpy as jnp
 
     from replayjax.engine import Engine, Request, RequestError, SamplingParams

@@ -16,13 +16,13 @@ def load_model(path, *, dtype=None, mesh=None):
     MTP head when they ship `mtp.*` tensors. Raises ConvertError with a one-line message."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise ConvertError(f"model directory {path} does not exist")
+        raise ConvertError(f"model directory {path!r} does not exist")
     names = os.listdir(path)
     if META_NAME in names:
         return load(path, mesh=mesh, dtype=dtype)[1]
     if "config.json" in names:
         return load_hf(path, dtype=dtype, mesh=mesh)[1]
     if not names:
-        raise ConvertError(f"model directory {path} is empty")
-    raise ConvertError(f"{path} is neither a Hugging Face checkpoint (config.json + safetensors) "
+        raise ConvertError(f"model directory {path!r} is empty")
+    raise ConvertError(f"{path!r} is neither a Hugging Face checkpoint (config.json + safetensors) "
                        f"nor a converted one ({META_NAME})")
