@@ -111,8 +111,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
     p = plan(hf_dir, dtype=dtype)
     _check_paths(p.hf_dir, out_dir, overwrite)
     hf_dir, cfg, ck, table, targets = p.hf_dir, p.cfg, p.checkpoint, p.table, p.targets
-    dtype_name, mtp, notes, skipped, model_type = p.dtype.name, p.mtp, p.notes, p.skipped, \
-        p.model_type
+    dtype_name, mtp, notes, skipped = p.dtype.name, p.mtp, p.notes, p.skipped
 
     sizes = {n: ck.tensors[n].nbytes for n in table.sources}
     in_bytes = sum(sizes.values())
@@ -176,7 +175,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
             prog.close()
         seconds = time.monotonic() - t_start
         summary = {
-            "ok": True, "out_dir": out_dir, "hf_dir": hf_dir, "model_type": model_type,
+            "ok": True, "out_dir": out_dir, "hf_dir": hf_dir, "model_type": p.model_type,
             "family": cfg.family, "dtype": dtype_name, "mtp": mtp,
             "files": len(ck.files), "tensors": len(table.sources), "params": len(table.rules),
             "bytes_read": in_bytes, "bytes_written": out_bytes,
@@ -189,7 +188,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
         meta = {
             "format": FORMAT, "converter": "replayjax convert", "converter_version": CONVERTER_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source": {"dir": hf_dir, "model_type": model_type, "files": files, "sha256": small,
+            "source": {"dir": hf_dir, "model_type": p.model_type, "files": files, "sha256": small,
                        "file_hash": "sha256" if sha256 else "size+mtime"},
             "family": cfg.family, "config_class": type(cfg).__name__, "dtype": dtype_name,
             "mtp": mtp, "params_dir": PARAMS_DIR,

@@ -165,7 +165,6 @@ def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
             host = param_array(rule, shape, dt, tensors, reader, HOST_BLOCK_BYTES)
             placed[rule.path] = jax.make_array_from_callback(
                 shape, sharding(rule.path, shape), lambda index, a=host: a[index])
-            del host
     finally:
         reader.close()
     arrays = [placed[_path(kp)] for kp, _ in leaves]

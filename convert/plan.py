@@ -122,7 +122,7 @@ def plan(hf_dir, *, dtype=None, mtp: bool | None = None) -> Plan:
         mtp = has_mtp and (family.name != "nemotron_h" or declared > 0)
         if declared and not has_mtp:
             notes.append(f"config declares {declared} MTP layer(s) but the checkpoint has no "
-                         "mtp.* tensors: loaded without the MTP head")
+                         "mtp.* tensors: no MTP head")
     elif mtp and not has_mtp:
         raise ConvertError(f"mtp=True but {hf_dir} has no mtp.* tensors (load it with mtp=False)")
     dtype = _default_dtype(ck) if dtype is None else np.dtype(dtype)

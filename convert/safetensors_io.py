@@ -10,11 +10,12 @@ that the tensors lie back to back in offset order right after the header (the fo
 holes), their absolute byte offsets follow from the header length and their sizes.
 
 `Reader.read(info, lead, rows)` then reads one contiguous block, ``tensor[lead][r0:r1]``, with
-``os.preadv`` into a fresh numpy buffer. The library's own block reads were measured against it on
-a 2 GiB bf16 tensor read in 8 MiB row blocks (cold page cache, safetensors 0.8.0): its "mmap"
-backend reads as fast (~400 MB/s) but keeps every page it touched resident (peak RSS 2.1 GB
-against 62 MB) and dies with SIGBUS when a file shrinks while it is read; its "pread" backend
-reads the whole tensor for every slice (3.4 s and 2 GB per 8 MiB block).
+``os.preadv`` into a fresh numpy buffer. The library's own block reads (``get_slice(name)[a:b]``)
+were measured against it, safetensors 0.8.0, reading a 4.3 GB bf16 tensor in 8 MiB row blocks
+from a cold page cache on a 16-core machine: preadv 1160-1190 MB/s at 67 MB peak RSS; the "mmap"
+backend 960-990 MB/s with every page it touched kept resident (peak RSS 4.2 GB), and it kills the
+process with SIGBUS when a file shrinks while it is read; the "pread" backend reads the whole
+tensor for every slice (3 MB/s, 2.9 s per block).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 import convert.converter as converter
 import convert.writer as writer
 from convert import ConvertError
+from convert.safetensors_io import Reader, open_checkpoint
 from replayjax import cli
 from tests.convert.helpers import fixture_dir, make_checkpoint, tensors_of
 
@@ -284,3 +285,23 @@ def test_bad_arguments_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["convert", "a", "b", "--dtype", "float16"])
     assert e.value.code == 2
+
+
+def test_file_shrinking_while_it_is_read(tmp_path):
+    """A shard cut short after its header was validated (a download still being written): the
+    block read fails with one line, where a memory-mapped read would kill the process (SIGBUS)."""
+    src = make_checkpoint(tmp_path / "hf", V)
+    info = open_checkpoint(src).tensors["lm_head.weight"]
+    _truncate_to(_file(src), info.start + 4)
+    reader = Reader()
+    try:
+        with pytest.raises(ConvertError, match="model.safetensors: truncated file: tensor "
+                                               "lm_head.weight could not be read to its end"):
+            reader.read(info)
+    finally:
+        reader.close()
+
+
+def _truncate_to(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)

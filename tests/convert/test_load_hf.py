@@ -181,7 +181,8 @@ def _params_truncated(tmp_path):
     """The largest data file of a converted checkpoint cut in half."""
     out = _converted(tmp_path)
     files = [os.path.join(r, n) for r, _, ns in os.walk(os.path.join(out, "params")) for n in ns]
-    _truncate(max(files, key=os.path.getsize), os.path.getsize(max(files, key=os.path.getsize)) // 2)
+    largest = max(files, key=os.path.getsize)
+    _truncate(largest, os.path.getsize(largest) // 2)
     return out
 
 

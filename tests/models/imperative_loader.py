@@ -4,9 +4,9 @@ package used before `convert.load_hf` (tests only).
 `read_safetensors(dir)` returns {name: np.ndarray} for a single file or a sharded index (read
 whole by `safetensors.numpy.load_file`). `load_nemotron_h(model, tensors)` and
 `load_qwen_hybrid(model, tensors)` fill a model built from the matching config with plain numpy
-indexing and transposes, checking every shape and refusing missing or unused tensors (`mtp.*` tensors are
-ignored when the model has no MTP head and required when it has one). Tests compare the table
-path against it bitwise (tests/convert/test_load_hf.py).
+indexing and transposes, checking every shape and refusing missing or unused tensors (`mtp.*`
+tensors are ignored when the model has no MTP head and required when it has one). Tests compare
+the table path against it bitwise (tests/convert/test_load_hf.py, test_convert.py).
 """
 
 from __future__ import annotations
