@@ -19,6 +19,8 @@ from convert import mappings
 from convert.errors import ConvertError, name_list
 from convert.safetensors_io import FLOAT_DTYPES, Checkpoint, open_checkpoint
 from convert.table import Path, Rule, Table, path_str
+from models.config import ConfigError, ModelConfig, load_config
+from models.registry import family_for
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 
@@ -26,7 +28,7 @@ DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float
 @dataclass(frozen=True)
 class Plan:
     hf_dir: str                             # absolute
-    cfg: object                             # models.config.ModelConfig
+    cfg: ModelConfig
     model_type: str | None                  # config.json's model_type
     checkpoint: Checkpoint
     mtp: bool                               # the model gets its MTP head
@@ -97,9 +99,6 @@ def plan(hf_dir, *, dtype=None, mtp: bool | None = None) -> Plan:
     dtype: the model dtype; None = bfloat16 if the checkpoint is mostly 16-bit, else float32.
     mtp: build the MTP head; None = when the checkpoint has `mtp.*` tensors (and, for
         Nemotron-H, the config declares MTP layers); True requires them; False skips them."""
-    from models.config import ConfigError, load_config
-    from models.registry import family_for
-
     hf_dir = os.path.abspath(os.fspath(hf_dir))
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"{hf_dir} is not a directory")
