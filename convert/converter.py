@@ -30,18 +30,16 @@ import tempfile
 import threading
 import time
 
-import ml_dtypes
 import numpy as np
 
-from convert import mappings
-from convert.errors import Cancelled, ConvertError, name_list
+from convert.errors import Cancelled, ConvertError
+from convert.plan import DTYPES, plan
 from convert.progress import Progress
-from convert.safetensors_io import FLOAT_DTYPES, INDEX_NAME, Reader, open_checkpoint
+from convert.safetensors_io import INDEX_NAME, Reader
 from convert.table import chunk_shape, param_blocks, path_str
 
 CONVERTER_VERSION = "0.1.0"
 FORMAT = 1
-DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 BLOCK_BYTES = 8 << 20
 PARAMS_DIR, CONFIG_NAME, META_NAME = "params", "config.json", "convert.json"
 # files a generator needs next to the weights (text prompts, stop ids): carried over verbatim
@@ -67,10 +65,6 @@ def _os_error(e: OSError, where: str) -> ConvertError:
 
 
 def _check_paths(hf_dir: str, out_dir: str, overwrite: bool) -> None:
-    if not os.path.isdir(hf_dir):
-        raise ConvertError(f"{hf_dir} is not a directory")
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-        raise ConvertError(f"no config.json in {hf_dir}")
     if os.path.lexists(out_dir) and not overwrite:
         raise ConvertError(f"{out_dir} already exists (use --overwrite to replace it)")
     real_in, real_out = os.path.realpath(hf_dir), os.path.realpath(out_dir)
@@ -79,51 +73,6 @@ def _check_paths(hf_dir: str, out_dir: str, overwrite: bool) -> None:
     parent = os.path.dirname(out_dir)
     if not os.path.isdir(parent):
         raise ConvertError(f"cannot write {out_dir}: parent directory {parent} does not exist")
-
-
-def _check_tensors(table, ck, family: str) -> tuple[list[str], dict[str, int]]:
-    """Missing, misshapen, non-float and unused tensors -> ConvertError. Returns notes and the
-    count of skipped tensors per skipped prefix."""
-    tensors = ck.tensors
-    missing = [n for n in table.sources if n not in tensors]
-    if missing:
-        raise ConvertError(f"missing {len(missing)} tensor(s) that the config requires: {name_list(missing)}")
-    bad = [(n, s, tensors[n]) for n, s in table.sources.items() if tensors[n].shape != s]
-    if bad:
-        n, s, info = bad[0]
-        more = f" (and {len(bad) - 1} more mismatched tensors)" if len(bad) > 1 else ""
-        raise ConvertError(f"shape mismatch for {n}: expected {list(s)} from config.json, found "
-                           f"{list(info.shape)} in {os.path.basename(info.file)}{more}")
-    nonfloat = [n for n in table.sources if tensors[n].dtype not in FLOAT_DTYPES]
-    if nonfloat:
-        n = nonfloat[0]
-        raise ConvertError(f"tensor {n} has dtype {tensors[n].dtype}; expected a floating-point dtype")
-    skipped: dict[str, int] = {}
-    unused = []
-    for n in tensors:
-        if n in table.sources:
-            continue
-        prefix = next((p for p in table.skipped if n.startswith(p)), None)
-        if prefix is None:
-            unused.append(n)
-        else:
-            skipped[prefix] = skipped.get(prefix, 0) + 1
-    if unused:
-        raise ConvertError(f"{len(unused)} unused tensor(s) that a {family} model with this config "
-                           f"does not have: {name_list(unused)}")
-    notes = [f"skipped {k} tensor(s) {p}{'*' if p.endswith('.') else ''}: {table.skipped[p]}"
-             for p, k in skipped.items()]
-    return notes, skipped
-
-
-def _default_dtype(ck, names) -> str:
-    """bfloat16 when most source bytes are 16-bit floats, else float32."""
-    by = {}
-    for n in names:
-        info = ck.tensors[n]
-        by[info.dtype] = by.get(info.dtype, 0) + info.nbytes
-    top = max(by, key=by.get) if by else "F32"
-    return "bfloat16" if top in ("BF16", "F16") else "float32"
 
 
 def _nest(flat: dict) -> dict:
@@ -153,41 +102,16 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
     Raises ConvertError (one-line message) on any problem, leaving nothing behind."""
     import jax  # noqa: F401  (imported before the RSS baseline is taken)
     import orbax.checkpoint  # noqa: F401
-    from models.config import ConfigError, load_config
 
     t_start = time.monotonic()
     rss_before = _maxrss_mb()
-    hf_dir = os.path.abspath(os.fspath(hf_dir))
     out_dir = os.path.abspath(os.path.normpath(os.fspath(out_dir)))
     if dtype is not None and dtype not in DTYPES:
         raise ConvertError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    _check_paths(hf_dir, out_dir, overwrite)
-    try:
-        cfg = load_config(os.path.join(hf_dir, "config.json"))
-    except ConfigError as e:
-        raise ConvertError(f"config.json: {e}") from None
-    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
-        model_type = json.load(f).get("model_type")
-
-    ck = open_checkpoint(hf_dir)
-    available = set(ck.tensors)
-    family = mappings.family_for(cfg)
-    declared_mtp = family.declares_mtp(cfg)
-    has_mtp = any(n.startswith("mtp.") for n in available)
-    mtp = has_mtp and (family.name != "nemotron_h" or bool(declared_mtp))
-    notes: list[str] = []
-    if declared_mtp and not has_mtp:
-        notes.append(f"config declares {declared_mtp} MTP layer(s) but the checkpoint has no mtp.* "
-                     "tensors: converted without the MTP head")
-
-    dtype_name = dtype or _default_dtype(ck, [n for n in available if not n.startswith("model.visual.")])
-    np_dtype = DTYPES[dtype_name]
-    try:
-        table, targets = mappings.build(cfg, available, np_dtype, mtp)
-    except ValueError as e:
-        raise ConvertError(f"unsupported model: {e}") from None
-    skip_notes, skipped = _check_tensors(table, ck, cfg.family)
-    notes += table.notes + skip_notes
+    p = plan(hf_dir, dtype=dtype)
+    _check_paths(p.hf_dir, out_dir, overwrite)
+    hf_dir, cfg, ck, table, targets = p.hf_dir, p.cfg, p.checkpoint, p.table, p.targets
+    dtype_name, mtp, notes, skipped = p.dtype.name, p.mtp, p.notes, p.skipped
 
     sizes = {n: ck.tensors[n].nbytes for n in table.sources}
     in_bytes = sum(sizes.values())
@@ -224,21 +148,14 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
     cancel = cancel or threading.Event()
     prog = Progress(sizes, progress)
     reader = Reader(on_read=prog.update)
-    # Params in the order of their first source tensor in the files: mostly sequential reads.
-    file_rank = {sf.path: i for i, sf in enumerate(ck.files)}
-
-    def order(rule):
-        info = ck.tensors[rule.parts[0].src]
-        return (file_rank[info.file], info.start, path_str(rule.path))
-
     from convert.writer import PendingParam, save_params
 
-    pending = {}
+    pending = {}           # the writer takes them in `read_order`: mostly sequential reads
     for rule in table.rules:
         shape, dt = targets[rule.path]
         chunks = chunk_shape(rule, shape, dt, block_bytes)
         pending[rule.path] = PendingParam(
-            path_str(rule.path), shape, dt, chunks, order(rule),
+            path_str(rule.path), shape, dt, chunks, p.read_order(rule),
             lambda r=rule, s=shape, d=dt, c=chunks: param_blocks(r, s, d, ck.tensors, reader, c,
                                                                  cancel.is_set))
     signalled: list[int] = []
@@ -258,7 +175,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
             prog.close()
         seconds = time.monotonic() - t_start
         summary = {
-            "ok": True, "out_dir": out_dir, "hf_dir": hf_dir, "model_type": model_type,
+            "ok": True, "out_dir": out_dir, "hf_dir": hf_dir, "model_type": p.model_type,
             "family": cfg.family, "dtype": dtype_name, "mtp": mtp,
             "files": len(ck.files), "tensors": len(table.sources), "params": len(table.rules),
             "bytes_read": in_bytes, "bytes_written": out_bytes,
@@ -271,7 +188,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
         meta = {
             "format": FORMAT, "converter": "replayjax convert", "converter_version": CONVERTER_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source": {"dir": hf_dir, "model_type": model_type, "files": files, "sha256": small,
+            "source": {"dir": hf_dir, "model_type": p.model_type, "files": files, "sha256": small,
                        "file_hash": "sha256" if sha256 else "size+mtime"},
             "family": cfg.family, "config_class": type(cfg).__name__, "dtype": dtype_name,
             "mtp": mtp, "params_dir": PARAMS_DIR,

@@ -1,8 +1,8 @@
-"""Errors of the converter: one-line messages meant for the user."""
+"""Errors of converting and loading: one-line messages meant for the user."""
 
 
 class ConvertError(Exception):
-    """A conversion that cannot or must not proceed; the message is one line."""
+    """A checkpoint that cannot be converted or loaded; the message is one line."""
 
     def __init__(self, msg: str):
         super().__init__(" ".join(str(msg).split()))

@@ -1,8 +1,14 @@
-"""Loading a converted checkpoint: `load(out_dir, mesh=None, dtype=None)` -> (config, model).
+"""Loading a model: from a converted checkpoint (`load`) or straight from a Hugging Face directory
+(`load_hf`); both return (config, model) with every param placed on `mesh`.
 
-The model is built abstractly (`nnx.eval_shape`), its params are restored by orbax's
-`StandardCheckpointer` into `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`
-targets (arrays arrive already placed and cast), and merged back into the NNX module.
+`load(out_dir, ...)` builds the model abstractly (`nnx.eval_shape`), restores its params with
+orbax's `StandardCheckpointer` into `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` targets
+(arrays arrive already placed and cast) and merges them into the NNX module.
+
+`load_hf(hf_dir, ...)` runs the converter's checks (`convert.plan`) and name tables, then builds
+one param at a time on the host from its source blocks (`convert.table.param_array`, in file
+order) and places it with `jax.make_array_from_callback`, so each device receives only its shard
+and the host holds one param at a time, never the whole model.
 """
 
 from __future__ import annotations
@@ -13,8 +19,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from convert.converter import CONFIG_NAME, DTYPES, FORMAT, META_NAME, PARAMS_DIR
+from convert.converter import CONFIG_NAME, FORMAT, META_NAME, PARAMS_DIR
 from convert.errors import ConvertError
+from convert.plan import DTYPES, plan
+
+HOST_BLOCK_BYTES = 64 << 20        # read size while assembling a param on the host
+
+Partition = Callable[[tuple, tuple], object]   # (param path, shape) -> PartitionSpec
 
 
 def read_metadata(out_dir) -> dict:
@@ -25,67 +36,140 @@ def read_metadata(out_dir) -> dict:
             meta = json.load(f)
     except FileNotFoundError:
         raise ConvertError(f"{out_dir} is not a converted checkpoint (no {META_NAME})") from None
-    if meta.get("format") != FORMAT:
-        raise ConvertError(f"{path}: unsupported format {meta.get('format')!r} (expected {FORMAT})")
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"{path}: cannot read: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ConvertError(f"{path}: unsupported format (expected format {FORMAT})")
     return meta
 
 
 def load_config_of(out_dir):
-    from models.config import config_from_dict
-    with open(os.path.join(os.fspath(out_dir), CONFIG_NAME), encoding="utf-8") as f:
-        return config_from_dict(json.load(f))
+    from models.config import ConfigError, config_from_dict
+    path = os.path.join(os.fspath(out_dir), CONFIG_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return config_from_dict(json.load(f))
+    except (OSError, ValueError, ConfigError) as e:
+        raise ConvertError(f"{path}: cannot read the config: {e}") from None
 
 
-def load(out_dir, mesh=None, dtype=None, *,
-         partition: Callable[[tuple, tuple], object] | None = None):
+def _sharding(mesh, partition: Partition | None):
+    """(path, shape) -> NamedSharding; the default mesh is one device, the default spec P()."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    if mesh is None:
+        mesh = Mesh(np.array(jax.devices()[:1]), ("replica",))
+    return lambda path, shape: NamedSharding(
+        mesh, partition(path, shape) if partition else PartitionSpec())
+
+
+def _path(kp) -> tuple:
+    return tuple(k.key for k in kp)
+
+
+def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     """Restore a converted checkpoint. Returns (config, model).
 
     mesh: a `jax.sharding.Mesh`; None = a one-device mesh on `jax.devices()[0]`.
     dtype: the model dtype (None = the dtype it was converted to); params the model keeps in
         fp32 stay fp32, the others are cast while restoring.
     partition: optional `(path, shape) -> PartitionSpec` per param; default replicated (`P()`).
+    Raises ConvertError (one line naming the checkpoint), also for a damaged `params/`.
     """
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from convert import mappings
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     meta = read_metadata(out_dir)
     cfg = load_config_of(out_dir)
-    if dtype is None:
-        dtype = DTYPES[meta["dtype"]]
-    if mesh is None:
-        mesh = Mesh(np.array(jax.devices()[:1]), ("replica",))
+    dtype = DTYPES[meta["dtype"]] if dtype is None else dtype
     model = mappings.abstract_model(cfg, dtype, bool(meta.get("mtp")))
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)
+    sharding = _sharding(mesh, partition)
 
     ckptr = ocp.StandardCheckpointer()
     params_dir = os.path.join(out_dir, meta.get("params_dir", PARAMS_DIR))
-    saved = {tuple(_key(k) for k in kp): m for kp, m in
-             jax.tree_util.tree_flatten_with_path(ckptr.metadata(params_dir).item_metadata.tree)[0]}
+    try:
+        item = ckptr.metadata(params_dir).item_metadata
+    except Exception as e:       # orbax / tensorstore / OS errors of a damaged checkpoint
+        raise _damaged(out_dir, e) from None
+    if item is None:
+        raise ConvertError(f"{out_dir}: damaged checkpoint, orbax cannot read the metadata of "
+                           f"{params_dir}")
+    tree = item.tree
+    saved = {tuple(_key(k) for k in kp): m
+             for kp, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
     def target(kp, leaf):
-        path = tuple(k.key for k in kp)
+        path = _path(kp)
         m = saved.get(tuple(str(k) for k in path))
         if m is None:
             raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} is not in the checkpoint")
         if tuple(m.shape) != tuple(leaf.shape):
             raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} has shape "
                                f"{list(m.shape)}, the model expects {list(leaf.shape)}")
-        spec = partition(path, tuple(leaf.shape)) if partition else PartitionSpec()
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(path, leaf.shape))
 
     targets = jax.tree_util.tree_map_with_path(target, pure)
     if len(saved) != len(jax.tree_util.tree_leaves(targets)):
         raise ConvertError(f"{out_dir}: the checkpoint has {len(saved)} params, the model "
                            f"{len(jax.tree_util.tree_leaves(targets))}")
-    restored = ckptr.restore(params_dir, targets)
+    try:
+        restored = ckptr.restore(params_dir, targets)
+    except Exception as e:
+        raise _damaged(out_dir, e) from None
     nnx.replace_by_pure_dict(state, restored)
     return cfg, nnx.merge(graphdef, state)
+
+
+def _damaged(out_dir: str, e: Exception) -> ConvertError:
+    """One line for an orbax / tensorstore failure: its innermost cause names the array."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return ConvertError(f"{out_dir}: damaged checkpoint, cannot restore its params: {first[:300]}")
+
+
+def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
+            partition: Partition | None = None):
+    """Load a Hugging Face checkpoint directory straight into the model. Returns (config, model).
+
+    dtype: the model dtype; None = the checkpoint's (bfloat16 if it is mostly 16-bit, else
+        float32), as `convert` chooses; params the model keeps in fp32 stay fp32.
+    mtp: build the MTP head; None = when the checkpoint ships `mtp.*` tensors (see
+        `convert.plan.plan`).
+    mesh, partition: as for `load`.
+    Raises ConvertError (one line) for everything `replayjax convert` refuses.
+    """
+    import jax
+    from flax import nnx
+
+    from convert import mappings
+    from convert.safetensors_io import Reader
+    from convert.table import param_array
+
+    p = plan(hf_dir, dtype=dtype, mtp=mtp)
+    graphdef, state = nnx.split(mappings.abstract_model(p.cfg, p.dtype, p.mtp))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
+    sharding = _sharding(mesh, partition)
+    tensors = p.checkpoint.tensors
+    placed = {}
+    reader = Reader()
+    try:
+        for rule in sorted(p.table.rules, key=p.read_order):
+            shape, dt = p.targets[rule.path]
+            host = param_array(rule, shape, dt, tensors, reader, HOST_BLOCK_BYTES)
+            placed[rule.path] = jax.make_array_from_callback(
+                shape, sharding(rule.path, shape), lambda index, a=host: a[index])
+    finally:
+        reader.close()
+    arrays = [placed[_path(kp)] for kp, _ in leaves]
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, arrays))
+    return p.cfg, nnx.merge(graphdef, state)
 
 
 def _key(k):

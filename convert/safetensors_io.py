@@ -1,13 +1,21 @@
-"""Safetensors headers, block reads and writes with numpy + ml_dtypes (no torch, no safetensors).
+"""Reading Hugging Face safetensors checkpoints: the `safetensors` package validates every header,
+``os.preadv`` streams the blocks.
 
-Format (models.md C): an 8-byte little-endian header length n, n bytes of UTF-8 JSON
-``{"__metadata__": {...}, name: {"dtype", "shape", "data_offsets": [begin, end]}}`` with offsets
-relative to the end of the header, then the raw row-major little-endian bytes.
+`open_checkpoint(dir)` opens `model.safetensors` or every shard of `model.safetensors.index.json`
+with `safetensors.safe_open`, which parses and validates the header (JSON, dtypes, shapes,
+offsets consistent with shape x dtype, tensors back to back covering the data exactly, header
+size), and checks the index (shards exist, every mapped tensor is in its shard, no tensor twice).
+Every problem becomes a one-line `ConvertError` naming the file. Because the library guarantees
+that the tensors lie back to back in offset order right after the header (the format allows no
+holes), their absolute byte offsets follow from the header length and their sizes.
 
-`open_checkpoint(dir)` validates every header up front (JSON, dtypes, shapes, offsets inside the
-file, no overlaps; for a sharded checkpoint also the index) and returns `TensorInfo`s with absolute
-file offsets. `Reader.read` / `Reader.read_elems` then pull one contiguous block at a time with
-``os.preadv`` into a fresh numpy buffer, so nothing is memory-mapped and nothing stays resident.
+`Reader.read(info, lead, rows)` then reads one contiguous block, ``tensor[lead][r0:r1]``, with
+``os.preadv`` into a fresh numpy buffer. The library's own block reads (``get_slice(name)[a:b]``)
+were measured against it, safetensors 0.8.0, reading a 4.3 GB bf16 tensor in 8 MiB row blocks
+from a cold page cache on a 16-core machine: preadv 1160-1190 MB/s at 67 MB peak RSS; the "mmap"
+backend 960-990 MB/s with every page it touched kept resident (peak RSS 4.2 GB), and it kills the
+process with SIGBUS when a file shrinks while it is read; the "pread" backend reads the whole
+tensor for every slice (3 MB/s, 2.9 s per block).
 """
 
 from __future__ import annotations
@@ -16,23 +24,34 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for the readers' views)
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from convert.errors import ConvertError
 
 DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
           "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64),
           "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+          "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16),
           "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-_NAMES = {v: k for k, v in DTYPES.items()}
-MAX_HEADER = 100 << 20          # the safetensors crate's limit
+# bits per element of the dtypes the library knows that numpy cannot view (sizes and offsets only)
+_OTHER_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+               "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "C64": 64}
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# the library's reasons (after "Error while deserializing header: ") in words for a user
+_REASONS = {
+    "header too small": "truncated: too short for a safetensors header",
+    "invalid header length": "truncated or corrupt: the header length does not fit in the file",
+    "header too large": "not a safetensors file: the header length is over the format's limit",
+    "incomplete metadata, file not fully covered": "truncated or corrupt: the tensors in its "
+                                                   "header do not cover its data exactly",
+}
 
 
 @dataclass(frozen=True)
@@ -69,67 +88,41 @@ class Checkpoint:
     index: str | None           # path of model.safetensors.index.json, if sharded
 
 
+def _nbytes(dtype: str, shape) -> int:
+    bits = DTYPES[dtype].itemsize * 8 if dtype in DTYPES else _OTHER_BITS.get(dtype)
+    if bits is None:
+        raise ValueError(dtype)
+    return -(-math.prod(shape) * bits // 8)
+
+
 def read_header(path: str) -> dict[str, TensorInfo]:
-    """Parse and validate one safetensors file's header; raises ConvertError naming the file."""
+    """The tensors of one safetensors file, validated by the library; ConvertError naming the
+    file for anything malformed."""
     name = os.path.basename(path)
     try:
         size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise ConvertError(f"{name}: truncated safetensors file ({size} bytes, no header)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or 8 + n > size:
-                raise ConvertError(f"{name}: corrupt safetensors header (header length {n} "
-                                   f"does not fit in the file of {size} bytes)")
-            blob = f.read(n)
+        with safe_open(path, framework="numpy") as f:
+            entries = [(t, f.get_slice(t)) for t in f.offset_keys()]
+            entries = [(t, s.get_dtype(), tuple(s.get_shape())) for t, s in entries]
+        with open(path, "rb") as fh:
+            (pos,) = struct.unpack("<Q", fh.read(8))
+    except SafetensorError as e:
+        reason = " ".join(str(e).split()).removeprefix("Error while deserializing header: ")
+        reason = _REASONS.get(reason, f"corrupt safetensors header: {reason}")
+        raise ConvertError(f"{name} ({size} bytes): {reason}") from None
     except OSError as e:
         raise ConvertError(f"{name}: cannot read: {e.strerror or e}") from None
-    try:
-        header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConvertError(f"{name}: corrupt safetensors header (not valid JSON: {e})") from None
-    if not isinstance(header, dict):
-        raise ConvertError(f"{name}: corrupt safetensors header (not a JSON object)")
-    base, data_size = 8 + n, size - 8 - n
-    out, spans = {}, []
-    for tname, meta in header.items():
-        if tname == "__metadata__":
-            continue
-        bad = _check_entry(meta)
-        if bad:
-            raise ConvertError(f"{name}: corrupt safetensors header entry for {tname}: {bad}")
-        (b, e), dtype, shape = meta["data_offsets"], meta["dtype"], tuple(meta["shape"])
-        want = math.prod(shape) * DTYPES[dtype].itemsize
-        if e - b != want:
-            raise ConvertError(f"{name}: corrupt safetensors header entry for {tname}: "
-                               f"{e - b} bytes for {dtype} {list(shape)} (expected {want})")
-        if e > data_size:
-            raise ConvertError(f"{name}: truncated or corrupt file: tensor {tname} ends at byte "
-                               f"{base + e}, past the end of the file ({size} bytes)")
-        out[tname] = TensorInfo(tname, os.path.abspath(path), dtype, shape, base + b, base + e)
-        spans.append((b, e, tname))
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            raise ConvertError(f"{name}: corrupt safetensors header: tensors {n0} and {n1} overlap")
+    out = {}
+    pos += 8
+    for tname, dtype, shape in entries:
+        try:
+            n = _nbytes(dtype, shape)
+        except ValueError:
+            raise ConvertError(f"{name}: tensor {tname} has dtype {dtype}, which this reader "
+                               "does not know") from None
+        out[tname] = TensorInfo(tname, os.path.abspath(path), dtype, shape, pos, pos + n)
+        pos += n
     return out
-
-
-def _check_entry(meta) -> str | None:
-    if not isinstance(meta, dict):
-        return "not an object"
-    if meta.get("dtype") not in DTYPES:
-        return f"unsupported dtype {meta.get('dtype')!r}"
-    shape, offs = meta.get("shape"), meta.get("data_offsets")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool)
-                                            and d >= 0 for d in shape)):
-        return f"bad shape {shape!r}"
-    if not (isinstance(offs, list) and len(offs) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-            and 0 <= offs[0] <= offs[1]):
-        return f"bad data_offsets {offs!r}"
-    return None
 
 
 def open_checkpoint(directory: str) -> Checkpoint:
@@ -159,8 +152,8 @@ def open_checkpoint(directory: str) -> Checkpoint:
             raise ConvertError(f"shard {fname} listed in {INDEX_NAME} does not exist")
         for tname, info in read_header(path).items():
             if tname in tensors:
-                raise ConvertError(f"tensor {tname} is stored twice ({os.path.basename(tensors[tname].file)} "
-                                   f"and {fname})")
+                raise ConvertError(f"tensor {tname} is stored twice "
+                                   f"({os.path.basename(tensors[tname].file)} and {fname})")
             tensors[tname] = info
         st = os.stat(path)
         files.append(SourceFile(fname, os.path.abspath(path), st.st_size, st.st_mtime))
@@ -173,23 +166,37 @@ def open_checkpoint(directory: str) -> Checkpoint:
 
 
 class Reader:
-    """Contiguous block reads by absolute offset with os.preadv into fresh numpy buffers.
-    `on_read(name, nbytes)` is called after every read (progress)."""
+    """Contiguous block reads with os.preadv into fresh numpy buffers (nothing memory-mapped,
+    nothing kept resident). `on_read(name, nbytes)` is called after every read (progress)."""
 
     def __init__(self, on_read=None):
         self._fds: dict[str, int] = {}
         self.on_read = on_read
 
-    def _fd(self, path):
-        fd = self._fds.get(path)
+    def _fd(self, info: TensorInfo) -> int:
+        fd = self._fds.get(info.file)
         if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            try:
+                fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
+            except OSError as e:
+                raise ConvertError(f"{os.path.basename(info.file)}: cannot read: "
+                                   f"{e.strerror or e}") from None
         return fd
 
-    def read_bytes(self, info: TensorInfo, start: int, nbytes: int) -> np.ndarray:
-        """`nbytes` bytes at byte `start` of tensor `info` as a uint8 array."""
-        buf = np.empty(nbytes, np.uint8)
-        fd, off, done = self._fd(info.file), info.start + start, 0
+    def read(self, info: TensorInfo, lead: tuple[int, ...] = (),
+             rows: tuple[int, int] | None = None) -> np.ndarray:
+        """``tensor[lead][r0:r1]`` (`rows` = (r0, r1); None: all rows), in the tensor's dtype."""
+        inner = info.shape[len(lead):]
+        row = math.prod(inner[1:])
+        start = 0
+        for i, d in zip(lead, info.shape):
+            start = start * d + i
+        start *= math.prod(inner)
+        r0, r1 = rows if rows is not None else (0, inner[0] if inner else 1)
+        shape = ((r1 - r0,) + tuple(inner[1:])) if inner else ()
+        it = info.np_dtype.itemsize
+        nbytes, off = (r1 - r0) * row * it, info.start + (start + r0 * row) * it
+        buf, fd, done = np.empty(nbytes, np.uint8), self._fd(info), 0
         while done < nbytes:
             n = os.preadv(fd, [memoryview(buf)[done:]], off + done)
             if n <= 0:
@@ -198,65 +205,9 @@ class Reader:
             done += n
         if self.on_read is not None:
             self.on_read(info.name, nbytes)
-        return buf
-
-    def read_elems(self, info: TensorInfo, e0: int, e1: int) -> np.ndarray:
-        """Flat elements [e0, e1) of the tensor, in its own dtype."""
-        it = info.np_dtype.itemsize
-        return self.read_bytes(info, e0 * it, (e1 - e0) * it).view(info.np_dtype)
+        return buf.view(info.np_dtype).reshape(shape)
 
     def close(self):
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-# ----------------------------------------------------------------------------- writing (tests, bench)
-
-
-def encode_header(entries: Iterable[tuple[str, np.dtype, tuple[int, ...]]],
-                  metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[tuple[int, int]]]:
-    """The 8-byte length + JSON header (padded to 8 bytes) for tensors stored back to back in
-    the given order, and their data offsets."""
-    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
-    offsets, pos = [], 0
-    for name, dtype, shape in entries:
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": _NAMES[np.dtype(dtype)], "shape": list(shape),
-                        "data_offsets": [pos, pos + nbytes]}
-        offsets.append((pos, pos + nbytes))
-        pos += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    return struct.pack("<Q", len(blob)) + blob, offsets
-
-
-def write_safetensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write `tensors` (in the mapping's order) as one safetensors file."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    head, _ = encode_header((k, v.dtype, v.shape) for k, v in arrays.items())
-    with open(path, "wb") as f:
-        f.write(head)
-        for v in arrays.values():
-            f.write(v.tobytes())
-
-
-def write_sharded(directory: str, tensors: Mapping[str, np.ndarray], num_shards: int) -> list[str]:
-    """Split `tensors` into `num_shards` files of about equal size plus the HF index
-    (`model-0000i-of-0000n.safetensors`, `model.safetensors.index.json`)."""
-    names = list(tensors)
-    total = sum(np.asarray(tensors[n]).nbytes for n in names)
-    shards: list[list[str]] = [[] for _ in range(num_shards)]
-    acc = 0
-    for n in names:
-        shards[min(num_shards - 1, acc * num_shards // max(total, 1))].append(n)
-        acc += np.asarray(tensors[n]).nbytes
-    files, weight_map = [], {}
-    for i, group in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
-        write_safetensors(os.path.join(directory, fname), {n: tensors[n] for n in group})
-        weight_map.update({n: fname for n in group})
-        files.append(fname)
-    with open(os.path.join(directory, INDEX_NAME), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    return files

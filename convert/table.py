@@ -18,7 +18,8 @@ checks that every param is filled exactly once and every declared tensor consume
 written array, ~8 MiB): along axis 1 for `T` (a block of kernel columns is a contiguous block of
 source rows), along axis 0 otherwise. Memory per step: one block plus one source block (`copy`,
 `T`), one expert (`stack_T`) or the param itself (`cols_T`, the fused GDN in_proj only); a whole
-source tensor is never held, however large.
+source tensor is never held, however large. `param_array` assembles one whole param from its
+blocks (direct loading into a model).
 """
 
 from __future__ import annotations
@@ -47,19 +48,10 @@ class Part:
             s = (self.rows[1] - self.rows[0],) + s[1:]
         return s
 
-    def elem_range(self, src_shape: tuple[int, ...]) -> tuple[int, int]:
-        """[first, last) flat element of the block inside the source tensor."""
-        inner = src_shape[len(self.lead):]
-        start = 0
-        for i, d in zip(self.lead, src_shape):
-            start = start * d + i
-        start *= math.prod(inner)
-        n = math.prod(inner)
-        if self.rows is not None:
-            row = math.prod(inner[1:])
-            start += self.rows[0] * row
-            n = (self.rows[1] - self.rows[0]) * row
-        return start, start + n
+    def sub_rows(self, r0: int, r1: int) -> tuple[int, int]:
+        """Rows [r0, r1) of the block as rows of ``src[lead]``."""
+        base = self.rows[0] if self.rows is not None else 0
+        return base + r0, base + r1
 
 
 @dataclass(frozen=True)
@@ -214,14 +206,12 @@ def param_blocks(rule: Rule, shape: tuple[int, ...], dtype, tensors, reader,
                  chunks: tuple[int, ...], cancel: Callable[[], bool] = lambda: False
                  ) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
     """Yield (index, block) with block = param[index] in `dtype`, one chunk (`chunk_shape`) at a
-    time. Memory: one block plus one source block (`copy`, `T`), one expert (`stack_T`) or the
-    param itself (`cols_T`)."""
+    time; `reader.read(info, lead, rows)` supplies ``src[lead][r0:r1]``. Memory: one block plus
+    one source block (`copy`, `T`), one expert (`stack_T`) or the param itself (`cols_T`)."""
     dtype = np.dtype(dtype)
 
-    def read(p: Part) -> np.ndarray:
-        info = tensors[p.src]
-        e0, e1 = p.elem_range(info.shape)
-        return reader.read_elems(info, e0, e1).reshape(p.shape(info.shape))
+    def read(p: Part, rows=None) -> np.ndarray:
+        return reader.read(tensors[p.src], p.lead, p.rows if rows is None else rows)
 
     def check():
         if cancel():
@@ -232,24 +222,19 @@ def param_blocks(rule: Rule, shape: tuple[int, ...], dtype, tensors, reader,
             yield a, min(n, a + k)
 
     if rule.op == "copy":
-        (p,) = rule.parts
-        info = tensors[p.src]
-        base, _ = p.elem_range(info.shape)
-        row = math.prod(shape[1:])
+        (p,) = rule.parts                               # same leading axis (conv: (C, 1, K))
         for r0, r1 in steps(shape[0], chunks[0]):
             check()
-            a = reader.read_elems(info, base + r0 * row, base + r1 * row)
+            a = read(p, p.sub_rows(r0, r1))
             yield (slice(r0, r1),), a.reshape((r1 - r0,) + tuple(shape[1:])).astype(dtype, copy=False)
     elif rule.op == "T":
         (p,) = rule.parts                               # source [out, in] -> param [in, out]
-        info = tensors[p.src]
-        base, _ = p.elem_range(info.shape)
-        din, out = shape[0], None
+        out = None
         for c0, c1 in steps(shape[1], chunks[1]):       # param columns = source rows
             check()
-            a = reader.read_elems(info, base + c0 * din, base + c1 * din).reshape(c1 - c0, din)
+            a = read(p, p.sub_rows(c0, c1))
             if out is None or out.shape[1] != c1 - c0:
-                out = np.empty((din, c1 - c0), dtype)    # reused: no page faults per block
+                out = np.empty((shape[0], c1 - c0), dtype)    # reused: no page faults per block
             yield (slice(None), slice(c0, c1)), _transpose(a, dtype, out)
             del a
     elif rule.op == "stack_T":
@@ -270,15 +255,11 @@ def param_blocks(rule: Rule, shape: tuple[int, ...], dtype, tensors, reader,
         raise ValueError(f"unknown op {rule.op!r}")
 
 
-def materialize(table: Table, targets: Mapping[Path, tuple[tuple[int, ...], np.dtype]],
-                tensors, reader, block_bytes: int = 1 << 26) -> dict[Path, np.ndarray]:
-    """All params in memory (tests and small models only)."""
-    out = {}
-    for r in table.rules:
-        shape, dtype = targets[r.path]
-        a = np.empty(shape, dtype)
-        for index, b in param_blocks(r, shape, dtype, tensors, reader,
-                                     chunk_shape(r, shape, dtype, block_bytes)):
-            a[index] = b
-        out[r.path] = a
+def param_array(rule: Rule, shape: tuple[int, ...], dtype, tensors, reader,
+                block_bytes: int) -> np.ndarray:
+    """The whole param on the host, assembled from `param_blocks` (for loading into a model)."""
+    out = np.empty(shape, dtype)
+    for index, block in param_blocks(rule, shape, dtype, tensors, reader,
+                                     chunk_shape(rule, shape, dtype, block_bytes)):
+        out[index] = block
     return out

@@ -9,8 +9,18 @@ writes the leaves one after another, each as a zarr array whose chunks are the b
 block. Only a few blocks are in memory at any time; nothing is staged on disk. The leaves are
 written in the order of their `order` key (the position of their first source tensor in the files).
 
-The result is a normal orbax checkpoint (OCDBT + zarr, value type ``np.ndarray``): `StandardCheckpointer`
-restores it with `jax.ShapeDtypeStruct(..., sharding=...)` targets (see `convert.loader`).
+Only orbax's public API is used (`ocp.type_handlers`: `NumpyHandler`, `ArrayHandler`,
+`get_json_tspec_write`, `create_type_handler_registry`, `SaveArgs`; `ocp.future`;
+`PyTreeCheckpointHandler`). The handler subclasses `NumpyHandler`, so the checkpoint records its
+leaves as ``np.ndarray``. Each array's tensorstore spec is the public `get_json_tspec_write` plus
+what orbax's own `NumpyHandler` adds through its private `ArrayWriteSpec`: the dtype and
+`store_data_equal_to_fill_value` (all-zero chunks are written too), without the read option
+`fill_missing_data_reads`; then the chunk shape is set to the block shape. On orbax 0.12.4 the
+spec equals the private one and the checkpoint equals what the earlier private-API writer wrote
+(same keys, `.zarray` metadata, data and `_METADATA`). `get_json_tspec_write` carries an orbax
+TODO to be replaced by `build_array_tspec_write`: recheck this when orbax is upgraded. The result
+is a normal orbax checkpoint (OCDBT + zarr): `StandardCheckpointer` restores it with
+`jax.ShapeDtypeStruct(..., sharding=...)` targets (see `convert.loader`).
 """
 
 from __future__ import annotations
@@ -78,34 +88,35 @@ async def _write_param(store, value: PendingParam) -> None:
 
 
 def _handler_class():
-    from orbax.checkpoint import future
-    from orbax.checkpoint._src.serialization import ocdbt_utils
-    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-    from orbax.checkpoint._src.serialization import type_handlers, types
+    import jax
+    import orbax.checkpoint as ocp
     import tensorstore as ts
 
-    class StreamingHandler(type_handlers.NumpyHandler):
+    class StreamingHandler(ocp.type_handlers.NumpyHandler):
         """Writes `PendingParam`s sequentially, block by block (restores as np.ndarray)."""
 
-        async def _background_serialize(self, values, infos, args):
+        async def _write_all(self, values, infos, args):
             for i in sorted(range(len(values)), key=lambda i: values[i].order):
                 value, info, arg = values[i], infos[i], args[i]
                 await info.await_path_creation()
-                spec = ts_utils.build_array_write_spec(
-                    info=info, arg=arg, global_shape=value.shape, local_shape=value.shape,
-                    dtype=value.dtype, use_ocdbt=info.is_ocdbt_checkpoint,
-                    process_index=ocdbt_utils.get_process_index_for_subdir(
-                        use_ocdbt=info.is_ocdbt_checkpoint, override_ocdbt_process_id=None),
-                    metadata_key=self._metadata_key).json
+                ocdbt = info.is_ocdbt_checkpoint
+                spec = ocp.type_handlers.get_json_tspec_write(
+                    info, use_ocdbt=ocdbt, global_shape=value.shape, local_shape=value.shape,
+                    dtype=value.dtype, process_index=jax.process_index() if ocdbt else None,
+                    arg=arg)
+                # as orbax's NumpyHandler writes it (see the module docstring), chunks = blocks
+                spec["dtype"] = np.dtype(value.dtype).name
+                spec["store_data_equal_to_fill_value"] = True
+                del spec["fill_missing_data_reads"]
                 spec["metadata"]["chunks"] = list(value.chunks)
                 store = await ts.open(ts.Spec(spec), create=True, open=True,
                                       context=info.ts_context)
                 await _write_param(store, value)
 
         async def serialize(self, values, infos, args=None):
-            args = args or [types.SaveArgs()] * len(values)
-            return [future.CommitFutureAwaitingContractedSignals(
-                self._background_serialize(values, infos, args), name="replayjax_convert")]
+            args = args or [ocp.type_handlers.SaveArgs()] * len(values)
+            return [ocp.future.CommitFutureAwaitingContractedSignals(
+                self._write_all(values, infos, args), name="replayjax_convert")]
 
     return StreamingHandler
 
@@ -115,15 +126,11 @@ def save_params(path: str, tree) -> None:
     exist). The blocks are produced in orbax's writer thread, in the order of `order`."""
     import jax
     import orbax.checkpoint as ocp
-    from orbax.checkpoint._src.serialization import type_handler_registry as thr
-    from orbax.checkpoint._src.serialization import type_handlers
-    from orbax.checkpoint._src.metadata import array_metadata_store
 
-    registry = thr.create_type_handler_registry(
+    registry = ocp.type_handlers.create_type_handler_registry(
         (PendingParam, _handler_class()()),
-        (np.ndarray, type_handlers.NumpyHandler()),
-        (jax.Array, type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store())),
-    )
+        # no jax.Array is saved; without a handler for it orbax warns on every save
+        (jax.Array, ocp.type_handlers.ArrayHandler()))
     handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False)
     with ocp.Checkpointer(handler) as ckptr:
         ckptr.save(path, args=ocp.args.PyTreeSave(tree))

@@ -220,7 +220,7 @@ class MTPHead(nnx.Module):
     lm_head (no own embedding / head). h_t is the target's hidden state after its final norm;
     drafting K tokens applies the same depth-1 head K times on its own output.
     Checkpoint names: enorm / hnorm / eh_proj sit on `mtp.layers.0`, final_layernorm on the last
-    MTP layer (see `models.weights.load_nemotron_h`)."""
+    MTP layer (see `convert.mappings.nemotron_h`)."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         if "mamba" in cfg.mtp_layer_kinds:

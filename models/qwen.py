@@ -12,9 +12,9 @@ SwiGLU MLP). Layer, q/k and final norms are zero-centred (x (1 + w)); the GDN ou
     logits, hidden, cache = model.draft(cache, hidden, next_tokens, slots, starts)  # mtp=True
 
 GDN projections are stored in the flat Qwen3.5 order, fused into one `in_proj` with output columns
-[q (Hk dk) | k (Hk dk) | v (Hv dv) | z (Hv dv) | b (Hv) | a (Hv)]; `models.weights.load_qwen_hybrid`
-de-interleaves Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` at load time, so one code path serves
-both. Use `models.runner.Runner` to run it.
+[q (Hk dk) | k (Hk dk) | v (Hv dv) | z (Hv dv) | b (Hv) | a (Hv)]; the weight table
+(`convert.mappings.qwen`) de-interleaves Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` at load
+time, so one code path serves both. Use `models.runner.Runner` to run it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -124,10 +125,12 @@ def _tokenizer(model_dir, required):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
     import jax.numpy as jnp
 
     from replayjax.engine import Engine, Request, RequestError, SamplingParams
-    from replayjax.loading import ModelDirError, load_model
+    from convert import ConvertError
+    from replayjax.loading import load_model
 
     drafter, draft_dir = _speculative(args.speculative)
     if args.save_logits:
@@ -146,8 +149,8 @@ def main(argv=None):
         model = load_model(model_dir)
         try:
             draft_model = load_model(draft_dir) if draft_dir else None
-        except ModelDirError as e:
-            raise ModelDirError(f"--speculative draft: {e}") from None
+        except ConvertError as e:
+            raise ConvertError(f"--speculative draft: {e}") from None
         t0 = time.perf_counter()
         engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
                         ssm_mode=args.ssm_mode, window=args.window,
@@ -161,7 +164,7 @@ def main(argv=None):
                                    for i, p in enumerate(prompts)],
                                   on_tokens=_Printer(tok) if args.stream else None)
         wall = time.perf_counter() - t0
-    except (ModelDirError, RequestError, ValueError) as e:
+    except (ConvertError, RequestError, ValueError) as e:
         sys.exit(f"replayjax generate: {e}")
     if args.save_logits:        # whole or not at all: write beside it, then rename
         tmp = f"{args.save_logits}.tmp-{os.getpid()}"

@@ -1,45 +1,28 @@
-"""Opening a model directory: a Hugging Face checkpoint (config.json + safetensors) or one that
-`replayjax convert` wrote (orbax)."""
+"""Opening a model directory: a Hugging Face checkpoint (config.json + safetensors), loaded
+straight into the model through the converter's name tables (`convert.load_hf`), or one that
+`replayjax convert` wrote (orbax, `convert.load`). Every problem is a one-line `ConvertError`."""
 
 from __future__ import annotations
 
 import os
 
-from models.config import load_config
+from convert import ConvertError, load, load_hf
+from convert.converter import META_NAME
 
 
-class ModelDirError(ValueError):
-    pass
-
-
-def model_class(cfg):
-    if cfg.family == "nemotron_h":
-        from models.nemotron_h import NemotronH
-        return NemotronH
-    from models.qwen import QwenHybrid
-    return QwenHybrid
-
-
-def load_model(path: str):
-    """Returns the NNX model stored at `path`."""
+def load_model(path, *, dtype=None, mesh=None):
+    """The NNX model stored at `path` (HF or converted directory), in the checkpoint's dtype
+    unless `dtype` is given, placed on `mesh` (None: the first device). HF checkpoints get their
+    MTP head when they ship `mtp.*` tensors. Raises ConvertError with a one-line message."""
+    path = os.fspath(path)
     if not os.path.isdir(path):
-        raise ModelDirError(f"model directory {path!r} does not exist")
-    hf = os.path.exists(os.path.join(path, "config.json")) and any(
-        f.endswith(".safetensors") or f.endswith(".safetensors.index.json")
-        for f in os.listdir(path))
-    if hf:
-        from models import weights
-        cfg = load_config(path)
-        tensors = weights.read_safetensors(path)
-        # build the MTP head when the checkpoint ships one (HF-saved checkpoints never do)
-        mtp = any(k.startswith("mtp.") for k in tensors) and (
-            cfg.family != "nemotron_h" or cfg.num_mtp_layers > 0)
-        model = model_class(cfg)(cfg, mtp=mtp)
-        loader = weights.load_nemotron_h if cfg.family == "nemotron_h" else weights.load_qwen_hybrid
-        return loader(model, tensors)
-    try:
-        import convert
-        return convert.load(path)[1]
-    except (ImportError, AttributeError):
-        raise ModelDirError(f"{path!r} is neither a Hugging Face checkpoint (config.json + "
-                            f"*.safetensors) nor a converted replayjax checkpoint") from None
+        raise ConvertError(f"model directory {path!r} does not exist")
+    names = os.listdir(path)
+    if META_NAME in names:
+        return load(path, mesh=mesh, dtype=dtype)[1]
+    if "config.json" in names:
+        return load_hf(path, dtype=dtype, mesh=mesh)[1]
+    if not names:
+        raise ConvertError(f"model directory {path!r} is empty")
+    raise ConvertError(f"{path!r} is neither a Hugging Face checkpoint (config.json + safetensors) "
+                       f"nor a converted one ({META_NAME})")

@@ -28,10 +28,8 @@ import time
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from convert.safetensors_io import INDEX_NAME, encode_header  # noqa: E402
-
 BF16 = np.dtype(ml_dtypes.bfloat16)
+INDEX_NAME = "model.safetensors.index.json"
 D, V, H, P, N, G, K = 4096, 131072, 128, 64, 128, 8, 4
 I = H * P
 CONV = I + 2 * G * N
@@ -62,6 +60,20 @@ def tensor_list(layers: int) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def encode_header(entries) -> bytes:
+    """The 8-byte length + JSON header (padded to 8 bytes) of a safetensors file holding bf16
+    tensors `entries` = [(name, shape)] back to back in that order; the data is streamed after it
+    (safetensors' own writers need every tensor in memory)."""
+    header, pos = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in entries:
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [pos, pos + nbytes(shape)]}
+        pos += nbytes(shape)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    return len(blob).to_bytes(8, "little") + blob
+
+
 def nbytes(shape) -> int:
     return math.prod(shape) * BF16.itemsize
 
@@ -87,7 +99,7 @@ def write_checkpoint(directory: str, layers: int, shards: int, seed: int = 0) ->
     for k, group in enumerate(groups):
         fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
         path = os.path.join(directory, fname)
-        head, _ = encode_header([(n, BF16, s) for n, s in group])
+        head = encode_header(group)
         with open(path, "wb") as f:
             f.write(head)
             for name, shape in group:

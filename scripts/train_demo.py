@@ -300,8 +300,8 @@ def round_bf16(model):
 
 
 def hf_tensors(model):
-    """Hub-named tensors (inverse of `models.weights.load_nemotron_h`): >= 2-D bf16, vectors
-    fp32. Linear kernels [in, out] -> HF [out, in]; conv [C, K] -> [C, 1, K]."""
+    """Hub-named tensors (inverse of the table in `convert.mappings.nemotron_h`): >= 2-D bf16,
+    vectors fp32. Linear kernels [in, out] -> HF [out, in]; conv [C, K] -> [C, 1, K]."""
     import ml_dtypes
     out = {}
 
@@ -382,14 +382,13 @@ def byte_tokenizer():
 
 
 def write_export(model, out_dir, provenance):
-    from convert.safetensors_io import write_safetensors
+    from safetensors.numpy import save_file
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2)
         f.write("\n")
     tensors = hf_tensors(model)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"),
-                      {k: tensors[k] for k in sorted(tensors)})
+    save_file({k: tensors[k] for k in sorted(tensors)}, os.path.join(out_dir, "model.safetensors"))
     byte_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
@@ -502,7 +501,7 @@ def train(args):
     # export, then reload through the library's own loader and check it reproduces the weights
     write_export(model, args.out, provenance)
     from replayjax.loading import load_model
-    loaded = load_model(args.out)
+    loaded = load_model(args.out, dtype=jnp.float32)       # the trained model's dtype
     mine = jax.tree.leaves_with_path(nnx.state(model))
     theirs = jax.tree.leaves_with_path(nnx.state(loaded))
     assert [k for k, _ in mine] == [k for k, _ in theirs]
@@ -553,7 +552,7 @@ def check_hf(args):
 
     from models.runner import Runner
     from replayjax.loading import load_model
-    model = load_model(args.out)
+    model = load_model(args.out, dtype=jnp.float32)        # as transformers loads it here
     runner = Runner(model)
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "hf.npz")

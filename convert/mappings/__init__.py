@@ -1,6 +1,6 @@
-"""Per-family name tables and the models they fill.
+"""Per-family name tables (`TABLES`, keyed by `models.registry` family name) and the models they
+fill.
 
-`family_for(cfg)` gives the `Family`: how to build the (abstract) model and its table.
 `build(cfg, available, dtype, mtp)` returns the table plus the param shapes/dtypes
 ({path: (shape, dtype)}) of the model built with that dtype (params the model keeps in fp32,
 such as norms, A_log or the MoE router, stay fp32).
@@ -8,45 +8,12 @@ such as norms, A_log or the MoE router, stay fp32).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from convert.mappings import nemotron_h as _nemotron_h
 from convert.mappings import qwen as _qwen
 from convert.table import Path, Table, TableBuilder
+from models.registry import family_for
 
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    model_class: Callable[[], type]          # imported lazily (jax/flax)
-    build_table: Callable
-    declares_mtp: Callable                   # cfg -> number of MTP layers the config declares
-
-
-def _nemotron_cls():
-    from models.nemotron_h import NemotronH
-    return NemotronH
-
-
-def _qwen_cls():
-    from models.qwen import QwenHybrid
-    return QwenHybrid
-
-
-FAMILIES = {
-    "NemotronHConfig": Family("nemotron_h", _nemotron_cls, _nemotron_h.build_table,
-                              lambda c: c.num_mtp_layers and len(c.mtp_layer_kinds)),
-    "QwenHybridConfig": Family("qwen_hybrid", _qwen_cls, _qwen.build_table,
-                               lambda c: c.num_mtp_layers),
-}
-
-
-def family_for(cfg) -> Family:
-    try:
-        return FAMILIES[type(cfg).__name__]
-    except KeyError:
-        raise ValueError(f"no converter table for {type(cfg).__name__}") from None
+TABLES = {"nemotron_h": _nemotron_h.build_table, "qwen_hybrid": _qwen.build_table}
 
 
 def abstract_model(cfg, dtype, mtp: bool):
@@ -69,8 +36,11 @@ def param_targets(model) -> dict[Path, tuple]:
 
 
 def build(cfg, available: set[str], dtype, mtp: bool) -> tuple[Table, dict[Path, tuple]]:
-    model = abstract_model(cfg, dtype, mtp)
-    targets = param_targets(model)
+    """The table for a model with (`mtp`) or without an MTP head; without one, any `mtp.*`
+    tensors are skipped with a note."""
+    targets = param_targets(abstract_model(cfg, dtype, mtp))
     b = TableBuilder({p: s for p, (s, _) in targets.items()}, available)
-    family_for(cfg).build_table(cfg, b, mtp)
+    TABLES[family_for(cfg).name](cfg, b, mtp)
+    if not mtp:
+        b.skip("mtp.", "MTP head not loaded")
     return b.build(), targets

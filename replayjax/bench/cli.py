@@ -172,10 +172,10 @@ def one_line(e: BaseException) -> str:
     """The first line of an exception's message; for anything but an input error (whose message
     names what and where) also its type and a pointer to --debug."""
     from models.config import ConfigError
-    from replayjax.loading import ModelDirError
+    from convert import ConvertError
     lines = str(e).strip().splitlines()
     text = lines[0] if lines else ""
-    if isinstance(e, (BenchError, ConfigError, ModelDirError)):
+    if isinstance(e, (BenchError, ConfigError, ConvertError)):
         return text
     return f"{type(e).__name__}: {text} (--debug shows the traceback)"
 

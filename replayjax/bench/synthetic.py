@@ -84,7 +84,7 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
     """(bytes of all weights, elements of the largest one) of a model built from `cfg` with
     weights in `dtype`, without allocating it."""
     from flax import nnx
-    from replayjax.loading import model_class
+    from models.registry import model_class
     abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp))
     shapes = [(math.prod(v.get_value().shape), v.get_value().dtype.itemsize)
               for _, v in nnx.iter_graph(abstract) if isinstance(v, nnx.Param)]
@@ -147,7 +147,7 @@ def randomize(model, seed: int = 0):
 def build(name: str, dtype, seed: int = 0, mtp: bool = False):
     """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
     that it fits."""
-    from replayjax.loading import model_class
+    from models.registry import model_class
     cfg = synthetic_config(name, mtp)
     check_fits(name, cfg, dtype, mtp)
     return randomize(model_class(cfg)(cfg, dtype=dtype, mtp=mtp), seed)

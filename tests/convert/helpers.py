@@ -10,9 +10,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from convert.safetensors_io import write_safetensors, write_sharded
+from safetensors.numpy import save_file
+
+from convert.safetensors_io import INDEX_NAME
 from models.config import load_config
-from models.weights import load_nemotron_h, load_qwen_hybrid, read_safetensors
+from tests.models.imperative_loader import load_nemotron_h, load_qwen_hybrid, read_safetensors
 
 FIXTURES = "tests/fixtures/hf"
 NEMOTRON = ["nemotron_h", "nemotron_h_latent_moe", "nemotron_h_p80"]
@@ -25,7 +27,7 @@ def fixture_dir(variant: str) -> str:
 
 
 def tensors_of(variant: str) -> dict[str, np.ndarray]:
-    """All tensors of a fixture, as owned arrays, in file order."""
+    """All tensors of a fixture, as owned arrays."""
     return {k: np.array(v) for k, v in read_safetensors(fixture_dir(variant)).items()}
 
 
@@ -40,10 +42,29 @@ def make_checkpoint(directory, variant: str, tensors=None, shards: int = 1, conf
             json.dump(config, f)
     tensors = tensors_of(variant) if tensors is None else tensors
     if shards == 1:
-        write_safetensors(os.path.join(directory, "model.safetensors"), tensors)
+        save_file(tensors, os.path.join(directory, "model.safetensors"))
     else:
         write_sharded(str(directory), tensors, shards)
     return str(directory)
+
+
+def write_sharded(directory: str, tensors: dict[str, np.ndarray], num_shards: int) -> None:
+    """`tensors` in `num_shards` files of about equal size plus the HF index
+    (`model-0000i-of-0000n.safetensors`, `model.safetensors.index.json`)."""
+    names = list(tensors)
+    total = sum(tensors[n].nbytes for n in names)
+    shards: list[list[str]] = [[] for _ in range(num_shards)]
+    acc = 0
+    for n in names:
+        shards[min(num_shards - 1, acc * num_shards // max(total, 1))].append(n)
+        acc += tensors[n].nbytes
+    weight_map = {}
+    for i, group in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in group}, os.path.join(directory, fname))
+        weight_map.update({n: fname for n in group})
+    with open(os.path.join(directory, INDEX_NAME), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
 def flat_params(model) -> dict[tuple, np.ndarray]:
@@ -53,7 +74,7 @@ def flat_params(model) -> dict[tuple, np.ndarray]:
 
 
 def reference_params(variant: str, tensors=None, mtp: bool = False) -> dict[tuple, np.ndarray]:
-    """fp32 params from the imperative loaders in models.weights (the reference mapping)."""
+    """fp32 params from the imperative loaders of tests/models/imperative_loader.py (the oracle)."""
     from models.nemotron_h import NemotronH
     from models.qwen import QwenHybrid
     cfg = load_config(fixture_dir(variant))

@@ -1,5 +1,5 @@
 """`replayjax convert` on the HF-written fixtures: every family converts, loads and reproduces the
-HF prefill logits (atol 1e-4, fp32); the converted params equal `models.weights.load_*` bitwise;
+HF prefill logits (atol 1e-4, fp32); the converted params equal the imperative oracle's bitwise;
 bf16; sharded input; fused / stacked experts; MTP tensors; --overwrite; --json.
 
 bf16 tolerance: the params are exactly the fp32 params rounded to bf16 (fp32-kept params --
@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from convert import load, read_metadata
+from convert import load, load_hf, read_metadata
 from convert.loader import load_config_of
 from models.config import load_config
 from models.runner import Runner
@@ -76,6 +76,16 @@ def test_fixture_converts_loads_and_matches_hf(converted, variant):
         assert meta["skipped"] == {"model.visual.": 21} and "vision tower" in meta["notes"][0]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_direct_load_equals_converted_load(converted, variant):
+    """`load_hf` (HF -> model, no orbax) and `load` of the converted checkpoint: same config,
+    bitwise the same params."""
+    cfg, direct = load_hf(fixture_dir(variant), dtype=jnp.float32)
+    ccfg, restored = load(converted[variant])
+    assert cfg == ccfg
+    assert_params_equal(flat_params(direct), flat_params(restored))
+
+
 def test_json_summary_and_quiet(tmp_path, capsys):
     assert run_cli(fixture_dir("qwen3_5"), tmp_path / "o", "--json") == 0
     captured = capsys.readouterr()
@@ -97,9 +107,10 @@ def test_bfloat16(converted, tmp_path, variant):
         else:
             assert got[k].dtype == ml_dtypes.bfloat16, k
             np.testing.assert_array_equal(got[k], want.astype(ml_dtypes.bfloat16), err_msg=str(k))
-    # casting at load time (fp32 checkpoint, dtype=bf16) gives the same params
+    # casting at load time (fp32 checkpoint, dtype=bf16) gives the same params, directly too
     _, cast = load(converted[variant], dtype=jnp.bfloat16)
     assert_params_equal(flat_params(cast), got)
+    assert_params_equal(flat_params(load_hf(fixture_dir(variant), dtype=jnp.bfloat16)[1]), got)
     ref = np.load(os.path.join(fixture_dir(variant), "reference.npz"))
     d = np.concatenate([np.abs(g - ref["prefill_logits"][i, :len(g)]).ravel()
                         for i, g in enumerate(prefill_logits(model, ref))])

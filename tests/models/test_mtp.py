@@ -2,25 +2,25 @@
 float64 numpy implementation written here from the formulas in models.md (HF builds and saves no
 MTP weights, so it cannot be the reference).
 
-The fixture checkpoints get random `mtp.*` tensors under their hub names, added to the tensor dict
-handed to the loader (so the loader path is tested). Then: draft T = 3 tokens from an empty MTP
+The fixture checkpoints get random `mtp.*` tensors under their hub names, written with the
+fixture's tensors into a new HF directory that `convert.load_hf` loads (so the loader path is
+tested). Then: draft T = 3 tokens from an empty MTP
 cache, then two chained single-token steps that feed the head's own hidden state and argmax token
 back, continuing from the cache. Tolerance 1e-5 relative to the largest reference magnitude.
 """
 
-import dataclasses
+import json
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors.numpy import load_file, save_file
 
+from convert import ConvertError, load_hf
 from models.config import load_config
-from models.nemotron_h import NemotronH
-from models.qwen import QwenHybrid
-from models.weights import (WeightsError, load_nemotron_h, load_qwen_hybrid,
-                            read_safetensors)
 
 FIXTURES = "tests/fixtures/hf"
 RTOL = 1e-5
@@ -261,31 +261,36 @@ def _fuse_experts(mtp, c):
 # ----------------------------------------------------------------------------- set-up
 
 FAMILIES = {
-    "nemotron_h": dict(cls=NemotronH, load=load_nemotron_h, ref=_nemotron_ref,
-                       shapes=_nemotron_mtp_shapes, zc=False),
-    "qwen": dict(cls=QwenHybrid, load=load_qwen_hybrid, ref=_qwen_ref, shapes=_qwen_mtp_shapes,
-                 zc=True),
+    "nemotron_h": dict(ref=_nemotron_ref, shapes=_nemotron_mtp_shapes, zc=False),
+    "qwen": dict(ref=_qwen_ref, shapes=_qwen_mtp_shapes, zc=True),
 }
 VARIANTS = [("nemotron_h", "nemotron_h", False), ("nemotron_h", "nemotron_h_latent_moe", False),
             ("qwen", "qwen3_next", False), ("qwen", "qwen3_5", False),
             ("qwen", "qwen3_5_moe", False), ("qwen", "qwen3_5_moe", True)]
 
 
-def _config(variant):
-    cfg = load_config(f"{FIXTURES}/{variant}")
+def _write(directory, variant, tensors):
+    """An HF checkpoint dir with the fixture's config and `tensors`; returns its path."""
+    with open(f"{FIXTURES}/{variant}/config.json") as f:
+        cfg = json.load(f)
     if variant == "nemotron_h_latent_moe":     # fixture declares no MTP: give it "*E" (latent MoE)
-        cfg = dataclasses.replace(cfg, num_mtp_layers=1, mtp_layer_kinds=("attention", "moe"))
-    return cfg
+        cfg["num_nextn_predict_layers"] = 1
+    os.makedirs(directory)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    return str(directory)
 
 
-def _setup(family, variant, fused=False, seed=0):
+def _setup(tmp_path, family, variant, fused=False, seed=0):
     f = FAMILIES[family]
-    cfg = _config(variant)
-    tensors = dict(read_safetensors(f"{FIXTURES}/{variant}"))
+    tensors = load_file(f"{FIXTURES}/{variant}/model.safetensors")
     assert not any(n.startswith("mtp.") for n in tensors)
+    cfg = load_config(_write(tmp_path / "base", variant, tensors))
     mtp = _random(f["shapes"](cfg), np.random.default_rng(seed), f["zc"])
     tensors.update(_fuse_experts(mtp, cfg) if fused else mtp)
-    model = f["load"](f["cls"](cfg, mtp=True), tensors)
+    cfg, model = load_hf(_write(tmp_path / "mtp", variant, tensors))
+    assert model.mtp is not None
     W = {k: np.asarray(v, np.float64) for k, v in mtp.items()}
     if family == "nemotron_h":
         emb = np.asarray(tensors["backbone.embeddings.weight"], np.float64)
@@ -337,14 +342,14 @@ def _run_chain(family, cfg, model, W, emb, head, rng, steps=2):
 # ----------------------------------------------------------------------------- tests
 
 @pytest.mark.parametrize("family,variant,fused", VARIANTS)
-def test_draft_matches_numpy_reference(family, variant, fused):
-    cfg, model, _, _, W, emb, head = _setup(family, variant, fused)
+def test_draft_matches_numpy_reference(tmp_path, family, variant, fused):
+    cfg, model, _, _, W, emb, head = _setup(tmp_path, family, variant, fused)
     _run_chain(family, cfg, model, W, emb, head, np.random.default_rng(1))
 
 
 @pytest.mark.parametrize("family,variant", [("nemotron_h", "nemotron_h"), ("qwen", "qwen3_next")])
-def test_head_shares_target_embedding_and_lm_head(family, variant):
-    cfg, model, _, mtp, W, emb, head = _setup(family, variant)
+def test_head_shares_target_embedding_and_lm_head(tmp_path, family, variant):
+    cfg, model, _, mtp, W, emb, head = _setup(tmp_path, family, variant)
     # no own copies: the head's parameters are exactly the mtp.* tensors
     n_head = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(model.mtp, nnx.Param)))
     assert n_head == sum(v.size for v in mtp.values())
@@ -368,23 +373,26 @@ def test_head_shares_target_embedding_and_lm_head(family, variant):
     ("qwen", "qwen3_5", "mtp.pre_fc_norm_hidden.weight", "mtp.fc.weight"),
     ("qwen", "qwen3_5_moe", "mtp.layers.0.mlp.experts.5.down_proj.weight", "mtp.norm.weight"),
 ])
-def test_loader_errors(family, variant, missing, bad):
-    f = FAMILIES[family]
-    cfg, _, tensors, mtp, *_ = _setup(family, variant)
+def test_loader_errors(tmp_path, family, variant, missing, bad):
+    """The MTP head's tensors are checked like the body's: mtp=True without mtp.* tensors,
+    missing, misshapen and unused tensors are one-line ConvertErrors naming the tensor."""
+    cfg, _, tensors, mtp, *_ = _setup(tmp_path, family, variant)
     base = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
-    with pytest.raises(WeightsError, match="no mtp"):
-        f["load"](f["cls"](cfg, mtp=True), base)
-    with pytest.raises(WeightsError, match=f"missing tensor {missing}"):
-        f["load"](f["cls"](cfg, mtp=True), {k: v for k, v in tensors.items() if k != missing})
+    with pytest.raises(ConvertError, match="mtp=True but .* has no mtp"):
+        load_hf(_write(tmp_path / "none", variant, base), mtp=True)
+    with pytest.raises(ConvertError, match=f"missing 1 tensor.*: {missing}$"):
+        load_hf(_write(tmp_path / "missing", variant,
+                       {k: v for k, v in tensors.items() if k != missing}))
     shape = mtp[bad].shape
     shape = shape[::-1] if len(set(shape)) > 1 else (shape[0] + 1,) + shape[1:]  # transposed / longer
     wrong = dict(tensors, **{bad: np.zeros(shape, np.float32)})
-    with pytest.raises(WeightsError, match=f"tensor {bad}: expected shape"):
-        f["load"](f["cls"](cfg, mtp=True), wrong)
-    with pytest.raises(WeightsError, match="unused tensors"):
-        f["load"](f["cls"](cfg, mtp=True), dict(tensors, **{"mtp.layers.0.extra.weight": mtp[bad]}))
-    # without an MTP head the mtp.* tensors are ignored, and draft refuses
-    model = f["load"](f["cls"](cfg), tensors)
+    with pytest.raises(ConvertError, match=f"shape mismatch for {bad}: expected"):
+        load_hf(_write(tmp_path / "wrong", variant, wrong))
+    with pytest.raises(ConvertError, match="1 unused tensor.*: mtp.layers.0.extra.weight$"):
+        load_hf(_write(tmp_path / "extra", variant,
+                       dict(tensors, **{"mtp.layers.0.extra.weight": mtp[bad]})))
+    # without an MTP head the mtp.* tensors are skipped, and draft refuses
+    _, model = load_hf(tmp_path / "mtp", mtp=False)
     assert model.mtp is None and model.init_cache(2, 4).mtp == ()
     with pytest.raises(ValueError, match="without an MTP head"):
         model.draft(model.init_cache(2, 4), jnp.zeros((1, 1, cfg.hidden_size)),

@@ -1,49 +1,27 @@
-"""Reading Hugging Face safetensors into our modules (numpy + ml_dtypes; no torch).
+"""An independent oracle for the name tables: the imperative Hugging Face weight loader that the
+package used before `convert.load_hf` (tests only).
 
-`read_safetensors(dir)` returns {name: np.ndarray} for a single file or a sharded index.
-`load_hf_weights(model, tensors)` fills a model built from the matching config, checking every
-shape and refusing missing or unused tensors (`mtp.*` tensors are ignored when the model has no MTP
-head and required when it has one). The streaming converter with orbax output lives in `convert/`.
+`read_safetensors(dir)` returns {name: np.ndarray} for a single file or a sharded index (read
+whole by `safetensors.numpy.load_file`). `load_nemotron_h(model, tensors)` and
+`load_qwen_hybrid(model, tensors)` fill a model built from the matching config with plain numpy
+indexing and transposes, checking every shape and refusing missing or unused tensors (`mtp.*`
+tensors are ignored when the model has no MTP head and required when it has one). Tests compare
+the table path against it bitwise (tests/convert/test_load_hf.py, test_convert.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct as _struct
 
 import jax.numpy as jnp
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (bfloat16 for safetensors.numpy)
 import numpy as np
-
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-           "BOOL": np.bool_}
+from safetensors.numpy import load_file
 
 
 class WeightsError(ValueError):
     """A checkpoint that does not match the model (missing, unused or misshapen tensors)."""
-
-
-def _read_file(path):
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise WeightsError(f"{path}: truncated safetensors header")
-        (n,) = _struct.unpack("<Q", raw)
-        header = json.loads(f.read(n))
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        if meta["dtype"] not in _DTYPES:
-            raise WeightsError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
-        if end > data.shape[0]:
-            raise WeightsError(f"{path}: tensor {name} ends at byte {end}, past the end of the file")
-        out[name] = np.frombuffer(data[start:end], dtype=_DTYPES[meta["dtype"]]).reshape(meta["shape"])
-    return out
 
 
 def read_safetensors(model_dir):
@@ -56,7 +34,7 @@ def read_safetensors(model_dir):
         files = ["model.safetensors"]
     tensors = {}
     for name in files:
-        tensors.update(_read_file(os.path.join(model_dir, name)))
+        tensors.update(load_file(os.path.join(model_dir, name)))
     return tensors
 
 
