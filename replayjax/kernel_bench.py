@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from pallas_kernels._common import advance_counts
+from pallas_kernels.ring import advance_counts
 
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
 MIN_POOL_BYTES = 512 * 2**20
@@ -97,6 +97,8 @@ class Family:
     setup: callable            # (dims, batch, S, L, ring_dtype, key) -> (inputs, buffers)
     standard: callable         # (state, inputs, slots, **kw) -> state
     replay: callable           # (buffers, counts, inputs, slots, **kw) -> buffers
+    standard_tiling: object    # the measured tilings, which the overrides replace fields of
+    replay_tiling: object
 
     def min_bytes(self, d, L, ring):
         """(standard, replay) minimum bytes per row-step: the state read + written vs the state
@@ -134,7 +136,8 @@ def _mamba2_family():
         entry_bytes=lambda d, ring: d["H"] * d["P"] * ring + d["G"] * d["N"] * ring + d["H"] * 4,
         setup=setup,
         standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
-        replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1])
+        replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1],
+        standard_tiling=mamba2.STANDARD_TILING, replay_tiling=mamba2.REPLAY_TILING)
 
 
 def _gdn_family():
@@ -165,7 +168,8 @@ def _gdn_family():
         entry_bytes=lambda d, ring: d["Hk"] * d["K"] * ring + d["Hv"] * d["V"] * ring + d["Hv"] * 4,
         setup=setup,
         standard=lambda st, inp, slots, **kw: gdn.standard_decode(st, *inp, slots, **kw)[1],
-        replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1])
+        replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1],
+        standard_tiling=gdn.STANDARD_TILING, replay_tiling=gdn.REPLAY_TILING)
 
 
 FAMILIES = {"mamba2": _mamba2_family, "gdn": _gdn_family}
@@ -185,8 +189,8 @@ def bench(fam: Family, shape_name, batch, *, L=16, ring="bfloat16", std_kw=None,
     sets = jnp.asarray(rng.permutation(np.arange(1, S)).reshape(n_sets, batch), jnp.int32)
     ring_dtype = jnp.dtype(ring)
     inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
-    std_kw = dict(impl="pallas", **(std_kw or {}))
-    rep_kw = dict(impl="pallas", **(rep_kw or {}))
+    std_kw = dict(impl="pallas", tiling=dataclasses.replace(fam.standard_tiling, **(std_kw or {})))
+    rep_kw = dict(impl="pallas", tiling=dataclasses.replace(fam.replay_tiling, **(rep_kw or {})))
     n_steps = n_sets * L
 
     @jax.jit
@@ -229,8 +233,8 @@ def tune(fam, shapes, batch, L, ring, configs):
     print("| shape | batch | tiling | standard us | replay us (non-fold / fold) |\n|---|---|---|---|---|")
     for shape in shapes:
         for cfg in configs:
-            std_cfg = {k: v for k, v in cfg.items() if k in ("block_p", "block_n", "block_v",
-                                                           "num_warps")}
+            std_cfg = {k: v for k, v in cfg.items()
+                       if k in {f.name for f in dataclasses.fields(fam.standard_tiling)}}
             head = f"| {shape} | {batch} | {cfg} |"
             try:
                 r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
