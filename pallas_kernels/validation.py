@@ -64,6 +64,19 @@ def check_pool(num_slots: int) -> None:
     check(num_slots >= 2, f"the pool needs slot 0 (null) plus at least one slot, has {num_slots}")
 
 
+def check_state(state, dims, known) -> None:
+    """A state pool [S, *dims] of a state dtype with the null slot and at least one more; `known`
+    binds the dims."""
+    check_pool(check_fields((Field("state", ("S", *dims), STATE_DTYPES),), {"state": state},
+                            known)["S"])
+
+
+def check_draft_slots(draft_slots, known) -> None:
+    """The state-per-draft rows of a verify window: [b, T] int32."""
+    check_fields((Field("draft_slots", ("b", "T"), INT32_ONLY),), {"draft_slots": draft_slots},
+                 known)
+
+
 def check_replay_cache(fields, buffers, counts, dims) -> int:
     """Validates a family's replay buffers (a NamedTuple laid out by `fields`, window dim "L",
     pool dim "S") and the counts [S] int32 against the known `dims`; returns the window L."""

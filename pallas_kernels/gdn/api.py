@@ -23,9 +23,9 @@ from pallas_kernels.dispatch import family_ops
 from pallas_kernels.gdn import pallas_triton, xla
 from pallas_kernels.gdn.buffers import FIELDS, GDNBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
-from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, STATE_DTYPES, Field,
-                                       check, check_fields, check_pool, check_replay_cache,
-                                       is_pow2)
+from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, Field, check,
+                                       check_draft_slots, check_fields, check_replay_cache,
+                                       check_state, is_pow2)
 
 _STEP_FIELDS = (
     Field("v", ("b", "Hv", "V"), FLOAT_DTYPES),
@@ -35,7 +35,6 @@ _STEP_FIELDS = (
     Field("beta", ("b", "Hv"), F32_ONLY),
     Field("slots", ("b",), INT32_ONLY),
 )
-_STATE = (Field("state", ("S", "Hv", "V", "K"), STATE_DTYPES),)
 _OPS = family_ops("gdn", ("standard_decode", "replay_decode", "replay_verify",
                           "standard_verify"), xla=xla, pallas_triton=pallas_triton)
 
@@ -61,14 +60,10 @@ def _check_window_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
     return dict(_check_step_inputs(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], slots), T=T)
 
 
-def _check_state(state, dims):
-    check_pool(check_fields(_STATE, {"state": state}, dims)["S"])
-
-
 def standard_decode(state, q, k, v, g, beta, slots, *, impl="auto", tiling=None, interpret=None):
     """One standard gated delta rule step (reads and writes every row's state): the baseline.
     Returns o [b, Hv, V] in v.dtype and the updated pool [S, Hv, V, K]."""
-    _check_state(state, _check_step_inputs(q, k, v, g, beta, slots))
+    check_state(state, ("Hv", "V", "K"), _check_step_inputs(q, k, v, g, beta, slots))
     return _OPS["standard_decode"](state, q, k, v, g, beta, slots, impl=impl, tiling=tiling,
                                    interpret=interpret)
 
@@ -109,8 +104,7 @@ def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, impl="auto",
     the state after window token s written to draft_slots[:, s] ([b, T] int32; NULL_SLOT skips).
     Returns o [b, T, Hv, V] and the pool."""
     dims = _check_window_inputs(q, k, v, g, beta, slots)
-    _check_state(state, dims)
-    check_fields((Field("draft_slots", ("b", "T"), INT32_ONLY),), {"draft_slots": draft_slots},
-                 dims)
+    check_state(state, ("Hv", "V", "K"), dims)
+    check_draft_slots(draft_slots, dims)
     return _OPS["standard_verify"](state, q, k, v, g, beta, slots, draft_slots, impl=impl,
                                    tiling=tiling, interpret=interpret)

@@ -100,8 +100,10 @@ def replay_step(s0, ring_k, ring_d, ring_g, count, q, k, v, g, beta):
     e = jnp.exp(_suffix(g_ring))                                   # [b, Hv, L]
     E = jnp.exp(g_ring.sum(-1))[..., None]                         # [b, Hv, 1]
     ein = lambda s, *a: jnp.einsum(s, *a, precision=_HI)
-    sk = E * ein("bhvk,bhk->bhv", s0, kh) + ein("bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, kh), d_ring)
-    sq = E * ein("bhvk,bhk->bhv", s0, qh) + ein("bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, qh), d_ring)
+    sk = E * ein("bhvk,bhk->bhv", s0, kh) + ein(
+        "bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, kh), d_ring)
+    sq = E * ein("bhvk,bhk->bhv", s0, qh) + ein(
+        "bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, qh), d_ring)
     alpha = jnp.exp(g)[..., None]
     d = beta[..., None] * (v - alpha * sk)
     o = alpha * sq + d * jnp.sum(kh * qh, -1, keepdims=True)

@@ -21,15 +21,13 @@ is real.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from pallas_kernels.dispatch import family_ops
 from pallas_kernels.mamba2 import pallas_triton, xla
 from pallas_kernels.mamba2.buffers import FIELDS, ReplayBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
-from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, STATE_DTYPES, Field,
-                                       check, check_fields, check_pool, check_replay_cache,
-                                       is_pow2)
+from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, Field, check,
+                                       check_draft_slots, check_fields, check_replay_cache,
+                                       check_state, is_pow2)
 
 _STEP_FIELDS = (
     Field("x", ("b", "H", "P"), FLOAT_DTYPES),
@@ -40,9 +38,6 @@ _STEP_FIELDS = (
     Field("D", ("H",), F32_ONLY),
     Field("slots", ("b",), INT32_ONLY),
 )
-_STATE = (Field("state", ("S", "H", "P", "N"), STATE_DTYPES),)
-
-
 _OPS = family_ops("mamba2", ("standard_decode", "replay_decode", "replay_verify",
                              "standard_verify"), xla=xla, pallas_triton=pallas_triton)
 
@@ -68,17 +63,13 @@ def _check_window_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
     return dict(_check_step_inputs(x[:, 0], B[:, 0], C[:, 0], dt[:, 0], A, D, slots), T=T)
 
 
-def _check_state(state, dims):
-    check_pool(check_fields(_STATE, {"state": state}, dims)["S"])
-
-
 def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", tiling=None,
                     interpret=None):
     """One standard Mamba-2 step (reads and writes the state of every row): the baseline.
 
     Returns y [b, H, P] in x.dtype and the updated state pool [S, H, P, N].
     """
-    _check_state(state, _check_step_inputs(x, B, C, dt, A, D, slots))
+    check_state(state, ("H", "P", "N"), _check_step_inputs(x, B, C, dt, A, D, slots))
     return _OPS["standard_decode"](state, x, B, C, dt, A, D, slots, impl=impl, tiling=tiling,
                                    interpret=interpret)
 
@@ -121,8 +112,7 @@ def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, impl="auto"
     NULL_SLOT skips). Rollback = continue from draft_slots[:, n_accepted - 1].
     Returns y [b, T, H, P] and the pool."""
     dims = _check_window_inputs(x, B, C, dt, A, D, slots)
-    _check_state(state, dims)
-    check_fields((Field("draft_slots", ("b", "T"), INT32_ONLY),), {"draft_slots": draft_slots},
-                 dims)
+    check_state(state, ("H", "P", "N"), dims)
+    check_draft_slots(draft_slots, dims)
     return _OPS["standard_verify"](state, x, B, C, dt, A, D, slots, draft_slots, impl=impl,
                                    tiling=tiling, interpret=interpret)

@@ -23,8 +23,8 @@ def _valid_args(pb, L=16):
     (lambda a, pb: a.update(C=a["C"][:, :, :8]), r"C has shape"),
     (lambda a, pb: a.update(buffers=pb.init_buffers(12)), r"window L = 12 must be a power of two"),
     (lambda a, pb: a.update(counts=a["counts"][:3]), r"counts has shape"),
-    (lambda a, pb: a.update(buffers=a["buffers"]._replace(ring_dt=a["buffers"].ring_dt.astype(BF16))),
-     r"ring_dt has dtype bfloat16"),
+    (lambda a, pb: a.update(buffers=a["buffers"]._replace(
+        ring_dt=a["buffers"].ring_dt.astype(BF16))), r"ring_dt has dtype bfloat16"),
 ])
 def test_replay_decode_rejects_bad_input(change, match):
     pb = Mamba2(1)
