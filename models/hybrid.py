@@ -1,8 +1,9 @@
 """Cache plumbing shared by the hybrid model families (Nemotron-H, Qwen3-Next / Qwen3.5).
 
 A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
-implements `_run(tokens, cache, mixer_fn) -> (final-normed hidden, layer caches)` and
-`_logits(hidden) -> fp32 logits`. SSM
+implements `_run(tokens, cache, mixer_fn, valid) -> (final-normed hidden, layer caches)` (valid
+[b, T] bool marks the real tokens, see `token_validity`: MoE layers give the others no experts)
+and `_logits(hidden) -> fp32 logits`. SSM
 mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
@@ -30,6 +31,15 @@ from pallas_kernels.ring import (NULL_SLOT, advance_counts, commit_counts, conv_
 
 SSM_KINDS = ("mamba", "gdn")
 SSM_MODES = ("replay", "standard")
+
+
+def token_validity(slots, window_len: int, lengths=None):
+    """[b, T] bool: the real tokens of a batch, i.e. rows on a live slot (not NULL_SLOT) and,
+    for right-padded prompts, positions below `lengths` [b]."""
+    valid = jnp.broadcast_to((slots != NULL_SLOT)[:, None], (slots.shape[0], window_len))
+    if lengths is None:
+        return valid
+    return valid & (jnp.arange(window_len)[None, :] < lengths[:, None])
 
 
 def check_mode(mode, cache: ModelCache):
@@ -130,7 +140,8 @@ class HybridLM(nnx.Module):
                 return layer.mixer.prefill(x, lengths, lc, slots)
             return layer.mixer(x, lc, slots, zeros)
 
-        hidden, layers = self._run(tokens, cache, mixer)
+        valid = token_validity(slots, tokens.shape[1], lengths)
+        hidden, layers = self._run(tokens, cache, mixer, valid)
         last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)   # [b, 1, D]
         logits = self._logits(last if last_only else hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
@@ -173,7 +184,7 @@ class HybridLM(nnx.Module):
                 return ssm_fn(layer.mixer, x, lc)
             return layer.mixer(x, lc, slots, starts)
 
-        return self._run(tokens, cache, mixer)
+        return self._run(tokens, cache, mixer, token_validity(slots, tokens.shape[1]))
 
     def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
         """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and

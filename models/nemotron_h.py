@@ -18,11 +18,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
 from models.config import NemotronHConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           verify_draft_slots)
+                           token_validity, verify_draft_slots)
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
@@ -156,10 +157,9 @@ class MLP(nnx.Module):
 
 class MoE(nnx.Module):
     """Sigmoid router with a selection-only correction bias, top-k (optionally group-limited),
-    renormalised weights times routed_scaling_factor; relu^2 experts (on a latent projection of
-    x when moe_latent_size is set); a shared expert on x. Experts run densely (all experts,
-    weighted by the one-hot routing): exact, fine for small models; grouped matmuls are a later
-    optimisation."""
+    renormalised weights times routed_scaling_factor (`models.moe.sigmoid_topk`); relu^2 experts
+    run sparsely (on a latent projection of x when moe_latent_size is set); a shared expert on
+    x."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         E, F, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -176,32 +176,19 @@ class MoE(nnx.Module):
                        if cfg.n_shared_experts else None)
 
     def route(self, x):
-        """x [..., D] -> dense routing weights [..., E] (zeros off the top-k), fp32."""
+        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32."""
         c = self.cfg
-        s = jax.nn.sigmoid(jnp.einsum("...d,ed->...e", x.astype(jnp.float32), self.gate[...],
-                                      precision=lax.Precision.HIGHEST))
-        sel = s + self.correction_bias[...]
-        if c.n_group > 1:   # keep the topk_group groups with the largest sum of their top-2
-            grp = sel.reshape(sel.shape[:-1] + (c.n_group, -1))
-            top2 = lax.top_k(grp, 2)[0].sum(-1)
-            keep = top2 >= lax.top_k(top2, c.topk_group)[0][..., -1:]
-            sel = jnp.where(jnp.repeat(keep, grp.shape[-1], axis=-1), sel, -jnp.inf)
-        _, idx = lax.top_k(sel, c.num_experts_per_tok)
-        w = jnp.take_along_axis(s, idx, axis=-1)
-        if c.norm_topk_prob:
-            w = w / (w.sum(-1, keepdims=True) + 1e-20)
-        w = w * c.routed_scaling_factor
-        onehot = jax.nn.one_hot(idx, s.shape[-1], dtype=jnp.float32)       # [..., k, E]
-        return jnp.einsum("...k,...ke->...e", w, onehot)
+        return moe.sigmoid_topk(x, self.gate[...], self.correction_bias[...],
+                                top_k=c.num_experts_per_tok, n_group=c.n_group,
+                                topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+                                scaling=c.routed_scaling_factor)
 
-    def __call__(self, x):
-        weights = self.route(x)
+    def __call__(self, x, valid=None):
+        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts)."""
+        ids, weights = self.route(x)
         u = self.fc1_latent(x) if self.cfg.moe_latent_size else x
-        hi = lax.Precision.HIGHEST if self.up[...].dtype == jnp.float32 else None
-        hid = relu2(jnp.einsum("...d,edf->...ef", u.astype(self.up[...].dtype), self.up[...],
-                               precision=hi))
-        y = jnp.einsum("...ef,efd,...e->...d", hid, self.down[...], weights.astype(hid.dtype),
-                       precision=hi)
+        y = moe.routed_experts(u, ids, weights, valid, self.up[...], self.down[...],
+                               activation="relu2")
         if self.cfg.moe_latent_size:
             y = self.fc2_latent(y)
         return (y + self.shared(x)) if self.shared is not None else y
@@ -219,6 +206,10 @@ class Block(nnx.Module):
             self.mixer = MoE(cfg, dtype)
         else:
             self.mixer = MLP(cfg.hidden_size, cfg.intermediate_size, dtype, cfg.mlp_bias)
+
+    def ffn(self, x, valid):
+        """An MLP or MoE layer's mixer; valid [b, T] bool marks the real tokens (for the MoE)."""
+        return self.mixer(x, valid) if self.kind == "moe" else self.mixer(x)
 
 
 class MTPHead(nnx.Module):
@@ -255,7 +246,7 @@ class MTPHead(nnx.Module):
             if layer.kind == "attention":
                 y, lc = layer.mixer(y, lc, slots, starts)
             else:
-                y = layer.mixer(y)
+                y = layer.ffn(y, token_validity(slots, y.shape[1]))
             x = x + y.astype(x.dtype)
             new.append(lc)
         return self.final_layernorm(x), tuple(new)
@@ -321,7 +312,7 @@ class NemotronH(HybridLM):
                           mtp=mtp)
 
     # ---------------------------------------------------------------- forward
-    def _run(self, tokens, cache: ModelCache, mixer_fn):
+    def _run(self, tokens, cache: ModelCache, mixer_fn, valid):
         h = jnp.take(self.embeddings[...], tokens, axis=0)
         new_layers = []
         for layer, lc in zip(self.layers, cache.layers):
@@ -329,7 +320,7 @@ class NemotronH(HybridLM):
             if layer.kind in ("mamba", "attention"):
                 out, lc = mixer_fn(layer, x, lc)
             else:
-                out = layer.mixer(x)
+                out = layer.ffn(x, valid)
             h = h + out.astype(h.dtype)
             new_layers.append(lc)
         return self.norm_f(h), tuple(new_layers)

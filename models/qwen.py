@@ -24,11 +24,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
 from models.config import QwenHybridConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           verify_draft_slots)
+                           token_validity, verify_draft_slots)
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
@@ -182,9 +183,9 @@ class MLP(nnx.Module):
 
 
 class MoE(nnx.Module):
-    """Softmax router (fp32), top-k, renormalised if norm_topk_prob; SwiGLU experts; plus a
-    shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)). Experts run densely (all
-    experts, weighted by the one-hot routing), as in `models.nemotron_h.MoE`."""
+    """Softmax router (fp32), top-k, renormalised if norm_topk_prob (`models.moe.softmax_topk`);
+    SwiGLU experts run sparsely; plus a shared SwiGLU expert scaled by
+    sigmoid(shared_expert_gate(x))."""
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
         E, F, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -198,25 +199,15 @@ class MoE(nnx.Module):
         self.shared_gate = Linear(D, 1, dtype=dtype) if Fs else None
 
     def route(self, x):
-        """x [..., D] -> dense routing weights [..., E] (zeros off the top-k), fp32."""
-        c = self.cfg
-        p = jax.nn.softmax(jnp.einsum("...d,ed->...e", x.astype(jnp.float32), self.gate[...],
-                                      precision=_HI), axis=-1)
-        w, idx = lax.top_k(p, c.num_experts_per_tok)
-        if c.norm_topk_prob:
-            w = w / w.sum(-1, keepdims=True)
-        onehot = jax.nn.one_hot(idx, p.shape[-1], dtype=jnp.float32)       # [..., k, E]
-        return jnp.einsum("...k,...ke->...e", w, onehot)
+        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32."""
+        return moe.softmax_topk(x, self.gate[...], top_k=self.cfg.num_experts_per_tok,
+                                norm_topk_prob=self.cfg.norm_topk_prob)
 
-    def __call__(self, x):
-        weights = self.route(x)
-        dt = self.up[...].dtype
-        hi = _HI if dt == jnp.float32 else None
-        xe = x.astype(dt)
-        hid = (jax.nn.silu(jnp.einsum("...d,edf->...ef", xe, self.gate_w[...], precision=hi))
-               * jnp.einsum("...d,edf->...ef", xe, self.up[...], precision=hi))
-        y = jnp.einsum("...ef,efd,...e->...d", hid, self.down[...], weights.astype(dt),
-                       precision=hi)
+    def __call__(self, x, valid=None):
+        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts)."""
+        ids, weights = self.route(x)
+        y = moe.routed_experts(x, ids, weights, valid, self.up[...], self.down[...],
+                               w_gate=self.gate_w[...], activation="swiglu")
         if self.shared is not None:
             y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared(x)
         return y
@@ -231,6 +222,11 @@ class Block(nnx.Module):
         self.mixer = GatedDeltaNet(cfg, dtype) if kind == "gdn" else Attention(cfg, dtype)
         self.mlp = MoE(cfg, dtype) if ffn_kind == "moe" else MLP(cfg.hidden_size,
                                                                  cfg.intermediate_size, dtype)
+
+    def ffn(self, h, valid):
+        """The FFN sub-block's residual branch; valid [b, T] bool marks the real tokens (MoE)."""
+        x = self.post_attention_layernorm(h)
+        return self.mlp(x, valid) if isinstance(self.mlp, MoE) else self.mlp(x)
 
 
 def num_mtp_layers(cfg: QwenHybridConfig) -> int:
@@ -273,7 +269,7 @@ class MTPHead(nnx.Module):
         layer = self.layers[i]
         out, kv = layer.mixer(layer.input_layernorm(x), caches[i], slots, starts)
         x = x + out.astype(x.dtype)
-        x = x + layer.mlp(layer.post_attention_layernorm(x)).astype(x.dtype)
+        x = x + layer.ffn(x, token_validity(slots, x.shape[1])).astype(x.dtype)
         return self.norm(x), caches[:i] + (kv,) + caches[i + 1:]
 
 
@@ -354,12 +350,12 @@ class QwenHybrid(HybridLM):
                           mtp=mtp)
 
     # ---------------------------------------------------------------- forward
-    def _run(self, tokens, cache: ModelCache, mixer_fn):
+    def _run(self, tokens, cache: ModelCache, mixer_fn, valid):
         h = jnp.take(self.embed_tokens[...], tokens, axis=0)
         new_layers = []
         for layer, lc in zip(self.layers, cache.layers):
             out, lc = mixer_fn(layer, layer.input_layernorm(h), lc)
             h = h + out.astype(h.dtype)
-            h = h + layer.mlp(layer.post_attention_layernorm(h)).astype(h.dtype)
+            h = h + layer.ffn(h, valid).astype(h.dtype)
             new_layers.append(lc)
         return self.norm(h), tuple(new_layers)

@@ -101,13 +101,22 @@ def largest_pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def pick_block(name: str, dim_name: str, dim: int, cap: int, minimum: int = 1) -> int:
-    """The tile for a dimension: the largest power of two dividing `dim` and <= `cap` (a power of
-    two itself), at least `minimum`."""
-    check(is_pow2(cap), f"{name} = {cap} must be a power of two")
-    block = largest_pow2_divisor(dim, cap)
+def pick_block(name: str, dim_name: str, dim: int, block: int | None, cap: int,
+               minimum: int = 1) -> int:
+    """A power-of-two tile dividing `dim`: `block` if given, else the largest one <= cap."""
+    if block is None:
+        block = largest_pow2_divisor(dim, cap)
+    check(is_pow2(block) and dim % block == 0,
+          f"{name} = {block} must be a power of two dividing {dim_name} = {dim}")
     check(block >= minimum, f"{dim_name} = {dim} has no power-of-two tile >= {minimum} dividing it")
     return block
+
+
+def bounded_block(name: str, dim_name: str, dim: int, bound: int, minimum: int = 1) -> int:
+    """The tile a tiling's bound gives: the largest power of two dividing `dim` and <= `bound`
+    (a power of two itself), at least `minimum`."""
+    check(is_pow2(bound), f"{name} = {bound} must be a power of two")
+    return pick_block(name, dim_name, dim, None, bound, minimum)
 
 
 def fold_uses_dot(fold: str, window: int, **tiles) -> bool:

@@ -7,11 +7,12 @@ import sys
 COMMANDS = {
     "generate": ("replayjax.generate_cli", "generate from prompts (batch, sampling, speculation)"),
     "convert": ("convert.cli", "Hugging Face safetensors -> orbax checkpoint, streaming"),
-    "bench": ("replayjax.e2e_bench", "A/B: standard vs ReplaySSM (and speculation) on the same "
+    "bench": ("replayjax.bench.e2e", "A/B: standard vs ReplaySSM (and speculation) on the same "
                                      "requests"),
-    "bench kernels": ("replayjax.kernel_bench", "standard vs ReplaySSM decode kernels (GPU)"),
-    "bench verify": ("replayjax.verify_bench", "speculative verify vs state-per-draft (GPU)"),
-    "profile": ("replayjax.profile_cli", "jax.profiler trace of decode steps + kernel table"),
+    "bench kernels": ("replayjax.bench.kernels", "standard vs ReplaySSM decode kernels (GPU)"),
+    "bench verify": ("replayjax.bench.verify", "speculative verify vs state-per-draft (GPU)"),
+    "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
+    "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
 }
 
 USAGE = "usage: replayjax COMMAND [options]   (replayjax COMMAND --help for each)\n\n" + \

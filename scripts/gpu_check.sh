@@ -7,4 +7,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 REPLAYJAX_TEST_BACKEND=gpu $PY -m pytest -q -p no:cacheprovider tests/pallas_kernels
-$PY -m replayjax.kernel_bench "$@"
+$PY -m replayjax.bench.kernels "$@"

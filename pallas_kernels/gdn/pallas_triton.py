@@ -23,7 +23,7 @@ from pallas_kernels._kernel_utils import (F32, call, dot_precision, like, masked
                                           n_chunks, outer_fold, suffix_sums)
 from pallas_kernels.gdn.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
-from pallas_kernels.validation import fold_uses_dot, pick_block, resolve_tiling
+from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +81,9 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     """The launch keywords of a tiling (None: `default`) for value dim V; with key dim K and the
     ring window L, also the key chunk (for a window of `num_tokens`) and the fold mode."""
     t = resolve_tiling(tiling, default)
-    tiles = dict(block_v=pick_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
+    tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
-        tiles["block_k"] = pick_block("block_k", "key dim K", K, t.key_block(num_tokens))
+        tiles["block_k"] = bounded_block("block_k", "key dim K", K, t.key_block(num_tokens))
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
     return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
 

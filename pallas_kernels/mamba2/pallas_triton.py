@@ -26,7 +26,7 @@ from pallas_kernels._kernel_utils import (F32 as _F32, call, dot_precision, like
                                           n_chunks, outer_fold, suffix_sums)
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
-from pallas_kernels.validation import fold_uses_dot, pick_block, resolve_tiling
+from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,8 @@ def _tiles(tiling, default, P, N, window=None):
     """The launch keywords of a tiling (None: `default`) for head dim P and d_state N; with the
     ring window L, also the fold mode."""
     t = resolve_tiling(tiling, default)
-    tiles = dict(block_p=pick_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
-                 block_n=pick_block("block_n", "d_state N", N, t.block_n))
+    tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
+                 block_n=bounded_block("block_n", "d_state N", N, t.block_n))
     if window is not None:
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
     return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)

@@ -1,0 +1,107 @@
+"""Public sparse MoE op: validate, plan, pick an implementation, run.
+
+    y = expert_ffn(x, expert_ids, weights, w_up, w_down, w_gate=None, valid=None,
+                   activation="relu2")
+
+Shapes: n tokens of width din, E experts of width F, k experts per token.
+    x [n, din] float; expert_ids [n, k] int32 in [0, E) (distinct per row, as top-k gives);
+    weights [n, k] float32 (the routing weights, applied here); valid [n] bool (None: all rows)
+    w_up [E, din, F], w_gate [E, din, F] (SwiGLU only), w_down [E, F, din]; one float dtype.
+    activation: "relu2" (relu(x W_up)^2, Nemotron-H) or "swiglu" (silu(x W_gate) * x W_up, Qwen).
+Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x.dtype; rows that
+are not valid own no (token, expert) pairs, do no expert work and come out zero.
+
+impl: "pallas" (compiled on GPU, interpret mode elsewhere), "xla" (sparse, plain XLA), "auto"
+(Pallas on GPU, XLA elsewhere). Both sort the pairs by expert into tiles of block_m rows (see
+`pallas_kernels.moe.plan`); block_m defaults to the expected pairs per expert, as a power of two
+in [16, 128]. `reference.expert_ffn` is the dense oracle.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels.dispatch import resolve_impl, resolve_interpret
+from pallas_kernels.moe import kernels, xla
+from pallas_kernels.moe.plan import combine, make_plan
+from pallas_kernels.moe.reference import ACTIVATIONS
+from pallas_kernels.validation import (FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2,
+                                       pick_block)
+
+__all__ = ["expert_ffn", "default_block_m"]
+
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 128      # Triton dots need >= 16 rows
+# (block_n cap, block_k cap) of the gate/up and down GEMMs, num_warps, num_stages: the best of a
+# short sweep on an H200 (Nemotron-3-Nano and Qwen3.5-35B shapes at batch 1 and 256, bf16);
+# 8 warps, 2 warps, 4 stages or narrower tiles were no better at both batches.
+UP_TILING = (64, 128)
+DOWN_TILING = (128, 64)
+NUM_WARPS, NUM_STAGES = 4, 3
+
+
+def default_block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per tile: the mean pairs per expert rounded up to a power of two, in [16, 128]."""
+    mean = -(-num_pairs // num_experts)
+    return min(MAX_BLOCK_M, max(MIN_BLOCK_M, 1 << (mean - 1).bit_length()))
+
+
+def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
+    check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got "
+                                     f"{activation!r}")
+    check(x.ndim == 2, f"x must be [tokens, din], got shape {tuple(x.shape)}")
+    check(w_up.ndim == 3, f"w_up must be [experts, din, F], got shape {tuple(w_up.shape)}")
+    n, din = x.shape
+    E, _, F = w_up.shape
+    check(expert_ids.ndim == 2 and expert_ids.shape[0] == n,
+          f"expert_ids must be [tokens = {n}, top_k], got shape {tuple(expert_ids.shape)}")
+    k = expert_ids.shape[1]
+    check(1 <= k <= E, f"top_k = {k} must be in [1, experts = {E}]")
+    check_shape("w_up", w_up, (E, din, F))
+    check_shape("w_down", w_down, (E, F, din))
+    check_shape("weights", weights, (n, k))
+    check((w_gate is not None) == (activation == "swiglu"),
+          f"w_gate is needed by activation 'swiglu' and only by it (activation {activation!r})")
+    if w_gate is not None:
+        check_shape("w_gate", w_gate, (E, din, F))
+        check_dtype("w_gate", w_gate, (w_up.dtype,))
+    if valid is not None:
+        check_shape("valid", valid, (n,))
+        check_dtype("valid", valid, (jnp.bool_,))
+    check_dtype("x", x, FLOAT_DTYPES)
+    check_dtype("w_up", w_up, FLOAT_DTYPES)
+    check_dtype("w_down", w_down, (w_up.dtype,))
+    check_dtype("expert_ids", expert_ids, (jnp.int32,))
+    check_dtype("weights", weights, (jnp.float32,))
+    return n, din, E, F, k
+
+
+def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
+               activation="relu2", impl="auto", block_m=None, up_tiles=None, down_tiles=None,
+               num_warps=None, num_stages=None, interpret=None):
+    """Routed experts of a MoE layer, sparse (see the module docstring). Pallas tiling:
+    up_tiles / down_tiles = (block_n, block_k) of the gate/up GEMM (columns of F, chunks of din)
+    and of the down GEMM (columns of din, chunks of F), powers of two dividing those sizes."""
+    n, din, E, F, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation)
+    block_m = block_m or default_block_m(n * k, E)
+    check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
+          f"block_m = {block_m} must be a power of two >= {MIN_BLOCK_M}")
+    if valid is None:
+        valid = jnp.ones((n,), bool)
+    plan = make_plan(expert_ids, weights, valid, E, block_m)
+    if resolve_impl(impl) == "xla":
+        return xla.expert_ffn(x, plan, w_up, w_down, w_gate, activation, block_m)
+    up = _tiles("up_tiles", up_tiles, UP_TILING, ("F", F), ("din", din))
+    down = _tiles("down_tiles", down_tiles, DOWN_TILING, ("din", din), ("F", F))
+    rows = kernels.expert_ffn_pallas(
+        x.astype(w_up.dtype)[plan.row_token], plan.num_used_tiles, plan.tile_expert,
+        plan.row_weight, w_up, w_down, w_gate, activation=activation, block_m=block_m,
+        up_tiles=up, down_tiles=down, num_warps=num_warps or NUM_WARPS,
+        num_stages=num_stages or NUM_STAGES, interpret=resolve_interpret(interpret))
+    return combine(rows, plan.pair_row).astype(x.dtype)
+
+
+def _tiles(name, given, caps, n_dim, k_dim):
+    """(block_n, block_k): powers of two dividing the output and contraction sizes."""
+    bn, bk = given or (None, None)
+    return (pick_block(f"{name}[0]", f"{n_dim[0]}", n_dim[1], bn, caps[0], 16),
+            pick_block(f"{name}[1]", f"{k_dim[0]}", k_dim[1], bk, caps[1], 16))

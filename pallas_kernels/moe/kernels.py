@@ -1,0 +1,98 @@
+"""Pallas grouped GEMMs over the tiles of a `DispatchPlan` (GPU; interpret mode on CPU).
+
+Two launches, each on a grid (tile, output column block):
+  * gate/up: hidden[tile rows, cols] = act(x_rows[tile rows] @ W_up[e][:, cols]) (SwiGLU: also
+    W_gate), the activation fused, float32 accumulation over din in block_k chunks, stored in the
+    weights' dtype;
+  * down: out[tile rows, cols] = (hidden[tile rows] @ W_down[e][:, cols]) * routing weight,
+    float32, accumulated over F in block_k chunks.
+e = tile_expert[tile] is read from an index input inside the kernel and picks the expert's slice
+of the whole weight array (no BlockSpecs: the same gather-by-index as the SSM kernels' pools).
+Programs of tiles past num_used_tiles return at once, so only the experts hit are read. Bodies
+use backend-neutral Pallas; the Triton specifics are in `compiler_params`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._kernel_utils import F32, compiler_params, dot_precision, n_chunks
+from pallas_kernels.moe.reference import activate
+
+
+def _dot(a, b, precision):
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+                           preferred_element_type=F32)
+
+
+def _tile(block_m, block_n):
+    t, j = pl.program_id(0), pl.program_id(1)
+    return t, pl.ds(t * block_m, block_m), pl.ds(j * block_n, block_n)
+
+
+def _up_kernel(used_ref, expert_ref, x_ref, *refs, block_m, block_n, block_k, activation,
+               precision):
+    *w_refs, h_ref = refs                          # W_up (and W_gate for SwiGLU), hidden out
+    t, rows, cols = _tile(block_m, block_n)
+
+    @pl.when(t < used_ref[0])
+    def _():
+        e = expert_ref[t]
+
+        def step(ks, accs):
+            xa = x_ref[rows, ks]                                                 # [m, bk]
+            return tuple(acc + _dot(xa, w[e, ks, cols], precision)
+                         for acc, w in zip(accs, w_refs))
+
+        zero = jnp.zeros((block_m, block_n), F32)
+        accs = n_chunks(x_ref.shape[1], block_k, step, (zero,) * len(w_refs))
+        hid = activate(accs[0], accs[1] if len(accs) > 1 else None, activation)
+        h_ref[rows, cols] = hid.astype(h_ref.dtype)
+
+
+def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, out_ref, *, block_m, block_n,
+                 block_k, precision):
+    t, rows, cols = _tile(block_m, block_n)
+
+    @pl.when(t < used_ref[0])
+    def _():
+        e = expert_ref[t]
+        acc = n_chunks(h_ref.shape[1], block_k,
+                       lambda fs, acc: acc + _dot(h_ref[rows, fs], w_ref[e, fs, cols], precision),
+                       jnp.zeros((block_m, block_n), F32))
+        out_ref[rows, cols] = acc * weight_ref[rows][:, None]
+
+
+@functools.partial(jax.jit, static_argnames=("activation", "block_m", "up_tiles", "down_tiles",
+                                             "num_warps", "num_stages", "interpret"))
+def expert_ffn_pallas(x_rows, used, tile_expert, row_weight, w_up, w_down, w_gate, *,
+                      activation, block_m, up_tiles, down_tiles, num_warps, num_stages,
+                      interpret):
+    """x_rows [R, din] (the plan's rows, weights' dtype); used [1], tile_expert [R // m] int32;
+    row_weight [R] float32. up_tiles / down_tiles: (block_n, block_k) of each GEMM. Returns the
+    weighted expert output of every row [R, din] float32 (rows of unused tiles are unwritten)."""
+    R, din = x_rows.shape
+    F, dt = w_up.shape[2], w_up.dtype
+    precision = dot_precision(interpret) if dt == F32 else None
+    params = compiler_params(num_warps, num_stages, interpret)
+    ws = (w_up,) if w_gate is None else (w_up, w_gate)
+    (un, uk), (dn, dk) = up_tiles, down_tiles
+    hid = pl.pallas_call(
+        functools.partial(_up_kernel, block_m=block_m, block_n=un, block_k=uk,
+                          activation=activation, precision=precision),
+        grid=(R // block_m, F // un),
+        out_shape=jax.ShapeDtypeStruct((R, F), dt),
+        compiler_params=params, interpret=interpret, name="moe_gate_up",
+    )(used, tile_expert, x_rows, *ws)
+    return pl.pallas_call(
+        functools.partial(_down_kernel, block_m=block_m, block_n=dn, block_k=dk,
+                          precision=precision),
+        grid=(R // block_m, din // dn),
+        out_shape=jax.ShapeDtypeStruct((R, din), F32),
+        compiler_params=params, interpret=interpret, name="moe_down",
+    )(used, tile_expert, row_weight, hid, w_down)

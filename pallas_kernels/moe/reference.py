@@ -1,0 +1,56 @@
+"""Dense oracle for the routed experts of a MoE layer: every token through every expert, weighted
+by its routing (zero off its top-k). Exact and simple; its [n, E, F] intermediate and E times the
+weight reads are what the sparse implementations avoid. It is also the dense baseline of
+`replayjax.bench.moe`.
+
+Rounding (shared with the sparse implementations): x is cast to the weights' dtype, both GEMMs
+accumulate in float32 (HIGHEST precision for float32 weights), the activation runs in float32 and
+the hidden activations are rounded to the weights' dtype before the down GEMM; the result is cast
+to x.dtype. Here the routing weight scales the hidden activations (one contraction over experts
+and F, no [n, E, din] intermediate); the sparse paths scale each pair's float32 output instead,
+the same up to rounding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+F32 = jnp.float32
+ACTIVATIONS = ("relu2", "swiglu")
+
+
+def precision(dtype):
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else None
+
+
+def activate(up, gate, activation: str):
+    """float32 GEMM outputs -> hidden activations (float32): relu(up)^2 (Nemotron-H) or
+    silu(gate) * up (SwiGLU, Qwen)."""
+    if activation == "relu2":
+        return jnp.square(jax.nn.relu(up))
+    return jax.nn.silu(gate) * up
+
+
+def dense_weights(expert_ids, weights, valid, num_experts: int):
+    """Routing as a dense [n, E] float32 matrix (rows of invalid tokens are zero)."""
+    w = jnp.where(valid[:, None], weights.astype(F32), 0.0)
+    rows = jnp.arange(expert_ids.shape[0])[:, None]
+    return jnp.zeros((expert_ids.shape[0], num_experts), F32).at[rows, expert_ids].add(w)
+
+
+def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
+               activation="relu2"):
+    """y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]), densely. Shapes as
+    `pallas_kernels.moe.expert_ffn`; returns [n, din] in x.dtype (zero rows where not valid)."""
+    E, dt = w_up.shape[0], w_up.dtype
+    if valid is None:
+        valid = jnp.ones(x.shape[:1], bool)
+    xe, hi = x.astype(dt), precision(dt)
+    mm = lambda w: jnp.einsum("nd,edf->nef", xe, w, precision=hi, preferred_element_type=F32)
+    hid = activate(mm(w_up), None if w_gate is None else mm(w_gate), activation)
+    hid = hid * dense_weights(expert_ids, weights, valid, E)[:, :, None]
+    y = jnp.einsum("nef,efd->nd", hid.astype(dt), w_down, precision=hi,
+                   preferred_element_type=F32)
+    return jnp.where(valid[:, None], y, 0.0).astype(x.dtype)

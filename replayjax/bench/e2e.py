@@ -1,0 +1,458 @@
+"""End-to-end A/B benchmark: the same requests through standard and ReplaySSM decoding, with and
+without speculation, on one model.
+
+Variants are MODE[+DRAFTER]: MODE standard | replay (how SSM layers decode), DRAFTER ngram (prompt
+lookup on the host) | mtp (the model's MTP head, on device). Synthetic models have real dimensions
+and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head (models
+whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
+variant the engine refuses or that fails is reported as a failed row.
+
+Requests (every variant serves the same ones, all arriving at t = 0 and sharing --batch slots,
+continuous batching when there are more):
+  * --workload mixed (default): --batch random prompts of log-uniform lengths in
+    [--prompt-len / 4, 4 x --prompt-len], seeded, each generating --new-tokens;
+  * --workload sync: all prompts --prompt-len long (the synchronous equal-length case);
+  * --trace FILE.jsonl: one request per line, e.g.
+        {"prompt_ids": [1, 5, 9], "max_new_tokens": 64}
+        {"prompt": "text", "max_new_tokens": 64, "temperature": 0.7, "top_k": 50, "top_p": 0.9,
+         "seed": 1, "stop_ids": [2], "id": "req-7"}
+    (text prompts need a tokenizer: --tokenizer, default MODEL/tokenizer.json).
+
+Per variant: steady-state decode (or speculative verify) step time, median over host visits;
+tokens/s of the measured run, after a warm-up that compiles every prefill bucket and the step
+(its time is reported apart, as compile s); TTFT and per-request latency p50/p90; time per
+output token (p50); for speculation, the accepted drafts per verify step (mean and histogram of
+k = 0..K over requests x steps); peak device memory of the variant alone (each variant runs in a
+fresh process when a GPU is present, --isolate); failures; against `standard`, the fraction of
+greedy requests with identical tokens; and for decode variants the roofline: the minimum bytes
+of a decode step (`replayjax.bench.roofline`) and the time they take at the copy bandwidth
+measured in the same process, beside the measured step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from replayjax.bench import cli
+from replayjax.bench.roofline import decode_step_bytes
+from replayjax.bench.synthetic import SYNTHETIC, build
+from replayjax.bench.timing import copy_bandwidth, percentile
+from replayjax.bench.workload import (WORKLOADS, Workload, arrival_times, check_vocab,
+                                      load_trace, synthetic_requests)
+
+PROG = "replayjax bench"
+MODES = ("standard", "replay")
+DRAFTERS = ("ngram", "mtp")
+MAX_LEN_SLACK = 16      # cache room past prompt + max_new_tokens: drafts (K <= 7) and MTP chains
+MIN_BUCKET = 16         # the engine's smallest prefill length bucket
+
+
+def parse_variant(text):
+    """argparse type: MODE[+DRAFTER] -> (mode, drafter or None)."""
+    mode, plus, drafter = text.partition("+")
+    if mode not in MODES or (plus and drafter not in DRAFTERS):
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r} is not MODE[+DRAFTER] with MODE in {'|'.join(MODES)} and DRAFTER "
+            f"in {'|'.join(DRAFTERS)}")
+    return mode, drafter or None
+
+
+def variant_name(variant):
+    mode, drafter = variant
+    return f"{mode}+{drafter}" if drafter else mode
+
+
+def prefill_bucket(n: int) -> int:
+    """The engine's prefill length bucket of an n-token prompt (a power of two >= 16): the
+    warm-up compiles each bucket the requests hit. Mirrors the engine's own rule."""
+    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+
+
+# ---------------------------------------------------------------------- requests and model
+
+def make_workload(args, vocab) -> Workload:
+    """The run's requests: the parsed --trace, or --batch synthetic ones (--workload)."""
+    if args.trace:
+        reqs, what = args.requests, f"trace {args.trace} ({len(args.requests)} requests)"
+    else:
+        reqs = synthetic_requests(args.batch, args.prompt_len, args.new_tokens, vocab,
+                                  seed=args.seed, workload=args.workload)
+        what = (f"{args.workload} prompts (mean {np.mean([len(r.prompt) for r in reqs]):.0f} "
+                f"tokens, {min(len(r.prompt) for r in reqs)}-"
+                f"{max(len(r.prompt) for r in reqs)}), {args.new_tokens} new tokens")
+    check_vocab(reqs, vocab)
+    return Workload(tuple(reqs), tuple(arrival_times(len(reqs))), what)
+
+
+def build_model(args, mtp=False):
+    """The model of --model (with an MTP head iff the checkpoint ships one) or the randomised
+    --synthetic preset (with an MTP head when `mtp`)."""
+    import jax.numpy as jnp
+    from replayjax.loading import load_model
+    if args.model:
+        return load_model(args.model)
+    return build(args.synthetic, jnp.dtype(args.dtype), args.seed, mtp)
+
+
+# ---------------------------------------------------------------------- serving
+
+def serve(engine, workload: Workload) -> list:
+    """Feeds the workload to the engine and returns a Completion per request, in order.
+
+    This is the seam for staggered arrivals: the engine admits requests only when a run starts
+    (`Engine.generate`), so every request arrives at t = 0 (`workload.arrivals` all zero).
+    With live admission, this loop submits request i once `time.perf_counter() - t0 >=
+    workload.arrivals[i]`, steps the engine in between, and collects the completions; TTFT and
+    latencies are then measured from each request's arrival."""
+    if any(workload.arrivals):
+        raise cli.BenchError("staggered arrivals need an engine with live admission")
+    return engine.generate([r.request() for r in workload.requests])
+
+
+def _without_mtp(model, keep):
+    """Hides the model's MTP head (unless `keep`) while an engine is built, so variants that do
+    not draft with it run the plain model's graph and cache. Returns a function that restores it."""
+    head = getattr(model, "mtp", None)
+    if keep or head is None:
+        return lambda: None
+    model.mtp = None
+    return lambda: setattr(model, "mtp", head)
+
+
+def accepted_per_step(c):
+    """Accepted drafts of each speculative step of Completion `c` (needs Engine.record_drafts):
+    the cache length recorded before each step grows by that step's emitted tokens (accepted + 1);
+    the last step, whose tokens may be cut at a stop id or max_new_tokens, gets what remains of
+    `accepted_drafts` (counted before the cut)."""
+    lengths = [n for n, _ in c.drafts]
+    steps = [b - a - 1 for a, b in zip(lengths, lengths[1:])]
+    return steps + [c.accepted_drafts - sum(steps)] if lengths else []
+
+
+def acceptance_histogram(completions, num_draft):
+    """Counts of k = 0..num_draft accepted drafts over (request, speculative step); None if the
+    completions' records do not add up (an engine whose bookkeeping changed: no histogram rather
+    than a wrong one)."""
+    steps = [k for c in completions for k in accepted_per_step(c)]
+    if any(not 0 <= k <= num_draft for k in steps):
+        return None
+    return np.bincount(np.asarray(steps, int), minlength=num_draft + 1).tolist()
+
+
+def _warm_up(engine, workload, steps_per_visit):
+    """Compiles every prefill length bucket the requests will hit (one request each: a group's
+    bucket is its longest prompt's) plus the decode / verify step. Returns its seconds."""
+    first = {}
+    for r in workload.requests:
+        first.setdefault(prefill_bucket(len(r.prompt)), r)
+    t0 = time.perf_counter()
+    for r in first.values():
+        engine.generate([r.request(min(r.max_new_tokens, 2 * steps_per_visit))])
+    return time.perf_counter() - t0
+
+
+def run_variant(model, variant, args, workload, progress):
+    """Serves the workload with one engine configuration. Returns (row, completions or None)."""
+    import jax
+    import jax.numpy as jnp
+    from replayjax.engine import Engine
+    mode, drafter = variant
+    name = variant_name(variant)
+    K = args.num_draft if drafter else 0
+    n = len(workload.requests)
+    try:        # a variant the engine refuses or that crashes is a result, not an abort
+        restore = _without_mtp(model, keep=drafter == "mtp")
+        try:    # ssm_mode goes through unchanged: the engine decides what it supports
+            engine = Engine(model, num_slots=args.batch, max_len=workload.max_len + MAX_LEN_SLACK,
+                            ssm_mode=mode, window=args.window,
+                            state_dtype=jnp.dtype(args.state_dtype),
+                            steps_per_visit=args.steps_per_visit, num_draft=K,
+                            drafter=drafter or "ngram")
+        finally:
+            restore()
+        with progress.stage(f"{name}: warm-up (compiling)"):
+            compile_s = _warm_up(engine, workload, args.steps_per_visit)
+        engine.visits.clear()
+        engine.record_drafts = bool(K)  # per-step cache lengths: the acceptance histogram
+        with progress.stage(f"{name}: serving {n} requests"):
+            t0 = time.perf_counter()
+            out = serve(engine, workload)
+            wall = time.perf_counter() - t0
+    except Exception as e:   # noqa: BLE001 -- the row records the failure
+        return dict(variant=name, requests=n, completed=0, failures=n,
+                    error=cli.one_line(e)), None
+    kind = "verify" if K else "decode"
+    step = [s / k for what, k, s in engine.visits if what == kind and k]
+    tokens = sum(len(c.tokens) for c in out)
+    mem = jax.devices()[0].memory_stats() or {}
+    row = dict(
+        variant=name, requests=n, completed=sum(c is not None for c in out),
+        tokens=tokens, step_kind=kind,
+        step_ms=1e3 * float(np.median(step)) if step else float("nan"),
+        tokens_per_s=tokens / wall, completion_s=wall, compile_s=compile_s,
+        ttft_p50_s=percentile([c.ttft_s for c in out], 50),
+        ttft_p90_s=percentile([c.ttft_s for c in out], 90),
+        latency_p50_s=percentile([c.completion_s for c in out], 50),
+        latency_p90_s=percentile([c.completion_s for c in out], 90),
+        tpot_ms=1e3 * percentile([c.tpot_s for c in out], 50),
+        accepted_per_verify=None, accept_hist=None,
+        peak_mem_gb=mem.get("peak_bytes_in_use", 0) / 1e9 or None,
+        peak_mem_scope="process", failures=0)
+    if K:
+        hist = acceptance_histogram(out, K)
+        row.update(accept_hist=hist, accepted_per_verify=(
+            sum(k * c for k, c in enumerate(hist)) / sum(hist) if hist and sum(hist) else None))
+    return row, out
+
+
+def add_roofline(row, model, args, workload, copy_bw):
+    """Decode rows: the minimum bytes of a decode step at the run's batch and mean KV length,
+    the ideal step time at `copy_bw` and the fraction of it the measured step achieves."""
+    row["copy_gbs"] = copy_bw / 1e9
+    if row.get("step_kind") != "decode":
+        return
+    import jax.numpy as jnp
+    rows = min(args.batch, len(workload.requests))
+    mode = row["variant"].partition("+")[0]
+    by_class = decode_step_bytes(model, rows, workload.kv_len, mode=mode,
+                                 window=args.window, state_dtype=jnp.dtype(args.state_dtype))
+    total = sum(by_class.values())
+    row.update(roofline_mb={c: b / 1e6 for c, b in by_class.items()},
+               min_mb_per_step=total / 1e6, ideal_step_ms=total / copy_bw * 1e3,
+               of_roofline=total / copy_bw * 1e3 / row["step_ms"])
+
+
+def compare_to_standard(rows, tokens, greedy):
+    """Adds to every successful row its step time and tokens/s relative to `standard`, and the
+    fraction of greedy requests (indices `greedy`) whose tokens match standard's (ReplaySSM and
+    speculation must not change greedy output, up to numerics). tokens: {variant: [tokens of
+    each request]}."""
+    base = next((r for r in rows if r["variant"] == "standard" and "step_ms" in r), None)
+    if base is None:
+        return
+    ref = tokens["standard"]
+    for r in rows:
+        if "step_ms" not in r:
+            continue
+        r["step_speedup_vs_standard"] = base["step_ms"] / r["step_ms"]
+        r["tokens_per_s_vs_standard"] = r["tokens_per_s"] / base["tokens_per_s"]
+        out = tokens[r["variant"]]
+        r["greedy_match_vs_standard"] = (sum(out[i] == ref[i] for i in greedy) /
+                                         len(greedy)) if greedy else None
+
+
+# ---------------------------------------------------------------------- in process / isolated
+
+def run_in_process(args, progress):
+    """All variants in this process on one model: (rows, {variant: completions}). Peak memory is
+    the process's (JAX cannot reset it), so only the first variant's is its own."""
+    with progress.stage("building the model"):
+        model = build_model(args, mtp=any(d == "mtp" for _, d in args.variants)
+                            and not args.model)
+    workload = make_workload(args, model.cfg.vocab_size)
+    rows, outputs = [], {}
+    for v in args.variants:
+        row, out = run_variant(model, v, args, workload, progress)
+        rows.append(row)
+        outputs[row["variant"]] = out
+    with progress.stage("copy bandwidth"):
+        bw = copy_bandwidth()
+    for row in rows:
+        add_roofline(row, model, args, workload, bw)
+    return rows, outputs, workload.description
+
+
+def run_isolated(args, argv, progress):
+    """Each variant in a fresh `python -m replayjax.bench.e2e` process (same arguments, one
+    variant), so its peak memory is its own: (rows, {variant: tokens per request})."""
+    rows, tokens, what = [], {}, ""
+    for v in args.variants:
+        name = variant_name(v)
+        with progress.stage(f"{name}: fresh process"), \
+                tempfile.TemporaryDirectory(prefix="replayjax-bench-") as tmp:
+            result = os.path.join(tmp, "result.json")
+            proc = subprocess.run(
+                [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
+                 "--result-file", result], capture_output=True, text=True)
+            if not os.path.exists(result):   # the child refused the whole run (or crashed)
+                last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])
+                raise cli.BenchError(last[-1].removeprefix(f"{PROG}: error: "))
+            with open(result) as f:
+                got = json.load(f)
+        got["row"]["peak_mem_scope"] = "variant"
+        rows.append(got["row"])
+        tokens[name] = got["tokens"]
+        what = got["workload"]
+    return rows, tokens, what
+
+
+def run(args, argv=()):
+    """The benchmark: (rows, {variant: completions (in process) or token lists (isolated)},
+    workload description)."""
+    isolated = args.isolate == "process" or (args.isolate == "auto" and
+                                             cli.gpu_plugin_installed())
+    stages = len(args.variants) if isolated else 2 + 2 * len(args.variants)
+    progress = cli.Progress(stages, cli.interactive(args) and not args.result_file)
+    try:
+        if isolated:
+            rows, outputs, what = run_isolated(args, argv, progress)
+            tokens = outputs
+        else:
+            rows, outputs, what = run_in_process(args, progress)
+            tokens = {k: [c.tokens for c in v] for k, v in outputs.items() if v is not None}
+    finally:
+        progress.close()
+    reqs = args.requests if args.trace else None
+    greedy = [i for i, r in enumerate(reqs) if r.temperature == 0] if reqs else \
+        list(range(args.batch))
+    compare_to_standard(rows, tokens, greedy)
+    return rows, outputs, what
+
+
+# ---------------------------------------------------------------------- command line
+
+def build_parser():
+    ap = cli.parser(PROG, __doc__, [
+        f"{PROG} --synthetic nemotron-h-8b --batch 256 --variants standard replay",
+        f"{PROG} --synthetic qwen3.5-9b --batch 64 --workload sync --variants replay+mtp "
+        "standard+mtp",
+        f"{PROG} --model DIR --trace requests.jsonl --batch 64 --json"])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="DIR", help="checkpoint directory (HF or converted)")
+    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
+                     help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="synthetic models' weights")
+    ap.add_argument("--batch", type=cli.at_least(1), default=32,
+                    help="engine slots (concurrent requests); synthetic: also the request count")
+    ap.add_argument("--workload", choices=WORKLOADS, default="mixed",
+                    help="synthetic prompt lengths: mixed (log-uniform in [P/4, 4P]) or sync "
+                         "(all P)")
+    ap.add_argument("--prompt-len", type=cli.at_least(1), default=None, metavar="P",
+                    help="synthetic prompts' (geometric mean) length; 128 unless --trace")
+    ap.add_argument("--new-tokens", type=cli.at_least(1), default=None,
+                    help="synthetic requests' new tokens; 128 unless --trace")
+    ap.add_argument("--trace", metavar="FILE.jsonl",
+                    help="requests from a JSONL trace instead of synthetic ones (format above)")
+    ap.add_argument("--tokenizer", metavar="FILE",
+                    help="tokenizer.json for a trace's text prompts (default MODEL/tokenizer.json)")
+    ap.add_argument("--variants", nargs="+", type=parse_variant,
+                    default=["standard", "replay"], metavar="MODE[+DRAFTER]",
+                    help="MODE standard|replay, DRAFTER ngram|mtp")
+    ap.add_argument("--num-draft", type=cli.in_range(1, 7), default=3, metavar="K",
+                    help="drafts per speculative step (< --window)")
+    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="SSM state (checkpoint) dtype")
+    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16,
+                    help="decode steps per host visit (non-speculative variants)")
+    ap.add_argument("--seed", type=cli.at_least(0), default=0,
+                    help="synthetic weights and prompts")
+    ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
+                    help="process: each variant in a fresh process, so its peak memory is its "
+                         "own (the model is built again for each); none: all in this process; "
+                         "auto: process when a GPU is present")
+    ap.add_argument("--json", action="store_true", help="print one JSON object: config and rows")
+    ap.add_argument("--only-variant", type=parse_variant, help=argparse.SUPPRESS)
+    ap.add_argument("--result-file", help=argparse.SUPPRESS)
+    return ap
+
+
+def parse_args(argv=None):
+    """Parsed, checked arguments (exit 2 naming the flag); with --trace, `args.requests` holds
+    the validated trace (exit 1 naming file, line and field)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args.variants = [v if isinstance(v, tuple) else parse_variant(v) for v in args.variants]
+    if args.only_variant:                        # a child of --isolate process
+        args.variants, args.isolate = [args.only_variant], "none"
+    names = [variant_name(v) for v in args.variants]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        ap.error(f"argument --variants: {', '.join(dup)} given twice")
+    if any(d for _, d in args.variants) and args.num_draft >= args.window:
+        ap.error(f"argument --num-draft: K = {args.num_draft} must be < --window "
+                 f"{args.window}")
+    if args.trace and (args.prompt_len is not None or args.new_tokens is not None):
+        ap.error("argument --trace: --prompt-len / --new-tokens describe synthetic requests; "
+                 "a trace gives its own")
+    args.prompt_len = 128 if args.prompt_len is None else args.prompt_len
+    args.new_tokens = 128 if args.new_tokens is None else args.new_tokens
+    args.requests = None
+    return args
+
+
+def check_inputs(args):
+    """Input files and directories, before any heavy work (BenchError: exit 1, one line)."""
+    if args.model:
+        cli.check_model_dir(args.model)
+    if args.tokenizer:
+        cli.existing_file("--tokenizer", args.tokenizer)
+    if args.trace:
+        tok = args.tokenizer or (os.path.join(args.model, "tokenizer.json") if args.model
+                                 else None)
+        args.requests = load_trace(args.trace, tok)
+
+
+def _fmt(x, spec):
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def print_table(args, rows, what):
+    """The rows as a markdown table."""
+    print(f"{args.model or args.synthetic}: {what}; {args.batch} slots, L = {args.window}, "
+          f"K = {args.num_draft}; copy bandwidth "
+          f"{_fmt(rows[0].get('copy_gbs') if rows else None, '.0f')} GB/s")
+    print("| variant | step ms | vs standard | ideal ms (of roofline) | tokens/s | compile s "
+          "| TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify | k = 0..K "
+          "| greedy = standard | peak GB | failures |\n" + "|---" * 14 + "|")
+    for r in rows:
+        if "step_ms" not in r:
+            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11 + f" {r['failures']} |")
+            continue
+        hist = r["accept_hist"]
+        share = "/".join(f"{100 * c / max(sum(hist), 1):.0f}" for c in hist) + "%" if hist else "-"
+        ideal = (f"{r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%})" if "ideal_step_ms" in r
+                 else "-")
+        peak = _fmt(r["peak_mem_gb"], ".2f") + (" (process)" if r["peak_mem_scope"] == "process"
+                                                and r["peak_mem_gb"] else "")
+        print(f"| {r['variant']} | {r['step_ms']:.2f} ({r['step_kind']}) | "
+              f"{r.get('step_speedup_vs_standard', 1):.2f}x | {ideal} | {r['tokens_per_s']:.0f} | "
+              f"{r['compile_s']:.1f} | {r['ttft_p50_s']:.3f}/{r['ttft_p90_s']:.3f} | "
+              f"{r['latency_p50_s']:.2f}/{r['latency_p90_s']:.2f} | {r['tpot_ms']:.2f} | "
+              f"{_fmt(r['accepted_per_verify'], '.2f')} | {share} | "
+              f"{_fmt(r.get('greedy_match_vs_standard'), '.0%')} | {peak} | {r['failures']} |")
+
+
+def _main(args, argv):
+    check_inputs(args)
+    rows, outputs, what = run(args, argv)
+    if args.result_file:                         # a child of --isolate process: hand back
+        (name, out), = outputs.items()
+        with open(args.result_file, "w") as f:
+            json.dump(dict(row=rows[0], workload=what,
+                           tokens=[c.tokens for c in out] if out else None), f, default=str)
+    elif args.json:
+        config = {k: v for k, v in vars(args).items()
+                  if k not in ("requests", "only_variant", "result_file", "debug")}
+        config["variants"] = [variant_name(v) for v in args.variants]
+        print(json.dumps(dict(config=config, workload=what, rows=rows), default=str))
+    else:
+        print_table(args, rows, what)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    return cli.run(PROG, args, lambda a: _main(a, argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

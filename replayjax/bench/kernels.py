@@ -1,0 +1,253 @@
+"""Kernel benchmark: standard vs ReplaySSM decode per layer-step, on one GPU.
+
+Method (docs/benchmarks.md):
+  * per-kernel device time from CUPTI, inside one compiled `fori_loop` of steps, so launch gaps
+    and host work are excluded for both kernels alike;
+  * the state pool of every timing unit is >= 512 MiB (>> the 60 MB L2): disjoint random slot
+    sets are used in turn, so a slot's state comes back only after 512 MiB of other states;
+  * headline, "staggered": every slot starts at a random ring count, so each step mixes fold and
+    non-fold rows, as in a serving batch;
+  * beside it, "amortised": every set goes through ring counts 0..L-1 together (L - 1 non-fold
+    steps, then one fold step), averaged over whole cycles, with the non-fold and fold step
+    times separately;
+  * minimum bytes: standard = state read + write + token inputs/outputs; replay = state read +
+    state write / L + the (L - 1) / 2 ring entries held on average + ring append + token I/O;
+  * copy bandwidth measured in the same process (x + 1 over 2 GiB, bytes read + written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+from pallas_kernels.ring import advance_counts
+from replayjax.bench import cli
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, Family, pool_sets
+from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
+
+PROG = "replayjax bench kernels"
+BATCHES = (1, 8, 32, 64, 128, 256, 512)
+
+
+# ---------------------------------------------------------------------- schedules
+
+def cycling_counts(n_sets: int, L: int) -> np.ndarray:
+    """Ring count of the rows of each step of the cycling schedule: step i runs set i % n_sets,
+    whose rows start at count 0 and advance once per use, so at count i // n_sets; the last
+    n_sets steps fold. [n_sets * L] int."""
+    return np.arange(n_sets * L) // n_sets
+
+
+def split_cycle(launch_us, n_sets: int, L: int) -> tuple[float, float]:
+    """(mean non-fold step, mean fold step) us of one cycling run's launches [n_sets * L]."""
+    per_count = np.asarray(launch_us, float).reshape(L, n_sets)
+    return float(per_count[:-1].mean()), float(per_count[-1].mean())
+
+
+def staggered_counts(S: int, L: int, seed: int) -> np.ndarray:
+    """Starting ring count of every slot of a pool of S for the staggered schedule: uniform in
+    [0, L), so every step mixes folding (count L - 1) and appending rows. [S] int32."""
+    return np.random.default_rng(seed).integers(0, L, S).astype(np.int32)
+
+
+# ---------------------------------------------------------------------- one row
+
+@dataclasses.dataclass
+class Row:
+    shape: str
+    batch: int
+    standard_us: float
+    staggered_us: float        # headline: rows at random ring counts
+    amortised_us: float        # whole fold cycles in lockstep
+    nonfold_us: float
+    fold_us: float
+    std_bytes: float
+    rep_bytes: float
+    copy_bw: float
+
+    @property
+    def speedup(self):
+        return self.standard_us / self.staggered_us
+
+    @property
+    def amortised_speedup(self):
+        return self.standard_us / self.amortised_us
+
+    def gbs(self, nbytes, us):
+        return nbytes * self.batch / (us * 1e-6) / 1e9
+
+    def line(self):
+        s_gbs, r_gbs = (self.gbs(self.std_bytes, self.standard_us),
+                        self.gbs(self.rep_bytes, self.staggered_us))
+        cb = self.copy_bw / 1e9
+        return (f"| {self.shape} | {self.batch} | {self.standard_us:.1f} | "
+                f"{self.staggered_us:.1f} | **{self.speedup:.2f}x** | {self.amortised_us:.1f} | "
+                f"{self.amortised_speedup:.2f}x | {self.nonfold_us:.1f} / {self.fold_us:.1f} | "
+                f"{self.std_bytes / 1e6:.2f} / {self.rep_bytes / 1e6:.2f} | "
+                f"{s_gbs:.0f} ({100 * s_gbs / cb:.0f}%) | {r_gbs:.0f} ({100 * r_gbs / cb:.0f}%) |")
+
+
+HEADER = ("| shape | batch | standard us | replay us (staggered) | speedup | replay us (amortised) "
+          "| amortised speedup | replay non-fold / fold us | min MB per row (std / replay) "
+          "| standard GB/s (% copy) | replay staggered GB/s (% copy) |\n"
+          + "|---" * 11 + "|")
+
+
+def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_kw=None,
+          seed=0, iterations=3, cycling=True, min_pool_bytes=MIN_POOL_BYTES):
+    """Times both kernels of a family at one shape and batch (tiling overrides in std_kw /
+    rep_kw): standard, replay staggered and (with `cycling`) replay amortised over whole fold
+    cycles. Returns the Row fields other than shape, batch and copy_bw (us, bytes per row)."""
+    import jax
+    import jax.numpy as jnp
+
+    dims = fam.shapes[shape]
+    n_sets, S, ids = pool_sets(fam, dims, batch, 1, min_pool_bytes, seed)
+    sets = jnp.asarray(ids[..., 0], jnp.int32)
+    ring_dtype = jnp.dtype(ring)
+    inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
+    ops = fam.ops()     # tiling overrides replace fields of the measured tilings
+    std_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.STANDARD_TILING, **(std_kw or {})))
+    rep_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.REPLAY_TILING, **(rep_kw or {})))
+    n_steps = n_sets * L
+
+    @jax.jit
+    def run_standard(state):
+        body = lambda i, st: fam.standard(st, inputs, sets[i % n_sets], **std_kw)  # noqa: E731
+        return jax.lax.fori_loop(0, n_steps, body, state)
+
+    @jax.jit
+    def run_replay(bufs, counts):
+        def body(i, carry):
+            bufs, counts = carry
+            slots = sets[i % n_sets]
+            bufs = fam.replay(bufs, counts, inputs, slots, **rep_kw)
+            return bufs, advance_counts(counts, slots, L)
+        return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
+
+    def per_launch(fn, *args, name):
+        t = launches(kernel_times(fn, *args, iterations=iterations), name)
+        if any(len(x) != n_steps for x in t):
+            raise RuntimeError(f"expected {n_steps} {name} launches, got {[len(x) for x in t]}")
+        return t
+
+    std = per_launch(run_standard, bufs.checkpoint, name="standard")
+    stag = per_launch(run_replay, bufs, jnp.asarray(staggered_counts(S, L, seed + 1)),
+                      name="replay")
+    out = dict(standard_us=float(np.median([t.mean() for t in std])),
+               staggered_us=float(np.median([t.mean() for t in stag])),
+               amortised_us=float("nan"), nonfold_us=float("nan"), fold_us=float("nan"))
+    if cycling:
+        cyc = per_launch(run_replay, bufs, jnp.zeros((S,), jnp.int32), name="replay")
+        nonfold, fold = split_cycle(np.median(np.stack(cyc), axis=0), n_sets, L)
+        out.update(amortised_us=float(np.median([t.mean() for t in cyc])), nonfold_us=nonfold,
+                   fold_us=fold)
+    out["std_bytes"], out["rep_bytes"] = fam.min_bytes(dims, L, ring_dtype.itemsize)
+    return out
+
+
+def tune(fam, shapes, batch, L, ring, configs, progress):
+    """Times a list of tilings (staggered replay, the headline); prints a table, returns the
+    results. A tiling the compiler rejects is reported and skipped."""
+    results = []
+    std_keys = {f.name for f in dataclasses.fields(fam.ops().STANDARD_TILING)}
+    print("| shape | batch | tiling | standard us | replay us (staggered) |\n|---|---|---|---|---|")
+    for shape in shapes:
+        for cfg in configs:
+            std_cfg = {k: v for k, v in cfg.items() if k in std_keys}
+            head = f"| {shape} | {batch} | {json.dumps(cfg)} |"
+            with progress.stage(f"{shape} batch {batch} {json.dumps(cfg)}"):
+                try:
+                    r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
+                              iterations=1, cycling=False)
+                except Exception as e:   # noqa: BLE001 -- a rejected tiling is a result
+                    print(f"{head} failed: {cli.one_line(e)[:100]} | |", flush=True)
+                    continue
+            print(f"{head} {r['standard_us']:.1f} | {r['staggered_us']:.1f} |", flush=True)
+            results.append(dict(shape=shape, batch=batch, config=cfg, std_config=std_cfg, **r))
+    return results
+
+
+# ---------------------------------------------------------------------- command line
+
+def build_parser():
+    ap = cli.parser(PROG, __doc__, [
+        f"{PROG} --family mamba2 --batches 1 32 256",
+        f"{PROG} --family gdn --json gdn.json",
+        f"{PROG} --family mamba2 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2",
+                    help="kernel family")
+    ap.add_argument("--shapes", nargs="+", metavar="SHAPE",
+                    help="layer shapes (mamba2: nemotron-h-8b, nemotron-nano-9b-v2; gdn: "
+                         "qwen3-next); default: every shape of the family")
+    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
+                    metavar="N", help="rows per step")
+    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ring window L")
+    ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
+                    help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
+    ap.add_argument("--std-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    help='standard kernel tiling, e.g. \'{"block_p": 32, "num_warps": 8}\'')
+    ap.add_argument("--replay-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    help="replay kernel tiling as JSON")
+    ap.add_argument("--tune", type=cli.tilings, default=None, metavar="CONFIGS",
+                    help="JSON list of tilings to time at the first batch instead of the table")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    known = FAMILIES[args.family]().shapes
+    if bad := [s for s in args.shapes or () if s not in known]:
+        ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
+                 f"(known: {', '.join(known)})")
+    return args
+
+
+def _run(args):
+    import jax
+    cli.output_file("--json", args.json)
+    cli.require_gpu()
+    fam = FAMILIES[args.family]()
+    shapes = args.shapes or list(fam.shapes)
+    ring = args.ring_dtype or fam.default_ring
+    units = len(shapes) * (len(args.tune) if args.tune is not None else len(args.batches))
+    progress = cli.Progress(units + 1, cli.interactive(args))
+    with progress.stage("copy bandwidth"):
+        bw = copy_bandwidth()
+    print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+          f"{fam.name}; L = {args.window}; fp32 state, bf16 activations, {ring} ring", flush=True)
+    if args.tune is not None:
+        rows = tune(fam, shapes, args.batches[0], args.window, ring, args.tune, progress)
+    else:
+        print(HEADER, flush=True)
+        rows = []
+        for shape in shapes:
+            for batch in args.batches:
+                t0 = time.time()
+                with progress.stage(f"{shape} batch {batch}"):
+                    r = Row(shape=shape, batch=batch, copy_bw=bw, **bench(
+                        fam, shape, batch, L=args.window, ring=ring, std_kw=args.std_config,
+                        rep_kw=args.replay_config))
+                print(r.line() + f"  <!-- {time.time() - t0:.0f}s -->", flush=True)
+                rows.append(dataclasses.asdict(r) | dict(
+                    speedup=r.speedup, amortised_speedup=r.amortised_speedup, family=fam.name,
+                    ring=ring))
+    progress.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return cli.run(PROG, args, _run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""MoE layer benchmark: one MoE layer of three MoE hybrids, sparse vs dense, on one GPU.
+
+    python -m replayjax.bench.moe [--models nemotron-3-nano-30b-a3b ...] [--batches 1 8 256]
+        [--copies 4] [--json FILE]
+
+A layer is what the model runs: router (fp32), routed experts, shared expert (Qwen: times
+sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row (decode). The
+routed experts run as
+  * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas")` (sort by expert, grouped GEMMs),
+  * "tokamax": sort by expert + `tokamax.ragged_dot` (default implementation: Mosaic GPU on
+    Hopper; relu^2 fused, SwiGLU's gate and up as one GEMM, the gate applied by XLA), when
+    tokamax can be imported,
+  * "dense": `pallas_kernels.moe.reference.expert_ffn`, every token through every expert (what
+    the models ran before); skipped with a note when it does not fit.
+Method:
+  * device time of every kernel of the layer from CUPTI (`profiler.measure`), median over
+    iterations of one jitted call that runs `copies` independent layers (own weights, own
+    random tokens) one after the other, divided by `copies`, so the experts a call reads are not
+    still in the 60 MB L2 from the call before;
+  * random weights; the router's logits are i.i.d. N(0, 1) per expert, so routing is about
+    uniform (the most distinct experts per batch: an upper bound on a trained router's bytes);
+  * bytes: the weights the batch needs, i.e. the distinct experts it hits (up, down and for
+    SwiGLU gate) + the shared expert (+ gate) + the router (fp32), counted from the actual
+    routing; GB/s against the copy bandwidth measured in the same process;
+  * FLOPs: the useful ones, 2 n (k expert FFNs + shared expert + router) for n rows; TFLOP/s
+    against the bf16 dense peak (--peak-tflops, default from the device name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import sys
+
+import numpy as np
+
+BATCHES = (1, 8, 32, 128, 256)
+# bf16 dense tensor-core peak (TFLOP/s) by device name (NVIDIA H100/H200 SXM datasheets).
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEShape:
+    family: str            # "nemotron_h" (relu^2 experts, sigmoid router) | "qwen" (SwiGLU)
+    hidden: int            # D
+    experts: int           # E
+    top_k: int
+    ffn: int               # routed expert width F
+    shared_ffn: int        # shared expert width
+    scaling: float = 1.0   # Nemotron routed_scaling_factor
+
+    @property
+    def swiglu(self) -> bool:
+        return self.family == "qwen"
+
+
+# models.md A2 / B2 (and tests/models/test_config.py)
+SHAPES = {
+    "nemotron-3-nano-30b-a3b": MoEShape("nemotron_h", 2688, 128, 6, 1856, 3712, 2.5),
+    "qwen3.5-35b-a3b": MoEShape("qwen", 2048, 256, 8, 512, 512),
+    "qwen3-next-80b-a3b": MoEShape("qwen", 2048, 512, 10, 512, 512),
+}
+
+
+def distinct_experts(expert_ids) -> int:
+    """Experts a batch hits: expert_ids [n, k] (or any shape)."""
+    return int(np.unique(np.asarray(expert_ids)).size)
+
+
+def expert_bytes(s: MoEShape, itemsize: int = 2) -> int:
+    """Weights of one routed expert: up, down (and gate for SwiGLU)."""
+    return (3 if s.swiglu else 2) * s.hidden * s.ffn * itemsize
+
+
+def layer_bytes(s: MoEShape, distinct: int, itemsize: int = 2) -> int:
+    """Weight bytes one layer call must read: the distinct experts hit, the shared expert (and
+    Qwen's shared gate), the fp32 router (and Nemotron's fp32 correction bias)."""
+    mats = 3 if s.swiglu else 2
+    shared = mats * s.hidden * s.shared_ffn * itemsize + (s.hidden * itemsize if s.swiglu else 0)
+    router = s.experts * s.hidden * 4 + (0 if s.swiglu else s.experts * 4)
+    return distinct * expert_bytes(s, itemsize) + shared + router
+
+
+def layer_flops(s: MoEShape, batch: int) -> int:
+    """Useful FLOPs of a layer call over `batch` rows (multiply-add = 2)."""
+    mats = 3 if s.swiglu else 2
+    per_row = (s.top_k * mats * s.ffn + mats * s.shared_ffn + s.experts
+               + (1 if s.swiglu else 0)) * s.hidden
+    return 2 * batch * per_row
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_kind), None)
+
+
+# ------------------------------------------------------------------------------------- layers
+
+def make_layer(s: MoEShape, key):
+    """A MoE module of the family (models.nemotron_h.MoE / models.qwen.MoE), bf16, random."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.config import NemotronHConfig, QwenHybridConfig
+    if s.swiglu:
+        from models.qwen import MoE
+        cfg = QwenHybridConfig(
+            family="qwen3_5_moe", vocab_size=1, hidden_size=s.hidden, layer_kinds=("attention",),
+            num_attention_heads=1, num_key_value_heads=1, head_dim=8, num_experts=s.experts,
+            num_experts_per_tok=s.top_k, moe_intermediate_size=s.ffn,
+            shared_expert_intermediate_size=s.shared_ffn, linear_num_key_heads=0,
+            linear_num_value_heads=0, linear_key_head_dim=0, linear_value_head_dim=0)
+    else:
+        from models.nemotron_h import MoE
+        cfg = NemotronHConfig(
+            vocab_size=1, hidden_size=s.hidden, layer_kinds=("moe",), n_routed_experts=s.experts,
+            num_experts_per_tok=s.top_k, moe_intermediate_size=s.ffn, n_shared_experts=1,
+            moe_shared_expert_intermediate_size=s.shared_ffn, routed_scaling_factor=s.scaling)
+    layer = MoE(cfg, jnp.bfloat16)
+    graphdef, state = nnx.split(layer)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
+    # matrices ~ N(0, 1/fan_in), so router logits are ~ N(0, 1) (the router is [E, D]); the
+    # correction bias stays zero
+    specs = tuple((v.shape, v.dtype.name, v.shape[-1] if getattr(path[0], "key", None) == "gate"
+                   else v.shape[-2] if v.ndim >= 2 else 0) for path, v in leaves)
+    return nnx.merge(graphdef, jax.tree.unflatten(tree, _randomiser(specs)(key)))
+
+
+@functools.cache
+def _randomiser(specs):
+    """A jitted key -> leaves for ((shape, dtype, fan_in), ...); fan_in 0: zeros."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def leaves(key):
+        keys = jax.random.split(key, len(specs))
+        return [(jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5).astype(dtype)
+                if fan_in else jnp.zeros(shape, dtype) for k, (shape, dtype, fan_in)
+                in zip(keys, specs)]
+    return leaves
+
+
+def expert_weights(layer) -> dict:
+    """The routed experts' arrays of a MoE module (what the variants read)."""
+    ws = dict(up=layer.up[...], down=layer.down[...])
+    if hasattr(layer, "gate_w"):
+        ws["gate"] = layer.gate_w[...]
+    return ws
+
+
+def _activation(ws):
+    return "swiglu" if "gate" in ws else "relu2"
+
+
+def sparse_experts(u, ids, w, ws):
+    from pallas_kernels import moe
+    return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
+                          activation=_activation(ws), impl="pallas")
+
+
+def dense_experts(u, ids, w, ws):
+    from pallas_kernels import moe
+    return moe.reference.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
+                                    activation=_activation(ws))
+
+
+def tokamax_prepare(ws):
+    """SwiGLU's gate and up as one [E, din, 2F] GEMM (concatenated once, outside the timing)."""
+    import jax.numpy as jnp
+    if "gate" not in ws:
+        return ws
+    return dict(down=ws["down"], gate_up=jnp.concatenate([ws["gate"], ws["up"]], axis=2))
+
+
+def tokamax_experts(u, ids, w, ws):
+    """Sort by expert, tokamax.ragged_dot for gate/up and down, weighted scatter-add back."""
+    import jax
+    import jax.numpy as jnp
+    import tokamax
+    n, k = ids.shape
+    E, F = ws["down"].shape[:2]
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    tok = order // k
+    sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    xs = u.astype(ws["down"].dtype)[tok]
+    if "gate_up" in ws:
+        gu = tokamax.ragged_dot(xs, ws["gate_up"], sizes, preferred_element_type=jnp.float32)
+        hid = (jax.nn.silu(gu[:, :F]) * gu[:, F:]).astype(xs.dtype)
+    else:
+        hid = tokamax.ragged_dot(xs, ws["up"], sizes, preferred_element_type=xs.dtype,
+                                 activation=lambda v: jnp.square(jax.nn.relu(v)))
+    out = tokamax.ragged_dot(hid, ws["down"], sizes, preferred_element_type=jnp.float32)
+    out = out * w.reshape(-1)[order][:, None]
+    return jnp.zeros(u.shape, jnp.float32).at[tok].add(out).astype(u.dtype)
+
+
+def layer_call(layer, x, ws, experts):
+    """The family's MoE layer on x [n, D] with the routed experts computed by
+    experts(u, ids, weights, ws) (the same composition as the modules' __call__)."""
+    import jax
+    ids, w = layer.route(x)
+    y = experts(x, ids, w, ws)
+    if hasattr(layer, "shared_gate"):
+        return y + jax.nn.sigmoid(layer.shared_gate(x)) * layer.shared(x)
+    return y + layer.shared(x)
+
+
+def variants():
+    """name -> (prepare(ws) -> ws, experts fn); tokamax only when it imports."""
+    out = {"sparse": (lambda ws: ws, sparse_experts)}
+    try:
+        import tokamax  # noqa: F401
+        out["tokamax"] = (tokamax_prepare, tokamax_experts)
+    except ImportError:
+        pass
+    out["dense"] = (lambda ws: ws, dense_experts)
+    return out
+
+
+# ------------------------------------------------------------------------------------- timing
+
+def _time_us(fn, args, iterations=5):
+    """Median device time (us) of every kernel one call of fn launches (CUPTI)."""
+    from replayjax.bench.timing import kernel_times
+    return float(np.median([sum(us for _, us in it)
+                            for it in kernel_times(fn, *args, iterations=iterations)]))
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    batch: int
+    distinct: float          # mean distinct experts hit per layer call
+    bytes: float             # mean weight bytes per layer call (see layer_bytes)
+    flops: int
+    us: dict                 # variant -> us per layer (None: skipped)
+    notes: dict              # variant -> why it was skipped
+
+    def line(self, copy_bw, peak):
+        cells = []
+        for name, us in self.us.items():
+            if us is None:
+                cells.append(f"{name}: skipped ({self.notes[name]})")
+                continue
+            gbs = self.bytes / (us * 1e-6) / 1e9
+            tf = self.flops / (us * 1e-6) / 1e12
+            pct_tf = f" = {100 * tf / peak:.1f}%" if peak else ""
+            cells.append(f"{name}: **{us:.1f}** us, {gbs:.0f} GB/s = "
+                         f"{100 * gbs * 1e9 / copy_bw:.0f}%, {tf:.1f} TF/s{pct_tf}")
+        return (f"| {self.model} | {self.batch} | {self.distinct:.1f} | {self.bytes / 1e6:.1f} | "
+                + " | ".join(cells) + " |")
+
+
+def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None):
+    """Times every variant on `copies` independent layers; returns a Row."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    keys = jax.random.split(jax.random.key(seed), 2 * copies)
+    layers = [make_layer(s, keys[c]) for c in range(copies)]
+    xs = [jax.random.normal(keys[copies + c], (batch, s.hidden), jnp.bfloat16)
+          for c in range(copies)]
+    graphdef = nnx.split(layers[0])[0]
+    states = [nnx.split(layer)[1] for layer in layers]
+    distinct = [distinct_experts(layer.route(x)[0]) for layer, x in zip(layers, xs)]
+    us, notes = {}, {}
+    for vname, (prepare, experts) in variants().items():
+        if only and vname not in only:
+            continue
+        wss = [prepare(expert_weights(layer)) for layer in layers]
+
+        @jax.jit
+        def run(states, wss, xs):
+            return [layer_call(nnx.merge(graphdef, st), x, ws, experts)
+                    for st, ws, x in zip(states, wss, xs)]
+        try:
+            us[vname] = _time_us(run, (states, wss, xs), iterations) / copies
+        except Exception as e:  # noqa: BLE001 (dense may not fit: note it, time the rest)
+            if vname != "dense":
+                raise
+            us[vname], notes[vname] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        del wss
+    return Row(model=name, batch=batch, distinct=float(np.mean(distinct)),
+               bytes=float(np.mean([layer_bytes(s, d) for d in distinct])),
+               flops=layer_flops(s, batch), us=us, notes=notes)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="replayjax bench moe", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    ap.add_argument("--variants", nargs="+", choices=["sparse", "tokamax", "dense"],
+                    help="default: all that import")
+    ap.add_argument("--copies", type=int, default=4,
+                    help="independent layers per timed call (keeps the experts out of L2)")
+    ap.add_argument("--peak-tflops", type=float, help="bf16 dense peak (default: by device)")
+    ap.add_argument("--json", help="write the rows as JSON to this file")
+    args = ap.parse_args(argv)
+
+    import jax
+    if jax.default_backend() != "gpu":
+        sys.exit("replayjax bench moe: needs a CUDA GPU (jax.default_backend() is "
+                 f"{jax.default_backend()!r})")
+    from replayjax.bench.timing import copy_bandwidth
+    kind = jax.devices()[0].device_kind
+    peak = args.peak_tflops or peak_tflops(kind)
+    bw = copy_bandwidth()
+    print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
+          f"{peak or '?'} TF/s; variants: {', '.join(args.variants or variants())}", flush=True)
+    print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
+          "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
+    rows = []
+    for model in args.models:
+        for batch in args.batches:
+            r = bench(model, SHAPES[model], batch, copies=args.copies, only=args.variants)
+            rows.append(r)
+            print(r.line(bw, peak), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) | {"copy_bw": bw, "peak_tflops": peak,
+                                                "device": kind} for r in rows], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

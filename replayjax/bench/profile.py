@@ -1,0 +1,141 @@
+"""`replayjax profile`: a jax.profiler trace of decode steps, a per-kernel time table with each
+kernel's class (ssm, gemm, attention, moe, sampling, other; from the HLO it runs,
+`replayjax.bench.trace`), and the roofline per class: the minimum bytes of a decode step
+(`replayjax.bench.roofline`) and their ideal time at the copy bandwidth measured in the same
+process, beside the measured device time.
+
+The trace (open it in Perfetto or XProf) covers one host visit of --steps decode steps of --batch
+requests of --prompt-len tokens, after a warm-up that compiles everything, without the prompts'
+prefill. Device time sums the kernels of the trace (on a CPU-only machine: XLA's host thunks).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+
+from replayjax.bench import cli
+from replayjax.bench.roofline import CLASSES, decode_step_bytes, table
+from replayjax.bench.synthetic import SYNTHETIC, build
+from replayjax.bench.timing import copy_bandwidth
+from replayjax.bench.trace import kernel_table
+
+PROG = "replayjax profile"
+
+
+def build_parser():
+    ap = cli.parser(PROG, __doc__, [
+        f"{PROG} --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --steps 16",
+        f"{PROG} --synthetic qwen3.5-9b --batch 32 --mode standard --top 40",
+        f"{PROG} --model DIR --batch 8 --trace-dir traces/run1 --json"])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="DIR", help="checkpoint directory (HF or converted)")
+    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
+                     help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="synthetic models' weights")
+    ap.add_argument("--batch", type=cli.at_least(1), default=8, help="requests decoded together")
+    ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, help="prompt tokens")
+    ap.add_argument("--steps", type=cli.at_least(1), default=16, help="decode steps traced")
+    ap.add_argument("--mode", choices=["replay", "standard"], default="replay",
+                    help="how SSM layers decode")
+    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--seed", type=cli.at_least(0), default=0, help="synthetic weights, prompts")
+    ap.add_argument("--top", type=cli.at_least(1), default=25, help="kernels listed")
+    ap.add_argument("--trace-dir", metavar="DIR",
+                    help="where the trace goes (default: a new temporary directory)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    return ap
+
+
+def profile(args, progress):
+    """Runs the profile: a dict of the trace dir, kernels, classes (roofline rows) and times."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from replayjax.engine import Engine, Request
+    from replayjax.loading import load_model
+
+    with progress.stage("building the model"):
+        model = (load_model(args.model) if args.model else
+                 build(args.synthetic, jnp.dtype(args.dtype), args.seed))
+    rng = np.random.default_rng(args.seed)
+    prompts = rng.integers(3, model.cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
+    engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
+                    ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)
+    reqs = lambda: [Request(prompt=p, max_new_tokens=args.steps + 1) for p in prompts]  # noqa: E731
+    with progress.stage("warm-up (compiling)"):
+        t0 = time.perf_counter()
+        engine.generate(reqs())
+        compile_s = time.perf_counter() - t0
+    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="replayjax-trace-")
+    engine.visits.clear()
+    # prefill stays outside the trace: every visit waits for its results, so nothing of the
+    # prefill is still running when tracing starts at the decode visit
+    with progress.stage(f"tracing {args.steps} decode steps"):
+        visits, tracing = engine.serve(reqs()), False
+        try:
+            for kind in visits:
+                if kind == "decode" and not tracing:
+                    jax.profiler.start_trace(trace_dir)
+                    tracing = True
+        finally:
+            if tracing:
+                jax.profiler.stop_trace()
+    with progress.stage("classifying kernels"):
+        kernels = kernel_table(trace_dir)
+    with progress.stage("copy bandwidth"):
+        bw = copy_bandwidth()
+    steps = sum(n for kind, n, _ in engine.visits if kind == "decode")
+    visit_s = sum(s for kind, _, s in engine.visits if kind == "decode")
+    measured = {c: sum(k["total_ns"] for k in kernels if k["cls"] == c) * 1e-9 for c in CLASSES}
+    min_bytes = decode_step_bytes(model, args.batch, args.prompt_len + (steps - 1) / 2,
+                                  mode=args.mode, window=args.window, state_dtype=jnp.float32)
+    return dict(trace_dir=trace_dir, steps=steps, compile_s=compile_s,
+                host_ms_per_step=visit_s / max(steps, 1) * 1e3, copy_gbs=bw / 1e9,
+                kernels=[dict(name=k["name"], cls=k["cls"], count=k["count"],
+                              total_us=k["total_ns"] / 1e3) for k in kernels],
+                classes=table(min_bytes, bw, measured, max(steps, 1)))
+
+
+def print_report(args, r):
+    print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} decode steps of "
+          f"{args.batch} rows, {args.mode}; host visit {r['host_ms_per_step']:.2f} ms per step; "
+          f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s")
+    print("\n| class | measured us per step | min MB per step | ideal us | of roofline |\n"
+          "|---|---|---|---|---|")
+    for c in r["classes"]:
+        frac = "-" if c["of_roofline"] is None else f"{c['of_roofline']:.0%}"
+        print(f"| {c['cls']} | {c['measured_us']:.1f} | {c['min_mb']:.2f} | "
+              f"{c['ideal_us']:.1f} | {frac} |")
+    print("\n| kernel | class | launches | total us | us per step |\n|---|---|---|---|---|")
+    for k in r["kernels"][:args.top]:
+        print(f"| {k['name'][:80]} | {k['cls']} | {k['count']} | {k['total_us']:.1f} | "
+              f"{k['total_us'] / max(r['steps'], 1):.2f} |")
+
+
+def _main(args):
+    if args.model:
+        cli.check_model_dir(args.model)
+    if args.trace_dir:
+        cli.output_file("--trace-dir", args.trace_dir)
+    progress = cli.Progress(6, cli.interactive(args))
+    try:
+        r = profile(args, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(r | dict(kernels=r["kernels"][:args.top])))
+    else:
+        print_report(args, r)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return cli.run(PROG, args, _main)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Synthetic models: real published dimensions, random weights (`replayjax bench --synthetic`).
+
+Each preset is a Hugging Face config.json (the fields `models.config.parse_config` reads) with
+its source. Weights are random at a realistic scale (`randomize`); the SSM state is fp32 whatever
+the weight dtype. `build` refuses, in one line, a model that does not fit in free memory.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+from replayjax.bench.cli import BenchError
+
+SYNTHETIC = {
+    # NVIDIA Nemotron-H-8B-Base-8K: Megatron-Bridge recipe nemotronh.py (8b) as summarised in
+    # docs/models.md A2 (52 layers: 24 Mamba-2, 4 attention, 24 MLP).
+    "nemotron-h-8b": dict(
+        model_type="nemotron_h", vocab_size=131072, hidden_size=4096,
+        hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4,
+        intermediate_size=21504, layer_norm_epsilon=1e-5),
+    # Qwen3.5-9B (dense): transformers 5.24 Qwen3_5TextConfig defaults, documented as the 9B's,
+    # matching a published copy of its config (docs/models.md B2).
+    "qwen3.5-9b": dict(
+        model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096, num_hidden_layers=32,
+        full_attention_interval=4, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+        partial_rotary_factor=0.25, rope_theta=1e7, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, intermediate_size=12288, rms_norm_eps=1e-6,
+        mtp_num_hidden_layers=1),
+    # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (public copies of the hub file;
+    # Megatron-Bridge recipe nemotron_3_nano.py; docs/models.md A2): 52 layers = 23 Mamba-2,
+    # 23 MoE (128 experts, top-6, sigmoid routing scaled 2.5, one shared expert), 6 attention.
+    "nemotron-3-nano-30b-a3b": dict(
+        model_type="nemotron_h", vocab_size=131072, hidden_size=2688,
+        hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, mamba_num_heads=64,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4,
+        n_routed_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
+        n_shared_experts=1, moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5,
+        norm_topk_prob=True, n_group=1, topk_group=1, intermediate_size=1856,
+        layer_norm_epsilon=1e-5),
+    # Qwen/Qwen3.5-35B-A3B config.json, text_config (hub snapshot ec2d4ece; docs/models.md B2):
+    # 40 layers (3 GDN : 1 gated attention), 256 experts, top-8, expert and shared width 512.
+    "qwen3.5-35b-a3b": dict(
+        model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+        full_attention_interval=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                             mrope_section=[11, 11, 10], mrope_interleaved=True),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
+        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        rms_norm_eps=1e-6, mtp_num_hidden_layers=1, tie_word_embeddings=False),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (docs/models.md B2 and public copies of the
+    # hub file): 48 layers, every one MoE (512 experts, top-10, expert and shared width 512);
+    # its `intermediate_size` 5120 is unused. The checkpoint ships an MTP layer (mtp.*).
+    "qwen3-next-80b-a3b": dict(
+        model_type="qwen3_next", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+        full_attention_interval=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        partial_rotary_factor=0.25, rope_theta=1e7, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, intermediate_size=5120, num_experts=512, num_experts_per_tok=10,
+        moe_intermediate_size=512, shared_expert_intermediate_size=512, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+# Config fields added only when a variant drafts with MTP, for models whose release has no MTP
+# head: Nemotron-H 8B gets Nemotron 3's "*E" shape with its dense MLP ("*-"), as it has no
+# experts; Nemotron-3-Nano is trained with an "*E" head that its release does not ship.
+SYNTHETIC_MTP = {
+    "nemotron-h-8b": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*-"),
+    "nemotron-3-nano-30b-a3b": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E"),
+}
+
+
+def synthetic_config(name: str, mtp: bool = False):
+    """The parsed config of preset `name` (with its MTP fields when `mtp`)."""
+    from models.config import parse_config
+    return parse_config({**SYNTHETIC[name], **(SYNTHETIC_MTP.get(name, {}) if mtp else {})})
+
+
+def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
+    """(bytes of all weights, elements of the largest one) of a model built from `cfg` with
+    weights in `dtype`, without allocating it."""
+    from flax import nnx
+    from replayjax.loading import model_class
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp))
+    shapes = [(math.prod(v.get_value().shape), v.get_value().dtype.itemsize)
+              for _, v in nnx.iter_graph(abstract) if isinstance(v, nnx.Param)]
+    return sum(n * size for n, size in shapes), max(n for n, _ in shapes)
+
+
+def free_memory() -> tuple[int, str]:
+    """(bytes free, where) for new arrays: the allocator's limit minus what is in use on a GPU;
+    the host's available memory when the device is the CPU."""
+    import jax
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0), "the device"
+    import psutil
+    return psutil.virtual_memory().available, "the host"
+
+
+def check_fits(name: str, cfg, dtype, mtp: bool = False):
+    """BenchError (one line) unless the weights of preset `name` -- plus the largest one in fp32,
+    which `randomize` draws before casting -- fit in free memory."""
+    import jax.numpy as jnp
+    total, largest = param_bytes(cfg, dtype, mtp)
+    need = total + 4 * largest
+    free, where = free_memory()
+    if need > free:
+        raise BenchError(f"{name} in {jnp.dtype(dtype).name} needs ~{need / 1e9:.0f} GB; "
+                         f"{where} has {free / 1e9:.0f} GB free")
+
+
+def randomize(model, seed: int = 0):
+    """Random weights of realistic scale in place (never benchmark zeros): matrices and expert
+    stacks N(0, 1/fan_in), fan_in being the contracted axis (the last for routers [E, D] and
+    depthwise conv weights [C, K], else the second to last); embeddings N(0, 1); A_log ~ log
+    U(1, 16); dt_bias = softplus^-1 of U(1e-3, 0.1); norms, D and biases keep their constructor
+    values. Each param's key comes from its path, so adding an MTP head leaves the other weights
+    unchanged."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    key = jax.random.key(seed)
+    for path, var in nnx.iter_graph(model):
+        if not isinstance(var, nnx.Param):
+            continue
+        name, x = str(path[-1]), var[...]
+        k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()) & 0x7FFFFFFF)
+        if name == "A_log":
+            var[...] = jnp.log(jax.random.uniform(k, x.shape, jnp.float32, 1.0, 16.0))
+        elif name == "dt_bias":
+            dt = jax.random.uniform(k, x.shape, jnp.float32, 1e-3, 0.1)
+            var[...] = dt + jnp.log(-jnp.expm1(-dt))
+        elif name in ("embeddings", "embed_tokens"):
+            var[...] = jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
+        elif name in ("kernel", "up", "down", "gate", "gate_w", "conv_weight") and x.ndim > 1:
+            fan_in = x.shape[-1] if name in ("gate", "conv_weight") else x.shape[-2]
+            var[...] = (jax.random.normal(k, x.shape, jnp.float32) * fan_in ** -0.5).astype(x.dtype)
+    return model
+
+
+def build(name: str, dtype, seed: int = 0, mtp: bool = False):
+    """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
+    that it fits."""
+    from replayjax.loading import model_class
+    cfg = synthetic_config(name, mtp)
+    check_fits(name, cfg, dtype, mtp)
+    return randomize(model_class(cfg)(cfg, dtype=dtype, mtp=mtp), seed)

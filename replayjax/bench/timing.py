@@ -1,0 +1,77 @@
+"""Timing helpers shared by the benchmarks: per-kernel device times from CUPTI, the copy
+bandwidth that "% of copy" and ideal times are measured against, percentiles."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+GPU_COPY_BYTES = 2 * 2**30      # >> the H200's 60 MB L2
+CPU_COPY_BYTES = 256 * 2**20
+
+
+def kernel_times(fn, *args, iterations: int = 3) -> list[list[tuple[str, float]]]:
+    """Device time of every kernel `fn(*args)` launches, from CUPTI
+    (`jax.experimental.mosaic.gpu.profiler.measure`, GPU only): one list per iteration of
+    (kernel name, us) in launch order."""
+    from jax.experimental.mosaic.gpu import profiler
+    _, timings = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+    if iterations == 1:
+        timings = [timings]
+    return [[(name, ms * 1e3) for name, ms in it] for it in timings]
+
+
+def launches(times, name: str) -> list[np.ndarray]:
+    """Per iteration of `kernel_times`: the us of each launch of kernels whose name contains
+    `name`, in order."""
+    return [np.array([us for k, us in it if name in k]) for it in times]
+
+
+def from_first(times, name: str) -> list[list[tuple[str, float]]]:
+    """Per iteration, the kernels from the first launch whose name contains `name` on (what came
+    before is set-up, e.g. copies of non-donated inputs)."""
+    out = []
+    for it in times:
+        start = next((i for i, (k, _) in enumerate(it) if name in k), None)
+        if start is None:
+            raise RuntimeError(f"no kernel named like {name!r} among {sorted({k for k, _ in it})}")
+        out.append(it[start:])
+    return out
+
+
+def per_kernel(iteration, n_steps: int, top: int = 8) -> list[tuple[str, float]]:
+    """The `top` kernel names of one iteration by total us per step (a breakdown)."""
+    by = {}
+    for k, us in iteration:
+        by[k] = by.get(k, 0.0) + us / n_steps
+    return sorted(by.items(), key=lambda kv: -kv[1])[:top]
+
+
+def copy_bandwidth(nbytes: int | None = None) -> float:
+    """Bytes read + written per second by a large elementwise pass (`x + 1`, fp32): the practical
+    memory-bandwidth ceiling. On a GPU from CUPTI device times (median of 5, 2 GiB by default);
+    elsewhere from wall-clock times of the same jitted pass (median of 5 after a warm-up, 256 MiB
+    by default), so the whole roofline path also runs on a CPU."""
+    import jax
+    import jax.numpy as jnp
+    gpu = jax.default_backend() == "gpu"
+    nbytes = nbytes or (GPU_COPY_BYTES if gpu else CPU_COPY_BYTES)
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    if gpu:
+        step = jax.jit(lambda a: a + 1.0)
+        secs = [sum(us for _, us in it) * 1e-6 for it in kernel_times(step, x, iterations=5)]
+    else:   # in place (donated): a fresh output each time would time the page faults
+        step = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+        x = step(x).block_until_ready()
+        secs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            x = step(x).block_until_ready()
+            secs.append(time.perf_counter() - t0)
+    return 2 * nbytes / float(np.median(secs))
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile of `values`; NaN when there are none."""
+    return float(np.percentile(values, q)) if len(values) else float("nan")

@@ -1,0 +1,270 @@
+"""Profiler traces: per-kernel device times, each kernel classed (ssm, gemm, attention, moe,
+sampling, other) by the HLO instruction it comes from.
+
+A `jax.profiler` trace (XSpace, `*.xplane.pb`) holds the device events, each carrying the
+`hlo_module` / `hlo_op` it executes, and, in its metadata plane, the HloProto of every compiled
+module. The HLO text of those modules carries each instruction's `op_name` (with any
+`jax.named_scope` names) and its Python stack frames. A kernel's class is the first of
+`PRIORITY` among the classes of the instructions it runs (a fusion runs its fused computation):
+  * the innermost named scope equal to a class name ("ssm", "gemm", "attention", "moe",
+    "sampling");
+  * else its stack: `cached_attention` -> attention; a MoE module's methods -> moe;
+    replayjax/sampling.py -> sampling;
+  * else the instruction: a dot or a GEMM custom call -> gemm;
+  * else the stack again: pallas_kernels/, Mamba2Mixer / GatedDeltaNet methods -> ssm;
+  * else other.
+A kernel whose module the trace lacks is classed by the op_name GPU events carry (scopes), else
+by its name. On a CPU-only machine the "device" events are the host's XLA thunks (same stats,
+same HLO). The GPU event stats used here (hlo_module, hlo_op, program_id, name) were read from an
+H200 trace with jax 0.11.2.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import os
+import re
+import warnings
+
+from replayjax.bench.cli import BenchError
+from replayjax.bench.roofline import CLASSES
+
+PRIORITY = ("attention", "moe", "sampling", "gemm", "ssm", "other")
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Name Scope", "Framework Ops",
+                  "Source code", "XLA TraceMe")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    name: str                 # kernel (or thunk) name
+    ns: float                 # duration
+    module: str | None        # hlo_module stat
+    program_id: int | None
+    op: str | None            # hlo_op stat: the HLO instruction it executes
+    op_name: str = ""         # "name" stat on GPUs: the instruction's op_name (scopes)
+
+
+def xplane_file(trace_dir: str) -> str:
+    """The newest *.xplane.pb under trace_dir."""
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        raise BenchError(f"no .xplane.pb under {trace_dir}")
+    return max(files, key=os.path.getmtime)
+
+
+def device_events(path: str) -> list[Event]:
+    """The kernels of a trace: events of the device planes, or, without any (a CPU), the
+    innermost XLA thunk events of the host plane (those with an hlo_op stat)."""
+    import jax
+    data = jax.profiler.ProfileData.from_file(path)
+    planes = list(data.planes)
+    device = [p for p in planes if p.name.startswith("/device:")]
+    out = []
+    with warnings.catch_warnings():      # jaxlib's stats type lacks __module__ (Python 3.13)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for plane in device or [p for p in planes if p.name.startswith("/host:CPU")]:
+            for line in plane.lines:
+                if line.name in _DERIVED_LINES:
+                    continue
+                evs = []
+                for ev in line.events:
+                    st = dict(ev.stats)
+                    if device or "hlo_op" in st:
+                        evs.append((ev.start_ns, ev.start_ns + ev.duration_ns, ev, st))
+                out += [Event(ev.name, ev.duration_ns, st.get("hlo_module"),
+                              st.get("program_id"), st.get("hlo_op"), st.get("name", ""))
+                        for _, _, ev, st in _innermost(evs)]
+    return out
+
+
+def _innermost(evs):
+    """The events of one line that contain no other (nested thunks: keep the leaves)."""
+    evs = sorted(evs, key=lambda e: (e[0], -e[1]))
+    return [e for i, e in enumerate(evs)
+            if not (i + 1 < len(evs) and evs[i + 1][0] < e[1] and evs[i + 1][1] <= e[1])]
+
+
+# ---------------------------------------------------------------------- HLO in the trace
+
+def _varint(b, i):
+    r = s = 0
+    while True:
+        c = b[i]
+        i += 1
+        r |= (c & 0x7F) << s
+        s += 7
+        if c < 0x80:
+            return r, i
+
+
+def _fields(b):
+    """(field number, value) of a protobuf message: ints for varints, bytes otherwise."""
+    i = 0
+    while i < len(b):
+        key, i = _varint(b, i)
+        wire = key & 7
+        if wire == 0:
+            v, i = _varint(b, i)
+        elif wire == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wire == 2:
+            n, i = _varint(b, i)
+            v, i = b[i:i + n], i + n
+        elif wire == 5:
+            v, i = b[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield key >> 3, v
+
+
+def hlo_modules(path: str) -> dict[str, str]:
+    """{"module(program_id)": HLO text with metadata} of every module in the trace's metadata
+    plane. Field numbers from tsl/profiler/protobuf/xplane.proto (XSpace.planes = 1; XPlane.name
+    = 2, event_metadata = 4, stat_metadata = 5; XEventMetadata.name = 2, stats = 5;
+    XStatMetadata.name = 2; XStat.metadata_id = 1, bytes_value = 6) and xla/service/hlo.proto
+    (HloProto.hlo_module = 1)."""
+    from jaxlib import xla_client
+    with open(path, "rb") as f:
+        space = f.read()
+    opts = xla_client.hlo.HloPrintOptions()
+    opts.print_metadata = True
+    out = {}
+    for field, plane in _fields(space):
+        pf = list(_fields(plane)) if field == 1 else []
+        if (2, b"/host:metadata") not in pf:
+            continue
+        # map entries are messages {1: key, 2: value}
+        stat_meta = [dict(_fields(dict(_fields(v))[2])) for f, v in pf if f == 5]
+        hlo_stat = next((m.get(1) for m in stat_meta if m.get(2) == b"Hlo Proto"), None)
+        for f, v in pf:
+            if f != 4:
+                continue
+            meta = list(_fields(dict(_fields(v))[2]))
+            name = next((x.decode() for k, x in meta if k == 2), "")
+            stats = [dict(_fields(x)) for k, x in meta if k == 5]
+            for st in stats:
+                if st.get(1) == hlo_stat and 6 in st:
+                    proto = dict(_fields(st[6]))[1]           # HloProto.hlo_module
+                    module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(proto)
+                    out[name] = module.to_string(opts)
+    return out
+
+
+# ---------------------------------------------------------------------- classification
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\b([a-z][a-z0-9\-]*)\((.*)$")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_TABLE = re.compile(r'^(\d+)\s+(?:"(.*)"|\{(.*)\})\s*$')
+
+
+def _stack_tables(text):
+    """frame id -> [(file, function), ...] from the innermost frame out."""
+    tables, section = collections.defaultdict(dict), None
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+            continue
+        m = _TABLE.match(line) if section else None
+        if not m:
+            section = None if not line.strip() or line.startswith(("%", "ENTRY")) else section
+            continue
+        value = m.group(2) if m.group(2) is not None else dict(
+            kv.split("=") for kv in m.group(3).split())
+        tables[section][int(m.group(1))] = value
+    files, funcs = tables["FileNames"], tables["FunctionNames"]
+    locs, frames = tables["FileLocations"], tables["StackFrames"]
+
+    def chain(fid):
+        out, seen = [], set()
+        while fid in frames and fid not in seen:   # printed parent = parent id + 1; 1 = none
+            seen.add(fid)
+            loc = locs.get(int(frames[fid]["file_location_id"]), {})
+            out.append((files.get(int(loc.get("file_name_id", 0)), ""),
+                        funcs.get(int(loc.get("function_name_id", 0)), "")))
+            fid = int(frames[fid]["parent_frame_id"]) - 1
+        return out
+    return {fid: chain(fid) for fid in frames}
+
+
+def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> str:
+    """The class of one HLO instruction (rules in the module docstring)."""
+    for scope in reversed(op_name.split("/")):       # the innermost named scope decides
+        if scope in CLASSES:
+            return scope
+    funcs = [f for _, f in frames]
+    files = [f.replace(os.sep, "/") for f, _ in frames]
+    if "cached_attention" in funcs:
+        return "attention"
+    if any(f.split(".")[0].lower() == "moe" for f in funcs):
+        return "moe"
+    if any(f.endswith("replayjax/sampling.py") for f in files):
+        return "sampling"
+    if opcode in ("dot", "convolution") or "gemm" in target or "matmul" in target:
+        return "gemm"
+    if any("pallas_kernels/" in f for f in files) or any(
+            f.split(".")[0] in ("Mamba2Mixer", "GatedDeltaNet") for f in funcs):
+        return "ssm"
+    return "other"
+
+
+def classify_module(text: str) -> dict[str, str]:
+    """{instruction name: class} for every instruction of an HLO module's text; a fusion (or
+    call) takes the first of PRIORITY among its own and its called computations' classes."""
+    stacks = _stack_tables(text)
+    comps, own, calls, comp = collections.defaultdict(list), {}, {}, None
+    for line in text.splitlines():
+        if (h := _HEADER.match(line)) and " = " not in line:
+            comp = h.group(1)
+            continue
+        m = _INSTR.match(line)
+        if not m or comp is None:
+            continue
+        name, opcode, rest = m.groups()
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        frame = re.search(r"stack_frame_id=(\d+)", rest)
+        target = re.search(r'custom_call_target="([^"]*)"', rest)
+        own[name] = instruction_class(opcode, op_name.group(1) if op_name else "",
+                                      stacks.get(int(frame.group(1)), []) if frame else [],
+                                      target.group(1).lower() if target else "")
+        calls[name] = re.findall(r"calls=%?([\w.\-]+)", rest)
+        comps[comp].append(name)
+
+    def resolved(name, seen=()):
+        found = {own[name]}
+        for c in calls.get(name, []):
+            if c not in seen:
+                found |= {resolved(i, seen + (c,)) for i in comps.get(c, [])}
+        return next(c for c in PRIORITY if c in found)
+    return {name: resolved(name) for name in own}
+
+
+def _fallback_class(ev: Event) -> str:
+    """A kernel whose HLO the trace lacks: its op_name's scopes, else its name."""
+    if (cls := instruction_class("", ev.op_name, [])) != "other":
+        return cls
+    k = ev.name.lower()
+    if any(s in k for s in ("replay", "standard_decode", "mamba", "gdn", "ssm")):
+        return "ssm"
+    if any(s in k for s in ("gemm", "nvjet", "cublas", "cutlass", "matmul")):
+        return "gemm"
+    return "other"
+
+
+def kernel_table(trace_dir: str) -> list[dict]:
+    """One row per kernel name: class, launches, total ns; sorted by time."""
+    path = xplane_file(trace_dir)
+    modules = {}
+    for key, text in hlo_modules(path).items():
+        classes = classify_module(text)
+        modules[key] = classes
+        modules.setdefault(key.split("(")[0], classes)       # by name when ids do not match
+    rows = {}
+    for ev in device_events(path):
+        classes = modules.get(f"{ev.module}({ev.program_id})") or modules.get(ev.module) or {}
+        cls = classes.get(ev.op) or _fallback_class(ev)
+        row = rows.setdefault((ev.name, cls), dict(name=ev.name, cls=cls, count=0, total_ns=0.0))
+        row["count"] += 1
+        row["total_ns"] += ev.ns
+    return sorted(rows.values(), key=lambda r: -r["total_ns"])

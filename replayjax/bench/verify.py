@@ -1,0 +1,210 @@
+"""Speculative verify benchmark: ReplaySSM verify + commit vs the state-per-draft baseline.
+
+Per layer-step device time (CUPTI) of everything one verify step launches: for ReplaySSM the
+verify kernel, the ring writes of the window and the count commit; for the baseline the kernel
+that runs T standard steps and writes one full state per window token (rollback = continue from
+the state of the last accepted token, a slot remap that costs nothing). Acceptance is random,
+uniform in 1..T per row and step, so rows fold at their own pace (amortised over many steps).
+Pools over 512 MiB as in `replayjax bench kernels`. Memory per sequence: ReplaySSM keeps one
+state plus the ring; the baseline one state per window token plus the committed one.
+
+Minimum bytes per row-step: baseline = state read + T states written + T tokens' inputs/outputs;
+ReplaySSM = state read + state written on fold steps only + the committed ring entries read + T
+entries written + T tokens' inputs/outputs, with the fold rate and mean committed count taken from
+the commit rule under the same acceptance law (`fold_statistics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+
+from pallas_kernels.ring import commit_counts
+from replayjax.bench import cli
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, pool_sets
+from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, per_kernel
+
+PROG = "replayjax bench verify"
+BATCHES = (1, 8, 32, 64, 128, 256, 512)
+
+
+def fold_statistics(T, L, steps=100_000, seed=0):
+    """(fraction of verify steps that fold, mean committed ring count before a step) when every
+    step accepts n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
+    n_acc = np.random.default_rng(seed).integers(1, T + 1, steps)
+    c, folds, held = 0, 0, 0
+    for n in n_acc:
+        held += c
+        fold = c + T >= L
+        folds += fold
+        c = n - 1 if fold else c + n
+    return folds / steps, held / steps
+
+
+def min_bytes(fam, dims, T, L, ring_itemsize):
+    """(ReplaySSM, baseline) minimum bytes per row and verify step (see the module docstring)."""
+    st, io, entry = fam.state_bytes(dims), fam.token_io(dims), fam.entry_bytes(dims, ring_itemsize)
+    fold_rate, held = fold_statistics(T, L)
+    return st + fold_rate * st + held * entry + T * entry + T * io, st + T * st + T * io
+
+
+def _window(inputs, n_token_inputs, T):
+    """Per-token inputs [b, ...] -> window inputs [b, T, ...] (the same token T times)."""
+    import jax.numpy as jnp
+    return tuple(jnp.repeat(t[:, None], T, axis=1) if i < n_token_inputs else t
+                 for i, t in enumerate(inputs))
+
+
+def _step_us(fn, args, first_kernel, n_steps, iterations, breakdown):
+    """Median over iterations of the device us per loop step of every kernel from the first
+    launch of `first_kernel` on (the copies of non-donated inputs come before it); with
+    `breakdown`, the top kernels of the last iteration too."""
+    runs = from_first(kernel_times(fn, *args, iterations=iterations), first_kernel)
+    if breakdown:
+        for name, us in per_kernel(runs[-1], n_steps):
+            print(f"    {first_kernel}: {us:9.1f} us  {name[:60]}", flush=True)
+    return float(np.median([sum(us for _, us in it) / n_steps for it in runs]))
+
+
+def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
+                 min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None,
+                 breakdown=False):
+    """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
+    replay_kw: overrides of the family's `VERIFY_TILING` fields (block_p / block_n / block_v /
+    block_k / block_k_long, num_warps, fold), default none (the tuned tiling)."""
+    import jax
+    import jax.numpy as jnp
+
+    ops = fam.ops()
+    dims = fam.shapes[shape]
+    per_seq = fam.state_bytes(dims)
+    n_sets, S, ids = pool_sets(fam, dims, batch, 1 + T, min_pool_bytes, seed)  # + T drafts
+    sets, drafts = jnp.asarray(ids[..., 0], jnp.int32), jnp.asarray(ids[..., 1:], jnp.int32)
+    inputs, bufs = fam.setup(dims, batch, S, L, jnp.dtype(ring), jax.random.key(seed))
+    win = _window(inputs, fam.token_inputs, T)
+    n_steps = n_sets * steps_per_set
+    key = jax.random.key(seed + 1)
+    tiling = dataclasses.replace(ops.VERIFY_TILING, **(replay_kw or {}))
+
+    @jax.jit
+    def run_replay(bufs, counts):
+        def body(i, carry):
+            bufs, counts = carry
+            slots = sets[i % n_sets]
+            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas", tiling=tiling)
+            n_acc = jax.random.randint(jax.random.fold_in(key, i), (batch,), 1, T + 1)
+            return bufs, commit_counts(counts, slots, n_acc, T, L)
+        return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
+
+    @jax.jit
+    def run_baseline(state):
+        def body(i, state):
+            k = i % n_sets
+            _, state = ops.standard_verify(state, *win, sets[k], drafts[k], impl="pallas")
+            return state
+        return jax.lax.fori_loop(0, n_steps, body, state)
+
+    rep = _step_us(run_replay, (bufs, jnp.zeros((S,), jnp.int32)), "replay_verify", n_steps,
+                   iterations, breakdown)
+    base = _step_us(run_baseline, (bufs.checkpoint,), "standard_verify", n_steps, iterations,
+                    breakdown)
+    ring_bytes = sum(a.nbytes for a in bufs[1:]) / S
+    rep_b, base_b = min_bytes(fam, dims, T, L, jnp.dtype(ring).itemsize)
+    return dict(family=fam.name, shape=shape, batch=batch, T=T, replay_us=rep, baseline_us=base,
+                speedup=base / rep, replay_mem_per_seq=per_seq + ring_bytes,
+                baseline_mem_per_seq=per_seq * (1 + T), replay_bytes_per_row=rep_b,
+                baseline_bytes_per_row=base_b, replay_gbs=rep_b * batch / rep / 1e3,
+                baseline_gbs=base_b * batch / base / 1e3)
+
+
+HEADER = ("| shape | batch | T | ReplaySSM verify+commit us | state-per-draft us | speedup | "
+          "min MB per row-step (replay / baseline) | replay GB/s (% copy) | baseline GB/s "
+          "(% copy) | MB per sequence (replay / baseline) |\n" + "|---" * 10 + "|")
+
+
+def line(r, copy_gbs):
+    label = r["shape"] + (f" {json.dumps(r['replay_kw'])}" if r["replay_kw"] else "")
+    return (f"| {label} | {r['batch']} | {r['T']} | {r['replay_us']:.1f} | "
+            f"{r['baseline_us']:.1f} | **{r['speedup']:.2f}x** | "
+            f"{r['replay_bytes_per_row'] / 1e6:.2f} / {r['baseline_bytes_per_row'] / 1e6:.2f} | "
+            f"{r['replay_gbs']:.0f} ({100 * r['replay_gbs'] / copy_gbs:.0f}%) | "
+            f"{r['baseline_gbs']:.0f} ({100 * r['baseline_gbs'] / copy_gbs:.0f}%) | "
+            f"{r['replay_mem_per_seq'] / 1e6:.2f} / {r['baseline_mem_per_seq'] / 1e6:.2f} |")
+
+
+def build_parser():
+    ap = cli.parser(PROG, __doc__, [
+        f"{PROG} --family gdn --tokens 2 4 8 --batches 1 32 256",
+        f"{PROG} --family mamba2 --tokens 4 --batches 256 --breakdown",
+        f"{PROG} --family mamba2 --tokens 4 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2", help="kernel family")
+    ap.add_argument("--shapes", nargs="+", metavar="SHAPE",
+                    help="layer shapes (as for bench kernels); default: every shape of the family")
+    ap.add_argument("--tokens", nargs="+", type=cli.in_range(1, 16), default=[2, 4, 8],
+                    metavar="T", help="verify window tokens T (drafts + 1), each <= --window")
+    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
+                    metavar="N", help="rows per step")
+    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ring window L")
+    ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
+                    help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print us per step by kernel name")
+    ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='JSON list of replay_verify tilings to time, e.g. '
+                         '\'[{"block_p": 32, "num_warps": 4}, {"num_warps": 8}]\'; [{}] is the '
+                         'tuned default')
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    known = FAMILIES[args.family]().shapes
+    if bad := [s for s in args.shapes or () if s not in known]:
+        ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
+                 f"(known: {', '.join(known)})")
+    if bad := [T for T in args.tokens if T > args.window]:
+        ap.error(f"argument --tokens: T = {bad} exceeds --window {args.window} (T <= L)")
+    return args
+
+
+def _run(args):
+    import jax
+    cli.output_file("--json", args.json)
+    cli.require_gpu()
+    fam = FAMILIES[args.family]()
+    ring = args.ring_dtype or fam.default_ring
+    shapes = args.shapes or list(fam.shapes)
+    grid = [(s, T, b, kw) for s in shapes for T in args.tokens for b in args.batches
+            for kw in args.tune]
+    progress = cli.Progress(len(grid) + 1, cli.interactive(args))
+    with progress.stage("copy bandwidth"):
+        bw = copy_bandwidth() / 1e9
+    print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e3:.2f} "
+          f"TB/s; {fam.name}; L = {args.window}; {ring} ring; acceptance uniform in 1..T")
+    print(HEADER, flush=True)
+    rows = []
+    for shape, T, batch, kw in grid:
+        with progress.stage(f"{shape} T {T} batch {batch}"):
+            r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring, replay_kw=kw,
+                             breakdown=args.breakdown)
+        r.update(copy_gbs=bw, replay_kw=kw)
+        rows.append(r)
+        print(line(r, bw), flush=True)
+    progress.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return cli.run(PROG, args, _run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

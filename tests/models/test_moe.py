@@ -1,0 +1,158 @@
+"""MoE routing (`models.moe`) against numpy ports of the HF routers (transformers 5.24
+NemotronHTopkRouter, Qwen3NextTopKRouter), ties going to the lowest expert index, and the validity
+mask the models hand their MoE layers (padding rows get no experts)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import moe
+from models.config import load_config
+from models.nemotron_h import NemotronH
+from models.qwen import QwenHybrid
+from models.runner import Runner
+from models.weights import load_nemotron_h, read_safetensors
+from pallas_kernels.ring import NULL_SLOT
+
+FIXTURES = "tests/fixtures/hf"
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def hf_sigmoid_router(x, gate, bias, k, n_group, topk_group, norm, scaling):
+    """numpy float64 port of NemotronHTopkRouter.forward (expert ids sorted per row)."""
+    s = _sigmoid(x @ gate.T)
+    sel = s + bias
+    grp = sel.reshape(len(x), n_group, -1)
+    best = np.sort(grp, axis=-1)[..., -2:].sum(-1)
+    keep = np.zeros_like(best, bool)
+    np.put_along_axis(keep, np.argsort(-best, axis=-1, kind="stable")[:, :topk_group], True, -1)
+    sel = np.where(np.repeat(keep, grp.shape[-1], axis=-1), sel, -np.inf)
+    ids = np.sort(np.argsort(-sel, axis=-1, kind="stable")[:, :k], axis=-1)
+    w = np.take_along_axis(s, ids, -1)
+    if norm:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return ids, w * scaling
+
+
+def hf_softmax_router(x, gate, k, norm):
+    """numpy float64 port of Qwen3NextTopKRouter.forward (expert ids sorted per row)."""
+    z = x @ gate.T
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    ids = np.sort(np.argsort(-p, axis=-1, kind="stable")[:, :k], axis=-1)
+    w = np.take_along_axis(p, ids, -1)
+    return ids, (w / w.sum(-1, keepdims=True)) if norm else w
+
+
+def _sorted(ids, w):
+    ids, w = np.asarray(ids), np.asarray(w)
+    o = np.argsort(ids, axis=-1)
+    return np.take_along_axis(ids, o, -1), np.take_along_axis(w, o, -1)
+
+
+@pytest.mark.parametrize("n_group,topk_group,norm,scaling", [(1, 1, True, 2.5), (4, 2, True, 1.0),
+                                                             (4, 1, False, 1.5)])
+def test_sigmoid_router_matches_hf(n_group, topk_group, norm, scaling):
+    rng = np.random.default_rng(0)
+    x, gate = rng.standard_normal((16, 24)), rng.standard_normal((16, 24)) * 0.3
+    bias = rng.standard_normal(16) * 0.1
+    ids, w = moe.sigmoid_topk(jnp.asarray(x, jnp.float32), jnp.asarray(gate, jnp.float32),
+                              jnp.asarray(bias, jnp.float32), top_k=3, n_group=n_group,
+                              topk_group=topk_group, norm_topk_prob=norm, scaling=scaling)
+    assert ids.dtype == jnp.int32 and w.dtype == jnp.float32 and ids.shape == (16, 3)
+    want_ids, want_w = hf_sigmoid_router(
+        np.asarray(jnp.asarray(x, jnp.float32), np.float64),
+        np.asarray(jnp.asarray(gate, jnp.float32), np.float64),
+        np.asarray(jnp.asarray(bias, jnp.float32), np.float64), 3, n_group, topk_group, norm,
+        scaling)
+    ids, w = _sorted(ids, w)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_softmax_router_matches_hf(norm):
+    rng = np.random.default_rng(1)
+    x, gate = rng.standard_normal((16, 24)), rng.standard_normal((8, 24)) * 0.3
+    ids, w = moe.softmax_topk(jnp.asarray(x, jnp.float32), jnp.asarray(gate, jnp.float32),
+                              top_k=2, norm_topk_prob=norm)
+    want_ids, want_w = hf_softmax_router(np.asarray(jnp.asarray(x, jnp.float32), np.float64),
+                                         np.asarray(jnp.asarray(gate, jnp.float32), np.float64),
+                                         2, norm)
+    ids, w = _sorted(ids, w)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+
+
+def test_ties_go_to_the_lowest_index():
+    """x = 0 makes every score equal: the lowest expert indices win. With groups of two and
+    biased selection scores [.5 .5 | .5 .5 | .75 .25 | .25 .25], groups 0, 1 and 2 tie on
+    their top-2 sum (1.0): exactly topk_group = 2 groups are kept (0 and 1), so expert 4 (the
+    best single score) is not eligible."""
+    x = jnp.zeros((2, 4), jnp.float32)
+    ids, w = moe.softmax_topk(x, jnp.ones((8, 4), jnp.float32), top_k=3, norm_topk_prob=False)
+    np.testing.assert_array_equal(ids, [[0, 1, 2]] * 2)
+    np.testing.assert_allclose(w, 1 / 8)
+    bias = jnp.asarray([0, 0, 0, 0, 0.25, -0.25, -0.25, -0.25], jnp.float32)
+    ids, w = moe.sigmoid_topk(x, jnp.ones((8, 4), jnp.float32), bias, top_k=1, n_group=4,
+                              topk_group=2, scaling=2.0)
+    np.testing.assert_array_equal(ids, [[0]] * 2)
+    np.testing.assert_allclose(w, 2.0)
+    ids, _ = moe.sigmoid_topk(x, jnp.ones((8, 4), jnp.float32), bias, top_k=3, n_group=4,
+                              topk_group=2)
+    np.testing.assert_array_equal(ids, [[0, 1, 2]] * 2)
+
+
+@pytest.fixture
+def seen_valid(monkeypatch):
+    """Records the `valid` mask of every routed-expert call (inside jit: a debug callback)."""
+    seen, inner = [], moe.moe_ops.expert_ffn
+
+    def spy(*args, valid=None, **kw):
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), valid, ordered=True)
+        return inner(*args, valid=valid, **kw)
+
+    monkeypatch.setattr(moe.moe_ops, "expert_ffn", spy)
+    return seen
+
+
+def _expect(seen, n_layers, want):
+    assert len(seen) == n_layers
+    for v in seen:
+        np.testing.assert_array_equal(v, np.asarray(want).reshape(-1))
+    seen.clear()
+
+
+def test_models_hand_padding_rows_to_the_moe_as_invalid(seen_valid):
+    """Prefill: null-slot rows and positions past a prompt's length; decode and verify: null-slot
+    rows. Nemotron-H with latent MoE layers (loaded fixture), jitted steps."""
+    d = f"{FIXTURES}/nemotron_h_latent_moe"
+    model = NemotronH(load_config(d))
+    load_nemotron_h(model, read_safetensors(d))
+    n_moe = model.cfg.layer_kinds.count("moe")
+    slots = jnp.asarray([4, NULL_SLOT, 3], jnp.int32)
+    cache = model.init_cache(6, 16, window=4, max_verify=3)
+    lengths = jnp.asarray([2, 4, 3], jnp.int32)
+    runner = Runner(model)
+    _, cache = runner.prefill(cache, jnp.ones((3, 4), jnp.int32), lengths, slots)
+    _expect(seen_valid, n_moe, [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]])
+    _, cache = runner.decode(cache, jnp.ones((3, 1), jnp.int32), slots)
+    _expect(seen_valid, n_moe, [[1], [0], [1]])
+    jax.block_until_ready(runner.verify(cache, jnp.ones((3, 3), jnp.int32), slots))
+    _expect(seen_valid, n_moe, [[1] * 3, [0] * 3, [1] * 3])
+
+
+def test_qwen_and_its_mtp_head_hand_padding_rows_to_the_moe_as_invalid(seen_valid):
+    model = QwenHybrid(load_config(f"{FIXTURES}/qwen3_next"), mtp=True)   # zero weights
+    slots = jnp.asarray([NULL_SLOT, 2], jnp.int32)
+    cache = model.init_cache(4, 16, window=4)
+    _, hidden, cache = Runner(model).prefill_hidden(cache, jnp.ones((2, 3), jnp.int32),
+                                                    jnp.asarray([3, 1], jnp.int32), slots)
+    _expect(seen_valid, len(model.layers), [[0, 0, 0], [1, 0, 0]])
+    jax.block_until_ready(jax.jit(model.draft)(cache, hidden, jnp.ones((2, 3), jnp.int32),
+                                               slots, jnp.zeros((2,), jnp.int32)))
+    _expect(seen_valid, 1, [[0, 0, 0], [1, 1, 1]])

@@ -1,0 +1,188 @@
+"""Sparse routed experts (`pallas_kernels.moe`) against a float64 per-token loop.
+
+Tolerances (relative Frobenius error over the valid rows):
+  float32 weights and activations ... 1e-5 (xla, pallas interpret, and the dense reference)
+  bfloat16 .......................... 1e-2 (x and the hidden activations are rounded to bf16; the
+                                      oracle is fed the bf16-rounded inputs and rounds nothing)
+Rows that are not valid must come out exactly zero and own no (token, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import moe
+from pallas_kernels.moe.plan import num_tiles
+from tests.pallas_kernels.helpers import rel_err
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+IMPLS = ["xla", "pallas", "reference"]
+DIN, F = 32, 48
+
+
+def routing(kind, rng, n, E, k):
+    """expert_ids [n, k] (distinct per row) and valid [n] for a named routing pattern."""
+    valid = np.ones(n, bool)
+    if kind == "one_expert":            # every token picks expert 2 (and k - 1 others)
+        ids = np.stack([np.r_[2, rng.choice(np.delete(np.arange(E), 2), k - 1, replace=False)]
+                        for _ in range(n)])
+    elif kind == "empty_experts":       # only experts 1 and E - 2 ... are ever used
+        pool = np.array([1, E - 2, E - 1])[:max(k, 2)]
+        ids = np.stack([rng.choice(pool, k, replace=False) for _ in range(n)])
+    else:
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)])
+    if kind == "padding":
+        valid[rng.choice(n, n // 3, replace=False)] = False
+        valid[-1] = False
+    return ids.astype(np.int32), valid
+
+
+class Problem:
+    def __init__(self, seed, *, n=12, E=6, k=2, activation="relu2", dtype=F32, kind="random"):
+        rng = np.random.default_rng(seed)
+        self.activation, self.dtype = activation, dtype
+        ids, valid = routing(kind, rng, n, E, k)
+        self.ids, self.valid = jnp.asarray(ids), jnp.asarray(valid)
+        self.weights = jnp.asarray(rng.uniform(0.1, 1.0, (n, k)), F32)
+        r = lambda *s: jnp.asarray(rng.standard_normal(s) * s[-2] ** -0.5, dtype)
+        self.x = jnp.asarray(rng.standard_normal((n, DIN)), dtype)
+        self.w_up, self.w_down = r(E, DIN, F), r(E, F, DIN)
+        self.w_gate = r(E, DIN, F) if activation == "swiglu" else None
+
+    def run(self, impl, interpret=True, **kw):
+        args = (self.x, self.ids, self.weights, self.w_up, self.w_down)
+        kw = dict(w_gate=self.w_gate, valid=self.valid, activation=self.activation, **kw)
+        if impl == "reference":
+            return moe.reference.expert_ffn(*args, **kw)
+        if impl == "pallas":
+            kw.update(interpret=interpret)
+        return moe.expert_ffn(*args, impl=impl, **kw)
+
+    def oracle(self):
+        """float64 loop over tokens and their experts."""
+        f = lambda a: None if a is None else np.asarray(jnp.asarray(a, F32), np.float64)
+        x, wu, wd, wg = f(self.x), f(self.w_up), f(self.w_down), f(self.w_gate)
+        ids, w, valid = np.asarray(self.ids), np.asarray(self.weights), np.asarray(self.valid)
+        y = np.zeros_like(x)
+        for i in np.flatnonzero(valid):
+            for j, e in enumerate(ids[i]):
+                u = x[i] @ wu[e]
+                h = (np.maximum(u, 0) ** 2 if self.activation == "relu2"
+                     else (g := x[i] @ wg[e]) / (1 + np.exp(-g)) * u)
+                y[i] += w[i, j] * (h @ wd[e])
+        return y
+
+
+def check(pb: Problem, y, tol):
+    valid = np.asarray(pb.valid)
+    assert y.dtype == pb.x.dtype and y.shape == pb.x.shape
+    assert rel_err(np.asarray(y, np.float64)[valid], pb.oracle()[valid]) < tol
+    assert np.all(np.asarray(y)[~valid] == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("activation", ["relu2", "swiglu"])
+@pytest.mark.parametrize("kind", ["random", "empty_experts", "one_expert", "padding"])
+def test_matches_oracle(impl, activation, kind, interpret):
+    pb = Problem(0, activation=activation, kind=kind)
+    check(pb, pb.run(impl, interpret), 1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("k", [1, 6])
+def test_top1_and_top_all_experts(impl, k, interpret):
+    pb = Problem(1, E=6, k=k, activation="swiglu", kind="padding")
+    check(pb, pb.run(impl, interpret), 1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bfloat16(impl, interpret):
+    pb = Problem(2, dtype=BF16, activation="swiglu", kind="padding")
+    check(pb, pb.run(impl, interpret), 1e-2)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_several_tiles_per_expert_and_tilings(impl, interpret):
+    """More pairs than a tile per expert (n k = 80 over 3 experts, m = 16), jitted; Pallas with
+    several column blocks and contraction chunks in both GEMMs."""
+    pb = Problem(3, n=40, E=3, k=2, activation="relu2", kind="padding")
+    kw = dict(block_m=16)
+    if impl == "pallas":
+        kw.update(up_tiles=(16, 16), down_tiles=(16, 16))
+    check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
+
+
+def test_padding_rows_own_no_pairs():
+    pb = Problem(4, n=12, E=6, k=2, kind="padding")
+    plan = moe.make_plan(pb.ids, pb.weights, pb.valid, 6, 16)
+    ids, valid = np.asarray(pb.ids), np.asarray(pb.valid)
+    sizes = np.bincount(ids[valid].ravel(), minlength=6)
+    np.testing.assert_array_equal(plan.group_sizes, sizes)
+    assert int(plan.num_used_tiles[0]) == int(np.sum(-(-sizes // 16)))
+    R = plan.row_token.shape[0]
+    rows = np.asarray(plan.pair_row)
+    assert np.all(rows[~valid] == R) and np.all(rows[valid] < R)
+    assert len(np.unique(rows[valid])) == rows[valid].size
+    # every used row holds its pair's token and weight; the rest are padding (weight 0)
+    tok, wt = np.asarray(plan.row_token), np.asarray(plan.row_weight)
+    for i, j in zip(*np.nonzero(valid[:, None] & np.ones_like(rows, bool))):
+        assert tok[rows[i, j]] == i and wt[rows[i, j]] == np.asarray(pb.weights)[i, j]
+    assert np.count_nonzero(wt) == valid.sum() * 2
+    # tile -> expert: each used tile belongs to the expert of the rows it holds
+    te = np.asarray(plan.tile_expert)
+    for i, j in zip(*np.nonzero(valid[:, None] & np.ones_like(rows, bool))):
+        assert te[rows[i, j] // 16] == ids[i, j]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_in_padding_rows_does_not_leak(impl, interpret):
+    pb = Problem(5, kind="padding", activation="swiglu")
+    want = pb.run(impl, interpret)
+    pb.x = jnp.where(pb.valid[:, None], pb.x, jnp.nan)
+    got = pb.run(impl, interpret)
+    np.testing.assert_array_equal(np.asarray(got)[~np.asarray(pb.valid)], 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
+
+
+def test_tile_count_follows_pairs_not_experts():
+    """The static tile count is ceil(P / m) + min(E, P): a decode step (P = 8 pairs) over 512
+    experts has 9 tiles of 16 rows, and the XLA loop runs only the used ones."""
+    assert num_tiles(8, 512, 16) == 9 and num_tiles(2560, 512, 16) == 160 + 512
+    pb = Problem(6, n=4, E=512, k=2, kind="padding")
+    plan = moe.make_plan(pb.ids, pb.weights, pb.valid, 512, 16)
+    assert plan.tile_expert.shape == (9,)
+    assert int(plan.num_used_tiles[0]) == len(np.unique(np.asarray(pb.ids)[np.asarray(pb.valid)]))
+    check(pb, pb.run("xla"), 1e-5)
+
+
+@pytest.mark.parametrize("n,k,E,m", [(1, 6, 128, 16), (256, 6, 128, 16), (256, 10, 512, 16),
+                                     (4096, 8, 64, 128)])
+def test_default_block_m(n, k, E, m):
+    assert moe.default_block_m(n * k, E) == m
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(activation="gelu"), "activation must be one of"),
+    (dict(w_gate=None, activation="swiglu"), "w_gate is needed by activation 'swiglu'"),
+    (dict(w_down=jnp.zeros((6, DIN, F))),
+     r"w_down has shape \(6, 32, 48\), expected \(6, 48, 32\)"),
+    (dict(expert_ids=jnp.zeros((12, 2), jnp.int64 if jax.config.x64_enabled else jnp.float32)),
+     "expert_ids has dtype"),
+    (dict(weights=jnp.zeros((12, 3), F32)), r"weights has shape \(12, 3\)"),
+    (dict(valid=jnp.ones((12,), jnp.int32)), "valid has dtype int32"),
+    (dict(expert_ids=jnp.zeros((12, 7), jnp.int32), weights=jnp.zeros((12, 7), F32)),
+     r"top_k = 7 must be in \[1, experts = 6\]"),
+    (dict(block_m=24), "block_m = 24 must be a power of two"),
+    (dict(impl="pallas", up_tiles=(32, 16)), r"up_tiles\[0\] = 32 must be a power of two "
+                                             r"dividing F = 48"),
+])
+def test_bad_input_is_named(change, match):
+    pb = Problem(7, activation="swiglu")
+    kw = dict(x=pb.x, expert_ids=pb.ids, weights=pb.weights, w_up=pb.w_up, w_down=pb.w_down,
+              w_gate=pb.w_gate, valid=pb.valid, activation="swiglu")
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        moe.expert_ffn(**kw)

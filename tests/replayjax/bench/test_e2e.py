@@ -1,0 +1,286 @@
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.config import load_config
+from models.qwen import QwenHybrid
+from models.runner import Runner
+from replayjax.bench import e2e, synthetic, workload
+from tests.replayjax.test_tokenizer_prompts import model_dir_with_tokenizer
+
+QWEN = "tests/fixtures/hf/qwen3_next"
+NEMOTRON = "tests/fixtures/hf/nemotron_h"
+SMALL = ["--batch", "2", "--prompt-len", "6", "--new-tokens", "10", "--window", "4",
+         "--steps-per-visit", "4"]
+
+
+def test_ab_bench_runs_every_variant_with_its_roofline(capsys):
+    assert e2e.main(["--model", QWEN, *SMALL, "--variants", "standard", "replay",
+                     "replay+ngram", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["variant"]: r for r in out["rows"]}
+    assert list(rows) == ["standard", "replay", "replay+ngram"]
+    assert all(r["failures"] == 0 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
+               for r in rows.values())
+    assert rows["replay+ngram"]["accepted_per_verify"] is not None
+    assert out["config"]["workload"] == "mixed" and out["workload"].startswith("mixed prompts")
+    for v in ("standard", "replay"):      # decode rows: minimum bytes, ideal time, achieved share
+        r = rows[v]
+        assert r["ideal_step_ms"] == pytest.approx(r["min_mb_per_step"] * 1e6 /
+                                                   (r["copy_gbs"] * 1e9) * 1e3)
+        assert r["of_roofline"] == pytest.approx(r["ideal_step_ms"] / r["step_ms"])
+        assert set(r["roofline_mb"]) == {"ssm", "gemm", "attention", "moe", "sampling", "other"}
+    # ReplaySSM reads the state once and writes it once per L steps: less SSM traffic
+    assert rows["replay"]["roofline_mb"]["ssm"] < rows["standard"]["roofline_mb"]["ssm"]
+    assert rows["replay"]["roofline_mb"]["gemm"] == rows["standard"]["roofline_mb"]["gemm"]
+    assert "ideal_step_ms" not in rows["replay+ngram"]           # a verify step: no decode model
+    assert all(r["peak_mem_scope"] == "process" for r in rows.values())
+
+
+def test_mixed_workload_spreads_prompt_lengths_and_sync_does_not():
+    mixed = workload.synthetic_requests(256, 128, 64, 1000, seed=3, workload="mixed")
+    lengths = np.array([len(r.prompt) for r in mixed])
+    assert lengths.min() >= 32 and lengths.max() <= 512 and len(set(lengths)) > 100
+    assert np.exp(np.log(lengths).mean()) == pytest.approx(128, rel=0.15)    # geometric mean P
+    sync = workload.synthetic_requests(4, 128, 64, 1000, workload="sync")
+    assert {len(r.prompt) for r in sync} == {128}
+    again = workload.synthetic_requests(256, 128, 64, 1000, seed=3, workload="mixed")
+    assert [r.prompt for r in again] == [r.prompt for r in mixed]            # seeded
+    assert all(3 <= t < 1000 for r in mixed for t in r.prompt)
+
+
+def test_arrival_schedules():
+    assert workload.arrival_times(3).tolist() == [0, 0, 0]
+    assert workload.arrival_times(4, 2.0, "uniform").tolist() == [0, 0.5, 1.0, 1.5]
+    poisson = workload.arrival_times(20_000, 50.0, "poisson", seed=1)
+    assert poisson[0] == 0 and (np.diff(poisson) >= 0).all()
+    assert np.diff(poisson).mean() == pytest.approx(1 / 50, rel=0.05)
+    assert (poisson == workload.arrival_times(20_000, 50.0, "poisson", seed=1)).all()
+    with pytest.raises(ValueError, match="need a rate"):
+        workload.arrival_times(3, None, "poisson")
+
+
+def test_randomize_gives_nondegenerate_weights():
+    cfg = load_config(QWEN)
+    model = synthetic.randomize(QwenHybrid(cfg), seed=1)
+    gdn = model.layers[0].mixer
+    assert float(jnp.std(gdn.in_proj.kernel[...])) > 0.05
+    assert float(jnp.std(model.layers[0].mlp.gate_w[...])) > 0.05      # no zero experts
+    dt = np.log1p(np.exp(np.asarray(gdn.dt_bias[...])))
+    assert ((dt > 9e-4) & (dt < 0.11)).all()
+    runner = Runner(model)
+    logits, _ = runner.prefill(runner.init_cache(2, 16), jnp.ones((1, 4), jnp.int32),
+                               jnp.asarray([4]), jnp.asarray([1], jnp.int32))
+    assert np.isfinite(np.asarray(logits)).all() and float(jnp.std(logits)) > 0.1
+
+
+# ---------------------------------------------------------------------- traces and MTP
+
+def _capture_run(monkeypatch):
+    """Keeps what `e2e.run` returns (rows, completions per variant) and its args."""
+    seen = {}
+    real = e2e.run
+
+    def run(args, argv=()):
+        seen["args"] = args
+        rows, seen["outputs"], what = real(args, argv)
+        return rows, seen["outputs"], what
+
+    monkeypatch.setattr(e2e, "run", run)
+    return seen
+
+
+def _write_trace(path, lines):
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return str(path)
+
+
+def test_trace_serves_the_same_requests_in_every_variant(tmp_path, monkeypatch, capsys):
+    d, tok = model_dir_with_tokenizer(tmp_path)
+    trace = _write_trace(tmp_path / "trace.jsonl", [
+        {"prompt_ids": [5, 6, 7, 8, 5, 6, 7], "max_new_tokens": 8},
+        {"prompt": "the cat sat on the mat and the cat", "max_new_tokens": 6, "id": "text"},
+        "",                                                       # blank lines are skipped
+        {"prompt_ids": [3, 4] * 9, "max_new_tokens": 9, "stop_ids": [2]},
+        {"prompt_ids": [20, 21], "max_new_tokens": 5, "temperature": 0.8, "top_k": 20,
+         "top_p": 0.9, "seed": 3},
+        {"prompt_ids": [30, 31, 32, 33], "max_new_tokens": 7},
+    ])
+    seen = _capture_run(monkeypatch)
+    assert e2e.main(["--model", d, "--trace", trace, "--batch", "2", "--window", "4",
+                     "--steps-per-visit", "4", "--variants", "standard", "replay",
+                     "replay+ngram", "replay+mtp", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["variant"]: r for r in out["rows"]}
+    assert list(rows) == ["standard", "replay", "replay+ngram", "replay+mtp"]
+    assert out["config"]["variants"] == list(rows) and "requests" not in out["config"]
+    # the fixture ships no MTP weights: a failed row, not a crash
+    assert rows["replay+mtp"]["failures"] == 5 and "MTP head" in rows["replay+mtp"]["error"]
+    ok = [rows[v] for v in ("standard", "replay", "replay+ngram")]
+    assert all(r["requests"] == r["completed"] == 5 and r["failures"] == 0 for r in ok)
+    assert all(r["greedy_match_vs_standard"] == 1.0 for r in ok)
+
+    reqs, outputs = seen["args"].requests, seen["outputs"]
+    assert list(reqs[1].prompt) == tok.encode("the cat sat on the mat and the cat").ids
+    assert [c.id for c in outputs["replay"]] == [reqs[0].id, "text", reqs[2].id, reqs[3].id,
+                                                 reqs[4].id]
+    greedy = [0, 1, 2, 4]                               # request 3 samples
+    for v in ("replay", "replay+ngram"):
+        assert [outputs[v][i].tokens for i in greedy] == \
+            [outputs["standard"][i].tokens for i in greedy]
+    assert [len(c.tokens) for c in outputs["standard"]][:2] == [8, 6]
+    spec = rows["replay+ngram"]
+    assert spec["step_kind"] == "verify" and len(spec["accept_hist"]) == 4
+    assert sum(spec["accept_hist"]) == sum(c.verify_steps for c in outputs["replay+ngram"])
+    assert rows["replay"]["accept_hist"] is None
+
+
+@pytest.mark.parametrize("line,msg", [
+    ('{"prompt_ids": [1, 2], "max_new_tokens": 4', "not valid JSON"),
+    ('[1, 2, 3]', "expected a JSON object"),
+    ({"max_new_tokens": 4}, "exactly one of 'prompt_ids'"),
+    ({"prompt_ids": [1, "2"], "max_new_tokens": 4}, "field 'prompt_ids' must be a list of integer"),
+    ({"prompt_ids": [1, 2.5], "max_new_tokens": 4}, "field 'prompt_ids' must be a list of integer"),
+    ({"prompt_ids": [], "max_new_tokens": 4}, "field 'prompt_ids' is empty"),
+    ({"prompt_ids": [1, 2]}, "missing field 'max_new_tokens'"),
+    ({"prompt_ids": [1, 2], "max_new_tokens": -3},
+     "field 'max_new_tokens' must be an integer >= 1"),
+    ({"prompt_ids": [1, 2], "max_new_tokens": 4, "top_p": 0}, "field 'top_p'"),
+    ({"prompt_ids": [1, 2], "max_new_tokens": 4, "max_tokens": 9},
+     "unknown field(s) ['max_tokens']"),
+    ({"prompt": "the cat", "max_new_tokens": 4}, "tokenizer.json, which does not exist"),
+    ({"prompt_ids": [1, 128], "max_new_tokens": 4},
+     "field 'prompt_ids' has token ids [128] outside"),
+    ({"prompt_ids": [1], "max_new_tokens": 4, "stop_ids": [-1]}, "field 'stop_ids' has token ids"),
+])
+def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
+    trace = _write_trace(tmp_path / "t.jsonl", [{"prompt_ids": [1, 2, 3], "max_new_tokens": 2},
+                                                line])
+    assert e2e.main(["--model", NEMOTRON, "--trace", trace]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"replayjax bench: error: {trace}:2: ") and msg in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--variants", "replay+medusa"], "argument --variants: variant 'replay+medusa' is not"),
+    (["--variants", "replay", "replay"], "argument --variants: replay given twice"),
+    (["--trace", "t.jsonl", "--new-tokens", "8"], "argument --trace: --prompt-len / --new-tokens"),
+    (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--prompt-len", "0"], "argument --prompt-len: must be >= 1, got 0"),
+    (["--new-tokens", "-1"], "argument --new-tokens: must be >= 1, got -1"),
+    (["--window", "6"], "argument --window: must be a power of two, got 6"),
+    (["--num-draft", "9"], "argument --num-draft: must be in [1, 7], got 9"),
+    (["--variants", "replay+ngram", "--num-draft", "4", "--window", "4"],
+     "argument --num-draft: K = 4 must be < --window 4"),
+    (["--steps-per-visit", "0"], "argument --steps-per-visit: must be >= 1, got 0"),
+    (["--batch", "two"], "argument --batch: expected an integer, got 'two'"),
+])
+def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        e2e.main(["--model", NEMOTRON] + argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("replayjax bench: error: ")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--model", "no/such/dir"], "--model no/such/dir: no such directory"),
+    (["--model", NEMOTRON, "--trace", "no/such.jsonl"], "cannot read trace no/such.jsonl"),
+    (["--model", NEMOTRON, "--tokenizer", "no/tok.json", "--trace", "x"],
+     "--tokenizer no/tok.json: no such file"),
+])
+def test_missing_inputs_fail_before_any_work(argv, msg, capsys):
+    assert e2e.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"replayjax bench: error: {msg}") and len(err.splitlines()) == 1
+
+
+def test_errors_are_one_line_unless_debug(monkeypatch, capsys):
+    def boom(args, argv=()):
+        raise RuntimeError("kernel exploded\nwith a second line")
+    monkeypatch.setattr(e2e, "run", boom)
+    assert e2e.main(["--model", NEMOTRON]) == 1
+    assert capsys.readouterr().err == ("replayjax bench: error: RuntimeError: kernel exploded "
+                                       "(--debug shows the traceback)\n")
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        e2e.main(["--model", NEMOTRON, "--debug"])
+
+
+def test_a_model_that_does_not_fit_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(synthetic, "free_memory", lambda: (24e9, "the device"))
+    assert e2e.main(["--synthetic", "qwen3-next-80b-a3b", "--isolate", "none"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("replayjax bench: error: qwen3-next-80b-a3b in bfloat16 needs ~")
+    assert err.endswith("GB; the device has 24 GB free")
+    need = int(err.split("~")[1].split()[0])
+    assert 155 <= need <= 175                    # 79.7B bf16 weights + one fp32 temporary
+
+
+TINY_MTP = dict(
+    model_type="nemotron_h", vocab_size=128, hidden_size=32, hybrid_override_pattern="M*M-",
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=8,
+    n_groups=2, ssm_state_size=16, conv_kernel=4, intermediate_size=64, layer_norm_epsilon=1e-5)
+
+
+def test_mtp_variant_on_a_synthetic_model(monkeypatch, capsys):
+    monkeypatch.setitem(synthetic.SYNTHETIC, "tiny", TINY_MTP)
+    monkeypatch.setitem(synthetic.SYNTHETIC_MTP, "tiny", dict(num_nextn_predict_layers=1,
+                                                              mtp_hybrid_override_pattern="*-"))
+    seen = _capture_run(monkeypatch)
+    assert e2e.main(["--synthetic", "tiny", "--dtype", "float32", "--batch", "3", "--prompt-len",
+                     "6", "--new-tokens", "9", "--window", "4", "--steps-per-visit", "4",
+                     "--workload", "sync", "--variants", "replay", "replay+mtp"]) == 0
+    table = capsys.readouterr().out
+    assert "| replay+mtp | " in table and "(verify)" in table and "failed" not in table
+    assert "sync prompts (mean 6 tokens, 6-6)" in table
+    out = seen["outputs"]
+    assert [c.tokens for c in out["replay+mtp"]] == [c.tokens for c in out["replay"]]
+    assert sum(e2e.acceptance_histogram(out["replay+mtp"], 3)) == \
+        sum(c.verify_steps for c in out["replay+mtp"]) > 0
+
+
+def test_isolated_variants_run_in_fresh_processes(capsys):
+    """--isolate process: one child process per variant (same arguments, one variant each);
+    their rows and tokens come back and are compared as in one process."""
+    assert e2e.main(["--model", NEMOTRON, *SMALL, "--isolate", "process", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["variant"] for r in rows] == ["standard", "replay"]
+    assert all(r["peak_mem_scope"] == "variant" and r["failures"] == 0 for r in rows)
+    assert rows[1]["greedy_match_vs_standard"] == 1.0 and rows[1]["ideal_step_ms"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(synthetic.SYNTHETIC))
+def test_synthetic_presets_parse_and_describe_an_mtp_head(name):
+    from flax import nnx
+    from replayjax.loading import model_class
+    cfg = synthetic.synthetic_config(name, mtp=True)
+    model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16, mtp=True))
+    assert model.mtp is not None and len(model.mtp.layers) >= 1
+
+
+@pytest.mark.parametrize("name,params_b", [("nemotron-3-nano-30b-a3b", 31.6),
+                                           ("qwen3.5-35b-a3b", 34.7),
+                                           ("qwen3-next-80b-a3b", 79.7)])
+def test_moe_presets_have_their_published_size(name, params_b):
+    total, _ = synthetic.param_bytes(synthetic.synthetic_config(name), jnp.bfloat16)
+    assert total / 2 / 1e9 == pytest.approx(params_b, rel=0.01)
+
+
+def test_acceptance_per_step_from_recorded_cache_lengths():
+    from replayjax.engine import Completion
+    # steps at cache lengths 10, 13, 14 (2 then 0 accepted), last step 1 more: 3 in all
+    c = Completion(0, [0] * 6, "length", 0.0, 1.0, verify_steps=3, accepted_drafts=3,
+                   drafts=[(10, []), (13, []), (14, [])])
+    assert e2e.accepted_per_step(c) == [2, 0, 1]
+    assert e2e.acceptance_histogram([c], 3) == [1, 1, 1, 0]
+    c.drafts = [(10, []), (9, [])]                # bookkeeping that does not add up
+    assert e2e.acceptance_histogram([c], 3) is None
+
+
+def test_prefill_bucket_matches_the_engine():
+    from replayjax import engine
+    for n in (1, 15, 16, 17, 100, 128, 129, 1000):
+        assert e2e.prefill_bucket(n) == engine._bucket(n)

@@ -1,0 +1,168 @@
+"""Kernel and verify benchmarks: the byte model, the fold-cycle arithmetic and the staggered
+schedule on known inputs, and the GPU code paths run on CPU (interpret-mode Pallas) with a
+stand-in for CUPTI whose launch times come from the ring counts the kernels actually saw."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ring import advance_counts
+from replayjax.bench import kernels, timing, verify
+from replayjax.bench.families import FAMILIES
+
+
+@pytest.mark.parametrize("family,shape,std_mb,rep_mb", [
+    ("mamba2", "nemotron-h-8b", 8.43, 4.65),
+    ("gdn", "qwen3-next", 4.22, 2.36),
+])
+def test_min_bytes_match_published_anchors(family, shape, std_mb, rep_mb):
+    """Per sequence, layer and step at fp32 state, bf16 activations and ring, L = 16."""
+    fam = FAMILIES[family]()
+    std, rep = fam.min_bytes(fam.shapes[shape], 16, 2)
+    assert round(std / 1e6, 2) == std_mb and round(rep / 1e6, 2) == rep_mb
+
+
+def test_split_cycle_on_known_launch_times():
+    # 3 slot sets, L = 4: counts 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3 -- the last block folds
+    assert kernels.cycling_counts(3, 4).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    launches = [1.0, 2.0, 3.0] * 3 + [10.0, 11.0, 12.0]
+    assert kernels.split_cycle(launches, 3, 4) == (2.0, 11.0)
+
+
+def test_cycling_schedule_is_what_advance_counts_does():
+    """The step blocks split_cycle calls "fold" are exactly those where every row of the step's
+    set is at count L - 1 under the kernels' own count rule."""
+    n_sets, batch, L = 3, 2, 4
+    sets = jnp.arange(1, n_sets * batch + 1, dtype=jnp.int32).reshape(n_sets, batch)
+    counts = jnp.zeros(n_sets * batch + 1, jnp.int32)
+    seen = []
+    for i in range(n_sets * L):
+        slots = sets[i % n_sets]
+        seen.append(np.asarray(counts[slots]))
+        counts = advance_counts(counts, slots, L)
+    expected = kernels.cycling_counts(n_sets, L)
+    assert all((c == e).all() for c, e in zip(seen, expected))
+
+
+def test_staggered_schedule_mixes_fold_and_append_rows():
+    counts = kernels.staggered_counts(4097, 16, seed=1)
+    assert counts.min() == 0 and counts.max() == 15
+    assert abs(np.mean(counts == 15) - 1 / 16) < 0.02     # ~1/L of the rows fold at every step
+
+
+def _recording(fam, seen):
+    """`fam` whose replay kernel reports, at every launch, the ring counts of its rows."""
+    def replay(b, c, inp, slots, **kw):
+        jax.debug.callback(lambda cs: seen.append(np.asarray(cs)), c[slots])
+        return fam.replay(b, c, inp, slots, **kw)
+    return dataclasses.replace(fam, replay=replay)
+
+
+@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
+                                         ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
+def test_bench_amortises_whole_fold_cycles(monkeypatch, family, dims):
+    """Runs the real jitted loops (interpret-mode Pallas); launch times are 1 us per appending
+    row and 10 per folding row, from the counts the kernel saw. Both schedules must fold every
+    row once per L steps (mean 1 + 9 / L), cycling must split into 1 / 10 us exactly, and the
+    staggered schedule must mix folding and appending rows within steps."""
+    L, seen = 4, []
+    fam = _recording(FAMILIES[family](), seen)
+    fam.shapes["tiny"] = dims
+
+    def fake_kernel_times(fn, *args, iterations):
+        seen.clear()
+        jax.block_until_ready(fn(*args))
+        if not seen:                                   # the standard kernel: 2 us per launch
+            return [[("standard_decode", 2.0)] * n_steps] * iterations
+        us = [float(np.mean(np.where(c == L - 1, 10.0, 1.0))) for c in seen]
+        fake_kernel_times.fold_fractions.append([float(np.mean(c == L - 1)) for c in seen])
+        return [[("replay_decode", u) for u in us]] * iterations
+
+    fake_kernel_times.fold_fractions = []
+    n_steps = 2 * L                                    # two slot sets
+    monkeypatch.setattr(kernels, "kernel_times", fake_kernel_times)
+    r = kernels.bench(fam, "tiny", 8, L=L, ring="float32", iterations=1, min_pool_bytes=1)
+    assert (r["nonfold_us"], r["fold_us"]) == (1.0, 10.0)
+    assert r["amortised_us"] == pytest.approx(1 + 9 / L)
+    assert r["staggered_us"] == pytest.approx(1 + 9 / L)
+    staggered, cycling = fake_kernel_times.fold_fractions
+    assert set(cycling) == {0.0, 1.0}
+    assert any(0 < f < 1 for f in staggered)
+    assert r["standard_us"] == 2.0
+    assert (r["std_bytes"], r["rep_bytes"]) == fam.min_bytes(dims, L, 4)
+
+
+def test_bench_refuses_a_wrong_launch_count(monkeypatch):
+    fam = FAMILIES["mamba2"]()
+    fam.shapes["tiny"] = dict(H=2, P=16, N=16, G=1)
+    monkeypatch.setattr(kernels, "kernel_times", lambda fn, *a, iterations: [[("standard", 1.0)]])
+    with pytest.raises(RuntimeError, match="expected 8 standard launches, got"):
+        kernels.bench(fam, "tiny", 2, L=4, iterations=1, min_pool_bytes=1)
+
+
+def test_step_time_starts_at_the_first_kernel_of_interest():
+    times = [[("copy", 100.0)] + [("replay_verify_k", 2.0), ("scatter", 1.0)] * 2]
+    (kept,) = timing.from_first(times, "replay_verify")
+    assert sum(us for _, us in kept) == 6.0
+    with pytest.raises(RuntimeError, match="no kernel named like 'standard'"):
+        timing.from_first(times, "standard")
+
+
+@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
+                                         ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
+def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, family, dims):
+    """The verify and baseline loops run (interpret mode); memory per sequence is one state plus
+    an L-entry ring (measured on the real buffers) against T + 1 states."""
+    fam = FAMILIES[family]()
+    fam.shapes["tiny"] = dims
+
+    def fake_kernel_times(fn, *args, iterations):
+        jax.block_until_ready(fn(*args))
+        return [[("copy", 50.0), ("replay_verify", 2.0), ("standard_verify", 3.0)]]
+
+    monkeypatch.setattr(verify, "kernel_times", fake_kernel_times)
+    L, T = 4, 2
+    v = verify.bench_verify(fam, "tiny", 2, T, L=L, ring="float32", iterations=1,
+                            min_pool_bytes=1, steps_per_set=2)
+    state = fam.state_bytes(dims)
+    assert v["replay_mem_per_seq"] == state + L * fam.entry_bytes(dims, 4)
+    assert v["baseline_mem_per_seq"] == (1 + T) * state
+
+
+def test_verify_byte_model_reduces_to_decode_at_one_token():
+    """With T = 1 every step accepts one token: the ring folds once per L steps holding (L - 1) / 2
+    entries on average, exactly the decode byte model; more tokens per step fold more often."""
+    assert verify.fold_statistics(1, 16) == pytest.approx((1 / 16, 7.5), rel=1e-3)
+    fam = FAMILIES["mamba2"]()
+    dims = fam.shapes["nemotron-h-8b"]
+    rep, base = verify.min_bytes(fam, dims, 1, 16, 2)
+    assert (base, rep) == pytest.approx(fam.min_bytes(dims, 16, 2), rel=1e-3)
+    rate4, _ = verify.fold_statistics(4, 16)
+    assert 1 / 16 < rate4 < 2.5 / (16 - 3)     # 2.5 tokens per step, >= L - T + 1 per fold
+    rep4, base4 = verify.min_bytes(fam, dims, 4, 16, 2)
+    assert base4 / rep4 > 3                      # the issue's 3x target is reachable in bytes
+
+
+@pytest.mark.parametrize("module,argv,msg", [
+    (kernels, ["--batches", "0"], "argument --batches: must be >= 1, got 0"),
+    (kernels, ["--window", "12"], "argument --window: must be a power of two, got 12"),
+    (kernels, ["--family", "gdn", "--shapes", "nemotron-h-8b"], "argument --shapes: unknown"),
+    (kernels, ["--tune", "[1, 2]"], "argument --tune: must be a non-empty JSON list of objects"),
+    (kernels, ["--std-config", "{bad"], "argument --std-config: not valid JSON"),
+    (verify, ["--tokens", "8", "--window", "4"], "argument --tokens: T = [8] exceeds --window"),
+])
+def test_bad_arguments_are_one_line_exit_2(module, argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("module", [kernels, verify])
+def test_without_a_gpu_the_kernel_benches_say_so_in_one_line(module, capsys):
+    assert module.main(["--batches", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"{module.PROG}: error: needs a CUDA GPU (jax.default_backend() is 'cpu')"

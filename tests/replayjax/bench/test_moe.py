@@ -1,0 +1,59 @@
+"""The MoE benchmark's pure parts (bytes, FLOPs, distinct experts) and its plumbing on CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from replayjax.bench import moe as bench
+
+NANO = bench.SHAPES["nemotron-3-nano-30b-a3b"]
+Q35 = bench.SHAPES["qwen3.5-35b-a3b"]
+
+
+def test_distinct_experts():
+    assert bench.distinct_experts(np.array([[3, 1], [1, 7], [3, 0]])) == 4
+    assert bench.distinct_experts(np.array([[5]])) == 1
+
+
+def test_bytes_and_flops_by_hand():
+    # Nemotron-3-Nano: relu^2 experts (up + down) 2688 x 1856 bf16; shared 3712 wide; fp32 router
+    assert bench.expert_bytes(NANO) == 2 * 2688 * 1856 * 2
+    assert bench.layer_bytes(NANO, 6) == (6 * 2 * 2688 * 1856 * 2 + 2 * 2688 * 3712 * 2
+                                          + 128 * 2688 * 4 + 128 * 4)
+    # Qwen3.5-35B: SwiGLU experts (gate, up, down) 2048 x 512; shared 512 + its [2048, 1] gate
+    assert bench.expert_bytes(Q35) == 3 * 2048 * 512 * 2
+    assert bench.layer_bytes(Q35, 8) == (8 * 3 * 2048 * 512 * 2 + 3 * 2048 * 512 * 2 + 2048 * 2
+                                         + 256 * 2048 * 4)
+    assert bench.layer_flops(NANO, 2) == 2 * 2 * 2688 * (6 * 2 * 1856 + 2 * 3712 + 128)
+    assert bench.layer_flops(Q35, 1) == 2 * 2048 * (8 * 3 * 512 + 3 * 512 + 256 + 1)
+    assert bench.peak_tflops("NVIDIA H200") == 989.0 and bench.peak_tflops("cpu") is None
+
+
+@pytest.mark.parametrize("shape", [bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5),
+                                   bench.MoEShape("qwen", 32, 8, 3, 16, 16)])
+def test_layer_call_is_the_models_layer(shape):
+    """The benchmark's composition with the sparse experts is the model's MoE __call__ (the
+    Pallas variant runs in interpret mode here), and the dense variant agrees."""
+    layer = bench.make_layer(shape, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (5, shape.hidden), jnp.bfloat16)
+    ws = bench.expert_weights(layer)
+    call = lambda experts: np.asarray(jax.jit(
+        lambda x: bench.layer_call(layer, x, ws, experts))(x), np.float32)
+    want = np.asarray(jax.jit(layer)(x), np.float32)
+    np.testing.assert_allclose(call(bench.sparse_experts), want, rtol=2e-2, atol=2e-2)
+    dense = call(bench.dense_experts)
+    np.testing.assert_allclose(dense, want, rtol=2e-2, atol=2e-2)
+
+
+def test_bench_plumbing_runs_on_cpu(monkeypatch):
+    """Every variant runs (no GPU: fake CUPTI times); the row's counts come from the routing."""
+    monkeypatch.setattr(bench, "_time_us", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), 8.0)[1])
+    shape = bench.MoEShape("qwen", 32, 8, 2, 16, 16)
+    row = bench.bench("tiny", shape, 3, copies=2, iterations=1)
+    assert set(row.us) >= {"sparse", "dense"} and all(v == 4.0 for v in row.us.values())
+    assert 2 <= row.distinct <= 6
+    assert row.bytes == pytest.approx(bench.layer_bytes(shape, row.distinct))
+    assert row.flops == bench.layer_flops(shape, 3)
+    assert "| tiny | 3 |" in row.line(1e12, 989.0)

@@ -1,0 +1,109 @@
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from replayjax.bench import profile, trace
+
+
+def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
+    """A decode step of the tiny Nemotron-H (Mamba-2, attention, MLP, MoE) on CPU: every class
+    the step runs shows up, classed from the HLO of the traced module, with its roofline."""
+    assert profile.main(["--model", "tests/fixtures/hf/nemotron_h", "--batch", "2",
+                         "--prompt-len", "6", "--steps", "3", "--window", "4", "--trace-dir",
+                         str(tmp_path), "--top", "1000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(tmp_path.rglob("*.xplane.pb")) and out["steps"] == 3
+    seen = {k["cls"] for k in out["kernels"]}
+    assert {"ssm", "gemm", "attention", "moe", "sampling"} <= seen
+    assert all(k["count"] > 0 and k["total_us"] > 0 for k in out["kernels"])
+    classes = {c["cls"]: c for c in out["classes"]}
+    for c in ("ssm", "gemm", "attention", "moe"):
+        assert classes[c]["min_mb"] > 0 and classes[c]["measured_us"] > 0
+    assert classes["total"]["measured_us"] == pytest.approx(
+        sum(k["total_us"] for k in out["kernels"]) / 3)
+    assert classes["total"]["min_mb"] == pytest.approx(
+        sum(c["min_mb"] for n, c in classes.items() if n != "total"))
+    assert out["copy_gbs"] > 0 and out["compile_s"] > 0
+
+
+def cached_attention(x):
+    return _inner(x) * 2.0            # the stack through cached_attention: attention
+
+
+def _inner(x):
+    return jnp.tanh(x)
+
+
+def test_classes_come_from_scopes_stacks_and_opcodes():
+    def step(x, w):
+        y = x @ w                                         # a dot: gemm
+        with jax.named_scope("moe"):
+            z = jnp.exp(y)                                # a named scope: moe
+        return cached_attention(z), jnp.sin(x)            # sin: other
+
+    text = jax.jit(step).lower(jnp.ones((4, 8)), jnp.ones((8, 8))).compile().as_text()
+    classes = trace.classify_module(text)
+    by_op = {}
+    for name, cls in classes.items():
+        by_op.setdefault(name.split(".")[0], set()).add(cls)
+    assert by_op["exp"] == {"moe"}
+    assert by_op["tanh"] == {"attention"}                 # found through the parent frame
+    assert by_op["sin"] == {"other"}
+    assert "gemm" in {c for n, c in classes.items() if n.startswith(("dot", "ynn"))}
+    fusions = {c for n, c in classes.items() if "fusion" in n}
+    assert "attention" in fusions                         # a fusion takes its strongest class
+
+
+@pytest.mark.parametrize("opcode,op_name,frames,target,cls", [
+    ("add", "jit(f)/ssm/add", [], "", "ssm"),
+    ("dot", "jit(f)/ssm/gemm/dot_general", [], "", "gemm"),         # the innermost scope
+    ("fusion", "jit(f)/sampling", [], "", "sampling"),
+    ("reduce", "jit(f)/reduce", [("/x/replayjax/sampling.py", "sample")], "", "sampling"),
+    ("dot", "jit(f)/dot_general", [("/x/models/common.py", "Linear.__call__"),
+                                   ("/x/models/qwen.py", "MoE.__call__")], "", "moe"),
+    ("custom-call", "jit(f)/dot_general", [], "__cublas$gemm", "gemm"),
+    ("dot", "jit(f)/dot_general", [("/x/models/common.py", "Linear.__call__"),
+                                   ("/x/models/nemotron_h.py", "Mamba2Mixer.decode")], "", "gemm"),
+    ("custom-call", "jit(f)/pallas_call", [("/x/pallas_kernels/mamba2/api.py", "replay_decode")],
+     "__gpu$xla.gpu.triton", "ssm"),
+    ("multiply", "jit(f)/mul", [("/x/models/qwen.py", "GatedDeltaNet._split")], "", "ssm"),
+    ("add", "jit(f)/add", [("/x/models/common.py", "rms_norm")], "", "other"),
+])
+def test_instruction_class(opcode, op_name, frames, target, cls):
+    assert trace.instruction_class(opcode, op_name, frames, target) == cls
+
+
+@pytest.mark.parametrize("name,op_name,cls", [
+    ("fusion_12", "jit(_decode_loop)/while/body/moe/dot_general", "moe"),
+    ("mamba2_replay_decode", "", "ssm"),
+    ("nvjet_sm90_tss_128x136", "jit(f)", "gemm"),
+    ("loop_add_fusion", "jit(f)/add", "other"),
+])
+def test_kernels_without_hlo_fall_back_to_scope_then_name(name, op_name, cls):
+    ev = trace.Event(name, 1.0, "jit_missing", 7, "op.1", op_name)
+    assert trace._fallback_class(ev) == cls
+
+
+def test_nested_thunks_keep_the_innermost():
+    evs = [(0, 10, "while", {}), (1, 4, "body1", {}), (5, 9, "body2", {}), (12, 13, "after", {})]
+    assert [e[2] for e in trace._innermost(evs)] == ["body1", "body2", "after"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--window", "10"], "argument --window: must be a power of two, got 10"),
+])
+def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        profile.main(["--model", "tests/fixtures/hf/nemotron_h"] + argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_model_is_one_line(capsys):
+    assert profile.main(["--model", "no/such/dir"]) == 1
+    assert capsys.readouterr().err == "replayjax profile: error: --model no/such/dir: no such " \
+                                      "directory\n"
