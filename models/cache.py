@@ -9,8 +9,9 @@ the checkpoint holds the running state and the rings are unused.
 Standard-mode speculative decoding (the state-per-draft baseline) needs T draft states per slot:
 a cache built with `init_cache(..., ssm_mode="standard", max_verify=T)` (T > 1) has a checkpoint
 pool of S * (1 + T) states. Rows 0..S-1 are the slots' running states; slot s's draft t (the
-state after window token t, 0 <= t < T) sits at row S + s * T + t (`draft_slots`). So a sequence
-holds T + 1 full SSM states per layer, against one state plus L ring entries in replay mode.
+state after window token t, 0 <= t < T) sits at row S + s * T + t (`pallas_kernels.ring`
+documents the layout). So a sequence holds T + 1 full SSM states per layer, against one state
+plus L ring entries in replay mode.
 """
 
 from __future__ import annotations
@@ -51,14 +52,3 @@ class ModelCache:
         kv = [c for c in self.layers if isinstance(c, KVCache)]
         return kv[0].k.shape[1] if kv else jnp.iinfo(jnp.int32).max
 
-
-def draft_pool_size(num_slots: int, max_verify: int) -> int:
-    """Checkpoint rows of a standard-mode pool: S running states + T drafts per slot (T > 1)."""
-    return num_slots * (1 + max_verify) if max_verify > 1 else num_slots
-
-
-def draft_slots(slots, num_slots: int, num_drafts: int, window_len: int):
-    """Pool rows of each row's first `window_len` draft states: [b, window_len] int32,
-    S + slot * num_drafts + t. slots [b] int32 (NULL_SLOT rows get slot 0's unused drafts)."""
-    t = jnp.arange(window_len, dtype=jnp.int32)[None, :]
-    return (num_slots + slots[:, None] * num_drafts + t).astype(jnp.int32)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT
+from pallas_kernels.ring import NULL_SLOT
 
 _HI = lax.Precision.HIGHEST
 

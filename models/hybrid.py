@@ -25,27 +25,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from models.cache import ModelCache, SSMCache, draft_pool_size, draft_slots
-from pallas_kernels._common import NULL_SLOT, advance_counts, commit_counts, row_index
-from pallas_kernels.conv1d import conv_commit
+from models.cache import ModelCache, SSMCache
+from pallas_kernels.ring import (NULL_SLOT, advance_counts, commit_counts, conv_commit,
+                                 draft_pool_size, draft_slots, row_index)
 
 SSM_KINDS = ("mamba", "gdn")
 SSM_MODES = ("replay", "standard")
-
-
-def conv_prefill(xbc, weight, bias, lengths):
-    """Causal depthwise conv over right-padded prompts from a zero state.
-
-    xbc [b, T, C] pre-conv inputs; weight [C, K]; bias [C] or None; lengths [b]. Returns the
-    pre-activation outputs [b, T, C] and the conv state [b, K-1, C] (the last K-1 inputs of each
-    prompt)."""
-    K, T = weight.shape[1], xbc.shape[1]
-    pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)      # [b, K-1+T, C]
-    out = sum(pad[:, k:k + T] * weight[:, k] for k in range(K))
-    if bias is not None:
-        out = out + bias
-    idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
-    return out, jnp.take_along_axis(pad, idx[:, :, None], axis=1)
 
 
 def token_validity(slots, window_len: int, lengths=None):

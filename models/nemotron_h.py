@@ -22,11 +22,11 @@ from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
 from models.config import NemotronHConfig
-from models.hybrid import (HybridLM, conv_prefill, ssm_buffers, ssm_cache, store_pending,
-                           store_prefill, token_validity, verify_draft_slots)
+from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
+                           token_validity, verify_draft_slots)
 from pallas_kernels import mamba2
-from pallas_kernels.conv1d import conv_commit, conv_window
 from pallas_kernels.mamba2.prefill import ssd_prefill
+from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
 
 
 class Mamba2Mixer(nnx.Module):

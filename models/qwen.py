@@ -28,11 +28,11 @@ from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
 from models.config import QwenHybridConfig
-from models.hybrid import (HybridLM, conv_prefill, ssm_buffers, ssm_cache, store_pending,
-                           store_prefill, token_validity, verify_draft_slots)
+from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
+                           token_validity, verify_draft_slots)
 from pallas_kernels import gdn
-from pallas_kernels.conv1d import conv_commit, conv_window
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
+from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
 _HI = lax.Precision.HIGHEST
 
 

@@ -1,4 +1,10 @@
 """Pallas GPU kernels for buffered (ReplaySSM) decoding of SSM layers; depends on jax only.
 
-Families: `pallas_kernels.mamba2` (Mamba-2 / SSD heads), `pallas_kernels.gdn` (Gated DeltaNet).
+Families: `pallas_kernels.mamba2` (Mamba-2 / SSD heads) and `pallas_kernels.gdn` (Gated
+DeltaNet), each with `api` (the public ops: validate, dispatch), `buffers` (the cache type),
+`reference` (per-row math), `xla` and `pallas_triton` (implementations) and `prefill`.
+Shared: `ring` (the ring contract: slots, counts, verify windows, conv state, draft slots),
+`dispatch` (backends by name), `validation`, `xla_pool` (the XLA pool ops over a family's row
+math), `chunks` (prefill chunking) and `_kernel_utils` (for the Pallas builders; the one module
+that imports Triton).
 """

@@ -1,11 +1,15 @@
 """Pieces shared by the Pallas kernel bodies and builders of every family.
 
 This is the one module that knows the Triton backend (`compiler_params`); kernel bodies use only
-backend-neutral Pallas so a Mosaic GPU port changes the builders, not the math.
+backend-neutral Pallas (`ref[...]` indexing, `pl.when`, jnp math, `lax.dot_general`) so a Mosaic
+GPU port changes the builders, not the math.
 """
 
 from __future__ import annotations
 
+import inspect
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -18,6 +22,41 @@ def compiler_params(num_warps, num_stages, interpret):
         return None
     from jax.experimental.pallas import triton as pltr  # only the GPU path needs Triton
     return pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def like(a):
+    """The output shape and dtype of array `a`."""
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def alias_indices(inputs, outputs, aliases) -> dict[int, int]:
+    """`input_output_aliases` by index from names: inputs and outputs are ordered name lists,
+    aliases maps an input name to the output name that updates it in place."""
+    for i, o in aliases.items():
+        if i not in inputs or o not in outputs:
+            raise ValueError(f"alias {i!r} -> {o!r} names no input / output of the kernel")
+    return {list(inputs).index(i): list(outputs).index(o) for i, o in aliases.items()}
+
+
+def call(kernel, *, name, grid, inputs, outputs, aliases, num_warps, num_stages, interpret):
+    """`pl.pallas_call` with named arguments: `inputs` (name -> array) and `outputs`
+    (name -> ShapeDtypeStruct) are ordered dicts whose names are the kernel's ref parameters in
+    order (checked); `aliases` maps input names to the output names that update them in place.
+    Returns the outputs as a tuple."""
+    refs = [p.name for p in inspect.signature(kernel).parameters.values()
+            if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if refs != [*inputs, *outputs]:
+        raise ValueError(f"{name}: inputs + outputs {[*inputs, *outputs]} are not the kernel's "
+                         f"refs {refs}")
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        out_shape=tuple(outputs.values()),
+        input_output_aliases=alias_indices(inputs, outputs, aliases),
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret,
+        name=name,
+    )(*inputs.values())
 
 
 def dot_precision(interpret):

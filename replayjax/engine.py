@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 
 from models.runner import Runner
-from pallas_kernels._common import NULL_SLOT
+from pallas_kernels.ring import NULL_SLOT
 from replayjax import sampling
 
 DRAFTERS = ("ngram", "mtp", "draft")

@@ -22,7 +22,7 @@ e2e() {   # e2e SECONDS ARGS...: one JSON object per run appended to OUT/e2e.jso
 case $stage in
   tests)
     REPLAYJAX_TEST_BACKEND=gpu python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_mamba2_verify.py tests/pallas_kernels/test_gdn_verify.py \
+      tests/pallas_kernels/test_verify.py \
       tests/models/test_nemotron_h.py tests/models/test_qwen.py tests/models/test_speculative.py \
       tests/models/test_mtp.py tests/models/test_standard_spec.py \
       -k "not xla" 2>&1 | tail -15 ;;
@@ -37,7 +37,7 @@ case $stage in
       --batches 256 --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"num_warps": 4}]' \
       2>>"$out/verify.log" | grep "^|"
     python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
-      --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"num_warps": 2}]' \
+      --tune '[{}, {"block_k_long": 32}, {"block_k_long": 64}, {"num_warps": 2}]' \
       2>>"$out/verify.log" | grep "^|"
     for fam in mamba2 gdn; do
       python3 -m replayjax.bench.verify --family $fam --batches 1 32 256 \

@@ -24,8 +24,8 @@ D = jnp.ones((H,), jnp.float32)
 slots = jax.random.permutation(k[4], jnp.arange(1, S, dtype=jnp.int32))[:batch]
 bufs = mamba2.init_replay_buffers(S, H, P, N, G, window=L)
 counts = jnp.zeros((S,), jnp.int32)
-kw = dict(impl="pallas", block_p=bp, block_n=bn, num_warps=warps)
-rkw = dict(kw, fold=fold)
+kw = dict(impl="pallas", tiling=mamba2.Mamba2Tiling(bp, bn, warps))
+rkw = dict(impl="pallas", tiling=mamba2.Mamba2ReplayTiling(bp, bn, warps, fold=fold))
 step = jax.jit(lambda b, c: mamba2.replay_decode(b, c, x, B, C, dt, A, D, slots, **rkw)[1],
                donate_argnums=(0,))
 for _ in range(L):

@@ -1,11 +1,20 @@
-"""Gated DeltaNet decode kernels: standard step (baseline) and ReplaySSM step, with references."""
+"""Gated DeltaNet decode and verify: standard step (baseline) and ReplaySSM, Pallas Triton and XLA.
+
+Modules: `api` (the public ops: validate, dispatch), `buffers` (the cache type), `reference`
+(the per-row math, `prepare_qk`, `gates`), `xla` and `pallas_triton` (implementations over the
+slot pool), `prefill` (chunked WY/UT scan). The ring contract is `pallas_kernels.ring`.
+"""
 
 from pallas_kernels.gdn import reference
-from pallas_kernels.gdn.api import (MAX_VERIFY_TOKENS, MAX_WINDOW, GDNBuffers, advance_counts,
-                                    commit_counts, gates, init_gdn_buffers, prepare_qk,
-                                    replay_decode, replay_verify, standard_decode,
-                                    standard_verify)
+from pallas_kernels.gdn.api import replay_decode, replay_verify, standard_decode, standard_verify
+from pallas_kernels.gdn.buffers import GDNBuffers, init_gdn_buffers
+from pallas_kernels.gdn.pallas_triton import (REPLAY_TILING, STANDARD_TILING, VERIFY_TILING,
+                                              GDNReplayTiling, GDNTiling, GDNVerifyTiling)
+from pallas_kernels.gdn.reference import gates, prepare_qk
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
 
 __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_decode",
            "replay_decode", "advance_counts", "replay_verify", "standard_verify",
-           "commit_counts", "reference", "MAX_WINDOW", "MAX_VERIFY_TOKENS"]
+           "commit_counts", "reference", "MAX_WINDOW", "MAX_VERIFY_TOKENS", "GDNTiling",
+           "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "REPLAY_TILING",
+           "VERIFY_TILING"]

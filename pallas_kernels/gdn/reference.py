@@ -1,4 +1,4 @@
-"""Pure-jnp Gated DeltaNet decode: the oracle for the kernels and the XLA implementation.
+"""Gated DeltaNet decode math per batch row (no pool): the oracle, and what `xla.py` runs per row.
 
 Per value head (state S is [V, K]: value rows, key columns, so S k and S q reduce over the
 contiguous axis; HF stores the transpose), with q, k L2-normalised, q scaled by K^-1/2,
@@ -17,49 +17,12 @@ Caching the corrected update d (not v) makes S_{t-1} a plain weighted sum of out
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import NULL_SLOT, row_index, verify_folds, write_window_rings
-
 _HI = lax.Precision.HIGHEST
 QK_NORM_EPS = 1e-6
-
-
-class GDNBuffers(NamedTuple):
-    """Per-layer ReplaySSM cache for GDN over a pool of S slots (slot 0 = null slot).
-
-    checkpoint: [S, Hv, V, K] state dtype (float32 default, bfloat16 optional)
-    ring_k:     [S, Hk, L, K] ring dtype, normalised keys of the tokens since the checkpoint
-    ring_d:     [S, Hv, L, V] ring dtype, their corrected updates d = beta (v - alpha S k)
-    ring_g:     [S, Hv, L]    float32, their log-decays g
-    Counts ([S] int32) are shared by all layers and live outside; L = ring_k.shape[2].
-    """
-
-    checkpoint: jax.Array
-    ring_k: jax.Array
-    ring_d: jax.Array
-    ring_g: jax.Array
-
-    @property
-    def window(self) -> int:
-        return self.ring_k.shape[2]
-
-
-def init_gdn_buffers(num_slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
-                     head_v_dim: int, window: int = 16, state_dtype=jnp.float32,
-                     ring_dtype=jnp.float32) -> GDNBuffers:
-    """Zeroed buffers. The ring defaults to float32: cached d values enter every later output
-    and every fold, and bf16 d drifts (docs/benchmarks.md has the numbers)."""
-    return GDNBuffers(
-        checkpoint=jnp.zeros((num_slots, num_v_heads, head_v_dim, head_k_dim), state_dtype),
-        ring_k=jnp.zeros((num_slots, num_k_heads, window, head_k_dim), ring_dtype),
-        ring_d=jnp.zeros((num_slots, num_v_heads, window, head_v_dim), ring_dtype),
-        ring_g=jnp.zeros((num_slots, num_v_heads, window), jnp.float32),
-    )
 
 
 def prepare_qk(q, k):
@@ -137,8 +100,10 @@ def replay_step(s0, ring_k, ring_d, ring_g, count, q, k, v, g, beta):
     e = jnp.exp(_suffix(g_ring))                                   # [b, Hv, L]
     E = jnp.exp(g_ring.sum(-1))[..., None]                         # [b, Hv, 1]
     ein = lambda s, *a: jnp.einsum(s, *a, precision=_HI)
-    sk = E * ein("bhvk,bhk->bhv", s0, kh) + ein("bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, kh), d_ring)
-    sq = E * ein("bhvk,bhk->bhv", s0, qh) + ein("bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, qh), d_ring)
+    sk = E * ein("bhvk,bhk->bhv", s0, kh) + ein(
+        "bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, kh), d_ring)
+    sq = E * ein("bhvk,bhk->bhv", s0, qh) + ein(
+        "bhl,bhlv->bhv", e * ein("bhlk,bhk->bhl", kh_ring, qh), d_ring)
     alpha = jnp.exp(g)[..., None]
     d = beta[..., None] * (v - alpha * sk)
     o = alpha * sq + d * jnp.sum(kh * qh, -1, keepdims=True)
@@ -149,92 +114,3 @@ def replay_step(s0, ring_k, ring_d, ring_g, count, q, k, v, g, beta):
     dw, kw = window(ring_d, d), _heads(window(ring_k, k), Hv)
     folded = decay * s0 + ein("bhlv,bhlk->bhvk", dw * w[..., None], kw)
     return o, folded, d
-
-
-def standard_decode(state, q, k, v, g, beta, slots):
-    """Standard GDN decode over a pool (reads and writes every row's state).
-    Returns o [b, Hv, V] (v.dtype) and the updated pool."""
-    live = slots != NULL_SLOT
-    o, new = delta_step(state[slots], q, k, v, g, beta)
-    o = jnp.where(live[:, None, None], o, 0).astype(v.dtype)
-    return o, state.at[row_index(slots, live, state.shape[0])].set(
-        new.astype(state.dtype), mode="drop")
-
-
-def replay_decode(buffers: GDNBuffers, counts, q, k, v, g, beta, slots):
-    """ReplaySSM GDN decode (T = 1) over a pool; counts are read, not advanced.
-    Returns o [b, Hv, V] (v.dtype) and the updated buffers."""
-    S, L = buffers.checkpoint.shape[0], buffers.window
-    live = slots != NULL_SLOT
-    count = counts[slots]
-    o, folded, d = replay_step(buffers.checkpoint[slots], buffers.ring_k[slots],
-                               buffers.ring_d[slots], buffers.ring_g[slots], count,
-                               q, k, v, g, beta)
-    o = jnp.where(live[:, None, None], o, 0).astype(v.dtype)
-    idx = row_index(slots, live, S)
-    fold_idx = jnp.where(count == L - 1, idx, S)
-    c = jnp.minimum(count, L - 1)
-    return o, GDNBuffers(
-        checkpoint=buffers.checkpoint.at[fold_idx].set(
-            folded.astype(buffers.checkpoint.dtype), mode="drop"),
-        ring_k=buffers.ring_k.at[idx, :, c, :].set(k.astype(buffers.ring_k.dtype), mode="drop"),
-        ring_d=buffers.ring_d.at[idx, :, c, :].set(d.astype(buffers.ring_d.dtype), mode="drop"),
-        ring_g=buffers.ring_g.at[idx, :, c].set(g.astype(jnp.float32), mode="drop"),
-    )
-
-
-def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots):
-    """Speculative verify over T window tokens per row, the oracle/XLA form (the Pallas kernel
-    uses the one-chunk WY/UT form of the same recurrence).
-
-    q, k [b, T, Hk, K]; v [b, T, Hv, V]; g, beta [b, T, Hv]. Window token s is output from the
-    committed state + window[0:s+1]; its corrected update d_s is what s single steps would cache.
-    Rows with count + T >= L fold ring[0:count] + window[0] into the checkpoint; the window is
-    written into the ring uncommitted (see `write_window`). Returns o [b, T, Hv, V] (v.dtype),
-    the buffers and the window's d [b, T, Hv, V] float32.
-    """
-    S, L = buffers.checkpoint.shape[0], buffers.window
-    T = v.shape[1]
-    live = slots != NULL_SLOT
-    count = counts[slots]
-    rows = jnp.arange(v.shape[0])
-    ext = [jnp.concatenate([r[slots], jnp.zeros(r[slots].shape[:2] + (T,) + r.shape[3:], r.dtype)],
-                           axis=2) for r in (buffers.ring_k, buffers.ring_d, buffers.ring_g)]
-    s0 = buffers.checkpoint[slots]
-    os_, ds = [], []
-    for s in range(T):
-        o, folded, d = replay_step(s0, *ext, count + s, q[:, s], k[:, s], v[:, s], g[:, s],
-                                   beta[:, s])
-        os_.append(o)
-        ds.append(d)
-        if s == 0:
-            first_fold = folded
-        ext = [e.at[rows, :, count + s].set(t.astype(e.dtype))
-               for e, t in zip(ext, (k[:, s], d, g[:, s]))]
-    o = jnp.where(live[:, None, None, None], jnp.stack(os_, 1), 0).astype(v.dtype)
-    d = jnp.stack(ds, 1)
-    fold = live & verify_folds(count, T, L)
-    out = buffers._replace(checkpoint=buffers.checkpoint.at[jnp.where(fold, slots, S)].set(
-        first_fold.astype(buffers.checkpoint.dtype), mode="drop"))
-    return o, write_window(out, counts, slots, k, d, g), d
-
-
-def write_window(buffers: GDNBuffers, counts, slots, k, d, g):
-    """Writes a verify window's (k [b, T, Hk, K], d [b, T, Hv, V], g [b, T, Hv]) into the rings,
-    uncommitted (see `pallas_kernels._common.write_window_rings`)."""
-    rk, rd, rg = write_window_rings((buffers.ring_k, buffers.ring_d, buffers.ring_g),
-                                    (k, d, g.astype(jnp.float32)), counts, slots, buffers.window)
-    return buffers._replace(ring_k=rk, ring_d=rd, ring_g=rg)
-
-
-def standard_verify(state, q, k, v, g, beta, slots, draft_slots):
-    """Baseline: T standard steps, the state after window token s written to draft_slots[:, s]."""
-    live = slots != NULL_SLOT
-    st = state[slots]
-    os_ = []
-    for s in range(v.shape[1]):
-        o, st = delta_step(st, q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s])
-        os_.append(o)
-        idx = row_index(draft_slots[:, s], live & (draft_slots[:, s] != NULL_SLOT), state.shape[0])
-        state = state.at[idx].set(st.astype(state.dtype), mode="drop")
-    return jnp.where(live[:, None, None, None], jnp.stack(os_, 1), 0).astype(v.dtype), state

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels._common import to_chunks
+from pallas_kernels.chunks import to_chunks
 
 _HI = lax.Precision.HIGHEST
 _F32 = jnp.float32

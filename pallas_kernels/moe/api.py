@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels._common import (FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2,
-                                    pick_block, resolve_impl, resolve_interpret)
+from pallas_kernels.dispatch import resolve_impl, resolve_interpret
 from pallas_kernels.moe import kernels, xla
 from pallas_kernels.moe.plan import combine, make_plan
 from pallas_kernels.moe.reference import ACTIVATIONS
+from pallas_kernels.validation import (FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2,
+                                       pick_block)
 
 __all__ = ["expert_ffn", "default_block_m"]
 

@@ -24,14 +24,13 @@ import time
 
 import numpy as np
 
-from pallas_kernels._common import advance_counts
+from pallas_kernels.ring import advance_counts
 from replayjax.bench import cli
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, Family, pool_sets
 from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
 
 PROG = "replayjax bench kernels"
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
-TILING_KEYS_STANDARD = ("block_p", "block_n", "block_v", "num_warps")
 
 
 # ---------------------------------------------------------------------- schedules
@@ -111,8 +110,9 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     sets = jnp.asarray(ids[..., 0], jnp.int32)
     ring_dtype = jnp.dtype(ring)
     inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
-    std_kw = dict(impl="pallas", **(std_kw or {}))
-    rep_kw = dict(impl="pallas", **(rep_kw or {}))
+    ops = fam.ops()     # tiling overrides replace fields of the measured tilings
+    std_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.STANDARD_TILING, **(std_kw or {})))
+    rep_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.REPLAY_TILING, **(rep_kw or {})))
     n_steps = n_sets * L
 
     @jax.jit
@@ -154,10 +154,11 @@ def tune(fam, shapes, batch, L, ring, configs, progress):
     """Times a list of tilings (staggered replay, the headline); prints a table, returns the
     results. A tiling the compiler rejects is reported and skipped."""
     results = []
+    std_keys = {f.name for f in dataclasses.fields(fam.ops().STANDARD_TILING)}
     print("| shape | batch | tiling | standard us | replay us (staggered) |\n|---|---|---|---|---|")
     for shape in shapes:
         for cfg in configs:
-            std_cfg = {k: v for k, v in cfg.items() if k in TILING_KEYS_STANDARD}
+            std_cfg = {k: v for k, v in cfg.items() if k in std_keys}
             head = f"| {shape} | {batch} | {json.dumps(cfg)} |"
             with progress.stage(f"{shape} batch {batch} {json.dumps(cfg)}"):
                 try:

@@ -16,12 +16,13 @@ the commit rule under the same acceptance law (`fold_statistics`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 import numpy as np
 
-from pallas_kernels._common import commit_counts
+from pallas_kernels.ring import commit_counts
 from replayjax.bench import cli
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, pool_sets
 from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, per_kernel
@@ -32,7 +33,7 @@ BATCHES = (1, 8, 32, 64, 128, 256, 512)
 
 def fold_statistics(T, L, steps=100_000, seed=0):
     """(fraction of verify steps that fold, mean committed ring count before a step) when every
-    step accepts n ~ U{1..T}, under the commit rule of `pallas_kernels._common.commit_counts`."""
+    step accepts n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
     n_acc = np.random.default_rng(seed).integers(1, T + 1, steps)
     c, folds, held = 0, 0, 0
     for n in n_acc:
@@ -72,8 +73,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                  min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None,
                  breakdown=False):
     """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
-    replay_kw: tiling keywords for `replay_verify` (block_p / block_n / block_v / block_k,
-    num_warps, fold), default the tuned ones."""
+    replay_kw: overrides of the family's `VERIFY_TILING` fields (block_p / block_n / block_v /
+    block_k / block_k_long, num_warps, fold), default none (the tuned tiling)."""
     import jax
     import jax.numpy as jnp
 
@@ -86,14 +87,14 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     win = _window(inputs, fam.token_inputs, T)
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
+    tiling = dataclasses.replace(ops.VERIFY_TILING, **(replay_kw or {}))
 
     @jax.jit
     def run_replay(bufs, counts):
         def body(i, carry):
             bufs, counts = carry
             slots = sets[i % n_sets]
-            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas",
-                                        **(replay_kw or {}))
+            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas", tiling=tiling)
             n_acc = jax.random.randint(jax.random.fold_in(key, i), (batch,), 1, T + 1)
             return bufs, commit_counts(counts, slots, n_acc, T, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))

@@ -13,7 +13,7 @@ from models.nemotron_h import NemotronH
 from models.qwen import QwenHybrid
 from models.runner import Runner
 from models.weights import load_nemotron_h, read_safetensors
-from pallas_kernels._common import NULL_SLOT
+from pallas_kernels.ring import NULL_SLOT
 
 FIXTURES = "tests/fixtures/hf"
 

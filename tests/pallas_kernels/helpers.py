@@ -9,11 +9,11 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def impl_kw(impl, interpret, **tiling):
+def impl_kw(impl, interpret, tiling=None):
     """Keyword arguments for a public op: tiling and interpret only apply to Pallas."""
     if impl != "pallas":
         return dict(impl=impl)
-    return dict(impl=impl, interpret=interpret, **tiling)
+    return dict(impl=impl, interpret=interpret, tiling=tiling)
 
 
 def bitwise_equal(a, b):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels._common import advance_counts
+from pallas_kernels.ring import advance_counts
 from replayjax.bench import kernels, timing, verify
 from replayjax.bench.families import FAMILIES
 

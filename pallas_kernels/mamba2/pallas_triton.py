@@ -1,4 +1,4 @@
-"""Pallas kernels for Mamba-2 decode: the standard step (baseline) and the ReplaySSM step.
+"""Pallas Triton kernels for Mamba-2 decode and verify (`impl="pallas_triton"`, or "pallas").
 
 Grid (batch, H, P // block_p): one program per (row, head, P tile), which streams the state tile
 over d_state in chunks of block_n (a loop the Triton pipeliner overlaps: many loads in flight with
@@ -6,11 +6,15 @@ few registers). Pools are passed whole and gathered by slot inside the kernel
 (`ref[slot, h, ...]`); the updated pools are aliased to their inputs so the step writes in place
 (donate them at the outer jit). Every load and store is a power-of-two block: the P tile divides P
 (P = 80 runs as five tiles of 16), N and L are powers of two. Bodies use only backend-neutral
-Pallas; the Triton specifics are in `_compiler_params`.
+Pallas; the Triton specifics are in `_kernel_utils.compiler_params`.
+
+The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
+arguments (see `pallas_kernels.mamba2.api`) and resolve the tiling to concrete tiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -18,9 +22,72 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._common import NULL_SLOT
-from pallas_kernels._kernel_utils import (F32 as _F32, compiler_params, dot_precision, n_chunks,
-                                          masked_window, outer_fold, suffix_sums)
+from pallas_kernels._kernel_utils import (F32 as _F32, call, dot_precision, like, masked_window,
+                                          n_chunks, outer_fold, suffix_sums)
+from pallas_kernels.mamba2.buffers import write_window
+from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
+
+
+@dataclasses.dataclass(frozen=True)
+class Mamba2Tiling:
+    """Launch configuration of the standard kernels. block_p and block_n bound the head-dim tile
+    and the d_state chunk: a kernel uses the largest power of two dividing P (at least 4),
+    respectively N, up to them."""
+    block_p: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Mamba2ReplayTiling(Mamba2Tiling):
+    """Launch configuration of the replay decode and verify kernels: the tiles, plus how the fold
+    forms X^T diag(s) B: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
+    (rank-1 updates) or "auto" (dot where it can)."""
+    fold: str = "auto"
+
+
+# Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md).
+STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
+REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2)
+# verify keeps T accumulators per d_state chunk: 32-wide chunks (batch 256, T = 4: 2.24x the
+# baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16).
+VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2)
+_MIN_BLOCK_P = 4
+
+
+def _tiles(tiling, default, P, N, window=None):
+    """The launch keywords of a tiling (None: `default`) for head dim P and d_state N; with the
+    ring window L, also the fold mode."""
+    t = resolve_tiling(tiling, default)
+    tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
+                 block_n=bounded_block("block_n", "d_state N", N, t.block_n))
+    if window is not None:
+        tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
+    return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
+                            **_tiles(tiling, STANDARD_TILING, x.shape[2], B.shape[2]))
+
+
+def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                          **_tiles(tiling, REPLAY_TILING, x.shape[2], B.shape[2], buffers.window))
+
+
+def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                           **_tiles(tiling, VERIFY_TILING, x.shape[3], B.shape[3], buffers.window))
+    return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
+
+
+def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, interpret):
+    return _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, interpret=interpret,
+                            **_tiles(tiling, STANDARD_TILING, x.shape[3], B.shape[3]))
+
 
 def _row_head_tile(heads_per_group, block_p):
     b, h, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -54,22 +121,19 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
                                              "interpret"))
-def standard_decode_pallas(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_warps=4,
-                           num_stages=2, interpret=False):
+def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_warps,
+                     num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_p=block_p,
                                block_n=block_n)
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, H, P // block_p),
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
-        input_output_aliases={7: 1},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="mamba2_standard_decode",
-    )(slots, x, B, C, dt, A, D, state)
+    return call(
+        kernel, name="mamba2_standard_decode", grid=(batch, H, P // block_p),
+        inputs=dict(slots_ref=slots, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt, a_ref=A, d_ref=D,
+                    s_in=state),
+        outputs=dict(y_ref=like(x), s_out=like(state)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,25 +212,23 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
                                              "num_stages", "interpret"))
-def replay_decode_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
-                         fold_dot, num_warps=4, num_stages=2, interpret=False):
+def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
+                   num_warps, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
         _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
         fold_dot=fold_dot, precision=dot_precision(interpret))
-    out_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype),) + tuple(
-        jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
-    y, *new = pl.pallas_call(
-        kernel,
-        grid=(batch, H, P // block_p),
-        out_shape=out_shape,
-        input_output_aliases={8: 1, 9: 2, 10: 3, 11: 4},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="mamba2_replay_decode",
-    )(slots, counts, x, B, C, dt, A, D, *buffers)
+    y, *new = call(
+        kernel, name="mamba2_replay_decode", grid=(batch, H, P // block_p),
+        inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
+                    a_ref=A, d_ref=D, s_in=buffers.checkpoint, rx_in=buffers.ring_x,
+                    rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
+        outputs=dict(y_ref=like(x), s_out=like(buffers.checkpoint), rx_out=like(buffers.ring_x),
+                     rb_out=like(buffers.ring_b), rdt_out=like(buffers.ring_dt)),
+        aliases={"s_in": "s_out", "rx_in": "rx_out", "rb_in": "rb_out", "rdt_in": "rdt_out"},
+        num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return y, type(buffers)(*new)
 
 
@@ -239,8 +301,8 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
                                              "num_stages", "interpret"))
-def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n,
-                         fold_dot, num_warps=4, num_stages=2, interpret=False):
+def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
+                   num_warps, num_stages, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
@@ -253,16 +315,15 @@ def replay_verify_pallas(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, 
         _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
         window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret))
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, H, P // block_p),
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                   jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
-        input_output_aliases={10: 1},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="mamba2_replay_verify",
-    )(slots, counts, x, B, C, dt, A, D, bc_ring, bc_win, *buffers)
+    ck = buffers.checkpoint
+    return call(
+        kernel, name="mamba2_replay_verify", grid=(batch, H, P // block_p),
+        inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
+                    a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win, s_in=ck,
+                    rx_in=buffers.ring_x, rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
+        outputs=dict(y_ref=like(x), s_out=like(ck)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,19 +360,16 @@ def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
                                              "interpret"))
-def standard_verify_pallas(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, block_n,
-                           num_warps=4, num_stages=2, interpret=False):
+def _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, block_n,
+                     num_warps, num_stages, interpret):
     batch, T, H, P = x.shape
     G = B.shape[2]
     kernel = functools.partial(_standard_verify_kernel, heads_per_group=H // G, block_p=block_p,
                                block_n=block_n, num_tokens=T)
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, H, P // block_p),
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
-        input_output_aliases={8: 1},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="mamba2_standard_verify",
-    )(slots, draft_slots, x, B, C, dt, A, D, state)
+    return call(
+        kernel, name="mamba2_standard_verify", grid=(batch, H, P // block_p),
+        inputs=dict(slots_ref=slots, draft_ref=draft_slots, x_ref=x, b_ref=B, c_ref=C,
+                    dt_ref=dt, a_ref=A, d_ref=D, s_in=state),
+        outputs=dict(y_ref=like(x), s_out=like(state)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)

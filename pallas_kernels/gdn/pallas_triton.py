@@ -1,13 +1,17 @@
-"""Pallas kernels for Gated DeltaNet decode: the standard step (baseline) and the ReplaySSM step.
+"""Pallas Triton kernels for Gated DeltaNet decode and verify (`impl="pallas_triton"`/"pallas").
 
 Grid (batch, Hv, V // block_v): one program per (row, value head, V tile). The standard kernel
 holds its [block_v, K] state tile in registers (S k is needed before the update); the replay
 kernel streams the checkpoint over K in chunks of block_k. Pools are gathered by slot inside the
 kernel and updated in place through input_output_aliases, as in the Mamba-2 kernels.
+
+The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
+arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -15,9 +19,96 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._common import NULL_SLOT
-from pallas_kernels._kernel_utils import (F32, compiler_params, dot_precision, masked_window,
+from pallas_kernels._kernel_utils import (F32, call, dot_precision, like, masked_window,
                                           n_chunks, outer_fold, suffix_sums)
+from pallas_kernels.gdn.buffers import write_window
+from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNTiling:
+    """Launch configuration of the standard kernels (the [block_v, K] state tile is held
+    whole). block_v bounds the value tile: a kernel uses the largest power of two dividing V,
+    at least 4, up to it."""
+    block_v: int
+    num_warps: int
+    num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNReplayTiling:
+    """Launch configuration of the replay decode kernel: block_v as in `GDNTiling`, block_k
+    bounds the key chunk the checkpoint is streamed in; `fold` is how the fold forms
+    sum_j w_j d_j k_j^T: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
+    (rank-1 updates) or "auto" (dot where it can)."""
+    block_v: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 2
+    fold: str = "auto"
+
+    def key_block(self, num_tokens: int) -> int:
+        return self.block_k
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNVerifyTiling:
+    """Launch configuration of the replay verify kernel, as `GDNReplayTiling` except that the key
+    chunk depends on the window: the kernel keeps T accumulators per key chunk, so larger T wants
+    narrower chunks. block_k bounds it for T <= 2, block_k_long for T > 2."""
+    block_v: int
+    block_k: int
+    block_k_long: int
+    num_warps: int
+    num_stages: int = 2
+    fold: str = "auto"
+
+    def key_block(self, num_tokens: int) -> int:
+        return self.block_k if num_tokens <= 2 else self.block_k_long
+
+
+# Tilings measured on an H200 at batch 256, fp32 state (docs/benchmarks.md).
+STANDARD_TILING = GDNTiling(block_v=128, num_warps=8)
+REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4)
+# verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
+# 16 vs 1.90x; T = 8 1.65x vs 1.38x.
+VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4)
+_MIN_BLOCK_V = 4
+
+
+def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
+    """The launch keywords of a tiling (None: `default`) for value dim V; with key dim K and the
+    ring window L, also the key chunk (for a window of `num_tokens`) and the fold mode."""
+    t = resolve_tiling(tiling, default)
+    tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
+    if K is not None:
+        tiles["block_k"] = bounded_block("block_k", "key dim K", K, t.key_block(num_tokens))
+        tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
+    return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
+    return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
+                            **_tiles(tiling, STANDARD_TILING, v.shape[2]))
+
+
+def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                          **_tiles(tiling, REPLAY_TILING, v.shape[2], k.shape[2],
+                                   buffers.window))
+
+
+def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                              **_tiles(tiling, VERIFY_TILING, v.shape[3], k.shape[3],
+                                       buffers.window, num_tokens=v.shape[1]))
+    return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
+
+
+def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, tiling, interpret):
+    return _standard_verify(state, q, k, v, g, beta, slots, draft_slots, interpret=interpret,
+                            **_tiles(tiling, STANDARD_TILING, v.shape[3]))
 
 
 def _program(heads_per_key_head, block_v):
@@ -48,21 +139,18 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in, o_re
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
-def standard_decode_pallas(state, q, k, v, g, beta, slots, *, block_v, num_warps=4, num_stages=2,
-                           interpret=False):
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, num_warps, num_stages,
+                     interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_v=block_v)
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, Hv, V // block_v),
-        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
-                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
-        input_output_aliases={6: 1},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="gdn_standard_decode",
-    )(slots, q, k, v, g, beta, state)
+    return call(
+        kernel, name="gdn_standard_decode", grid=(batch, Hv, V // block_v),
+        inputs=dict(slots_ref=slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g, beta_ref=beta,
+                    s_in=state),
+        outputs=dict(o_ref=like(v), s_out=like(state)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,25 +229,23 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
                                              "num_stages", "interpret"))
-def replay_decode_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                         num_warps=4, num_stages=2, interpret=False):
+def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
+                   num_warps, num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
     kernel = functools.partial(
         _replay_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k, window=L,
         fold_dot=fold_dot, precision=dot_precision(interpret))
-    out_shape = (jax.ShapeDtypeStruct(v.shape, v.dtype),) + tuple(
-        jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers)
-    o, *new = pl.pallas_call(
-        kernel,
-        grid=(batch, Hv, V // block_v),
-        out_shape=out_shape,
-        input_output_aliases={7: 1, 8: 2, 9: 3, 10: 4},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="gdn_replay_decode",
-    )(slots, counts, q, k, v, g, beta, *buffers)
+    o, *new = call(
+        kernel, name="gdn_replay_decode", grid=(batch, Hv, V // block_v),
+        inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
+                    beta_ref=beta, s_in=buffers.checkpoint, rk_in=buffers.ring_k,
+                    rd_in=buffers.ring_d, rg_in=buffers.ring_g),
+        outputs=dict(o_ref=like(v), s_out=like(buffers.checkpoint), rk_out=like(buffers.ring_k),
+                     rd_out=like(buffers.ring_d), rg_out=like(buffers.ring_g)),
+        aliases={"s_in": "s_out", "rk_in": "rk_out", "rd_in": "rd_out", "rg_in": "rg_out"},
+        num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return o, type(buffers)(*new)
 
 
@@ -250,8 +336,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
                                              "num_stages", "interpret"))
-def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                         num_warps=4, num_stages=2, interpret=False):
+def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
+                   num_warps, num_stages, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool; the ring is
     not touched."""
@@ -267,16 +353,17 @@ def replay_verify_pallas(buffers, counts, q, k, v, g, beta, slots, *, block_v, b
         _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
         window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret))
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, Hv, V // block_v),
-        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(v.shape, F32),
-                   jax.ShapeDtypeStruct(buffers.checkpoint.shape, buffers.checkpoint.dtype)),
-        input_output_aliases={11: 2},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="gdn_replay_verify",
-    )(slots, counts, q, k, v, g, beta, *products, *buffers)
+    rkk, rkq, wkk, wkq = products
+    return call(
+        kernel, name="gdn_replay_verify", grid=(batch, Hv, V // block_v),
+        inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
+                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
+                    s_in=buffers.checkpoint, rk_in=buffers.ring_k, rd_in=buffers.ring_d,
+                    rg_in=buffers.ring_g),
+        outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32),
+                     s_out=like(buffers.checkpoint)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,19 +392,16 @@ def _standard_verify_kernel(slots_ref, draft_ref, q_ref, k_ref, v_ref, g_ref, be
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
-def standard_verify_pallas(state, q, k, v, g, beta, slots, draft_slots, *, block_v, num_warps=4,
-                           num_stages=2, interpret=False):
+def _standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, block_v, num_warps,
+                     num_stages, interpret):
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
     kernel = functools.partial(_standard_verify_kernel, heads_per_key_head=Hv // Hk,
                                block_v=block_v, num_tokens=T)
-    return pl.pallas_call(
-        kernel,
-        grid=(batch, Hv, V // block_v),
-        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
-                   jax.ShapeDtypeStruct(state.shape, state.dtype)),
-        input_output_aliases={7: 1},
-        compiler_params=compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="gdn_standard_verify",
-    )(slots, draft_slots, q, k, v, g, beta, state)
+    return call(
+        kernel, name="gdn_standard_verify", grid=(batch, Hv, V // block_v),
+        inputs=dict(slots_ref=slots, draft_ref=draft_slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
+                    beta_ref=beta, s_in=state),
+        outputs=dict(o_ref=like(v), s_out=like(state)),
+        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)

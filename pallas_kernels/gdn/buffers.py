@@ -1,0 +1,61 @@
+"""The GDN ReplaySSM cache of one layer: buffer type, layout, init and the window write."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.ring import write_window_rings
+from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
+
+
+class GDNBuffers(NamedTuple):
+    """Per-layer ReplaySSM cache for GDN over a pool of S slots (slot 0 = null slot).
+
+    checkpoint: [S, Hv, V, K] state dtype (float32 default, bfloat16 optional)
+    ring_k:     [S, Hk, L, K] ring dtype, normalised keys of the tokens since the checkpoint
+    ring_d:     [S, Hv, L, V] ring dtype, their corrected updates d = beta (v - alpha S k)
+    ring_g:     [S, Hv, L]    float32, their log-decays g
+    Counts ([S] int32) are shared by all layers and live outside; L = ring_k.shape[2].
+    """
+
+    checkpoint: jax.Array
+    ring_k: jax.Array
+    ring_d: jax.Array
+    ring_g: jax.Array
+
+    @property
+    def window(self) -> int:
+        return self.ring_k.shape[2]
+
+
+# The layout above as a validation table (dims shared with the step inputs: Hk, Hv, K, V).
+FIELDS = (
+    Field("checkpoint", ("S", "Hv", "V", "K"), STATE_DTYPES),
+    Field("ring_k", ("S", "Hk", "L", "K"), FLOAT_DTYPES),
+    Field("ring_d", ("S", "Hv", "L", "V"), "ring_k"),
+    Field("ring_g", ("S", "Hv", "L"), F32_ONLY),
+)
+
+
+def init_gdn_buffers(num_slots: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
+                     head_v_dim: int, window: int = 16, state_dtype=jnp.float32,
+                     ring_dtype=jnp.float32) -> GDNBuffers:
+    """Zeroed buffers. The ring defaults to float32: cached d values enter every later output
+    and every fold, and bf16 d drifts (docs/benchmarks.md has the numbers)."""
+    return GDNBuffers(
+        checkpoint=jnp.zeros((num_slots, num_v_heads, head_v_dim, head_k_dim), state_dtype),
+        ring_k=jnp.zeros((num_slots, num_k_heads, window, head_k_dim), ring_dtype),
+        ring_d=jnp.zeros((num_slots, num_v_heads, window, head_v_dim), ring_dtype),
+        ring_g=jnp.zeros((num_slots, num_v_heads, window), jnp.float32),
+    )
+
+
+def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
+    """Writes a verify window's (k [b, T, Hk, K], d [b, T, Hv, V], g [b, T, Hv]) into the rings,
+    uncommitted (see `pallas_kernels.ring.write_window_rings`)."""
+    rk, rd, rg = write_window_rings((buffers.ring_k, buffers.ring_d, buffers.ring_g),
+                                    (k, d, g), counts, slots, buffers.window)
+    return buffers._replace(ring_k=rk, ring_d=rd, ring_g=rg)

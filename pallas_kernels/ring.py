@@ -1,0 +1,148 @@
+"""The ring contract, shared by both families (Mamba-2, GDN) and every implementation.
+
+Slots. A layer's cache is a pool of S slots; batch row i works on slot `slots[i]` ([b] int32),
+and the rows of one call name distinct slots. Slot 0 is the null slot (`NULL_SLOT`): padded batch
+rows point at it, ops write zeros to their outputs and nothing to any pool for them, so a fixed
+batch shape needs no branches (pools are zero-initialised, so the null slot reads finite values).
+
+Per slot: a checkpoint state, a ring of L entries (L a power of two <= `MAX_WINDOW`; Mamba-2:
+post-conv x, B and dt after softplus; GDN: normalised k, the corrected update
+d = beta (v - alpha S k), and g), and a committed count c in [0, L - 1].
+
+Counts. Ring entries at positions >= c are garbage (possibly NaN) and are only ever selected away
+with `where`, never multiplied by a mask. Every SSM layer of a model advances in lockstep, so one
+[S] int32 array (`models.cache.ModelCache.counts`) serves all layers and is updated once per model
+step (`advance_counts`, `commit_counts`). The ops only read it.
+
+Decode (T = 1). The output comes from checkpoint + ring[0:c] + the current token in closed form,
+without writing the state. When c == L - 1 the row folds ring + current token into the checkpoint
+and the count becomes 0; otherwise the token is appended at c and the count becomes c + 1. So the
+state is written once every L steps, and L = 1 is exactly the standard recurrence.
+
+Verify (T tokens, 1 <= T <= min(`MAX_VERIFY_TOKENS`, L)). Outputs for every window token,
+causally. A row folds when c + T >= L (`verify_folds`), folding ring[0:c] + window[0] (the token
+sampled last step, always accepted) and writing window[1:] at 0..T-2; otherwise the window goes to
+c..c+T-1 (`write_window_rings`). Window entries are uncommitted until the commit.
+
+Commit and rollback. `commit_counts(counts, slots, n, T, L)` accepts n in [1, T] window tokens:
+the count becomes n - 1 after a fold and c + n otherwise. Rejected tokens stay in the ring past
+the count and are overwritten later: rollback is this cursor move. T = 1 with n = 1 is exactly
+decode (`advance_counts`).
+
+Conv state. A slot's conv state holds its last K - 1 pre-conv inputs, oldest first.
+`conv_prefill` convolves right-padded prompts from a zero state and returns each prompt's last
+K - 1 inputs; `conv_window` convolves a decode or verify window against state + window without
+changing the state; `conv_commit` keeps the last K - 1 inputs of state + window[0:n], exactly as
+if only the n accepted tokens had run.
+
+Standard-mode drafts (the state-per-draft baseline). A standard-mode pool keeps a full state per
+window token instead of a ring: for T = max_verify > 1 its checkpoint pool has S * (1 + T) rows
+(`draft_pool_size`). Rows 0..S-1 are the slots' running states; slot s's draft t (the state after
+window token t, 0 <= t < T) sits at row S + s * T + t (`draft_slots`). Standard verify writes every
+window token's state into its draft row; commit copies draft n - 1 back to the slot's row. A
+sequence then holds T + 1 states per layer, against one state plus L ring entries in replay mode.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+NULL_SLOT = 0
+MAX_WINDOW = 64
+MAX_VERIFY_TOKENS = 8
+
+
+def row_index(slots, live, num_slots):
+    """Scatter index for pool updates: padding rows point past the pool and are dropped."""
+    return jnp.where(live, slots, num_slots)
+
+
+def verify_folds(count, window_len: int, window: int):
+    """Fold decision of a verify step over `window_len` tokens (T = 1 is plain decode): fold when
+    the committed entries plus the window would fill the ring. The fold takes the committed ring
+    entries plus the window's first token, which is always accepted (it was sampled last step)."""
+    return count + window_len >= window
+
+
+def write_window_rings(rings, values, counts, slots, window: int):
+    """Writes a verify window into ring tensors (uncommitted): at count..count+T-1, or window[1:]
+    at 0..T-2 for rows that fold (window[0] went into the checkpoint). rings: arrays
+    [S, heads, L, ...]; values: matching [b, T, heads, ...]. Returns the new rings."""
+    S, T = rings[0].shape[0], values[0].shape[1]
+    count = counts[slots]
+    idx = row_index(slots, slots != NULL_SLOT, S)
+    s = jnp.arange(T)
+    pos = jnp.where(verify_folds(count, T, window)[:, None], s - 1, count[:, None] + s)  # [b, T]
+    i = jnp.where((pos >= 0) & (pos < window), idx[:, None], S)     # out of the pool: dropped
+    p = jnp.clip(pos, 0, window - 1)
+    # one scatter per ring: r[i, :, p] with i, p [b, T] addresses [b, T, heads, ...] = values
+    return tuple(r.at[i, :, p].set(v.astype(r.dtype), mode="drop") for r, v in zip(rings, values))
+
+
+def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
+    """Commit n_accepted (clamped to [1, T]) of a verify window per live row: the count becomes
+    n - 1 after a fold (the first token went into the checkpoint) and count + n otherwise.
+    counts [S] int32 (shared by every SSM layer: once per model step), slots and n_accepted [b]
+    int32; NULL_SLOT rows change nothing. Returns the new counts."""
+    live = slots != NULL_SLOT
+    c = counts[slots]
+    n = jnp.clip(n_accepted, 1, window_len)
+    new = jnp.where(verify_folds(c, window_len, window), n - 1, c + n).astype(counts.dtype)
+    return counts.at[row_index(slots, live, counts.shape[0])].set(new, mode="drop")
+
+
+def advance_counts(counts, slots, window: int):
+    """Commit one decoded token per live row (T = 1): count + 1, or 0 after a fold."""
+    return commit_counts(counts, slots, jnp.ones_like(slots), 1, window)
+
+
+def conv_prefill(xbc, weight, bias, lengths):
+    """Causal depthwise conv over right-padded prompts from a zero state.
+
+    xbc [b, T, C] pre-conv inputs; weight [C, K]; bias [C] or None; lengths [b]. Returns the
+    pre-activation outputs [b, T, C] and the conv state [b, K-1, C] (the last K-1 inputs of each
+    prompt)."""
+    K, T = weight.shape[1], xbc.shape[1]
+    pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)      # [b, K-1+T, C]
+    out = sum(pad[:, k:k + T] * weight[:, k] for k in range(K))
+    if bias is not None:
+        out = out + bias
+    idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
+    return out, jnp.take_along_axis(pad, idx[:, :, None], axis=1)
+
+
+def conv_window(conv_state, window, weight, bias, slots):
+    """conv_state [S, K-1, C]; window [b, T, C]; weight [C, K] (last tap = current token);
+    bias [C] or None; slots [b]. Returns the pre-activation outputs [b, T, C] in float32; the
+    state is not changed (see `conv_commit`)."""
+    K = weight.shape[1]
+    T = window.shape[1]
+    seq = jnp.concatenate([conv_state[slots].astype(jnp.float32),
+                           window.astype(jnp.float32)], axis=1)          # [b, K-1+T, C]
+    w = weight.astype(jnp.float32)
+    out = sum(seq[:, k:k + T] * w[:, k] for k in range(K))
+    return out if bias is None else out + bias.astype(jnp.float32)
+
+
+def conv_commit(conv_state, window, slots, n_accepted):
+    """New state = the last K-1 inputs of state + window[0:n_accepted] (n clamped to [1, T]).
+    NULL_SLOT rows change nothing. Returns the updated pool [S, K-1, C]."""
+    Km1, T = conv_state.shape[1], window.shape[1]
+    seq = jnp.concatenate([conv_state[slots], window.astype(conv_state.dtype)], axis=1)
+    n = jnp.clip(n_accepted, 1, T)
+    idx = n[:, None] + jnp.arange(Km1)[None, :]                            # [b, K-1]
+    new = jnp.take_along_axis(seq, idx[:, :, None], axis=1)
+    live = slots != NULL_SLOT
+    return conv_state.at[row_index(slots, live, conv_state.shape[0])].set(new, mode="drop")
+
+
+def draft_pool_size(num_slots: int, max_verify: int) -> int:
+    """Checkpoint rows of a standard-mode pool: S running states + T drafts per slot (T > 1)."""
+    return num_slots * (1 + max_verify) if max_verify > 1 else num_slots
+
+
+def draft_slots(slots, num_slots: int, num_drafts: int, window_len: int):
+    """Pool rows of each row's first `window_len` draft states: [b, window_len] int32,
+    S + slot * num_drafts + t. slots [b] int32 (NULL_SLOT rows get slot 0's unused drafts)."""
+    t = jnp.arange(window_len, dtype=jnp.int32)[None, :]
+    return (num_slots + slots[:, None] * num_drafts + t).astype(jnp.int32)

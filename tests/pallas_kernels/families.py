@@ -1,0 +1,252 @@
+"""One adapter per kernel family for the shared kernel tests: a random problem (shapes,
+parameters, per-step inputs), the float64 oracle step of one row, replay states whose ring holds
+what a standard run would have cached (NaN past the count), and the family's ops and tilings.
+
+The oracle is fed exactly the values the kernels see (inputs rounded to their dtype first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import gdn, mamba2
+from pallas_kernels.ring import NULL_SLOT
+from tests.pallas_kernels.helpers import rel_err
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+f64 = lambda a: np.asarray(a, np.float64)
+
+
+class Problem:
+    """Random problem of one family: `dims` (DIMS overridden by keywords), a pool of `S` slots,
+    batches of `batch` rows with activations of dtype `act`. Subclasses give the family, and the
+    shapes the shared tests run it at."""
+
+    name: str
+    ops = None                    # the family module (pallas_kernels.mamba2 / .gdn)
+    DIMS: dict                    # default dims
+    CHUNK_FIELDS: tuple           # tiling fields of the chunk the state is streamed in
+    STATE_SCALE: float            # scale of random states
+    BF16_RING: object             # ring dtype that goes with bf16 activations
+    STANDARD_CASES: list          # (id, dims, tiling overrides) of the standard decode test
+    REPLAY_DIMS: dict             # replay and verify over folds: two state chunks of 16
+    SMALL_DIMS: dict              # L = 1 test
+    LONG_DIMS: dict               # long runs, of LONG_STEPS steps
+    LONG_STEPS: int
+    REAL_CASES: list              # (id, dims) of real model shapes (compiled on GPU)
+    COMPUTED_RING: tuple          # ring fields computed by the op (others copy the inputs)
+
+    def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
+        self.rng = np.random.default_rng(seed)
+        self.batch, self.S, self.act = batch, num_slots, act
+        self.dims = {**self.DIMS, **dims}
+        self.consts = ()
+
+    def rand(self, shape, dtype, scale=1.0):
+        return jnp.asarray(self.rng.standard_normal(shape) * scale, dtype)
+
+    def window_inputs(self, T, b=None):
+        """T tokens' inputs stacked on axis 1: [b, T, ...] each."""
+        return [jnp.stack(a, axis=1) for a in zip(*(self.step_inputs(b) for _ in range(T)))]
+
+    def random_state(self, dtype=F32):
+        return self.rand(self.state_shape, dtype, self.STATE_SCALE)
+
+    def tiling(self, kind, chunk=None, **overrides):
+        """The family's measured tiling of `kind` ("standard", "replay", "verify") with
+        overrides; `chunk` sets every chunk field the tiling has."""
+        t = getattr(self.ops, f"{kind.upper()}_TILING")
+        names = {f.name for f in dataclasses.fields(t)}
+        if chunk is not None:
+            overrides.update({f: chunk for f in self.CHUNK_FIELDS if f in names})
+        return dataclasses.replace(t, **overrides)
+
+    def make_replay_state(self, L, state_dtype, ring_dtype):
+        """Random checkpoints and per-slot counts; ring entries below the count are what a
+        standard run from the checkpoint would have cached, entries above are NaN (garbage must
+        never leak). Returns the buffers, counts [S] and the float64 oracle state per slot."""
+        ck = self.random_state(state_dtype)
+        rings = [np.full(r.shape, np.nan, np.float32) for r in self.init_buffers(L)[1:]]
+        counts = self.rng.integers(0, L, self.S).astype(np.int32)
+        counts[NULL_SLOT] = 0
+        oracle = {}
+        for s in range(self.S):
+            state = f64(ck[s])
+            for j in range(counts[s]):
+                entries, state = self.ring_step(state, ring_dtype)
+                for r, e in zip(rings, entries):
+                    r[s, :, j] = e
+            oracle[s] = state
+        ring_dtypes = (ring_dtype, ring_dtype, F32)
+        bufs = type(self.init_buffers(1))(
+            ck, *(jnp.asarray(r, dt) for r, dt in zip(rings, ring_dtypes)))
+        return bufs, jnp.asarray(counts), oracle
+
+
+class Mamba2(Problem):
+    name = "mamba2"
+    ops = mamba2
+    DIMS = dict(H=4, P=16, N=16, G=2)
+    CHUNK_FIELDS = ("block_n",)
+    STATE_SCALE = 0.5
+    BF16_RING = BF16              # the ring holds activations that are bf16 already
+    COMPUTED_RING = ()
+    STANDARD_CASES = [("grouped", dict(H=4, P=16, N=16, G=2), {}),
+                      ("p80", dict(H=2, P=80, N=32, G=1), dict(chunk=16))]  # 5 P tiles of 16
+    REPLAY_DIMS = dict(H=4, P=16, N=32, G=2)
+    SMALL_DIMS = dict(H=2, P=16, N=16, G=1)
+    LONG_DIMS = dict(H=2, P=8, N=16, G=1)
+    LONG_STEPS = 2048
+    REAL_CASES = [("nemotron-h-8b", dict(H=128, P=64, N=128, G=8)),
+                  ("nemotron-nano-9b-v2", dict(H=128, P=80, N=128, G=8))]
+
+    def __init__(self, seed, **kw):
+        super().__init__(seed, **kw)
+        H = self.dims["H"]
+        self.A = jnp.asarray(-np.exp(self.rng.uniform(-1, 1, H)), F32)
+        self.D = jnp.asarray(self.rng.standard_normal(H), F32)
+        self.consts = (self.A, self.D)
+
+    @property
+    def state_shape(self):
+        d = self.dims
+        return (self.S, d["H"], d["P"], d["N"])
+
+    def init_buffers(self, L, ring_dtype=BF16):
+        d = self.dims
+        return mamba2.init_replay_buffers(self.S, d["H"], d["P"], d["N"], d["G"], window=L,
+                                          ring_dtype=ring_dtype)
+
+    def step_inputs(self, b=None):
+        """x [b, H, P], B, C [b, G, N], dt [b, H]."""
+        b = self.batch if b is None else b
+        H, P, N, G = (self.dims[k] for k in "HPNG")
+        x = self.rand((b, H, P), self.act)
+        B = self.rand((b, G, N), self.act, N ** -0.5)
+        C = self.rand((b, G, N), self.act, N ** -0.5)
+        dt = jnp.asarray(self.rng.uniform(0.005, 0.15, (b, H)), F32)
+        return x, B, C, dt
+
+    def oracle_step(self, state, x, B, C, dt):
+        """float64 standard recurrence on one row: state [H, P, N]; returns y, new state."""
+        x, B, C, dt, A, D = map(f64, (x, B, C, dt, self.A, self.D))
+        hg = self.dims["H"] // self.dims["G"]
+        Bh, Ch = np.repeat(B, hg, 0), np.repeat(C, hg, 0)
+        new = np.exp(dt * A)[:, None, None] * state + (dt[:, None] * x)[:, :, None] * Bh[:, None, :]
+        return np.einsum("hpn,hn->hp", new, Ch) + D[:, None] * x, new
+
+    def ring_step(self, state, ring_dtype):
+        """One random token through the oracle: its ring entries (x, B, dt) and the new state."""
+        x, B, C, dt = (np.asarray(a[0]) for a in self.step_inputs(1))
+        x, B = (np.asarray(jnp.asarray(a, ring_dtype), np.float32) for a in (x, B))
+        _, state = self.oracle_step(state, x, B, C, dt)
+        return (x, B, dt), state
+
+
+class GDN(Problem):
+    name = "gdn"
+    ops = gdn
+    DIMS = dict(Hk=2, Hv=4, K=16, V=16)
+    CHUNK_FIELDS = ("block_k", "block_k_long")
+    STATE_SCALE = 0.3
+    BF16_RING = F32               # the cached d drifts in bf16: rings stay fp32 by default
+    COMPUTED_RING = ("ring_d",)
+    STANDARD_CASES = [("grouped", dict(Hk=2, Hv=4, K=16, V=16), {}),
+                      ("tiled", dict(Hk=1, Hv=2, K=32, V=32), dict(block_v=16))]
+    REPLAY_DIMS = dict(Hk=2, Hv=4, K=32, V=16)
+    SMALL_DIMS = LONG_DIMS = dict(Hk=1, Hv=2, K=16, V=16)
+    LONG_STEPS = 4096
+    REAL_CASES = [("qwen3-next", dict(Hk=16, Hv=32, K=128, V=128))]
+
+    @property
+    def state_shape(self):
+        d = self.dims
+        return (self.S, d["Hv"], d["V"], d["K"])
+
+    def init_buffers(self, L, ring_dtype=F32):
+        d = self.dims
+        return gdn.init_gdn_buffers(self.S, d["Hk"], d["Hv"], d["K"], d["V"], window=L,
+                                    ring_dtype=ring_dtype)
+
+    def step_inputs(self, b=None):
+        """q, k [b, Hk, K] (prepared), v [b, Hv, V], g, beta [b, Hv]."""
+        b = self.batch if b is None else b
+        Hk, Hv, K, V = (self.dims[k] for k in ("Hk", "Hv", "K", "V"))
+        q, k = gdn.prepare_qk(self.rand((b, Hk, K), F32), self.rand((b, Hk, K), F32))
+        q, k = q.astype(self.act), k.astype(self.act)
+        v = self.rand((b, Hv, V), self.act)
+        g = jnp.asarray(-np.exp(self.rng.uniform(np.log(0.005), np.log(0.5), (b, Hv))), F32)
+        beta = jnp.asarray(1 / (1 + np.exp(-self.rng.standard_normal((b, Hv)))), F32)
+        return q, k, v, g, beta
+
+    def _key_heads(self, t):
+        return np.repeat(t, self.dims["Hv"] // self.dims["Hk"], 0)
+
+    def oracle_step(self, state, q, k, v, g, beta):
+        """float64 gated delta rule on one row: state [Hv, V, K]; returns o, new state."""
+        q, k, v, g, beta = map(f64, (q, k, v, g, beta))
+        qh, kh = self._key_heads(q), self._key_heads(k)
+        alpha = np.exp(g)[:, None]
+        d = beta[:, None] * (v - alpha * np.einsum("hvk,hk->hv", state, kh))
+        new = alpha[:, :, None] * state + d[:, :, None] * kh[:, None, :]
+        return np.einsum("hvk,hk->hv", new, qh), new
+
+    def ring_step(self, state, ring_dtype):
+        """One random token through the oracle: its ring entries (k, d, g) as the ring holds
+        them (d rounded to the ring dtype, and the state continued from that d)."""
+        q, k, v, g, beta = (np.asarray(a[0]) for a in self.step_inputs(1))
+        k = np.asarray(jnp.asarray(k, ring_dtype), np.float64)
+        kh = self._key_heads(k)
+        d = beta[:, None] * (v - np.exp(g)[:, None] * np.einsum("hvk,hk->hv", state, kh))
+        d = np.asarray(jnp.asarray(d, ring_dtype), np.float64)
+        state = np.exp(g)[:, None, None] * state + d[:, :, None] * kh[:, None, :]
+        return (k, d, g), state
+
+
+FAMILIES = {"mamba2": Mamba2, "gdn": GDN}
+IMPLS = ["pallas", "xla"]
+each_family = pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+
+
+def cases(attr):
+    """pytest params (family, case) over every family's list `attr`, with ids."""
+    return [pytest.param(f, c, id=f"{name}-{c[0]}") for name, f in FAMILIES.items()
+            for c in getattr(f, attr)]
+
+
+def long_run(family, impl_kw, ring_dtype, L=16):
+    """LONG_STEPS steps of replay decode (one scan) against the f64 recurrence; returns the worst
+    relative deviation of the outputs over all steps and of the checkpoint after every fold, and
+    the final counts of the two rows' slots."""
+    pb = family(7, batch=2, num_slots=3, **family.LONG_DIMS)
+    n_steps = family.LONG_STEPS
+    bufs = pb.init_buffers(L, ring_dtype)
+    counts = jnp.zeros((pb.S,), jnp.int32)
+    slots = jnp.asarray([1, 2], jnp.int32)
+    inputs = [jnp.stack(a) for a in zip(*(pb.step_inputs() for _ in range(n_steps)))]
+    ops = pb.ops
+
+    @jax.jit
+    def run(bufs, counts):
+        def body(carry, inp):
+            bufs, counts = carry
+            out, bufs = ops.replay_decode(bufs, counts, *inp, *pb.consts, slots, **impl_kw)
+            return (bufs, ops.advance_counts(counts, slots, L)), (out, bufs.checkpoint[slots])
+        return jax.lax.scan(body, (bufs, counts), inputs)
+
+    (_, counts), (outs, cks) = run(bufs, counts)
+    outs, cks = np.asarray(outs), np.asarray(cks)
+    state = np.zeros((2,) + pb.state_shape[1:])
+    worst_out = worst_ck = 0.0
+    for t in range(n_steps):
+        for r in range(2):
+            ref, state[r] = pb.oracle_step(state[r], *(a[t, r] for a in inputs))
+            worst_out = max(worst_out, rel_err(outs[t, r], ref))
+            if t % L == L - 1:
+                worst_ck = max(worst_ck, rel_err(cks[t, r], state[r]))
+    return worst_out, worst_ck, np.asarray(counts[slots])

@@ -1,0 +1,169 @@
+"""Decode kernels of both families (standard and ReplaySSM, Pallas and XLA) against the float64
+standard recurrence of the family (`families.py`).
+
+Tolerances (relative Frobenius error per step, over the live rows):
+  float32 activations / ring / state ........ 5e-5 (HIGHEST or tf32x3 dots, fp32 math)
+  bfloat16 activations, fp32 state ........... 5e-5 on the checkpoint; 1e-2 on the outputs
+                                               (they are bf16); ring bf16 for Mamba-2 (its
+                                               inputs are bf16 already), fp32 for GDN
+  bfloat16 state ............................. 2e-2 (the state itself is rounded to bf16)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ring import NULL_SLOT
+from tests.pallas_kernels.families import (BF16, F32, IMPLS, cases, each_family, f64,
+                                           long_run)
+from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, rel_err
+
+
+@functools.cache
+def jitted(ops, fn_name, **kw):
+    """A jitted public op (pools donated); replay_decode also advances the counts."""
+    fn = getattr(ops, fn_name)
+    if fn_name == "replay_decode":
+        def step(bufs, counts, *args):
+            out, bufs = fn(bufs, counts, *args, **kw)
+            return out, bufs, ops.advance_counts(counts, args[-1], bufs.window)
+        return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(functools.partial(fn, **kw), donate_argnums=(0,))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("family,case", cases("STANDARD_CASES"))
+def test_standard_decode_matches_recurrence(family, case, impl, interpret):
+    _, dims, tiles = case
+    pb = family(0, **dims)
+    state = pb.random_state()
+    oracle = {s: f64(state[s]) for s in range(pb.S)}
+    slots = jnp.asarray([3, NULL_SLOT, 1], jnp.int32)
+    idle = jnp.asarray([0, 2, 4, 5, 6])
+    idle_before = np.asarray(state[idle])
+    step = jitted(pb.ops, "standard_decode",
+                  **impl_kw(impl, interpret, pb.tiling("standard", **tiles)))
+    for _ in range(5):
+        args = pb.step_inputs()
+        out, state = step(state, *args, *pb.consts, slots)
+        out = np.asarray(out)
+        assert np.isfinite(out).all(), "outputs not fully written"
+        assert (out[1] == 0).all(), "padding row must output zeros"
+        for r, s in ((0, 3), (2, 1)):
+            ref, oracle[s] = pb.oracle_step(oracle[s], *(a[r] for a in args))
+            assert rel_err(out[r], ref) < 5e-5
+            assert rel_err(state[s], oracle[s]) < 5e-5
+    assert bitwise_equal(state[idle], idle_before)              # null slot and idle slots
+
+
+REPLAY_CASES = [
+    # (L, act dtype, ring dtype, state dtype, out tol, checkpoint tol, fold); ring None: the
+    # family's ring for bf16 activations (BF16_RING)
+    pytest.param(4, F32, F32, F32, 5e-5, 5e-5, "fma", id="L4-f32-fma"),
+    pytest.param(16, F32, F32, F32, 5e-5, 5e-5, "dot", id="L16-f32-dot"),
+    pytest.param(16, F32, F32, F32, 5e-5, 5e-5, "fma", id="L16-f32-fma"),
+    pytest.param(16, BF16, None, F32, 1e-2, 5e-5, "dot", id="L16-bf16act-dot"),
+    pytest.param(8, BF16, BF16, BF16, 2e-2, 2e-2, "fma", id="L8-bf16-fma"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("L,act,ring,state_dt,out_tol,ck_tol,fold", REPLAY_CASES)
+@each_family
+def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, out_tol, ck_tol,
+                                              fold, impl, interpret):
+    """Outputs every step and the checkpoint after every fold equal the standard recurrence,
+    over > 3 fold cycles, with rows at different counts (NaN ring entries past them), a padding
+    row and untouched slots (bitwise)."""
+    pb = family(L, batch=4, act=act, **family.REPLAY_DIMS)
+    bufs, counts, oracle = pb.make_replay_state(L, state_dt, ring or family.BF16_RING)
+    slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
+    live = [(0, 5), (1, 2), (3, 1)]
+    idle = jnp.asarray([0, 3, 4, 6])
+    idle_before = [np.asarray(a[idle]) for a in bufs]
+    step = jitted(pb.ops, "replay_decode",                     # two state chunks
+                  **impl_kw(impl, interpret, pb.tiling("replay", chunk=16, fold=fold)))
+    folds = 0
+    for _ in range(3 * L + 5):
+        args = pb.step_inputs()
+        before = np.asarray(counts)
+        out, bufs, counts = step(bufs, counts, *args, *pb.consts, slots)
+        out = np.asarray(out)
+        assert np.isfinite(out).all(), "outputs not fully written"
+        assert (out[2] == 0).all(), "padding row must output zeros"
+        for r, s in live:
+            ref, oracle[s] = pb.oracle_step(oracle[s], *(a[r] for a in args))
+            assert rel_err(out[r], ref) < out_tol, (r, before[s])
+            if before[s] == L - 1:
+                folds += 1
+                assert counts[s] == 0
+                assert rel_err(bufs.checkpoint[s], oracle[s]) < ck_tol
+            else:
+                assert counts[s] == before[s] + 1
+    assert folds >= 3 * len(live)
+    for a, b in zip(bufs, idle_before):
+        assert bitwise_equal(a[idle], b)                         # null slot and idle slots
+    assert int(counts[NULL_SLOT]) == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@each_family
+def test_window_one_is_the_standard_step(family, impl, interpret):
+    """L = 1: every step folds, so the checkpoint is the standard state after every token."""
+    pb = family(3, batch=2, **family.SMALL_DIMS)
+    state = pb.random_state()
+    bufs = pb.init_buffers(1, F32)._replace(checkpoint=state)
+    counts = jnp.zeros((pb.S,), jnp.int32)
+    slots = jnp.asarray([4, 2], jnp.int32)
+    rstep = jitted(pb.ops, "replay_decode", **impl_kw(impl, interpret))
+    sstep = jitted(pb.ops, "standard_decode", **impl_kw(impl, interpret))
+    std = state.copy()
+    for _ in range(6):
+        args = pb.step_inputs() + pb.consts + (slots,)
+        out_std, std = sstep(std, *args)
+        out_rep, bufs, counts = rstep(bufs, counts, *args)
+        assert rel_err(out_rep, out_std) < 1e-5
+        assert rel_err(bufs.checkpoint, std) < 1e-5
+        assert (np.asarray(counts) == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@each_family
+def test_long_run_stays_within_tolerance(family, impl, interpret):
+    """LONG_STEPS steps (2048 for Mamba-2, 4096 for GDN: 128 / 256 folds at L = 16), fp32 state
+    and ring, against the f64 recurrence: outputs and every folded checkpoint within 5e-5."""
+    worst_out, worst_ck, counts = long_run(family, impl_kw(impl, interpret), F32)
+    print(f"\n{family.name} {family.LONG_STEPS}-step max relative deviation ({impl}): "
+          f"out {worst_out:.2e}, checkpoint {worst_ck:.2e}")
+    assert worst_out < 5e-5 and worst_ck < 5e-5
+    assert (counts == 0).all()                      # a whole number of fold cycles
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,case", cases("REAL_CASES"))
+def test_real_shapes_compiled(family, case):
+    """Real model shapes, bf16 activations, fp32 state: compiled kernels against the XLA
+    implementation (HIGHEST precision) over a full fold cycle, standard and replay."""
+    pb = family(11, batch=8, num_slots=24, act=BF16, **case[1])
+    bufs = pb.init_buffers(16, family.BF16_RING)._replace(checkpoint=pb.random_state())
+    counts = jnp.asarray(pb.rng.integers(0, 16, pb.S), jnp.int32).at[0].set(0)
+    slots = jnp.asarray(pb.rng.permutation(np.arange(1, pb.S))[:pb.batch], jnp.int32)
+    ref_bufs = bufs
+    state = ref_state = bufs.checkpoint
+    ops = pb.ops
+    for _ in range(17):
+        args = pb.step_inputs() + pb.consts + (slots,)
+        out, bufs = ops.replay_decode(bufs, counts, *args, impl="pallas")
+        out_ref, ref_bufs = ops.replay_decode(ref_bufs, counts, *args, impl="xla")
+        counts = ops.advance_counts(counts, slots, 16)
+        assert rel_err(out, out_ref) < 1e-2
+        out, state = ops.standard_decode(state, *args, impl="pallas")
+        out_ref, ref_state = ops.standard_decode(ref_state, *args, impl="xla")
+        assert rel_err(out, out_ref) < 1e-2
+    assert rel_err(bufs.checkpoint, ref_bufs.checkpoint) < 5e-5
+    assert rel_err(state, ref_state) < 5e-5

@@ -1,0 +1,50 @@
+"""The family-free parts of the ring contract: conv windows, commit (rollback) and prefill."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.ring import NULL_SLOT, conv_commit, conv_prefill, conv_window
+
+F32 = jnp.float32
+
+
+def test_conv_rollback_equals_accepted_tokens_only():
+    rng = np.random.default_rng(5)
+    S, K, Ch, T = 5, 4, 6, 4
+    conv = jnp.asarray(rng.standard_normal((S, K - 1, Ch)), F32)
+    w = jnp.asarray(rng.standard_normal((Ch, K)), F32)
+    bias = jnp.asarray(rng.standard_normal(Ch), F32)
+    slots = jnp.asarray([2, NULL_SLOT, 4], jnp.int32)
+    window = jnp.asarray(rng.standard_normal((3, T, Ch)), F32)
+    n_acc = jnp.asarray([1, 2, 3], jnp.int32)
+    out = conv_window(conv, window, w, bias, slots)
+    new = conv_commit(conv, window, slots, n_acc)
+    for r, s in ((0, 2), (2, 4)):
+        hist = np.asarray(conv[s])
+        for t in range(T):           # token by token: output, then shift the state
+            seq = np.concatenate([hist, np.asarray(window[r, t])[None]], 0)
+            np.testing.assert_allclose(out[r, t], (seq * np.asarray(w).T).sum(0) + bias,
+                                       rtol=1e-5, atol=1e-6)
+            hist = seq[1:]
+            if t + 1 == int(n_acc[r]):
+                np.testing.assert_array_equal(new[s], hist)
+    np.testing.assert_array_equal(new[jnp.asarray([0, 1, 3])], conv[jnp.asarray([0, 1, 3])])
+
+
+def test_conv_prefill_equals_windows_from_a_zero_state():
+    """Prefill of right-padded prompts = conv_window from a zero state, and its conv state = the
+    prompt's last K - 1 inputs (what conv_commit of the prompt's length keeps)."""
+    rng = np.random.default_rng(6)
+    K, Ch, T = 4, 6, 7
+    xbc = jnp.asarray(rng.standard_normal((2, T, Ch)), F32)
+    w = jnp.asarray(rng.standard_normal((Ch, K)), F32)
+    lengths = jnp.asarray([7, 2], jnp.int32)
+    out, state = conv_prefill(xbc, w, None, lengths)
+    zero = jnp.zeros((3, K - 1, Ch), F32)
+    slots = jnp.asarray([1, 2], jnp.int32)
+    np.testing.assert_allclose(out, conv_window(zero, xbc, w, None, slots), rtol=1e-6, atol=1e-6)
+    for r, n in enumerate(np.asarray(lengths)):
+        kept = conv_commit(zero, xbc[:, :n], slots, jnp.full((2,), n, jnp.int32))
+        np.testing.assert_array_equal(state[r], kept[r + 1])
