@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from models import moe
-from models.config import load_config
-from models.nemotron_h import NemotronH
+from convert import load_hf
 from models.qwen import QwenHybrid
 from models.runner import Runner
-from models.weights import load_nemotron_h, read_safetensors
 from pallas_kernels.ring import NULL_SLOT
 
 FIXTURES = "tests/fixtures/hf"
@@ -131,8 +129,7 @@ def test_models_hand_padding_rows_to_the_moe_as_invalid(seen_valid):
     """Prefill: null-slot rows and positions past a prompt's length; decode and verify: null-slot
     rows. Nemotron-H with latent MoE layers (loaded fixture), jitted steps."""
     d = f"{FIXTURES}/nemotron_h_latent_moe"
-    model = NemotronH(load_config(d))
-    load_nemotron_h(model, read_safetensors(d))
+    _, model = load_hf(d, dtype=jnp.float32)
     n_moe = model.cfg.layer_kinds.count("moe")
     slots = jnp.asarray([4, NULL_SLOT, 3], jnp.int32)
     cache = model.init_cache(6, 16, window=4, max_verify=3)
