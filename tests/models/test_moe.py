@@ -9,6 +9,7 @@ import pytest
 
 from models import moe
 from convert import load_hf
+from models.config import load_config
 from models.qwen import QwenHybrid
 from models.runner import Runner
 from pallas_kernels.ring import NULL_SLOT
