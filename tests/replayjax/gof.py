@@ -46,8 +46,8 @@ def target_probs(logits, temperature, top_k, top_p, *, margin=1e-5):
     p /= p.sum(1, keepdims=True)
     before = np.cumsum(p, axis=1) - p                          # mass ahead of each token
     keep &= before < top_p[:, None]
-    ambiguous |= np.any((rank > 0) & (rank < k[:, None])
-                        & (np.abs(before - top_p[:, None]) < margin), axis=1)
+    ambiguous |= (top_p < 1) & np.any((rank > 0) & (rank < k[:, None])
+                                      & (np.abs(before - top_p[:, None]) < margin), axis=1)
     p = np.where(keep, p, 0.0)
     p /= p.sum(1, keepdims=True)
     probs = np.zeros_like(p)

@@ -102,7 +102,7 @@ def test_sample_draws_from_the_filtered_distribution():
 
 
 @pytest.mark.parametrize("K", [1, 2, 3, 4])
-def test_rejection_sampling_follows_the_target_at_every_position(K):
+def test_rejection_sampling_fits_every_position(K):
     """K deterministic drafts per row, per-position targets that differ (another permutation
     of BASE at every window position). The token emitted at position j (accepted draft d_{j+1},
     or the new token drawn at a rejection there, or the bonus token at j = K) must follow p_j
