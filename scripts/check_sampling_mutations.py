@@ -146,6 +146,15 @@ def run_isolated(bug, tests):
             return json.load(f)
 
 
+def _compact(node_ids):
+    """'f.py::test[a]', 'f.py::test[b]' -> 'test[a,b]'."""
+    params = {}
+    for t in node_ids:
+        name, _, param = t.split("::")[-1].partition("[")
+        params.setdefault(name, []).append(param.rstrip("]"))
+    return ", ".join(name + (f"[{','.join(p)}]" if any(p) else "") for name, p in params.items())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mutations", nargs="*", metavar="MUTATION",
@@ -166,9 +175,9 @@ def main():
     table = {b: r for b, r in table.items() if r is not None}
     print("| mutation | defect | tests failed | which |\n|---|---|---|---|")
     for bug, result in table.items():
-        failed = [t.split("::")[-1] for t, ok in result.items() if not ok]
+        failed = [t for t, ok in result.items() if not ok]
         print(f"| {bug} | {MUTATIONS[bug]} | {len(failed)} of {len(result)} | "
-              f"{', '.join(failed) or '-'} |")
+              f"{_compact(failed) or '-'} |")
     tests = sorted({t for r in table.values() for t in r})
     problems += [f"'none' fails {t}" for t in tests if not table.get("none", {}).get(t, True)]
     problems += [f"mutation {b} is caught by no test" for b in table

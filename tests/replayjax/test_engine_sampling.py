@@ -13,6 +13,7 @@ returns must equal that truth, and per window index and sampling setting the tok
 (tests/replayjax/gof.py: G-test over [the draft | other tokens by rank], filtered tokens never).
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -34,19 +35,19 @@ def _requests(prompt, seeds):
 
 
 def _bigram_cycle(table, start=0):
-    """The greedy chain of a bigram logits table [V, V] from `start` until it repeats, then its
-    cycle twice: a prompt whose n-gram drafts are the model's argmax continuations."""
+    """The cycle that the greedy chain of a bigram logits table [V, V] falls into from `start`,
+    repeated as often as it fits in 16 tokens (once, cut at 16, if longer): a prompt whose
+    n-gram drafts are the model's argmax continuations."""
     seen, t = [], start
     while t not in seen:
         seen.append(t)
         t = int(np.argmax(table[t]))
     cycle = seen[seen.index(t):]
-    return (cycle * (1 + 8 // len(cycle)))[:16]
+    return (cycle * max(1, 16 // len(cycle)))[:16]
 
 
 def _teacher_forced(runner, prompt, completions):
     """Target logits [n, NEW, V] of every completion's tokens, one batched prefill."""
-    import jax.numpy as jnp
     n, L = len(completions), len(prompt) + NEW
     seqs = np.array([list(prompt) + c.tokens for c in completions], np.int32)
     cache = runner.init_cache(n + 1, L, window=8)
@@ -86,7 +87,7 @@ def served():
     return get
 
 
-def _window_index(prompt, completion, K):
+def _window_index(prompt, completion):
     """Per token of a completion: its verify-window index 0..K (-1 = sampled at prefill) and the
     draft proposed at that index (-1 = none: prefill or the bonus)."""
     n = len(completion.tokens)
@@ -101,12 +102,13 @@ def _window_index(prompt, completion, K):
 
 @pytest.mark.parametrize("drafter,K", CASES)
 def test_speculative_tokens_follow_the_target_distribution(served, drafter, K):
+    """Returned logits = the truth; per setting and window index the tokens fit it."""
     _, prompt, reqs, out, truth = served(drafter, K)
     for c, t in zip(out, truth):
         assert len(c.tokens) == NEW
         np.testing.assert_allclose(c.logits, t, atol=1e-4, rtol=0)
     setting = np.repeat([r.sampling.seed % len(SETTINGS) for r in reqs], NEW)
-    index, draft = map(np.concatenate, zip(*(_window_index(prompt, c, K) for c in out)))
+    index, draft = map(np.concatenate, zip(*(_window_index(prompt, c) for c in out)))
     tokens = np.concatenate([c.tokens for c in out])
     sp = [r.sampling for r in reqs for _ in range(NEW)]
     probs, ambiguous = gof.target_probs(truth.reshape(-1, truth.shape[-1]),
