@@ -1,6 +1,22 @@
-"""MTP draft heads (models.md A4 Nemotron-H, B4 Qwen3-Next / Qwen3.5) against an independent
-float64 numpy implementation written here from the formulas in models.md (HF builds and saves no
-MTP weights, so it cannot be the reference).
+"""MTP draft heads (Nemotron-H; Qwen3-Next / Qwen3.5) against an independent float64 numpy
+implementation written here (HF builds and saves no MTP weights, so it cannot be the reference).
+
+The forward it implements is the public one of these MTP layers:
+- vLLM `vllm/model_executor/models/nemotron_h_mtp.py` (vllm-project/vllm, read at 01ca277):
+  `NemotronHMTPAttentionDecoderLayer` / `NemotronHMTPMoEDecoderLayer.forward` -- the first layer
+  of the `mtp_hybrid_override_pattern` block fuses `eh_proj(cat([enorm(embed(t_next)),
+  hnorm(h)]))`, the pattern's layers run as body layers (attention without RoPE, relu^2 MoE),
+  the last applies `final_layernorm`; logits from the target's `lm_head`, embedding shared.
+- vLLM `qwen3_next_mtp.py` (055e47c) / `qwen3_5_mtp.py` (01d9980),
+  `Qwen3NextMultiTokenPredictor` / `Qwen3_5MultiTokenPredictor.forward` --
+  `fc(cat([pre_fc_norm_embedding(embed(t_next)), pre_fc_norm_hidden(h)]))`, one full-attention
+  decoder layer (own KV cache, RoPE at the target positions), `norm`; zero-centred RMSNorms.
+- Megatron-LM `megatron/core/transformer/multi_token_prediction.py` (NVIDIA/Megatron-LM,
+  00611e6), `MultiTokenPredictionLayer._concat_embeddings`: `enorm(decoder_input)`,
+  `hnorm(hidden_states)`, `torch.cat((decoder_input, hidden_states), -1)`, `eh_proj`; then the
+  inner layer(s) and `final_layernorm` (`_postprocess`): the same order, embedding first.
+`test_fusion_by_hand` checks that fusion (order and norms) for one position by hand, apart from
+the reference implementation below.
 
 The fixture checkpoints get random `mtp.*` tensors under their hub names, written with the
 fixture's tensors into a new HF directory that `convert.load_hf` loads (so the loader path is
@@ -66,7 +82,7 @@ def _extend(kv, k, v, start):
 
 
 def _nemotron_ref(c, W, emb, head, hidden, tokens, kvs, start):
-    """One Nemotron-H MTP step for one row (models.md A4). hidden [T, D]; tokens [T];
+    """One Nemotron-H MTP step for one row (vLLM nemotron_h_mtp.py). hidden [T, D]; tokens [T];
     kvs: per MTP layer (k, v) or None. Returns logits [T, V], hidden [T, D], kvs."""
     eps = c.layer_norm_epsilon
     rms = lambda x, name: _rms(x, W[name], eps, False)
@@ -128,7 +144,7 @@ def _swiglu(x, W, p):
 
 
 def _qwen_ref(c, W, emb, head, hidden, tokens, kvs, start):
-    """One Qwen3-Next / Qwen3.5 MTP step for one row (models.md B4, B3), RoPE at start + t."""
+    """One Qwen3-Next / Qwen3.5 MTP step for one row (vLLM qwen3_*_mtp.py), RoPE at start + t."""
     eps = c.rms_norm_eps
     zrms = lambda x, name: _rms(x, W[name], eps, True)
     e = zrms(emb[tokens], "mtp.pre_fc_norm_embedding.weight")
@@ -282,12 +298,15 @@ def _write(directory, variant, tensors):
     return str(directory)
 
 
-def _setup(tmp_path, family, variant, fused=False, seed=0):
+def _setup(tmp_path, family, variant, fused=False, seed=0, mute=()):
+    """Loads the fixture with random mtp.* tensors (those whose name contains a string of
+    `mute` zeroed). Returns cfg, model, tensors, mtp, W (float64 mtp), embedding, lm_head."""
     f = FAMILIES[family]
     tensors = load_file(f"{FIXTURES}/{variant}/model.safetensors")
     assert not any(n.startswith("mtp.") for n in tensors)
     cfg = load_config(_write(tmp_path / "base", variant, tensors))
     mtp = _random(f["shapes"](cfg), np.random.default_rng(seed), f["zc"])
+    mtp = {k: np.zeros_like(v) if any(m in k for m in mute) else v for k, v in mtp.items()}
     tensors.update(_fuse_experts(mtp, cfg) if fused else mtp)
     cfg, model = load_hf(_write(tmp_path / "mtp", variant, tensors))
     assert model.mtp is not None
@@ -345,6 +364,41 @@ def _run_chain(family, cfg, model, W, emb, head, rng, steps=2):
 def test_draft_matches_numpy_reference(tmp_path, family, variant, fused):
     cfg, model, _, _, W, emb, head = _setup(tmp_path, family, variant, fused)
     _run_chain(family, cfg, model, W, emb, head, np.random.default_rng(1))
+
+
+@pytest.mark.parametrize("family,variant", [("nemotron_h", "nemotron_h"), ("qwen", "qwen3_5")])
+def test_fusion_by_hand(tmp_path, family, variant):
+    """One position, written out from the references in the module docstring: with the block's
+    mixers muted (zero weights: each adds 0 to the residual stream), the head's hidden state is
+    final_norm(W_fuse @ [norm_e(embed(t)) | norm_h(h)]) and its logits lm_head @ that. Swapping
+    the halves or dropping either norm moves the result far outside the tolerance."""
+    mute = (".mixer.",) if family == "nemotron_h" else (".self_attn.", ".mlp.")
+    cfg, model, _, _, W, emb, head = _setup(tmp_path, family, variant, mute=mute)
+    if family == "nemotron_h":
+        last = len(cfg.mtp_layer_kinds) - 1
+        eps, unit, names = cfg.layer_norm_epsilon, 0.0, [
+            "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight",
+            "mtp.layers.0.eh_proj.weight", f"mtp.layers.{last}.final_layernorm.weight"]
+    else:                                                 # zero-centred: x * (1 + w)
+        eps, unit, names = cfg.rms_norm_eps, 1.0, [
+            "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+            "mtp.fc.weight", "mtp.norm.weight"]
+    w_e, w_h, fuse, w_out = (W[n] for n in names)
+    rms = lambda x, w: x / np.sqrt(np.mean(x * x) + eps) * (unit + w)
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal(cfg.hidden_size).astype(np.float32)
+    tok = int(rng.integers(cfg.vocab_size))
+    e_n, h_n = rms(emb[tok], w_e), rms(h.astype(np.float64), w_h)
+    want = rms(fuse @ np.concatenate([e_n, h_n]), w_out)
+    logits, hidden, _ = model.draft(model.init_cache(2, 4), jnp.asarray(h[None, None]),
+                                    jnp.asarray([[tok]], jnp.int32), jnp.asarray([1], jnp.int32),
+                                    jnp.zeros((1,), jnp.int32))
+    _close(hidden[0], want[None], "hidden")
+    _close(logits[0], (head @ want)[None], "logits")
+    for what, x in (("[hidden | embedding]", [h_n, e_n]), ("no embedding norm", [emb[tok], h_n]),
+                    ("no hidden norm", [e_n, h])):
+        other = rms(fuse @ np.concatenate(x), w_out)
+        assert np.abs(other - want).max() > 100 * RTOL * np.abs(want).max(), what
 
 
 @pytest.mark.parametrize("family,variant", [("nemotron_h", "nemotron_h"), ("qwen", "qwen3_next")])
