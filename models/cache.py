@@ -8,10 +8,11 @@ the checkpoint holds the running state and the rings are unused.
 
 Standard-mode speculative decoding (the state-per-draft baseline) needs T draft states per slot:
 a cache built with `init_cache(..., ssm_mode="standard", max_verify=T)` (T > 1) has a checkpoint
-pool of S * (1 + T) states. Rows 0..S-1 are the slots' running states; slot s's draft t (the
-state after window token t, 0 <= t < T) sits at row S + s * T + t (`pallas_kernels.ring`
-documents the layout). So a sequence holds T + 1 full SSM states per layer, against one state
-plus L ring entries in replay mode.
+pool of S * (1 + T) states, T + 1 rows per slot, and `state_rows` [S] names the row that holds
+each slot's committed state; commit remaps it to the last accepted draft instead of copying a
+state (`pallas_kernels.ring` documents the layout). So a sequence holds T + 1 full SSM states per
+layer, against one state plus L ring entries in replay mode. Without drafts `state_rows` is the
+identity.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from models.common import KVCache
+from pallas_kernels.ring import base_rows
 
 
 @struct.dataclass
@@ -41,7 +43,17 @@ class ModelCache:
     counts: jax.Array       # [S] int32
     lengths: jax.Array      # [S] int32
     layers: tuple           # per layer: SSMCache | KVCache | None
+    state_rows: jax.Array   # [S] int32 checkpoint-pool row of each slot's state (see above)
     mtp: tuple = ()         # per MTP-head layer: KVCache | None (empty without an MTP head)
+
+    @classmethod
+    def create(cls, num_slots: int, layers: tuple, mtp: tuple = ()) -> "ModelCache":
+        """Zero counts and lengths; each slot's state at the first row of its group (the
+        layers' standard-mode draft rows, if any, decide the group size)."""
+        drafts = next((lc.num_drafts for lc in layers if isinstance(lc, SSMCache)), 0)
+        zeros = lambda: jnp.zeros((num_slots,), jnp.int32)     # distinct buffers: donated
+        return cls(counts=zeros(), lengths=zeros(), layers=layers,
+                   state_rows=base_rows(jnp.arange(num_slots, dtype=jnp.int32), drafts), mtp=mtp)
 
     @property
     def num_slots(self) -> int:

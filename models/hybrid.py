@@ -17,7 +17,8 @@ attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` t
 Speculative `mode="replay"` writes the window into the rings and commits by moving the ring
 counts; `mode="standard"` is the state-per-draft baseline: T standard steps writing the state
 after every window token into the slot's draft rows of the checkpoint pool (a cache built with
-`ssm_mode="standard"`, see `models.cache`), and commit copies the last accepted draft back.
+`ssm_mode="standard"`, see `models.cache`), and commit points the slot's `state_rows` entry at the
+last accepted draft (a remap, as a tuned engine does it: no state is copied).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.cache import ModelCache, SSMCache
-from pallas_kernels.ring import (NULL_SLOT, advance_counts, commit_counts, conv_commit,
-                                 draft_pool_size, draft_slots, row_index)
+from pallas_kernels.ring import (NULL_SLOT, advance_counts, base_rows, commit_counts,
+                                 conv_commit, draft_pool_size, draft_rows, row_index)
 
 SSM_KINDS = ("mamba", "gdn")
 SSM_MODES = ("replay", "standard")
@@ -54,11 +55,13 @@ def check_mode(mode, cache: ModelCache):
 
 
 def store_prefill(cache: SSMCache, slots, state, conv_state):
-    """Writes a prefilled slot: checkpoint = state after the prompt, conv state."""
+    """Writes a prefilled slot: checkpoint = state after the prompt (at the first row of the
+    slot's group, where `HybridLM.prefill` points its `state_rows`), conv state."""
     live = slots != NULL_SLOT
     bufs = cache.buffers
-    ck = bufs.checkpoint       # a standard-mode pool is larger than S: drop past its own end
-    bufs = bufs._replace(checkpoint=ck.at[row_index(slots, live, ck.shape[0])].set(
+    ck = bufs.checkpoint
+    rows = base_rows(slots, cache.num_drafts)
+    bufs = bufs._replace(checkpoint=ck.at[row_index(rows, live, ck.shape[0])].set(
         state.astype(ck.dtype), mode="drop"))
     i = row_index(slots, live, cache.conv.shape[0])
     return cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
@@ -91,25 +94,15 @@ def ssm_buffers(init, num_slots: int, window: int, max_verify: int, ssm_mode: st
                                               + ck.shape[1:], ck.dtype))
 
 
-def verify_draft_slots(cache: SSMCache, slots, window_len: int):
-    """Draft rows [b, T] for a standard-mode verify window, or a ValueError without room."""
+def verify_draft_rows(cache: SSMCache, rows, slots, window_len: int):
+    """Draft rows [b, T] for a standard-mode verify window from the slots' state rows [b], or a
+    ValueError without room."""
     if cache.num_drafts < window_len:
         raise ValueError(
             f"standard-mode verify of T = {window_len} needs {window_len} draft states per slot, "
             f"the cache has {cache.num_drafts}; build it with init_cache(..., "
             f"ssm_mode='standard', max_verify={window_len})")
-    return draft_slots(slots, cache.conv.shape[0], cache.num_drafts, window_len)
-
-
-def commit_draft(cache: SSMCache, slots, n, window_len: int):
-    """Standard-mode commit of one layer: checkpoint[slot] = its draft state n - 1 (the state
-    after the last accepted token). n [b] in 1..T; NULL_SLOT rows change nothing."""
-    ck = cache.buffers.checkpoint
-    src = jnp.take_along_axis(verify_draft_slots(cache, slots, window_len), (n - 1)[:, None],
-                              axis=1)[:, 0]
-    i = row_index(slots, slots != NULL_SLOT, ck.shape[0])
-    return cache.replace(buffers=cache.buffers._replace(
-        checkpoint=ck.at[i].set(ck[src], mode="drop")))
+    return draft_rows(rows, slots, cache.num_drafts, window_len)
 
 
 def ssm_cache(buffers, num_slots, conv_kernel, conv_channels, dtype, max_verify):
@@ -145,16 +138,20 @@ class HybridLM(nnx.Module):
         last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)   # [b, 1, D]
         logits = self._logits(last if last_only else hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
+        rows = base_rows(slots, self._num_drafts(cache))
         return logits, hidden, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
                                              lengths=cache.lengths.at[i].set(lengths, mode="drop"),
+                                             state_rows=cache.state_rows.at[i].set(rows,
+                                                                                   mode="drop"),
                                              layers=layers)
 
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
         [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
         check_mode(mode, cache)
+        rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
-            cache, tokens, slots, lambda m, x, lc: m.decode(x, lc, cache.counts, slots, mode, impl))
+            cache, tokens, slots, lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
         logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
@@ -170,8 +167,9 @@ class HybridLM(nnx.Module):
         into the rings; "standard": the state after every window token into the slot's draft
         rows (needs a cache built with ssm_mode="standard", max_verify >= T)."""
         check_mode(mode, cache)
+        rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
-            cache, tokens, slots, lambda m, x, lc: m.verify(x, lc, cache.counts, slots, mode, impl))
+            cache, tokens, slots, lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl))
         return self._logits(hidden), hidden, cache.replace(layers=layers)
 
     def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn):
@@ -189,20 +187,27 @@ class HybridLM(nnx.Module):
     def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
         """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and
         attention lengths roll back the rest exactly; the SSM state by ring counts (replay) or
-        by copying draft state n - 1 into the slot's checkpoint (standard; counts untouched)."""
+        by pointing the slot's `state_rows` at draft n - 1 (standard; counts untouched)."""
         check_mode(mode, cache)
         n = jnp.clip(n_accepted, 1, window_len)
-
-        def settle(lc: SSMCache):
-            lc = lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len], slots, n))
-            return commit_draft(lc, slots, n, window_len) if mode == "standard" else lc
-
-        layers = tuple(settle(lc) if isinstance(lc, SSMCache) else lc for lc in cache.layers)
+        layers = tuple(lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len],
+                                                   slots, n))
+                       if isinstance(lc, SSMCache) else lc for lc in cache.layers)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
-        counts = (commit_counts(cache.counts, slots, n, window_len, self._window(cache))
-                  if mode == "replay" else cache.counts)
-        return cache.replace(counts=counts, lengths=cache.lengths.at[i].add(n, mode="drop"),
-                             layers=layers)
+        counts, state_rows = cache.counts, cache.state_rows
+        if mode == "replay":
+            counts = commit_counts(counts, slots, n, window_len, self._window(cache))
+        elif self._num_drafts(cache):
+            drafts = draft_rows(state_rows[slots], slots, self._num_drafts(cache), window_len)
+            state_rows = state_rows.at[i].set(
+                jnp.take_along_axis(drafts, (n - 1)[:, None], axis=1)[:, 0], mode="drop")
+        return cache.replace(counts=counts, state_rows=state_rows, layers=layers,
+                             lengths=cache.lengths.at[i].add(n, mode="drop"))
+
+    @staticmethod
+    def _num_drafts(cache: ModelCache) -> int:
+        """Draft states per slot of a standard-mode cache (0 otherwise)."""
+        return next((lc.num_drafts for lc in cache.layers if isinstance(lc, SSMCache)), 0)
 
     @staticmethod
     def _window(cache: ModelCache) -> int:

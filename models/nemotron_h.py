@@ -23,7 +23,7 @@ from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
 from models.config import NemotronHConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           token_validity, verify_draft_slots)
+                           token_validity, verify_draft_rows)
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
@@ -89,7 +89,7 @@ class Mamba2Mixer(nnx.Module):
     def _conv_bias(self):
         return None if self.conv_bias is None else self.conv_bias[...]
 
-    def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
+    def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
@@ -100,13 +100,13 @@ class Mamba2Mixer(nnx.Module):
                                            self.D[...], slots, impl=impl)
         else:
             y, ck = mamba2.standard_decode(cache.buffers.checkpoint, x, B, C, dt, self.A,
-                                           self.D[...], slots, impl=impl)
+                                           self.D[...], rows, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[0], 1, -1), z)
         return out, cache.replace(buffers=bufs,
                                   conv=conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
 
-    def verify(self, h, cache: SSMCache, counts, slots, mode, impl):
+    def verify(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """A speculative window of T tokens per row: h [b, T, D]. The window goes into the rings
         (replay) or the states after each token into the slots' draft rows (standard), and its
         pre-conv inputs into `pending`, uncommitted; the model's `commit` settles it."""
@@ -117,9 +117,9 @@ class Mamba2Mixer(nnx.Module):
             y, bufs = mamba2.replay_verify(cache.buffers, counts, x, B, C, dt, self.A,
                                            self.D[...], slots, impl=impl)
         else:
-            drafts = verify_draft_slots(cache, slots, h.shape[1])
+            drafts = verify_draft_rows(cache, rows, slots, h.shape[1])
             y, ck = mamba2.standard_verify(cache.buffers.checkpoint, x, B, C, dt, self.A,
-                                           self.D[...], slots, drafts, impl=impl)
+                                           self.D[...], rows, drafts, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[:2] + (-1,)), z)
         return out, store_pending(cache.replace(buffers=bufs), slots, xbc)
@@ -307,9 +307,7 @@ class NemotronH(HybridLM):
             mtp = tuple(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
                                       kv_dtype) if k == "attention" else None
                         for k in c.mtp_layer_kinds)
-        return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
-                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers),
-                          mtp=mtp)
+        return ModelCache.create(num_slots, tuple(layers), mtp)
 
     # ---------------------------------------------------------------- forward
     def _run(self, tokens, cache: ModelCache, mixer_fn, valid):

@@ -29,7 +29,7 @@ from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
 from models.config import QwenHybridConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           token_validity, verify_draft_slots)
+                           token_validity, verify_draft_rows)
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
@@ -90,7 +90,7 @@ class GatedDeltaNet(nnx.Module):
         o, state = chunk_gated_delta_rule(q, k, v, g, beta, lengths)          # o [b, T, Hv, dv]
         return self._output(o, z), store_prefill(cache, slots, state, conv_state)
 
-    def decode(self, h, cache: SSMCache, counts, slots, mode, impl):
+    def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step)."""
         qkv, z, g, beta = self._split(self.in_proj(h))
@@ -101,13 +101,13 @@ class GatedDeltaNet(nnx.Module):
                                         slots, impl=impl)
         else:
             o, ck = gdn.standard_decode(cache.buffers.checkpoint, q, k, v, g[:, 0], beta[:, 0],
-                                        slots, impl=impl)
+                                        rows, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(o[:, None], z)
         return out, cache.replace(buffers=bufs,
                                   conv=conv_commit(cache.conv, qkv, slots, jnp.ones_like(slots)))
 
-    def verify(self, h, cache: SSMCache, counts, slots, mode, impl):
+    def verify(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """A speculative window of T tokens per row: h [b, T, D]; the window's (k, d, g) go into
         the rings (replay) or the states after each token into the slots' draft rows
         (standard), its pre-conv inputs into `pending`, uncommitted."""
@@ -118,8 +118,8 @@ class GatedDeltaNet(nnx.Module):
             o, bufs = gdn.replay_verify(cache.buffers, counts, q, k, v, g, beta, slots,
                                         impl=impl)
         else:
-            drafts = verify_draft_slots(cache, slots, h.shape[1])
-            o, ck = gdn.standard_verify(cache.buffers.checkpoint, q, k, v, g, beta, slots,
+            drafts = verify_draft_rows(cache, rows, slots, h.shape[1])
+            o, ck = gdn.standard_verify(cache.buffers.checkpoint, q, k, v, g, beta, rows,
                                         drafts, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         return self._output(o, z), store_pending(cache.replace(buffers=bufs), slots, qkv)
@@ -345,9 +345,7 @@ class QwenHybrid(HybridLM):
         if self.mtp is not None:
             mtp = tuple(KVCache.zeros(num_slots, max_len, c.num_key_value_heads, c.head_dim,
                                       kv_dtype) for _ in self.mtp.layers)
-        return ModelCache(counts=jnp.zeros((num_slots,), jnp.int32),
-                          lengths=jnp.zeros((num_slots,), jnp.int32), layers=tuple(layers),
-                          mtp=mtp)
+        return ModelCache.create(num_slots, tuple(layers), mtp)
 
     # ---------------------------------------------------------------- forward
     def _run(self, tokens, cache: ModelCache, mixer_fn, valid):

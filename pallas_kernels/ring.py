@@ -35,12 +35,14 @@ K - 1 inputs; `conv_window` convolves a decode or verify window against state + 
 changing the state; `conv_commit` keeps the last K - 1 inputs of state + window[0:n], exactly as
 if only the n accepted tokens had run.
 
-Standard-mode drafts (the state-per-draft baseline). A standard-mode pool keeps a full state per
-window token instead of a ring: for T = max_verify > 1 its checkpoint pool has S * (1 + T) rows
-(`draft_pool_size`). Rows 0..S-1 are the slots' running states; slot s's draft t (the state after
-window token t, 0 <= t < T) sits at row S + s * T + t (`draft_slots`). Standard verify writes every
-window token's state into its draft row; commit copies draft n - 1 back to the slot's row. A
-sequence then holds T + 1 states per layer, against one state plus L ring entries in replay mode.
+Standard-mode drafts (the state-per-draft baseline, as a tuned engine runs it). A standard-mode
+pool keeps a full state per window token instead of a ring: for T = max_verify > 1 its checkpoint
+pool has S * (1 + T) rows (`draft_pool_size`), T + 1 per slot: slot s owns rows s * (T + 1) + j,
+j = 0..T (`base_rows`), and a per-slot index (the model cache's `state_rows`) says which of them
+holds its committed state. Standard verify reads that row and writes window token t's state to the
+slot's t-th other row, cyclically after it (`draft_rows`); commit points the index at draft
+n - 1: rollback is a slot remap, no state is copied. A sequence then holds T + 1 states per layer,
+against one state plus L ring entries in replay mode. Without drafts the index is the identity.
 """
 
 from __future__ import annotations
@@ -141,8 +143,18 @@ def draft_pool_size(num_slots: int, max_verify: int) -> int:
     return num_slots * (1 + max_verify) if max_verify > 1 else num_slots
 
 
-def draft_slots(slots, num_slots: int, num_drafts: int, window_len: int):
-    """Pool rows of each row's first `window_len` draft states: [b, window_len] int32,
-    S + slot * num_drafts + t. slots [b] int32 (NULL_SLOT rows get slot 0's unused drafts)."""
+def base_rows(slots, num_drafts: int):
+    """First pool row of each slot's group of num_drafts + 1 rows: slot * (num_drafts + 1)
+    (the identity for a pool without drafts). slots [b] int32."""
+    return (slots * (num_drafts + 1)).astype(jnp.int32)
+
+
+def draft_rows(rows, slots, num_drafts: int, window_len: int):
+    """Pool rows [b, window_len] int32 that a standard verify writes window token t's state to:
+    the slot's other rows cyclically after its state row, base + (j + 1 + t) mod (T + 1) with
+    j = rows - base and T = num_drafts >= window_len. rows, slots [b] int32 (the NULL_SLOT row is
+    row 0: a kernel writes nothing for it)."""
+    base = base_rows(slots, num_drafts)
     t = jnp.arange(window_len, dtype=jnp.int32)[None, :]
-    return (num_slots + slots[:, None] * num_drafts + t).astype(jnp.int32)
+    j = (rows - base)[:, None]
+    return (base[:, None] + (j + 1 + t) % (num_drafts + 1)).astype(jnp.int32)

@@ -3,7 +3,9 @@
 Per layer-step device time (CUPTI) of everything one verify step launches: for ReplaySSM the
 verify kernel, the ring writes of the window and the count commit; for the baseline the kernel
 that runs T standard steps and writes one full state per window token (rollback = continue from
-the state of the last accepted token, a slot remap that costs nothing). Acceptance is random,
+the state of the last accepted token: the engine's standard mode remaps the slot's state row, so
+commit copies nothing). Both sides get the same tiling sweep: `--tune` for ReplaySSM's verify
+kernel, `--tune-baseline` for the baseline's. Acceptance is random,
 uniform in 1..T per row and step, so rows fold at their own pace (amortised over many steps).
 Pools over 512 MiB as in `replayjax bench kernels`. Memory per sequence: ReplaySSM keeps one
 state plus the ring; the baseline one state per window token plus the committed one.
@@ -71,10 +73,11 @@ def _step_us(fn, args, first_kernel, n_steps, iterations, breakdown):
 
 def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                  min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None,
-                 breakdown=False):
+                 baseline_kw=None, breakdown=False):
     """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
     replay_kw: overrides of the family's `VERIFY_TILING` fields (block_p / block_n / block_v /
-    block_k / block_k_long, num_warps, fold), default none (the tuned tiling)."""
+    block_k / block_k_long, num_warps, fold), default none (the tuned tiling); baseline_kw: the
+    same for the baseline's `STANDARD_TILING` (block_p / block_n / block_v, num_warps)."""
     import jax
     import jax.numpy as jnp
 
@@ -88,6 +91,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
     tiling = dataclasses.replace(ops.VERIFY_TILING, **(replay_kw or {}))
+    base_tiling = dataclasses.replace(ops.STANDARD_TILING, **(baseline_kw or {}))
 
     @jax.jit
     def run_replay(bufs, counts):
@@ -103,7 +107,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     def run_baseline(state):
         def body(i, state):
             k = i % n_sets
-            _, state = ops.standard_verify(state, *win, sets[k], drafts[k], impl="pallas")
+            _, state = ops.standard_verify(state, *win, sets[k], drafts[k], impl="pallas",
+                                           tiling=base_tiling)
             return state
         return jax.lax.fori_loop(0, n_steps, body, state)
 
@@ -126,7 +131,8 @@ HEADER = ("| shape | batch | T | ReplaySSM verify+commit us | state-per-draft us
 
 
 def line(r, copy_gbs):
-    label = r["shape"] + (f" {json.dumps(r['replay_kw'])}" if r["replay_kw"] else "")
+    label = r["shape"] + "".join(f" {who} {json.dumps(r[k])}" for who, k in (
+        ("replay", "replay_kw"), ("baseline", "baseline_kw")) if r.get(k))
     return (f"| {label} | {r['batch']} | {r['T']} | {r['replay_us']:.1f} | "
             f"{r['baseline_us']:.1f} | **{r['speedup']:.2f}x** | "
             f"{r['replay_bytes_per_row'] / 1e6:.2f} / {r['baseline_bytes_per_row'] / 1e6:.2f} | "
@@ -156,6 +162,10 @@ def build_parser():
                     help='JSON list of replay_verify tilings to time, e.g. '
                          '\'[{"block_p": 32, "num_warps": 4}, {"num_warps": 8}]\'; [{}] is the '
                          'tuned default')
+    ap.add_argument("--tune-baseline", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='the same for the baseline\'s standard_verify tilings, e.g. '
+                         '\'[{}, {"block_n": 32}, {"num_warps": 4}]\'; every pair of --tune and '
+                         '--tune-baseline configs is timed')
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
     return ap
 
@@ -179,8 +189,8 @@ def _run(args):
     fam = FAMILIES[args.family]()
     ring = args.ring_dtype or fam.default_ring
     shapes = args.shapes or list(fam.shapes)
-    grid = [(s, T, b, kw) for s in shapes for T in args.tokens for b in args.batches
-            for kw in args.tune]
+    grid = [(s, T, b, kw, bkw) for s in shapes for T in args.tokens for b in args.batches
+            for kw in args.tune for bkw in args.tune_baseline]
     progress = cli.Progress(len(grid) + 1, cli.interactive(args))
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth() / 1e9
@@ -188,11 +198,11 @@ def _run(args):
           f"TB/s; {fam.name}; L = {args.window}; {ring} ring; acceptance uniform in 1..T")
     print(HEADER, flush=True)
     rows = []
-    for shape, T, batch, kw in grid:
+    for shape, T, batch, kw, bkw in grid:
         with progress.stage(f"{shape} T {T} batch {batch}"):
             r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring, replay_kw=kw,
-                             breakdown=args.breakdown)
-        r.update(copy_gbs=bw, replay_kw=kw)
+                             baseline_kw=bkw, breakdown=args.breakdown)
+        r.update(copy_gbs=bw, replay_kw=kw, baseline_kw=bkw)
         rows.append(r)
         print(line(r, bw), flush=True)
     progress.close()

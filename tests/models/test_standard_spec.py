@@ -64,10 +64,14 @@ def test_standard_verify_commit_equals_replay_and_plain_decode(variant, T):
     np.testing.assert_array_equal(std.lengths, plain.lengths)
     np.testing.assert_array_equal(std.counts, 0)                    # rings unused
     untouched = np.array([0, 2, 5])                                 # null + free slots
+    groups = (untouched[:, None] * (1 + MAX_T) + np.arange(1 + MAX_T)).reshape(-1)
+    rows = np.asarray(std.state_rows)                   # each slot's state in its own group
+    assert ((rows // (1 + MAX_T)) == np.arange(S)).all() and (rows[untouched] ==
+                                                              untouched * (1 + MAX_T)).all()
     for lc in std.layers:
         if isinstance(lc, SSMCache):
             assert lc.buffers.checkpoint.shape[0] == S * (1 + MAX_T) and lc.buffers.window == 1
-            assert not np.asarray(lc.buffers.checkpoint[untouched]).any()
+            assert not np.asarray(lc.buffers.checkpoint[groups]).any()
             assert not np.asarray(lc.conv[untouched]).any()
 
 

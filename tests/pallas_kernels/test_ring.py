@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from pallas_kernels import ring
 from pallas_kernels.ring import NULL_SLOT, conv_commit, conv_prefill, conv_window
 
 F32 = jnp.float32
@@ -48,3 +50,23 @@ def test_conv_prefill_equals_windows_from_a_zero_state():
     for r, n in enumerate(np.asarray(lengths)):
         kept = conv_commit(zero, xbc[:, :n], slots, jnp.full((2,), n, jnp.int32))
         np.testing.assert_array_equal(state[r], kept[r + 1])
+
+
+@pytest.mark.parametrize("T", [2, 4, 8])
+def test_draft_rows_stay_in_the_slot_group_and_never_overwrite_the_state(T):
+    """Standard-mode layout: slot s owns rows s (T + 1) .. s (T + 1) + T; from any state row of
+    its group, a window of w <= T tokens writes w distinct other rows of that group, and
+    committing draft n - 1 (the remap) keeps that true for the next window."""
+    rng = np.random.default_rng(T)
+    slots = jnp.arange(1, 6, dtype=jnp.int32)
+    rows = ring.base_rows(slots, T)
+    np.testing.assert_array_equal(rows, np.arange(1, 6) * (T + 1))
+    for _ in range(20):
+        w = int(rng.integers(1, T + 1))
+        d = np.asarray(ring.draft_rows(rows, slots, T, w))
+        base = np.asarray(slots)[:, None] * (T + 1)
+        assert ((d >= base) & (d <= base + T)).all()
+        assert (d != np.asarray(rows)[:, None]).all()
+        assert all(len(set(r)) == w for r in d)
+        n = rng.integers(1, w + 1, len(slots))
+        rows = jnp.asarray(d[np.arange(len(slots)), n - 1])

@@ -21,8 +21,9 @@ FAMILY = {"nemotron_h": "nemotron_h", "qwen3_next": "qwen"}
 
 
 @pytest.fixture(scope="module", params=["nemotron_h", "qwen3_next"])
-def fixture(request):
-    model = test_mtp._setup(FAMILY[request.param], request.param)[1]
+def fixture(request, tmp_path_factory):
+    model = test_mtp._setup(tmp_path_factory.mktemp("mtp"), FAMILY[request.param],
+                            request.param)[1]
     mod = test_qwen if request.param.startswith("qwen") else test_nemotron_h
     plain, ref = mod._load(request.param)
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
@@ -72,8 +73,8 @@ def _reference_drafts(model, seq, steps, K, max_len=128):
     return out
 
 
-def _bigram_with_exact_head(family, variant):
-    model = test_mtp._setup(family, variant)[1]
+def _bigram_with_exact_head(tmp_path, family, variant):
+    model = test_mtp._setup(tmp_path, family, variant)[1]
     for tree in (model.layers, model.mtp.layers):
         for _, v in nnx.iter_graph(tree):
             if isinstance(v, nnx.Param):
@@ -92,8 +93,8 @@ def _bigram_with_exact_head(family, variant):
 
 
 @pytest.mark.parametrize("variant", ["nemotron_h", "qwen3_next"])
-def test_exact_head_accepts_every_draft(variant):
-    model = _bigram_with_exact_head(FAMILY[variant], variant)
+def test_exact_head_accepts_every_draft(tmp_path, variant):
+    model = _bigram_with_exact_head(tmp_path, FAMILY[variant], variant)
     reqs = lambda: [Request(prompt=[3, 9, 27, 81][:i + 1], max_new_tokens=n) for i, n in
                     enumerate([17, 4, 30])]
     want = [c.tokens for c in Engine(model, num_slots=2, max_len=64, window=4).generate(reqs())]

@@ -57,7 +57,7 @@ def _teacher_forced(runner, prompt, completions):
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(tmp_path_factory):
     """(engine, prompt, requests, completions, truth logits [N, NEW, V]) per case, built once."""
     cache = {}
 
@@ -68,7 +68,8 @@ def served():
                 model, spec = runner.model, dict(draft_model=runner.model)
                 prompt = prompts[1]
             else:
-                model, spec = _bigram_with_exact_head("nemotron_h", "nemotron_h"), {}
+                model, spec = _bigram_with_exact_head(tmp_path_factory.mktemp("mtp"),
+                                                      "nemotron_h", "nemotron_h"), {}
                 table = np.asarray(model.lm_head(model.norm_f(model.embeddings[...])))
                 prompt = _bigram_cycle(table)
             eng = Engine(model, num_slots=SLOTS, max_len=32, window=8, num_draft=K,
