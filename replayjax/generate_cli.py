@@ -15,14 +15,15 @@ def _ids(text):
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--prompt-ids takes comma-separated integers, got {text!r}")
 
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="replayjax generate",
                                  description="Generate from one or more prompts (run as a batch).")
-    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output dir "
-                    "(default: the demo model shipped with the package, a tiny byte-level "
+    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
+                    "dir (default: the demo model shipped with the package, a tiny byte-level "
                     "Nemotron-H-style hybrid trained on licence texts)")
     ap.add_argument("--prompt", action="append", default=[],
                     help="text prompt (needs tokenizer.json in the model dir and `tokenizers`)")
@@ -153,7 +154,7 @@ def main(argv=None):
                         ssm_mode=args.ssm_mode, window=args.window,
                         state_dtype=jnp.dtype(args.state_dtype),
                         steps_per_visit=args.steps_per_visit,
-                        num_draft=args.num_draft if drafter else 0, drafter=drafter or "ngram",
+                        num_draft=args.num_draft if drafter else 0, drafter=drafter,
                         draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,
