@@ -152,7 +152,7 @@ class Engine:
         self._ids = set()              # ids of queued and running requests
         self._cancel = set()           # ids of running requests to finish as cancelled
         self._dropped = []             # cancelled queued _Entry, not yet reported
-        self._next_id = 0              # the next id `submit` tries for a request without one
+        self._next_id = 0              # the next id `submit` gives a request without one
         self._running = {}             # slot -> _Entry
         self._round = 0                # requests still to admit in this admission round
         self._decode_due = False       # a round just ended: decode / verify before the next
@@ -165,14 +165,15 @@ class Engine:
     # ------------------------------------------------------------------ live serving
     def submit(self, request: Request) -> Hashable:
         """Checks `request` (RequestError naming the field and the rule) and queues it; returns
-        its id: request.id, or a fresh integer when that is None. Ids of queued and running
-        requests are unique. Thread-safe: may run while another thread steps the engine."""
+        its id: request.id, or when that is None the next integer not in use (0, 1, ...). Ids of
+        queued and running requests are unique. Thread-safe: may run while another thread steps the engine."""
         with self._lock:
-            if request.id is None:
-                while self._next_id in self._ids:
-                    self._next_id += 1
-                request = dataclasses.replace(request, id=self._next_id)
+            while self._next_id in self._ids:
+                self._next_id += 1
+            request = _with_id(request, self._next_id)
             self._enqueue([request])
+            if request.id == self._next_id:        # taken: ids are not reused
+                self._next_id += 1
         return request.id
 
     def cancel(self, request_id: Hashable) -> bool:
@@ -230,8 +231,7 @@ class Engine:
         Completions. Lets a caller act between visits (a profiler tracing only decode steps).
         The requests are checked before anything runs (a request without an id gets its index);
         the engine must have no other queued or running requests."""
-        reqs = [r if r.id is not None else dataclasses.replace(r, id=i)
-                for i, r in enumerate(requests)]
+        reqs = [_with_id(r, i) for i, r in enumerate(requests)]
         with self._lock:
             if self._queue or self._running or self._dropped:
                 raise RuntimeError("generate / serve need an idle engine; this one has queued or "
@@ -425,6 +425,13 @@ class Engine:
             e.accepted += int(n_acc[s]) - 1
             events += self._settle(s, e, now)
         return events
+
+
+def _with_id(r: Request, default: Hashable) -> Request:
+    """r, or a copy with id `default` if it has none (RequestError if r is no Request)."""
+    if not isinstance(r, Request):
+        raise RequestError(f"expected a Request, got a {type(r).__name__}")
+    return r if r.id is not None else dataclasses.replace(r, id=default)
 
 
 def _drain(gen):

@@ -42,7 +42,8 @@ def build_parser():
     ap.add_argument("--speculative", default="none",
                     help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
                          "with the same vocabulary, loaded like --model)")
-    ap.add_argument("--num-draft", type=int, default=3)
+    ap.add_argument("--num-draft", type=int,
+                    help="tokens drafted per speculative step (default 3; needs --speculative)")
     ap.add_argument("--num-slots", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--save-logits", metavar="FILE.npy",
@@ -131,6 +132,9 @@ def main(argv=None):
     from replayjax.loading import ModelDirError, load_model
 
     drafter, draft_dir = _speculative(args.speculative)
+    if args.num_draft is not None and not drafter:
+        sys.exit("replayjax generate: --num-draft needs --speculative ngram, mtp or draft:DIR")
+    num_draft = (3 if args.num_draft is None else args.num_draft) if drafter else 0
     if args.save_logits:
         _check_output(args.save_logits)
     from replayjax import demo
@@ -154,7 +158,7 @@ def main(argv=None):
                         ssm_mode=args.ssm_mode, window=args.window,
                         state_dtype=jnp.dtype(args.state_dtype),
                         steps_per_visit=args.steps_per_visit,
-                        num_draft=args.num_draft if drafter else 0, drafter=drafter,
+                        num_draft=num_draft, drafter=drafter,
                         draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,

@@ -64,8 +64,6 @@ def check_request(r: Request, *, vocab: int, max_len: int, num_draft: int) -> No
     def fail(why):
         raise RequestError(f"request {r.id!r}: {why}")
 
-    if not isinstance(r, Request):
-        raise RequestError(f"expected a Request, got a {type(r).__name__}")
     if not isinstance(r.id, Hashable):
         raise RequestError(f"request id must be hashable, got a {type(r.id).__name__}")
     prompt = _token_ids(r.prompt, "prompt", fail)

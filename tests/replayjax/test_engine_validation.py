@@ -99,10 +99,24 @@ def test_a_bad_request_queues_nothing(engine):
     with pytest.raises(RequestError, match="request 1: empty prompt"):
         engine.generate([_req(id=None), _req(prompt=[], id=None)])
     assert not engine.has_work
+    with pytest.raises(RequestError, match="expected a Request, got a dict"):
+        engine.submit({"prompt": [1, 2], "max_new_tokens": 3})
     engine.submit(_req())
     with pytest.raises(RequestError, match="request 'x': id already used by a queued or running"):
         engine.submit(_req())
     with pytest.raises(RuntimeError, match="generate / serve need an idle engine"):
         engine.generate([_req(id="y")])
     assert engine.cancel("x") and engine.step()[0].completion.finish_reason == "cancelled"
+    assert not engine.has_work
+
+
+def test_fresh_ids_are_not_reused(engine):
+    """A request without an id gets the next integer; a finished request's id stays unused, so
+    a late cancel cannot hit a newer request."""
+    first = engine.submit(_req(id=None))
+    assert engine.cancel(first) and engine.step()[0].id == first
+    assert not engine.cancel(first)
+    second = engine.submit(_req(id=None))
+    assert second == first + 1
+    assert engine.cancel(second) and engine.step()[0].completion.tokens == []
     assert not engine.has_work
