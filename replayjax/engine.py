@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 import threading
 import time
 from collections import deque
@@ -51,7 +50,8 @@ from pallas_kernels._common import IMPLS, NULL_SLOT
 from pallas_kernels.mamba2 import MAX_VERIFY_TOKENS, MAX_WINDOW
 from replayjax import steps
 from replayjax.drafters import make_drafter
-from replayjax.requests import Completion, Event, Request, RequestError, check_request
+from replayjax.requests import (Completion, Event, Request, RequestError, check_request,
+                                is_int)
 from replayjax.sampling import SamplingArrays, SamplingParams
 from replayjax.steps import EngineState, SlotInputs
 
@@ -62,27 +62,23 @@ def _bucket(n, minimum=16):
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
                     prefill_rows):
     """ValueError naming the first invalid engine setting and its rule."""
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
                         ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows)):
-        if not _is_int(value):
+        if not is_int(value):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if ssm_mode not in SSM_MODES:
         raise ValueError(f"ssm_mode must be {' or '.join(map(repr, SSM_MODES))}, got "
                          f"{ssm_mode!r}")
-    if not (_is_int(window) and 1 <= window <= MAX_WINDOW and window & (window - 1) == 0):
+    if not (is_int(window) and 1 <= window <= MAX_WINDOW and window & (window - 1) == 0):
         raise ValueError(f"window must be a power of two in [1, {MAX_WINDOW}] (the ReplaySSM "
                          f"ring length L), got {window!r}")
     limit = min(MAX_VERIFY_TOKENS - 1, window - 1)
-    if not (_is_int(num_draft) and 0 <= num_draft <= limit):
+    if not (is_int(num_draft) and 0 <= num_draft <= limit):
         raise ValueError(f"num_draft = {num_draft!r} must be in [0, {limit}] (window L = "
                          f"{window}, at most {MAX_VERIFY_TOKENS} verify tokens)")
     if impl not in IMPLS:
@@ -166,7 +162,8 @@ class Engine:
     def submit(self, request: Request) -> Hashable:
         """Checks `request` (RequestError naming the field and the rule) and queues it; returns
         its id: request.id, or when that is None the next integer not in use (0, 1, ...). Ids of
-        queued and running requests are unique. Thread-safe: may run while another thread steps the engine."""
+        queued and running requests are unique. Thread-safe: may run while another thread
+        steps the engine."""
         with self._lock:
             while self._next_id in self._ids:
                 self._next_id += 1
@@ -204,8 +201,8 @@ class Engine:
         """Blocks until `has_work` (a submit or cancel from another thread) or the timeout;
         returns has_work."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._queue or self._running or self._dropped,
-                                       timeout)
+            return bool(self._lock.wait_for(
+                lambda: self._queue or self._running or self._dropped, timeout))
 
     def step(self) -> list[Event]:
         """One host visit: reports cancellations, then either admits queued requests into free
@@ -268,7 +265,7 @@ class Engine:
 
     def _visit(self):
         """One host visit as a generator: yields its kind just before running it (nothing when
-        there is only cancellations to report) and returns its events."""
+        there are only cancellations to report) and returns its events."""
         events = self._cancellations()
         kind, batch = self._plan()
         if kind is not None:

@@ -5,6 +5,7 @@ engine queues it (a `RequestError` naming the request, the field and the rule ot
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -73,7 +74,7 @@ def check_request(r: Request, *, vocab: int, max_len: int, num_draft: int) -> No
     stops = _token_ids(list(r.stop_ids), "stop_ids", fail)
     _in_vocab(stops, "stop_ids", vocab, fail)
     n = r.max_new_tokens
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+    if not is_int(n):
         fail(f"max_new_tokens must be an integer, got {n!r}")
     if n < 1:
         fail(f"max_new_tokens must be >= 1, got {n}")
@@ -87,6 +88,11 @@ def check_request(r: Request, *, vocab: int, max_len: int, num_draft: int) -> No
         r.sampling.check()
     except ValueError as e:
         fail(str(e))
+
+
+def is_int(x) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _token_ids(ids, field, fail) -> np.ndarray:
