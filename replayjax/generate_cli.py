@@ -16,14 +16,15 @@ def _ids(text):
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--prompt-ids takes comma-separated integers, got {text!r}")
 
 
 def build_parser():
     ap = argparse.ArgumentParser(prog="replayjax generate",
                                  description="Generate from one or more prompts (run as a batch).")
-    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output dir "
-                    "(default: the demo model shipped with the package, a tiny byte-level "
+    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
+                    "dir (default: the demo model shipped with the package, a tiny byte-level "
                     "Nemotron-H-style hybrid trained on licence texts)")
     ap.add_argument("--prompt", action="append", default=[],
                     help="text prompt (needs tokenizer.json in the model dir and `tokenizers`)")
@@ -42,7 +43,8 @@ def build_parser():
     ap.add_argument("--speculative", default="none",
                     help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
                          "with the same vocabulary, loaded like --model)")
-    ap.add_argument("--num-draft", type=int, default=3)
+    ap.add_argument("--num-draft", type=int,
+                    help="tokens drafted per speculative step (default 3; needs --speculative)")
     ap.add_argument("--num-slots", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--save-logits", metavar="FILE.npy",
@@ -133,6 +135,9 @@ def main(argv=None):
     from replayjax.loading import load_model
 
     drafter, draft_dir = _speculative(args.speculative)
+    if args.num_draft is not None and not drafter:
+        sys.exit("replayjax generate: --num-draft needs --speculative ngram, mtp or draft:DIR")
+    num_draft = (3 if args.num_draft is None else args.num_draft) if drafter else 0
     if args.save_logits:
         _check_output(args.save_logits)
     from replayjax import demo
@@ -156,7 +161,7 @@ def main(argv=None):
                         ssm_mode=args.ssm_mode, window=args.window,
                         state_dtype=jnp.dtype(args.state_dtype),
                         steps_per_visit=args.steps_per_visit,
-                        num_draft=args.num_draft if drafter else 0, drafter=drafter or "ngram",
+                        num_draft=num_draft, drafter=drafter,
                         draft_model=draft_model, return_logits=bool(args.save_logits))
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,

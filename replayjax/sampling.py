@@ -4,17 +4,88 @@ Keys are derived per request and position (`fold_in(key(seed), position)`), so a
 the same tokens whatever else is in the batch. Speculative verification: greedy acceptance, and
 rejection sampling against a deterministic drafter (n-gram lookup, or an MTP/draft model decoding
 greedily), which preserves the target distribution exactly.
+
+A request's `SamplingParams` (host) become one row of `SamplingArrays` ([b] arrays, a pytree) on
+device; its `sample` and `verify` methods apply `sample` and `verify_drafts` below to those rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax import lax
 
 # The vocabulary-wide work (sort for top-k / top-p, softmax, one draw per row) runs under
 # `lax.cond` only when some row needs it: an all-greedy batch pays an argmax, an unfiltered one
 # no sort. On the H200 at batch 256 x 131072 tokens the sort alone took ~2 ms of a 24 ms step.
+
+SEED_LIMIT = 2 ** 31            # seeds key int32 arrays on device
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling settings (host side; `check` says whether they are valid)."""
+    temperature: float = 0.0        # 0 = greedy
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0              # 1 = off
+    seed: int = 0                   # in [0, 2^31)
+
+    def check(self) -> None:
+        """ValueError naming the first invalid field and its rule."""
+        def fail(field, rule):
+            raise ValueError(f"sampling.{field} must be {rule}, got {getattr(self, field)!r}")
+
+        if not (_is_real(self.temperature) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            fail("temperature", "a finite number >= 0 (0 = greedy)")
+        if not (_is_int(self.top_k) and self.top_k >= 0):
+            fail("top_k", "an integer >= 0 (0 = off)")
+        if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
+            fail("top_p", "a number in (0, 1] (1 = off)")
+        if not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
+            fail("seed", "an integer in [0, 2^31)")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@struct.dataclass
+class SamplingArrays:
+    """Per-row sampling parameters on device, from per-request `SamplingParams`."""
+    temperature: jax.Array          # [b] fp32, 0 = greedy
+    top_k: jax.Array                # [b] int32, 0 = off
+    top_p: jax.Array                # [b] fp32, 1 = off
+    seed: jax.Array                 # [b] int32
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams]) -> SamplingArrays:
+        """One row per SamplingParams (already checked)."""
+        return cls(jnp.asarray([p.temperature for p in params], jnp.float32),
+                   jnp.asarray([p.top_k for p in params], jnp.int32),
+                   jnp.asarray([p.top_p for p in params], jnp.float32),
+                   jnp.asarray([p.seed for p in params], jnp.int32))
+
+    def sample(self, logits, positions):
+        """`sample` with each row's key at its position: logits [b, V] fp32, positions [b]
+        int32 (generated tokens before this one) -> tokens [b] int32."""
+        return sample(logits, self.temperature, self.top_k, self.top_p,
+                      row_keys(self.seed, positions))
+
+    def verify(self, logits, drafts, positions):
+        """`verify_drafts` with these rows' parameters: (n_accepted [b], new token [b])."""
+        return verify_drafts(logits, drafts, self.temperature, self.top_k, self.top_p,
+                             self.seed, positions)
 
 
 def row_keys(seeds, positions):
@@ -36,6 +107,8 @@ def filtered_probs(logits, temperature, top_k, top_p):
         cum = jnp.cumsum(p_sorted, axis=-1)
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
         cutoff_idx = jnp.sum(cum - p_sorted < top_p[:, None], axis=-1)     # tokens kept
+        # top_p = 1 is "off": keep the whole top-k (an fp32 cumsum reaches 1 before the tail)
+        cutoff_idx = jnp.where(top_p >= 1, k, cutoff_idx)
         cutoff = jnp.take_along_axis(srt, (jnp.maximum(cutoff_idx, 1) - 1)[:, None], axis=-1)
         return jnp.where(z >= cutoff, z, -jnp.inf)
 
@@ -86,7 +159,8 @@ def _verify_sampled(args):
     b, T, V = logits.shape
     K = T - 1
     temp = jnp.where(temperature > 0, temperature, 1.0)
-    probs = jax.vmap(lambda lg: filtered_probs(lg, temp, top_k, top_p), in_axes=1, out_axes=1)(logits)
+    probs = jax.vmap(lambda lg: filtered_probs(lg, temp, top_k, top_p), in_axes=1,
+                     out_axes=1)(logits)
     sampling = (temperature > 0)[:, None]
     keys = jax.vmap(lambda s, p: jax.random.split(jax.random.fold_in(jax.random.key(s), p), T + 1)
                     )(seeds, positions)                                   # [b, T+1]
@@ -94,11 +168,13 @@ def _verify_sampled(args):
     p_draft = jnp.take_along_axis(probs[:, :K], drafts[:, :, None], axis=-1)[..., 0]
     ok = jnp.where(sampling, u < p_draft, drafts == greedy[:, :K])        # [b, K]
     n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)     # accepted drafts
-    pos = jnp.minimum(n_ok, K)                                            # where the new token comes from
+    pos = jnp.minimum(n_ok, K)                                # where the new token comes from
     p_next = jnp.take_along_axis(probs, pos[:, None, None], axis=1)[:, 0]  # [b, V]
     rejected = n_ok < K
-    rej_tok = jnp.take_along_axis(drafts, jnp.minimum(n_ok, K - 1)[:, None], axis=1)[:, 0] if K else n_ok
-    residual = jnp.where(rejected[:, None] & (jnp.arange(V)[None, :] == rej_tok[:, None]), 0.0, p_next)
+    rej_tok = (jnp.take_along_axis(drafts, jnp.minimum(n_ok, K - 1)[:, None], axis=1)[:, 0]
+               if K else n_ok)
+    residual = jnp.where(rejected[:, None] & (jnp.arange(V)[None, :] == rej_tok[:, None]), 0.0,
+                         p_next)
     residual = residual / jnp.maximum(residual.sum(-1, keepdims=True), 1e-30)
     drawn = jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys[:, K], residual)
     greedy_next = jnp.take_along_axis(greedy, pos[:, None], axis=1)[:, 0]

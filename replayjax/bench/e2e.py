@@ -175,7 +175,7 @@ def run_variant(model, variant, args, workload, progress):
                             ssm_mode=mode, window=args.window,
                             state_dtype=jnp.dtype(args.state_dtype),
                             steps_per_visit=args.steps_per_visit, num_draft=K,
-                            drafter=drafter or "ngram")
+                            drafter=drafter)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):

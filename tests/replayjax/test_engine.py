@@ -5,7 +5,8 @@ seeded sampling is batch-independent, bad requests are refused with a clear mess
 
 import pytest
 
-from replayjax.engine import Engine, Request, RequestError, SamplingParams, ngram_drafts
+from replayjax.drafters import ngram_drafts
+from replayjax.engine import Engine, Request, RequestError, SamplingParams
 from tests.models import test_nemotron_h, test_qwen
 
 

@@ -37,6 +37,14 @@ def test_generate_json_matches_hf_greedy(capsys):
      "give a single prompt and no --json"),
     (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--steps-per-visit", "0"],
      "steps_per_visit must be >= 1"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--num-draft", "2"],
+     "--num-draft needs --speculative"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "ngram",
+      "--num-draft", "0"], "drafter='ngram' proposes num_draft >= 1 tokens per step"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--temperature", "inf"],
+     "request 0: sampling.temperature must be a finite number >= 0"),
+    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--top-p", "2"],
+     "request 0: sampling.top_p must be a number in (0, 1]"),
 ])
 def test_generate_errors(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:

@@ -1,0 +1,108 @@
+"""The engine's device steps: pure functions of (models, donated `EngineState`, inputs), jitted
+by `models.runner.Runner.jit` with the static settings bound (functools.partial). `models` is
+the merged tuple (target, *drafter.models). S = slots including the null slot (0)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from models.cache import ModelCache
+from pallas_kernels.ring import NULL_SLOT
+from replayjax.drafters import Drafter, Prefilled, Verified
+from replayjax.sampling import SamplingArrays
+
+
+@struct.dataclass
+class EngineState:
+    """The device state donated to every step."""
+    cache: ModelCache       # the target model's cache
+    drafter: Any = None     # the drafter's own pytree (`Drafter.init_state`), or None
+
+
+@struct.dataclass
+class SlotInputs:
+    """Per-slot decode inputs of one host visit ([S]; inactive slots run as null-slot rows)."""
+    last: jax.Array         # [S] int32 each slot's last token (the next step's input)
+    active: jax.Array       # [S] bool
+    remaining: jax.Array    # [S] int32 tokens a slot may still generate
+    gen_pos: jax.Array      # [S] int32 tokens generated so far (the next one's sampling position)
+    stops: jax.Array        # [S, W] int32 stop ids, -1 padded
+
+
+def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArrays, *,
+            drafter: Drafter, keep_logits: bool):
+    """Admits prompts: tokens [b, T] right-padded, lengths [b], slots [b] (NULL_SLOT = unused
+    row), sp [b]. Prefills the target, hands the rows to the drafter and samples each row's
+    first token. Returns the state, the first tokens [b] and their logits [b, V] fp32 (None
+    unless keep_logits)."""
+    target, own = models[0], models[1:]
+    logits, hidden, cache = target.prefill_hidden(state.cache, tokens, lengths, slots,
+                                                  last_only=True)
+    last = logits[:, 0]
+    first = sp.sample(last, jnp.zeros_like(lengths))
+    cache, dstate = drafter.prefill(target, own, cache, state.drafter,
+                                    Prefilled(tokens, lengths, slots, hidden, first))
+    return EngineState(cache, dstate), first, last if keep_logits else None
+
+
+def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, *, mode: str,
+                impl: str, n: int, keep_logits: bool):
+    """Up to n decode steps over all slots, stopping early once no slot is active. Returns the
+    state, the sampled tokens [S, n] (-1 where a row was inactive) and, with keep_logits, the
+    logits they were sampled from [S, n, V] fp32 (else None)."""
+    model = models[0]
+    S = inp.last.shape[0]
+    ids = jnp.arange(S, dtype=jnp.int32)
+
+    def cond(c):
+        return (c[0] < n) & jnp.any(c[2].active)
+
+    def body(c):
+        i, cache, s, out, lg = c
+        slots = jnp.where(s.active, ids, NULL_SLOT)
+        logits, cache = model.decode(cache, s.last[:, None], slots, mode=mode, impl=impl)
+        tok = sp.sample(logits[:, 0], s.gen_pos)
+        out = out.at[:, i].set(jnp.where(s.active, tok, -1))
+        if keep_logits:
+            lg = lg.at[:, i].set(logits[:, 0])
+        remaining = s.remaining - s.active
+        stop = jnp.any(tok[:, None] == s.stops, axis=1)
+        s = s.replace(last=jnp.where(s.active, tok, s.last),
+                      active=s.active & (remaining > 0) & ~stop,
+                      remaining=remaining, gen_pos=s.gen_pos + s.active)
+        return i + 1, cache, s, out, lg
+
+    out = jnp.full((S, n), -1, jnp.int32)
+    lg = jnp.zeros((S, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
+    _, cache, _, out, lg = jax.lax.while_loop(cond, body, (0, state.cache, inp, out, lg))
+    return state.replace(cache=cache), out, lg
+
+
+def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, host, *,
+              drafter: Drafter, mode: str, impl: str, keep_logits: bool):
+    """One speculative step over all slots: the drafter proposes K drafts (host: its
+    `host_drafts`, or None), the target verifies [last, drafts], `SamplingArrays.verify` accepts
+    a prefix, the target commits it and the drafter follows. Returns the state, the emitted
+    tokens [S, T], n_acc [S] (valid emitted tokens; 0 for inactive rows), the drafts verified
+    [S, K] and, with keep_logits, the verify logits [S, T, V] fp32 (rows 0..n_acc-1 are the
+    emitted tokens' logits; else None)."""
+    target, own = models[0], models[1:]
+    S = inp.last.shape[0]
+    slots = jnp.where(inp.active, jnp.arange(S, dtype=jnp.int32), NULL_SLOT)
+    drafts = drafter.propose(target, own, state.cache, state.drafter, inp.last, slots, host)
+    K = drafts.shape[1]
+    starts = state.cache.lengths[slots]
+    window = jnp.concatenate([inp.last[:, None], drafts], axis=1)
+    logits, hidden, cache = target.verify(state.cache, window, slots, mode=mode, impl=impl)
+    n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
+    cache = target.commit(cache, slots, n_acc, K + 1, mode=mode)
+    emitted = jnp.concatenate([drafts, jnp.zeros((S, 1), jnp.int32)], axis=1)
+    emitted = emitted.at[jnp.arange(S), n_acc - 1].set(new)
+    cache, dstate = drafter.commit(target, own, cache, state.drafter, Verified(
+        inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
+    return (EngineState(cache, dstate), emitted, jnp.where(inp.active, n_acc, 0), drafts,
+            logits if keep_logits else None)
