@@ -8,7 +8,7 @@
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
-#   check    - one call after a restructure: every kernel and model test compiled (4 processes),
+#   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
 # Each e2e variant runs in its own process (peak memory per variant); rows go to OUT/e2e.jsonl,
@@ -67,19 +67,19 @@ case $stage in
       --variants standard replay ;;
   check)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    REPLAYJAX_TEST_BACKEND=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      -n 4 tests/pallas_kernels tests/models -k "not xla" 2>&1 | tee "$out/tests.log" | tail -8
+    REPLAYJAX_TEST_BACKEND=gpu timeout 270 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      -n 6 tests/pallas_kernels tests/models -k "not xla" 2>&1 | tee "$out/tests.log" | tail -8
     for fam in mamba2 gdn; do
-      timeout 60 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
+      timeout 50 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
         --json "$out/kernels_$fam.json" 2>>"$out/kernels.log" | grep "^|"
     done
-    timeout 60 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+    timeout 50 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --tune-baseline '[{}, {"block_n": 32}, {"num_warps": 4}]' \
       --json "$out/verify_mamba2.json" 2>>"$out/verify.log" | grep "^|"
-    timeout 60 python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
+    timeout 50 python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
       --tune-baseline '[{}, {"block_v": 64}, {"num_warps": 4}]' \
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
-    timeout 120 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
+    timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
   profile)
     python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
