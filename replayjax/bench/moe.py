@@ -189,10 +189,11 @@ def tokamax_experts(u, ids, w, ws):
     xs = u.astype(ws["down"].dtype)[tok]
     if "gate_up" in ws:
         gu = tokamax.ragged_dot(xs, ws["gate_up"], sizes, preferred_element_type=jnp.float32)
-        hid = (jax.nn.silu(gu[:, :F]) * gu[:, F:]).astype(xs.dtype)
+        hid = (gu[:, :F] * jax.lax.logistic(gu[:, :F]) * gu[:, F:]).astype(xs.dtype)
     else:
         hid = tokamax.ragged_dot(xs, ws["up"], sizes, preferred_element_type=xs.dtype,
-                                 activation=lambda v: jnp.square(jax.nn.relu(v)))
+                                 activation=lambda v: jnp.square(jnp.maximum(v, 0)))
+        # (no jax.nn.relu: its custom_jvp does not lower in tokamax's Mosaic GPU kernel)
     out = tokamax.ragged_dot(hid, ws["down"], sizes, preferred_element_type=jnp.float32)
     out = out * w.reshape(-1)[order][:, None]
     return jnp.zeros(u.shape, jnp.float32).at[tok].add(out).astype(u.dtype)
@@ -280,9 +281,8 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
                     for st, ws, x in zip(states, wss, xs)]
         try:
             us[vname] = _time_us(run, (states, wss, xs), iterations) / copies
-        except Exception as e:  # noqa: BLE001 (dense may not fit: note it, time the rest)
-            if vname != "dense":
-                raise
+        except Exception as e:  # noqa: BLE001 (dense may not fit, a peer may not compile: note
+            #                       it in the row, time the rest)
             us[vname], notes[vname] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
         del wss
     return Row(model=name, batch=batch, distinct=float(np.mean(distinct)),

@@ -84,7 +84,7 @@ def test_softmax_router_matches_hf(norm):
                                          2, norm)
     ids, w = _sorted(ids, w)
     np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+    np.testing.assert_allclose(w, want_w, rtol=5e-6)    # fp32 softmax (GPU exp: 1.2e-6 seen)
 
 
 def test_ties_go_to_the_lowest_index():
