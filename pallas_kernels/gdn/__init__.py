@@ -8,7 +8,8 @@ slot pool), `prefill` (chunked WY/UT scan). The ring contract is `pallas_kernels
 from pallas_kernels.gdn import reference
 from pallas_kernels.gdn.api import replay_decode, replay_verify, standard_decode, standard_verify
 from pallas_kernels.gdn.buffers import GDNBuffers, init_gdn_buffers
-from pallas_kernels.gdn.pallas_triton import (REPLAY_TILING, STANDARD_TILING, VERIFY_TILING,
+from pallas_kernels.gdn.pallas_triton import (REPLAY_TILING, STANDARD_TILING,
+                                              STANDARD_VERIFY_TILING, VERIFY_TILING,
                                               GDNReplayTiling, GDNTiling, GDNVerifyTiling)
 from pallas_kernels.gdn.reference import gates, prepare_qk
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
@@ -16,5 +17,5 @@ from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, c
 __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_decode",
            "replay_decode", "advance_counts", "replay_verify", "standard_verify",
            "commit_counts", "reference", "MAX_WINDOW", "MAX_VERIFY_TOKENS", "GDNTiling",
-           "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "REPLAY_TILING",
-           "VERIFY_TILING"]
+           "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "STANDARD_VERIFY_TILING",
+           "REPLAY_TILING", "VERIFY_TILING"]

@@ -74,6 +74,9 @@ REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4)
 # verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
 # 16 vs 1.90x; T = 8 1.65x vs 1.38x.
 VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4)
+# The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): 4 warps 795 us (80% of
+# copy bandwidth) vs 1214 us with the decode kernel's 8 warps and 858 us at block_v 64.
+STANDARD_VERIFY_TILING = GDNTiling(block_v=128, num_warps=4)
 _MIN_BLOCK_V = 4
 
 
@@ -108,7 +111,7 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, tiling, interpret):
     return _standard_verify(state, q, k, v, g, beta, slots, draft_slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_TILING, v.shape[3]))
+                            **_tiles(tiling, STANDARD_VERIFY_TILING, v.shape[3]))
 
 
 def _program(heads_per_key_head, block_v):

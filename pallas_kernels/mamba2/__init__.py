@@ -9,11 +9,12 @@ from pallas_kernels.mamba2 import reference
 from pallas_kernels.mamba2.api import (replay_decode, replay_verify, standard_decode,
                                        standard_verify)
 from pallas_kernels.mamba2.buffers import ReplayBuffers, init_replay_buffers
-from pallas_kernels.mamba2.pallas_triton import (REPLAY_TILING, STANDARD_TILING, VERIFY_TILING,
+from pallas_kernels.mamba2.pallas_triton import (REPLAY_TILING, STANDARD_TILING,
+                                                 STANDARD_VERIFY_TILING, VERIFY_TILING,
                                                  Mamba2ReplayTiling, Mamba2Tiling)
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
 
 __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",
            "advance_counts", "replay_verify", "standard_verify", "commit_counts", "reference",
            "MAX_WINDOW", "MAX_VERIFY_TOKENS", "Mamba2Tiling", "Mamba2ReplayTiling",
-           "STANDARD_TILING", "REPLAY_TILING", "VERIFY_TILING"]
+           "STANDARD_TILING", "STANDARD_VERIFY_TILING", "REPLAY_TILING", "VERIFY_TILING"]

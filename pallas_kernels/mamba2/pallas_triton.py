@@ -54,6 +54,9 @@ REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2)
 # verify keeps T accumulators per d_state chunk: 32-wide chunks (batch 256, T = 4: 2.24x the
 # baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16).
 VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2)
+# The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): the decode kernel's
+# tiling is its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us).
+STANDARD_VERIFY_TILING = STANDARD_TILING
 _MIN_BLOCK_P = 4
 
 
@@ -86,7 +89,7 @@ def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, interpret):
     return _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_TILING, x.shape[3], B.shape[3]))
+                            **_tiles(tiling, STANDARD_VERIFY_TILING, x.shape[3], B.shape[3]))
 
 
 def _row_head_tile(heads_per_group, block_p):

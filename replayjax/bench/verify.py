@@ -77,7 +77,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
     replay_kw: overrides of the family's `VERIFY_TILING` fields (block_p / block_n / block_v /
     block_k / block_k_long, num_warps, fold), default none (the tuned tiling); baseline_kw: the
-    same for the baseline's `STANDARD_TILING` (block_p / block_n / block_v, num_warps)."""
+    same for the baseline's `STANDARD_VERIFY_TILING` (block_p / block_n / block_v, num_warps)."""
     import jax
     import jax.numpy as jnp
 
@@ -91,7 +91,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
     tiling = dataclasses.replace(ops.VERIFY_TILING, **(replay_kw or {}))
-    base_tiling = dataclasses.replace(ops.STANDARD_TILING, **(baseline_kw or {}))
+    base_tiling = dataclasses.replace(ops.STANDARD_VERIFY_TILING, **(baseline_kw or {}))
 
     @jax.jit
     def run_replay(bufs, counts):
