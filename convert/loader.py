@@ -17,7 +17,6 @@ import json
 import os
 from collections.abc import Callable
 
-import numpy as np
 
 from convert.converter import CONFIG_NAME, FORMAT, META_NAME, PARAMS_DIR
 from convert.errors import ConvertError
@@ -54,11 +53,14 @@ def load_config_of(out_dir):
 
 
 def _sharding(mesh, partition: Partition | None):
-    """(path, shape) -> NamedSharding; the default mesh is one device, the default spec P()."""
+    """(path, shape) -> sharding: without a mesh the default device's (what every other array of
+    a one-device program has: a step taking params and a cache then compiles once), else a
+    NamedSharding with the partition's spec (default P(), replicated)."""
     import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
     if mesh is None:
-        mesh = Mesh(np.array(jax.devices()[:1]), ("replica",))
+        one = SingleDeviceSharding(jax.devices()[0])
+        return lambda path, shape: one
     return lambda path, shape: NamedSharding(
         mesh, partition(path, shape) if partition else PartitionSpec())
 
@@ -70,7 +72,7 @@ def _path(kp) -> tuple:
 def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     """Restore a converted checkpoint. Returns (config, model).
 
-    mesh: a `jax.sharding.Mesh`; None = a one-device mesh on `jax.devices()[0]`.
+    mesh: a `jax.sharding.Mesh`; None = the default device, unsharded.
     dtype: the model dtype (None = the dtype it was converted to); params the model keeps in
         fp32 stay fp32, the others are cast while restoring.
     partition: optional `(path, shape) -> PartitionSpec` per param; default replicated (`P()`).

@@ -12,31 +12,28 @@ Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x
 are not valid own no (token, expert) pairs, do no expert work and come out zero.
 
 impl: "pallas" (compiled on GPU, interpret mode elsewhere), "xla" (sparse, plain XLA), "auto"
-(Pallas on GPU, XLA elsewhere). Both sort the pairs by expert into tiles of block_m rows (see
-`pallas_kernels.moe.plan`); block_m defaults to the expected pairs per expert, as a power of two
-in [16, 128]. `reference.expert_ffn` is the dense oracle.
+(Pallas on GPU, XLA elsewhere), dispatched through `pallas_kernels.dispatch`. Both sort the pairs
+by expert into tiles of block_m rows (see `pallas_kernels.moe.plan`); block_m defaults to the
+expected pairs per expert, as a power of two in [16, 128]. tiling: a
+`pallas_triton.MoETiling` for the Pallas kernels (None: the measured `TILING`).
+`reference.expert_ffn` is the dense oracle.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.dispatch import resolve_impl, resolve_interpret
-from pallas_kernels.moe import kernels, xla
-from pallas_kernels.moe.plan import combine, make_plan
+from pallas_kernels.dispatch import Op
+from pallas_kernels.moe import pallas_triton, xla
+from pallas_kernels.moe.plan import make_plan
 from pallas_kernels.moe.reference import ACTIVATIONS
-from pallas_kernels.validation import (FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2,
-                                       pick_block)
+from pallas_kernels.validation import FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2
 
 __all__ = ["expert_ffn", "default_block_m"]
 
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 128      # Triton dots need >= 16 rows
-# (block_n cap, block_k cap) of the gate/up and down GEMMs, num_warps, num_stages: the best of a
-# short sweep on an H200 (Nemotron-3-Nano and Qwen3.5-35B shapes at batch 1 and 256, bf16);
-# 8 warps, 2 warps, 4 stages or narrower tiles were no better at both batches.
-UP_TILING = (64, 128)
-DOWN_TILING = (128, 64)
-NUM_WARPS, NUM_STAGES = 4, 3
+_EXPERT_FFN = Op("moe.expert_ffn", {"xla": xla.expert_ffn,
+                                    "pallas_triton": pallas_triton.expert_ffn})
 
 
 def default_block_m(num_pairs: int, num_experts: int) -> int:
@@ -76,11 +73,8 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
 
 
 def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
-               activation="relu2", impl="auto", block_m=None, up_tiles=None, down_tiles=None,
-               num_warps=None, num_stages=None, interpret=None):
-    """Routed experts of a MoE layer, sparse (see the module docstring). Pallas tiling:
-    up_tiles / down_tiles = (block_n, block_k) of the gate/up GEMM (columns of F, chunks of din)
-    and of the down GEMM (columns of din, chunks of F), powers of two dividing those sizes."""
+               activation="relu2", impl="auto", block_m=None, tiling=None, interpret=None):
+    """Routed experts of a MoE layer, sparse (see the module docstring)."""
     n, din, E, F, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation)
     block_m = block_m or default_block_m(n * k, E)
     check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
@@ -88,20 +82,5 @@ def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
     if valid is None:
         valid = jnp.ones((n,), bool)
     plan = make_plan(expert_ids, weights, valid, E, block_m)
-    if resolve_impl(impl) == "xla":
-        return xla.expert_ffn(x, plan, w_up, w_down, w_gate, activation, block_m)
-    up = _tiles("up_tiles", up_tiles, UP_TILING, ("F", F), ("din", din))
-    down = _tiles("down_tiles", down_tiles, DOWN_TILING, ("din", din), ("F", F))
-    rows = kernels.expert_ffn_pallas(
-        x.astype(w_up.dtype)[plan.row_token], plan.num_used_tiles, plan.tile_expert,
-        plan.row_weight, w_up, w_down, w_gate, activation=activation, block_m=block_m,
-        up_tiles=up, down_tiles=down, num_warps=num_warps or NUM_WARPS,
-        num_stages=num_stages or NUM_STAGES, interpret=resolve_interpret(interpret))
-    return combine(rows, plan.pair_row).astype(x.dtype)
-
-
-def _tiles(name, given, caps, n_dim, k_dim):
-    """(block_n, block_k): powers of two dividing the output and contraction sizes."""
-    bn, bk = given or (None, None)
-    return (pick_block(f"{name}[0]", f"{n_dim[0]}", n_dim[1], bn, caps[0], 16),
-            pick_block(f"{name}[1]", f"{k_dim[0]}", k_dim[1], bk, caps[1], 16))
+    return _EXPERT_FFN(x, plan, w_up, w_down, w_gate, activation, block_m, impl=impl,
+                       tiling=tiling, interpret=interpret)

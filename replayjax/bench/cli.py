@@ -79,6 +79,17 @@ def in_range(lo: int, hi: int):
     return check
 
 
+def positive_float(text):
+    """argparse type: a finite number > 0 (rates)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
 def power_of_two(text):
     """argparse type: a power of two >= 1 (ring windows)."""
     v = _int(text)

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 
 import numpy as np
 
@@ -45,8 +46,8 @@ from replayjax.bench import cli
 from replayjax.bench.roofline import decode_step_bytes
 from replayjax.bench.synthetic import SYNTHETIC, build
 from replayjax.bench.timing import copy_bandwidth, percentile
-from replayjax.bench.workload import (WORKLOADS, Workload, arrival_times, check_vocab,
-                                      load_trace, synthetic_requests)
+from replayjax.bench.workload import (ARRIVALS, WORKLOADS, Workload, arrival_times,
+                                      arrival_unit, check_vocab, load_trace, synthetic_requests)
 
 PROG = "replayjax bench"
 MODES = ("standard", "replay")
@@ -89,7 +90,11 @@ def make_workload(args, vocab) -> Workload:
                 f"tokens, {min(len(r.prompt) for r in reqs)}-"
                 f"{max(len(r.prompt) for r in reqs)}), {args.new_tokens} new tokens")
     check_vocab(reqs, vocab)
-    return Workload(tuple(reqs), tuple(arrival_times(len(reqs))), what)
+    # staggered: arrivals spread over the visits one request's generation takes
+    span = -(-max(r.max_new_tokens for r in reqs) // args.steps_per_visit)
+    arrivals = arrival_times(len(reqs), args.rate, args.arrivals, args.seed, span)
+    what += f", {args.arrivals} arrivals" + (f" ({args.rate:g}/s)" if args.rate else "")
+    return Workload(tuple(reqs), tuple(arrivals), what, arrival_unit(args.arrivals))
 
 
 def build_model(args, mtp=False):
@@ -105,16 +110,37 @@ def build_model(args, mtp=False):
 # ---------------------------------------------------------------------- serving
 
 def serve(engine, workload: Workload) -> list:
-    """Feeds the workload to the engine and returns a Completion per request, in order.
+    """Feeds the workload to the engine as it arrives and returns a Completion per request, in
+    order: request i is submitted once the engine has made `workload.arrivals[i]` host visits
+    (unit "visit") or that many seconds have passed (unit "s"); the engine steps in between
+    (`Engine.submit` / `Engine.step`: live admission between host visits). TTFT and latency run
+    from each request's submission, i.e. its arrival."""
+    reqs = [r.request() for r in workload.requests]
+    if not any(workload.arrivals):
+        return engine.generate(reqs)
+    order = deque(sorted(range(len(reqs)), key=lambda i: workload.arrivals[i]))
+    ids, done = [None] * len(reqs), {}
+    t0, visits = time.perf_counter(), 0
 
-    This is the seam for staggered arrivals: the engine admits requests only when a run starts
-    (`Engine.generate`), so every request arrives at t = 0 (`workload.arrivals` all zero).
-    With live admission, this loop submits request i once `time.perf_counter() - t0 >=
-    workload.arrivals[i]`, steps the engine in between, and collects the completions; TTFT and
-    latencies are then measured from each request's arrival."""
-    if any(workload.arrivals):
-        raise cli.BenchError("staggered arrivals need an engine with live admission")
-    return engine.generate([r.request() for r in workload.requests])
+    def due(i):
+        clock = visits if workload.unit == "visit" else time.perf_counter() - t0
+        return workload.arrivals[i] <= clock
+
+    while order or engine.has_work:
+        while order and due(order[0]):
+            i = order.popleft()
+            ids[i] = engine.submit(reqs[i])
+        if not engine.has_work:               # idle until the next arrival
+            if workload.unit == "visit":
+                visits = int(workload.arrivals[order[0]])
+            else:
+                time.sleep(max(0.0, workload.arrivals[order[0]] - (time.perf_counter() - t0)))
+            continue
+        for ev in engine.step():
+            if ev.completion is not None:
+                done[ev.id] = ev.completion
+        visits += 1
+    return [done[i] for i in ids]
 
 
 def _without_mtp(model, keep):
@@ -336,6 +362,13 @@ def build_parser():
     ap.add_argument("--workload", choices=WORKLOADS, default="mixed",
                     help="synthetic prompt lengths: mixed (log-uniform in [P/4, 4P]) or sync "
                          "(all P)")
+    ap.add_argument("--arrivals", choices=ARRIVALS, default="staggered",
+                    help="when requests arrive: staggered (each at a random host visit within "
+                         "one generation's length: rows start and fold at different steps; the "
+                         "default), burst (all at t = 0, the synchronous case), poisson or "
+                         "uniform at --rate requests/s (default: %(default)s)")
+    ap.add_argument("--rate", type=cli.positive_float, default=None, metavar="R",
+                    help="requests per second for --arrivals poisson|uniform")
     ap.add_argument("--prompt-len", type=cli.at_least(1), default=None, metavar="P",
                     help="synthetic prompts' (geometric mean) length; 128 unless --trace")
     ap.add_argument("--new-tokens", type=cli.at_least(1), default=None,
@@ -380,6 +413,9 @@ def parse_args(argv=None):
     if any(d for _, d in args.variants) and args.num_draft >= args.window:
         ap.error(f"argument --num-draft: K = {args.num_draft} must be < --window "
                  f"{args.window}")
+    if (args.rate is None) != (args.arrivals in ("staggered", "burst")):
+        ap.error(f"argument --rate: arrivals {args.arrivals} " + (
+            "take no rate" if args.rate is not None else "need a rate in requests per second"))
     if args.trace and (args.prompt_len is not None or args.new_tokens is not None):
         ap.error("argument --trace: --prompt-len / --new-tokens describe synthetic requests; "
                  "a trace gives its own")

@@ -23,7 +23,7 @@ TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k"
                 "seed", "stop_ids", "id")
 WORKLOADS = ("mixed", "sync")
 MIXED_SPREAD = 4        # mixed prompt lengths are log-uniform in [P / 4, 4 P] (geometric mean P)
-ARRIVALS = ("burst", "poisson", "uniform")
+ARRIVALS = ("staggered", "burst", "poisson", "uniform")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,13 +194,20 @@ def synthetic_requests(n: int, prompt_len: int, new_tokens: int, vocab: int, *, 
                          id=i) for i, m in enumerate(lengths)]
 
 
-def arrival_times(n: int, rate: float | None = None, pattern: str = "burst",
-                  seed: int = 0) -> np.ndarray:
-    """Arrival time in seconds of each of `n` requests, in request order: "burst" all at 0;
-    "poisson" a Poisson process of `rate` requests/s (exponential gaps, seeded, the first at 0);
-    "uniform" one every 1 / `rate` s."""
+def arrival_times(n: int, rate: float | None = None, pattern: str = "burst", seed: int = 0,
+                  span: int = 1) -> np.ndarray:
+    """When each of `n` requests arrives, in request order. "staggered": at a host visit of the
+    engine drawn uniformly from [0, span) (seeded; request 0 at visit 0): a serving batch whose
+    rows start, and so fold, at different steps, the same on any hardware; "burst": all at 0;
+    "poisson": a Poisson process of `rate` requests/s (exponential gaps, seeded, the first at 0);
+    "uniform": one every 1 / `rate` s. Visits for "staggered", seconds for the others
+    (`arrival_unit`)."""
     if pattern == "burst":
         return np.zeros(n)
+    if pattern == "staggered":
+        visits = np.random.default_rng(seed).integers(0, max(span, 1), n)
+        visits[:1] = 0
+        return visits.astype(float)
     if pattern not in ARRIVALS or not rate or rate <= 0:
         raise ValueError(f"arrivals {pattern!r} need a rate > 0 (patterns: {ARRIVALS})")
     if pattern == "uniform":
@@ -209,13 +216,19 @@ def arrival_times(n: int, rate: float | None = None, pattern: str = "burst",
     return np.concatenate([[0.0], np.cumsum(gaps[1:])])
 
 
+def arrival_unit(pattern: str) -> str:
+    """"visit" for staggered arrivals (engine host visits), "s" (seconds) for the others."""
+    return "visit" if pattern == "staggered" else "s"
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """The requests of a run and when each arrives (seconds from the start; all 0 = one burst).
-    Every variant serves the same workload."""
+    """The requests of a run and when each arrives (from the start, in `unit`: "s" seconds or
+    "visit" engine host visits; all 0 = one burst). Every variant serves the same workload."""
     requests: tuple
     arrivals: tuple
     description: str
+    unit: str = "s"
 
     @property
     def kv_len(self) -> float:

@@ -12,6 +12,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from convert import ConvertError, convert, load_hf
@@ -237,3 +238,12 @@ def test_broken_directory_is_one_line(tmp_path, capsys, case):
     assert e.value.code == f"replayjax generate: {raised.value}"
     err = capsys.readouterr().err
     assert err == "", err                  # nothing else: no traceback, no orbax log lines
+
+
+def test_without_a_mesh_params_sit_on_the_default_device_like_a_fresh_cache():
+    """A jitted step over (params, cache) must see one sharding for both, or it compiles again
+    once the cache it returns (on the params' sharding) comes back."""
+    _, model = load_hf(fixture_dir("qwen3_5"))
+    cache = model.init_cache(3, 8)
+    want = cache.counts.sharding
+    assert all(leaf.sharding == want for leaf in jax.tree.leaves(nnx.state(model)))

@@ -111,7 +111,7 @@ def test_several_tiles_per_expert_and_tilings(impl, interpret):
     pb = Problem(3, n=40, E=3, k=2, activation="relu2", kind="padding")
     kw = dict(block_m=16)
     if impl == "pallas":
-        kw.update(up_tiles=(16, 16), down_tiles=(16, 16))
+        kw.update(tiling=moe.MoETiling(16, 16, 16, 16, num_warps=4))
     check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
 
 
@@ -176,8 +176,9 @@ def test_default_block_m(n, k, E, m):
     (dict(expert_ids=jnp.zeros((12, 7), jnp.int32), weights=jnp.zeros((12, 7), F32)),
      r"top_k = 7 must be in \[1, experts = 6\]"),
     (dict(block_m=24), "block_m = 24 must be a power of two"),
-    (dict(impl="pallas", up_tiles=(32, 16)), r"up_tiles\[0\] = 32 must be a power of two "
-                                             r"dividing F = 48"),
+    (dict(impl="pallas", tiling=moe.MoETiling(64, 24, 64, 64, num_warps=4)),
+     r"up_block_k = 24 must be a power of two"),
+    (dict(impl="pallas", tiling=(64, 128)), "tiling must be a MoETiling"),
 ])
 def test_bad_input_is_named(change, match):
     pb = Problem(7, activation="swiglu")

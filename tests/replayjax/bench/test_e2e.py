@@ -26,6 +26,7 @@ def test_ab_bench_runs_every_variant_with_its_roofline(capsys):
                for r in rows.values())
     assert rows["replay+ngram"]["accepted_per_verify"] is not None
     assert out["config"]["workload"] == "mixed" and out["workload"].startswith("mixed prompts")
+    assert out["config"]["arrivals"] == "staggered" and "staggered arrivals" in out["workload"]
     for v in ("standard", "replay"):      # decode rows: minimum bytes, ideal time, achieved share
         r = rows[v]
         assert r["ideal_step_ms"] == pytest.approx(r["min_mb_per_step"] * 1e6 /
@@ -60,6 +61,34 @@ def test_arrival_schedules():
     assert (poisson == workload.arrival_times(20_000, 50.0, "poisson", seed=1)).all()
     with pytest.raises(ValueError, match="need a rate"):
         workload.arrival_times(3, None, "poisson")
+    staggered = workload.arrival_times(500, pattern="staggered", seed=2, span=8)
+    assert staggered[0] == 0 and set(staggered.tolist()) == set(range(8))       # host visits
+    assert workload.arrival_unit("staggered") == "visit" and workload.arrival_unit("poisson") == "s"
+
+
+@pytest.mark.parametrize("variant", ["replay", "replay+ngram"])
+def test_staggered_arrivals_admit_rows_between_visits_with_the_same_tokens(variant):
+    """Requests submitted at later host visits (live admission) generate exactly what a burst at
+    t = 0 generates, while rows joining mid-flight start their ring cursors at other steps."""
+    from convert import load_hf
+    from replayjax.engine import Engine
+    _, model = load_hf(QWEN)
+    reqs = workload.synthetic_requests(6, 6, 10, model.cfg.vocab_size, seed=1)
+    mode, _, drafter = variant.partition("+")
+    out = {}
+    for pattern, span in (("burst", 1), ("staggered", 3)):
+        arrivals = workload.arrival_times(len(reqs), pattern=pattern, seed=4, span=span)
+        wl = workload.Workload(tuple(reqs), tuple(arrivals), pattern,
+                               workload.arrival_unit(pattern))
+        engine = Engine(model, num_slots=3, max_len=32, window=4, steps_per_visit=4,
+                        num_draft=2 if drafter else 0, drafter=drafter or None, ssm_mode=mode)
+        out[pattern] = [c.tokens for c in e2e.serve(engine, wl)]
+        if pattern == "staggered":
+            assert len(set(arrivals.tolist())) > 1
+            kinds = [k for k, *_ in engine.visits]
+            first_step = next(i for i, k in enumerate(kinds) if k != "prefill")
+            assert "prefill" in kinds[first_step:]         # admitted after decoding started
+    assert out["staggered"] == out["burst"]
 
 
 def test_randomize_gives_nondegenerate_weights():
@@ -169,6 +198,9 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
     (["--variants", "replay", "replay"], "argument --variants: replay given twice"),
     (["--trace", "t.jsonl", "--new-tokens", "8"], "argument --trace: --prompt-len / --new-tokens"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--arrivals", "poisson"], "argument --rate: arrivals poisson need a rate"),
+    (["--rate", "5"], "argument --rate: arrivals staggered take no rate"),
+    (["--arrivals", "uniform", "--rate", "0"], "argument --rate: must be a finite number > 0"),
     (["--prompt-len", "0"], "argument --prompt-len: must be >= 1, got 0"),
     (["--new-tokens", "-1"], "argument --new-tokens: must be >= 1, got -1"),
     (["--window", "6"], "argument --window: must be a power of two, got 6"),
