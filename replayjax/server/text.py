@@ -54,9 +54,9 @@ class StopStrings:
         self.hit = False                     # a stop string was found: the stream is over
 
     def push(self, piece: str) -> str:
-        """The part of held text + `piece` that is safe to emit."""
-        if not self.stops:
-            return piece
+        """The part of held text + `piece` that is safe to emit ("" once a stop string hit)."""
+        if self.hit or not self.stops:
+            return "" if self.hit else piece
         text = self.held + piece
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
