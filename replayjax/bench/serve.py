@@ -233,7 +233,6 @@ def plot(rows: list[dict], path: str) -> None:
 
 def build_parser():
     ap = cli.parser(PROG, __doc__.split("\n\n")[0], [
-        "replayjax bench serve --url http://127.0.0.1:8000 --concurrency 1 8 32",
         "replayjax bench serve --url http://127.0.0.1:8000 --rate 2 8 --num-requests 200 --json",
         "replayjax bench serve --compare http://127.0.0.1:8000 http://127.0.0.1:8001 "
         "--labels replay standard --concurrency 4 16 64 --plot serve.png --markdown serve.md",
