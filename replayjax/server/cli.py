@@ -38,6 +38,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, unless it has none (None) or its help says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: {action.default})".replace("%", "%%")
+
+
 def _int_at_least(lo, hi=None):
     def check(text):
         try:
@@ -91,20 +101,26 @@ def _name(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                 description="Serve a model over HTTP with OpenAI's API (/v1/completions, "
-                             "/v1/chat/completions, /v1/models), /health and /metrics.")
+    ap = _Parser(prog=PROG, formatter_class=_Formatter,
+                 description="Serve a model over HTTP with OpenAI's API (/v1/completions,\n"
+                             "/v1/chat/completions, /v1/models), /health and /metrics.",
+                 epilog="examples:\n  replayjax serve                     # the demo model on "
+                        "127.0.0.1:8000\n  replayjax serve --model DIR --port 8001 "
+                        "--speculative mtp --num-slots 64\n  curl localhost:8000/v1/completions "
+                        "-d '{\"model\": \"replayjax-demo\", \"prompt\": \"This program\", "
+                        "\"max_tokens\": 32}'")
     ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
                     "dir, with tokenizer.json (default: the demo model shipped with the package)")
     ap.add_argument("--served-model-name", type=_name,
                     help="the model name requests give (default: the model dir's name; "
                          f"{DEMO_NAME} for the demo model)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    ap.add_argument("--port", type=_int_at_least(1, 65535), default=8000)
+    ap.add_argument("--port", type=_int_at_least(1, 65535), default=8000, help="TCP port")
     ap.add_argument("--chat-template", type=_file, metavar="FILE",
                     help="Jinja chat template (default: the model dir's chat_template.jinja or "
                          "tokenizer_config.json chat_template)")
-    ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay")
+    ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
+                    help="SSM decode: ReplaySSM, or the standard recurrence (the baseline)")
     ap.add_argument("--window", type=_power_of_two, default=16, help="ReplaySSM ring window L")
     ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="SSM state (checkpoint) dtype")
@@ -118,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests decoded together")
     ap.add_argument("--max-queue", type=_int_at_least(1), default=256,
                     help="requests waiting for a slot before new ones get 429")
-    ap.add_argument("--max-len", type=_int_at_least(2), default=2048,
+    ap.add_argument("--max-len", type=_int_at_least(16), default=2048,
                     help="cache length per slot: prompt + generated tokens (+ drafts)")
     ap.add_argument("--steps-per-visit", type=_int_at_least(1), default=8,
                     help="decode steps run on device between two host visits (streaming and "
@@ -126,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                    default="info")
+                    default="info", help="server log (uvicorn's access log at info)")
     return ap
 
 

@@ -88,9 +88,10 @@ class Generation:
             self._last = now
             self.metrics.tokens(len(ev.tokens), now)
         text = []
-        for t in ev.tokens:
-            self.completion_tokens += 1
-            text.append(self.stops.push(self.detok.push(t)))
+        # with stop strings token by token (the tokens past one are not counted), else at once
+        for chunk in ([t] for t in ev.tokens) if self.stops.stops else [ev.tokens]:
+            self.completion_tokens += len(chunk)
+            text.append(self.stops.push(self.detok.push(*chunk)))
             if self.stops.hit:
                 self._finish("stop")
                 return "".join(text)

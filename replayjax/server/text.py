@@ -24,9 +24,9 @@ class Detokenizer:
         self.prefix = 0                      # window start: context for the next piece
         self.read = len(self.ids)            # tokens before this index are emitted
 
-    def push(self, token: int) -> str:
-        """The text that `token` completes ("" while a character is incomplete)."""
-        self.ids.append(int(token))
+    def push(self, *tokens: int) -> str:
+        """The text that `tokens` complete ("" while a character is incomplete)."""
+        self.ids += map(int, tokens)
         done, text = self._pending()
         if len(text) > len(done) and not text.endswith(REPLACEMENT):
             self.prefix, self.read = self.read, len(self.ids)

@@ -4,7 +4,6 @@ refuses new requests with 503."""
 
 import asyncio
 
-import pytest
 from starlette.testclient import TestClient
 
 from replayjax.engine import Completion, Event

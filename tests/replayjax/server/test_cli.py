@@ -16,7 +16,7 @@ from replayjax.server import cli
     (["--port", "http"], "argument --port: expected an integer"),
     (["--num-slots", "0"], "argument --num-slots: must be >= 1"),
     (["--max-queue", "-1"], "argument --max-queue: must be >= 1"),
-    (["--max-len", "1"], "argument --max-len: must be >= 2"),
+    (["--max-len", "8"], "argument --max-len: must be >= 16"),
     (["--window", "3"], "argument --window: must be a power of two"),
     (["--speculative", "eagle"], "expected none, ngram, mtp or draft:DIR"),
     (["--speculative", "draft:"], "expected none, ngram, mtp or draft:DIR"),

@@ -66,3 +66,10 @@ def test_the_first_of_several_stop_strings_wins():
 def test_no_stop_strings_pass_everything():
     out, s = stream([], ["a", "b"])
     assert out == ["a", "b"] and not s.hit and s.flush() == ""
+
+
+def test_several_tokens_at_once_give_the_same_text(tok):
+    ids = list(TEXT.encode())
+    d = Detokenizer(tok, [])
+    pieces = [d.push(*ids[i:i + 3]) for i in range(0, len(ids), 3)] + [d.flush()]
+    assert "".join(pieces) == TEXT and "\ufffd" not in "".join(pieces)
