@@ -17,6 +17,8 @@ import socket
 import sys
 import time
 
+import uvicorn
+
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
 
 PROG = "replayjax serve"
@@ -239,62 +241,59 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_server():
-    import uvicorn
+class _Server(uvicorn.Server):
+    """uvicorn's server whose first SIGTERM / SIGINT drains the app (`ServerState.drain`) before
+    it stops; a second one stops it at once."""
 
-    class Server(uvicorn.Server):
-        """uvicorn's server whose first SIGTERM / SIGINT drains the app (`ServerState.drain`)
-        before it stops; a second one stops it at once."""
+    def __init__(self, config, state, shutdown_timeout):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+        self._loop = self._drain = None
 
-        def __init__(self, config, state, shutdown_timeout):
-            super().__init__(config)
-            self.state, self.shutdown_timeout = state, shutdown_timeout
-            self._loop = self._drain = None
+    async def serve(self, sockets=None):
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
-        async def serve(self, sockets=None):
-            self._loop = asyncio.get_running_loop()
-            await super().serve(sockets)
+    def handle_exit(self, sig, frame):
+        if self._drain is not None or self._loop is None:
+            return super().handle_exit(sig, frame)
+        log.warning("replayjax serve: draining (%g s for requests in flight)",
+                    self.shutdown_timeout)
+        self._drain = True
+        self._loop.call_soon_threadsafe(self._start_drain)
 
-        def handle_exit(self, sig, frame):
-            if self._drain is not None or self._loop is None:
-                return super().handle_exit(sig, frame)
-            log.warning("replayjax serve: draining (%.0f s for requests in flight)",
-                        self.shutdown_timeout)
-            self._drain = True
-            self._loop.call_soon_threadsafe(self._start_drain)
+    def _start_drain(self):
+        self._drain = self._loop.create_task(self._drain_and_exit())
 
-        def _start_drain(self):
-            self._drain = self._loop.create_task(self._drain_and_exit())
-
-        async def _drain_and_exit(self):
-            await self.state.drain(self.shutdown_timeout)
-            self.should_exit = True
-
-    return Server
+    async def _drain_and_exit(self):
+        await self.state.drain(self.shutdown_timeout)
+        self.should_exit = True
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:  %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s:  %(message)s")
+    logging.getLogger("replayjax").setLevel(args.log_level.upper())
     logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
     from convert import ConvertError
     from replayjax.server.chat import ChatTemplateError
     from replayjax.server.model_files import ModelFilesError
 
+    t0 = time.perf_counter()
+    sock = None
     try:
         sock = _bind(args.host, args.port)
-        t0 = time.perf_counter()
         state = build_state(args)
     except (ServeError, ConvertError, ChatTemplateError, ModelFilesError) as e:
+        if sock is not None:
+            sock.close()
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    import uvicorn
-
     from replayjax.server.app import create_app
 
     config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="off",
                             timeout_graceful_shutdown=GRACEFUL_S)
-    server = _uvicorn_server()(config, state, args.shutdown_timeout)
+    server = _Server(config, state, args.shutdown_timeout)
     s = state.served
     print(f"{PROG}: {s.name!r} on http://{args.host}:{args.port} ({args.num_slots} slots, "
           f"max_len {s.max_len}, ssm {args.ssm_mode}, speculative "
@@ -303,6 +302,8 @@ def main(argv=None) -> int:
     state.worker.start()
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:              # a second Ctrl-C: stopped without the drain
+        return 130
     finally:
         state.worker.stop(timeout=GRACEFUL_S)
     return 0
