@@ -62,7 +62,7 @@ class ServerState:
                            "'chat_template' or chat_template.jinja); use /v1/completions, or "
                            "start the server with --chat-template FILE.", param="messages")
         try:
-            text = self.chat_template.render(messages, **kwargs)
+            text = self.chat_template.render(messages, kwargs)
         except ChatTemplateError as e:
             raise ApiError(str(e), param="messages") from None
         return self.tokenizer.encode(text, add_special_tokens=False).ids

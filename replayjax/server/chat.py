@@ -68,13 +68,13 @@ class ChatTemplate:
             raise ChatTemplateError(f"{where}: line {e.lineno}: {e.message}") from None
         self.special_tokens = special_tokens
 
-    def render(self, messages: list[dict], **kwargs) -> str:
+    def render(self, messages: list[dict], extra: dict | None = None) -> str:
         """The prompt text for `messages` (dicts with "role" and "content"), ending with the
-        template's generation prompt. kwargs (e.g. enable_thinking) go to the template too.
-        ChatTemplateError when the template refuses the conversation."""
+        template's generation prompt. `extra` variables (e.g. enable_thinking) go to the
+        template too. ChatTemplateError when the template refuses the conversation."""
         try:
-            return self.template.render(**{**self.special_tokens, **kwargs, "messages": messages,
-                                           "add_generation_prompt": True})
+            return self.template.render(**{**self.special_tokens, **(extra or {}),
+                                           "messages": messages, "add_generation_prompt": True})
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:

@@ -52,7 +52,8 @@ def test_jinja_file_wins_and_named_templates(tmp_path):
 def test_kwargs_reach_the_template(tmp_path):
     d = write(tmp_path, {"chat_template": "{% if enable_thinking %}T{% else %}F{% endif %}"})
     t = load_chat_template(d)
-    assert t.render([]) == "F" and t.render([], enable_thinking=True) == "T"
+    assert t.render([]) == "F" and t.render([], {"enable_thinking": True}) == "T"
+    assert t.render([], {"messages": 1, "add_generation_prompt": False}) == "F"   # ours win
 
 
 def test_no_template_and_broken_ones(tmp_path):
