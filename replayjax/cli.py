@@ -6,11 +6,15 @@ import sys
 
 COMMANDS = {
     "generate": ("replayjax.generate_cli", "generate from prompts (batch, sampling, speculation)"),
+    "serve": ("replayjax.server.cli", "OpenAI-compatible HTTP server (completions, chat, "
+                                      "streaming, metrics)"),
     "convert": ("convert.cli", "Hugging Face safetensors -> orbax checkpoint, streaming"),
     "bench": ("replayjax.bench.e2e", "A/B: standard vs ReplaySSM (and speculation) on the same "
                                      "requests"),
     "bench kernels": ("replayjax.bench.kernels", "standard vs ReplaySSM decode kernels (GPU)"),
     "bench verify": ("replayjax.bench.verify", "speculative verify vs state-per-draft (GPU)"),
+    "bench serve": ("replayjax.bench.serve", "load generator over HTTP against OpenAI-compatible "
+                                             "servers (latency vs throughput)"),
     "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
 }

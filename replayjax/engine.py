@@ -197,6 +197,23 @@ class Engine:
         with self._lock:
             return bool(self._queue or self._running or self._dropped)
 
+    @property
+    def num_slots(self) -> int:
+        """Slots for requests (the null slot aside)."""
+        return self.S - 1
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting for a slot. Thread-safe."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def num_running(self) -> int:
+        """Slots holding a request; a finished or cancelled one frees its slot at the host
+        visit that reports it. Thread-safe (a snapshot)."""
+        return len(self._running)
+
     def wait_for_work(self, timeout: float | None = None) -> bool:
         """Blocks until `has_work` (a submit or cancel from another thread) or the timeout;
         returns has_work."""

@@ -381,6 +381,13 @@ def byte_tokenizer():
     return tok
 
 
+# `replayjax serve`'s /v1/chat/completions: "Role: content" lines, then "Assistant:" (the model
+# knows no chat; the template only makes the endpoint work)
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] | capitalize }}: "
+                 "{{ message['content'] or '' }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
 def write_export(model, out_dir, provenance):
     from safetensors.numpy import save_file
     os.makedirs(out_dir, exist_ok=True)
@@ -393,7 +400,7 @@ def write_export(model, out_dir, provenance):
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
                    "clean_up_tokenization_spaces": False, "add_bos_token": False,
-                   "add_eos_token": False}, f, indent=2)
+                   "add_eos_token": False, "chat_template": CHAT_TEMPLATE}, f, indent=2)
         f.write("\n")
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"do_sample": False, "max_new_tokens": 64}, f, indent=2)

@@ -151,9 +151,10 @@ def text_encoder(tokenizer_path):
     return encode
 
 
-def load_trace(path, tokenizer_path=None):
-    """The requests of a JSONL trace, every line validated (TraceError names file:line, field)."""
-    encode = text_encoder(tokenizer_path)
+def load_trace(path, tokenizer_path=None, encode=None):
+    """The requests of a JSONL trace, every line validated (TraceError names file:line, field).
+    Text prompts go through `encode(text, where)` (default: the tokenizer at tokenizer_path)."""
+    encode = encode or text_encoder(tokenizer_path)
     try:
         with open(path, encoding="utf-8") as f:
             reqs = [parse_trace_line(line, f"{path}:{n}", encode)

@@ -8,8 +8,8 @@ from replayjax import cli
 def test_cli_lists_subcommands(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
-    assert all(c in out for c in ("generate", "convert", "bench kernels", "bench verify",
-                                  "profile"))
+    assert all(c in out for c in ("generate", "serve", "convert", "bench kernels",
+                                  "bench verify", "bench serve", "profile"))
     assert cli.main(["nonsense"]) == 2
 
 
@@ -17,6 +17,7 @@ def test_cli_lists_subcommands(capsys):
     (["bench"], "replayjax bench", "(default: 32)"),
     (["bench", "kernels"], "replayjax bench kernels", "(default: 1 8 32 64 128 256 512)"),
     (["bench", "verify"], "replayjax bench verify", "(default: 2 4 8)"),
+    (["bench", "serve"], "replayjax bench serve", "(default: 64)"),
     (["profile"], "replayjax profile", "(default: 16)"),
 ])
 def test_help_names_the_command_shows_defaults_and_examples(argv, prog, default, capsys):

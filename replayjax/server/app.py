@@ -1,0 +1,263 @@
+"""The ASGI app (Starlette): OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus
+/health and /metrics, over one `EngineWorker`.
+
+Every answer other than 200 is in OpenAI's error shape. Admission: a bounded queue (429 with
+Retry-After when full) and a drain for shutdown (503 for new requests while the ones in flight
+finish or, at the deadline, end with finish_reason "abort"). A client that goes away has its
+request cancelled; the engine frees its slot at the next host visit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from replayjax.requests import RequestError
+from replayjax.server import protocol
+from replayjax.server.chat import ChatTemplate, ChatTemplateError
+from replayjax.server.generation import Generation
+from replayjax.server.metrics import CONTENT_TYPE, Metrics
+from replayjax.server.protocol import ApiError, Reply, ServedModel, error_body
+from replayjax.server.worker import EngineFailed, EngineWorker
+
+log = logging.getLogger("replayjax.server")
+
+ABORT_GRACE_S = 10.0      # after aborting at the drain deadline: time for the streams to end
+POLL_S = 0.05
+
+
+@dataclasses.dataclass(eq=False)
+class ServerState:
+    """What the handlers share: the engine thread, the tokenizer (a `tokenizers.Tokenizer`), the
+    chat template (None: the model has none, chat requests get a 400), metrics, admission."""
+    worker: EngineWorker
+    tokenizer: object
+    chat_template: ChatTemplate | None
+    served: ServedModel
+    metrics: Metrics
+    max_queue: int
+    started: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    live: set = dataclasses.field(default_factory=set)        # Generations in flight
+
+    def encode(self, text: str) -> list:
+        """A completion prompt's token ids (special tokens added, as Hugging Face does)."""
+        return self.tokenizer.encode(text).ids
+
+    def render(self, messages: list, kwargs: dict) -> list:
+        """A chat's prompt token ids: the template's text, tokenized without special tokens
+        (the template writes them)."""
+        if self.chat_template is None:
+            raise ApiError("This model has no chat template (tokenizer_config.json "
+                           "'chat_template' or chat_template.jinja); use /v1/completions, or "
+                           "start the server with --chat-template FILE.", param="messages")
+        try:
+            text = self.chat_template.render(messages, kwargs)
+        except ChatTemplateError as e:
+            raise ApiError(str(e), param="messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def admit(self, params: protocol.GenerationParams, reply: Reply) -> Generation:
+        """Submits a checked request to the engine (ApiError: 503 when draining or the engine
+        failed, 429 when the queue is full, 400 when the engine refuses it)."""
+        if self.worker.failed:
+            raise ApiError(str(self.worker.failed), status=503, type="server_error",
+                           code="engine_failed")
+        if self.draining:
+            raise ApiError("The server is shutting down; send the request elsewhere.",
+                           status=503, type="server_error", code="shutting_down")
+        queued = self.worker.load()[0]
+        if queued >= self.max_queue:
+            raise ApiError(f"The server is busy: {queued} requests are waiting for a slot (at "
+                           f"most {self.max_queue}); retry later.", status=429,
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+        gen = Generation(reply.id, params, self.worker, self.tokenizer, self.metrics)
+        try:
+            gen.start()
+        except RequestError as e:
+            raise ApiError(str(e)) from None
+        self.live.add(gen)
+        return gen
+
+    async def drain(self, timeout: float) -> None:
+        """Refuses new requests (503), gives those in flight `timeout` seconds to finish, then
+        aborts the rest and waits (a bounded time) for their responses to end."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.live and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        if self.live:
+            log.warning("shutdown: aborting %d requests still running", len(self.live))
+            for gen in list(self.live):
+                gen.abort()
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while self.live and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+
+
+# ---------------------------------------------------------------------- generation endpoints
+
+async def _json_body(request: Request):
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError("We could not parse the JSON body of your request. (HINT: This likely "
+                       "means you aren't using your HTTP library correctly. The OpenAI API "
+                       "expects a JSON payload.)") from None
+
+
+async def _disconnect(receive) -> None:
+    """Returns when the client has gone away (the request body is read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(obj) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class EventStream:
+    """An ASGI response of server-sent events: `data: <json>` for each object of
+    `chunks(disconnected)` (disconnected: a future done when the client goes away), then
+    `data: [DONE]`."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    async def __call__(self, scope, receive, send):
+        disconnected = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async with contextlib.aclosing(self.chunks(disconnected)) as chunks:
+                async for obj in chunks:
+                    await send({"type": "http.response.body", "body": _sse(obj),
+                                "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                        "more_body": False})
+        finally:
+            disconnected.cancel()
+
+
+def _usage(gen: Generation) -> dict:
+    return protocol.usage(gen.prompt_tokens, gen.completion_tokens)
+
+
+async def _chunks(st: ServerState, gen: Generation, reply: Reply, disconnected):
+    """A streaming request's chunks: (chat) the assistant role, a chunk per text piece, the
+    finish reason, (include_usage) the usage."""
+    try:
+        if reply.chat:
+            yield reply.chunk(first=True)
+        async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
+            async for piece in pieces:
+                yield reply.chunk(piece)
+        if gen.finish_reason != "cancelled":
+            yield reply.chunk(finish_reason=gen.finish_reason)
+            if gen.params.include_usage:
+                yield reply.usage_chunk(_usage(gen))
+    except EngineFailed as e:
+        yield error_body(str(e), "server_error", code="engine_failed")
+    finally:
+        st.live.discard(gen)
+
+
+async def _generate(request: Request, chat: bool):
+    st: ServerState = request.app.state.server
+    try:
+        body = await _json_body(request)
+        params = (protocol.parse_chat(body, st.served, st.render) if chat else
+                  protocol.parse_completion(body, st.served, st.encode))
+        reply = Reply.new(chat, st.served.name)
+        gen = st.admit(params, reply)
+    except ApiError as e:
+        st.metrics.rejected.labels(e.code or e.type).inc()
+        raise
+    if params.stream:
+        return EventStream(lambda disconnected: _chunks(st, gen, reply, disconnected))
+    disconnected = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
+            text = "".join([p async for p in pieces])
+    except EngineFailed as e:
+        raise ApiError(str(e), status=503, type="server_error", code="engine_failed") from None
+    finally:
+        disconnected.cancel()
+        st.live.discard(gen)
+    return JSONResponse(reply.response(text, gen.finish_reason, _usage(gen)))
+
+
+async def completions(request: Request):
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: Request):
+    return await _generate(request, chat=True)
+
+
+# ---------------------------------------------------------------------- the rest
+
+async def models(request: Request):
+    st: ServerState = request.app.state.server
+    return JSONResponse({"object": "list", "data": [{
+        "id": st.served.name, "object": "model", "created": st.started, "owned_by": "replayjax",
+        "max_model_len": st.served.max_len}]})
+
+
+async def health(request: Request):
+    """200 {"status": "ok", ...} while serving; 503 when draining or the engine failed."""
+    st: ServerState = request.app.state.server
+    queued, running, slots = st.worker.load()
+    status = "failed" if st.worker.failed else "draining" if st.draining else "ok"
+    return JSONResponse({"status": status, "queued": queued, "running": running,
+                         "slots": slots, "in_flight": len(st.live)},
+                        status_code=200 if status == "ok" else 503)
+
+
+async def metrics(request: Request):
+    return Response(request.app.state.server.metrics.text(), media_type=CONTENT_TYPE)
+
+
+async def _api_error(request, exc: ApiError):
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request, exc: HTTPException):
+    message = {404: f"Unknown endpoint: {request.method} {request.url.path}",
+               405: f"Method {request.method} is not allowed on {request.url.path}"}.get(
+                   exc.status_code, exc.detail)
+    return JSONResponse(error_body(message, code=str(exc.status_code)),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request, exc: Exception):
+    """A bug: 500 in OpenAI's shape (Starlette re-raises it after, so the server logs the
+    traceback)."""
+    return JSONResponse(error_body(f"Internal server error ({type(exc).__name__}); the server "
+                                   f"log has the details.", "server_error",
+                                   code="internal_error"), status_code=500)
+
+
+def create_app(state: ServerState) -> Starlette:
+    app = Starlette(routes=[
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ], exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                           Exception: _server_error})
+    app.state.server = state
+    return app

@@ -1,0 +1,309 @@
+"""`replayjax serve`: an OpenAI-compatible HTTP server (Starlette under uvicorn) over one engine.
+
+Flags are checked when parsed (exit 2, one line); a model directory the server cannot use is one
+line too (exit 1). The port is bound before the model loads, so a taken port fails at once. The
+first SIGTERM or SIGINT drains: new requests get 503, those in flight get --shutdown-timeout
+seconds to finish, the rest end with finish_reason "abort", and the process exits 0; a second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+import time
+
+import uvicorn
+
+from pallas_kernels.ring import MAX_VERIFY_TOKENS
+
+PROG = "replayjax serve"
+DEMO_NAME = "replayjax-demo"
+DEFAULT_NUM_DRAFT = 3
+GRACEFUL_S = 5            # uvicorn: after the drain, time for connections to close
+
+log = logging.getLogger("replayjax.server")
+
+
+class ServeError(Exception):
+    """A problem the user can fix, reported as one line (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors are one line, `replayjax serve: error: ...` (exit 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, unless it has none (None) or its help says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: {action.default})".replace("%", "%%")
+
+
+def _int_at_least(lo, hi=None):
+    def check(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(
+                f"must be {f'in [{lo}, {hi}]' if hi is not None else f'>= {lo}'}, got {v}")
+        return v
+    check.__name__ = "integer"
+    return check
+
+
+def _seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _power_of_two(text):
+    v = _int_at_least(1)(text)
+    if v & (v - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {v}")
+    return v
+
+
+def _speculative(text):
+    """none | ngram | mtp | draft:DIR -> (drafter or None, draft model dir or None)."""
+    if text in ("none", "ngram", "mtp"):
+        return (None if text == "none" else text), None
+    if text.startswith("draft:") and text[len("draft:"):]:
+        return "draft", text[len("draft:"):]
+    raise argparse.ArgumentTypeError(f"expected none, ngram, mtp or draft:DIR, got {text!r}")
+
+
+def _file(text):
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def _name(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, formatter_class=_Formatter,
+                 description="Serve a model over HTTP with OpenAI's API (/v1/completions,\n"
+                             "/v1/chat/completions, /v1/models), /health and /metrics.",
+                 epilog="examples:\n  replayjax serve                     # the demo model on "
+                        "127.0.0.1:8000\n  replayjax serve --model DIR --port 8001 "
+                        "--speculative mtp --num-slots 64\n  curl localhost:8000/v1/completions "
+                        "-d '{\"model\": \"replayjax-demo\", \"prompt\": \"This program\", "
+                        "\"max_tokens\": 32}'")
+    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
+                    "dir, with tokenizer.json (default: the demo model shipped with the package)")
+    ap.add_argument("--served-model-name", type=_name,
+                    help="the model name requests give (default: the model dir's name; "
+                         f"{DEMO_NAME} for the demo model)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ap.add_argument("--port", type=_int_at_least(1, 65535), default=8000, help="TCP port")
+    ap.add_argument("--chat-template", type=_file, metavar="FILE",
+                    help="Jinja chat template (default: the model dir's chat_template.jinja or "
+                         "tokenizer_config.json chat_template)")
+    ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
+                    help="SSM decode: ReplaySSM, or the standard recurrence (the baseline)")
+    ap.add_argument("--window", type=_power_of_two, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="SSM state (checkpoint) dtype")
+    ap.add_argument("--speculative", type=_speculative, default="none",
+                    help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
+                         "with the same vocabulary)")
+    ap.add_argument("--num-draft", type=_int_at_least(1),
+                    help=f"tokens drafted per speculative step (default {DEFAULT_NUM_DRAFT}; "
+                         "needs --speculative)")
+    ap.add_argument("--num-slots", type=_int_at_least(1), default=32,
+                    help="requests decoded together")
+    ap.add_argument("--max-queue", type=_int_at_least(1), default=256,
+                    help="requests waiting for a slot before new ones get 429")
+    ap.add_argument("--max-len", type=_int_at_least(16), default=2048,
+                    help="cache length per slot: prompt + generated tokens (+ drafts)")
+    ap.add_argument("--steps-per-visit", type=_int_at_least(1), default=8,
+                    help="decode steps run on device between two host visits (streaming and "
+                         "admission happen between visits)")
+    ap.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+                    help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
+    ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                    default="info", help="server log (uvicorn's access log at info)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, checked (exit 2 with one line otherwise); sets args.drafter, args.draft_dir
+    and args.num_draft (0 without speculation)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args.drafter, args.draft_dir = args.speculative
+    if args.drafter is None:
+        if args.num_draft is not None:
+            ap.error("argument --num-draft: needs --speculative ngram, mtp or draft:DIR")
+        args.num_draft = 0
+    else:
+        limit = min(MAX_VERIFY_TOKENS - 1, args.window - 1)
+        if limit < 1:
+            ap.error(f"argument --speculative: needs --window >= 2, got {args.window}")
+        if args.num_draft is None:
+            args.num_draft = min(DEFAULT_NUM_DRAFT, limit)
+        elif args.num_draft > limit:
+            ap.error(f"argument --num-draft: must be <= {limit} with --window {args.window} "
+                     f"(at most {MAX_VERIFY_TOKENS} verify tokens), got {args.num_draft}")
+    return args
+
+
+def build_engine(args, model_dir: str):
+    """The engine the flags describe, warmed up (prefill and decode / verify compiled).
+    Tensor parallelism plugs in here: the mesh goes to load_model and the engine."""
+    import jax.numpy as jnp
+
+    from convert import ConvertError
+    from replayjax.engine import Engine, Request
+    from replayjax.loading import load_model
+
+    model = load_model(model_dir)
+    try:
+        draft = load_model(args.draft_dir) if args.draft_dir else None
+    except ConvertError as e:
+        raise ServeError(f"--speculative draft: {e}") from None
+    try:
+        engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
+                        ssm_mode=args.ssm_mode, window=args.window,
+                        state_dtype=jnp.dtype(args.state_dtype),
+                        steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
+                        drafter=args.drafter, draft_model=draft)
+    except ValueError as e:
+        raise ServeError(str(e)) from None
+    # twice: the first call's state comes from init_cache without the params' mesh sharding,
+    # later calls get it from a step, a different jit key (a second prefill compilation)
+    for _ in range(2):
+        engine.generate([Request(prompt=[0], max_new_tokens=2)])
+    return engine
+
+
+def build_state(args):
+    """Everything the app serves, from the flags: model, tokenizer, chat template, engine thread
+    (not started), metrics."""
+    from replayjax import demo
+    from replayjax.server.app import ServerState
+    from replayjax.server.chat import load_chat_template
+    from replayjax.server.metrics import Metrics
+    from replayjax.server.model_files import generation_settings, load_tokenizer
+    from replayjax.server.protocol import ServedModel
+    from replayjax.server.worker import EngineWorker
+
+    model_dir = args.model or demo.model_dir()
+    if not os.path.isdir(model_dir):
+        raise ServeError(f"--model {model_dir}: no such directory")
+    tokenizer = load_tokenizer(model_dir)
+    template = load_chat_template(model_dir, args.chat_template)
+    eos, defaults = generation_settings(model_dir)
+    engine = build_engine(args, model_dir)
+    if bad := [t for t in eos if not 0 <= t < engine.vocab]:
+        raise ServeError(f"{model_dir}: eos_token_id {bad} outside the vocabulary "
+                         f"[0, {engine.vocab})")
+    name = args.served_model_name or (
+        DEMO_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
+    served = ServedModel(name=name, vocab=engine.vocab, max_len=args.max_len,
+                         num_draft=args.num_draft, eos_ids=eos, defaults=defaults)
+    worker = EngineWorker(engine)
+    return ServerState(worker=worker, tokenizer=tokenizer, chat_template=template,
+                       served=served, metrics=Metrics(worker.load, args.num_draft),
+                       max_queue=args.max_queue)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server whose first SIGTERM / SIGINT drains the app (`ServerState.drain`) before
+    it stops; a second one stops it at once."""
+
+    def __init__(self, config, state, shutdown_timeout):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+        self._loop = self._drain = None
+
+    async def serve(self, sockets=None):
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig, frame):
+        if self._drain is not None or self._loop is None:
+            return super().handle_exit(sig, frame)
+        log.warning("replayjax serve: draining (%g s for requests in flight)",
+                    self.shutdown_timeout)
+        self._drain = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self):
+        self._drain = self._loop.create_task(self._drain_and_exit())
+
+    async def _drain_and_exit(self):
+        await self.state.drain(self.shutdown_timeout)
+        self.should_exit = True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s:  %(message)s")
+    logging.getLogger("replayjax").setLevel(args.log_level.upper())
+    logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
+    from convert import ConvertError
+    from replayjax.server.chat import ChatTemplateError
+    from replayjax.server.model_files import ModelFilesError
+
+    t0 = time.perf_counter()
+    sock = None
+    try:
+        sock = _bind(args.host, args.port)
+        state = build_state(args)
+    except (ServeError, ConvertError, ChatTemplateError, ModelFilesError) as e:
+        if sock is not None:
+            sock.close()
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    from replayjax.server.app import create_app
+
+    config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="off",
+                            timeout_graceful_shutdown=GRACEFUL_S)
+    server = _Server(config, state, args.shutdown_timeout)
+    s = state.served
+    print(f"{PROG}: {s.name!r} on http://{args.host}:{args.port} ({args.num_slots} slots, "
+          f"max_len {s.max_len}, ssm {args.ssm_mode}, speculative "
+          f"{args.drafter or 'none'}{f' K={s.num_draft}' if s.num_draft else ''}; ready in "
+          f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    state.worker.start()
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:              # a second Ctrl-C: stopped without the drain
+        return 130
+    finally:
+        state.worker.stop(timeout=GRACEFUL_S)
+    return 0

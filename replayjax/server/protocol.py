@@ -1,0 +1,324 @@
+"""The OpenAI API as this server speaks it: request bodies of /v1/completions and
+/v1/chat/completions checked field by field into `GenerationParams` (an `ApiError` in OpenAI's
+error shape otherwise), and the response, chunk and error shapes.
+
+Accepted beyond OpenAI's fields, as vLLM and SGLang accept them: `top_k` (0 or -1: off),
+`stop_token_ids`, `ignore_eos`, `repetition_penalty` (1 only) and, for chat,
+`chat_template_kwargs`. OpenAI fields this server does not implement are accepted at their
+neutral value only (e.g. `n` = 1, `logprobs` null, `presence_penalty` 0); unknown fields are
+refused, as OpenAI refuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+import uuid
+from collections.abc import Callable
+
+from replayjax.sampling import SEED_LIMIT, SamplingParams
+
+MAX_STOP_STRINGS = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class ApiError(Exception):
+    """An answer other than 200, in OpenAI's error shape."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.type, self.param, self.code = status, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(str(self), self.type, self.param, self.code)
+
+
+def error_body(message, type="invalid_request_error", param=None, code=None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """What request checks need to know about the model being served."""
+    name: str                               # the "model" requests must name
+    vocab: int
+    max_len: int                            # cache length: prompt + max_tokens + drafts
+    num_draft: int
+    eos_ids: tuple = ()                     # stop ids unless ignore_eos
+    defaults: SamplingParams = SamplingParams(temperature=1.0)   # for omitted fields
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationParams:
+    """A checked request: what the engine and the text stream need."""
+    prompt: list                            # token ids
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple = ()                        # stop strings (cut before)
+    stop_ids: tuple = ()                    # stop_token_ids, and the eos ids unless ignore_eos
+    stream: bool = False
+    include_usage: bool = False
+
+
+# ---------------------------------------------------------------------- field checks
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _shown(v):
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _invalid(name, want, value) -> ApiError:
+    return ApiError(f"Invalid value for '{name}': expected {want}, got {_shown(value)}.",
+                    param=name)
+
+
+# name -> (check, what it must be); null (None) always means "not given"
+_CHECKS = {
+    "model": (lambda v: isinstance(v, str), "a string"),
+    "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "max_completion_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _is_number(v) and 0 <= v <= 2, "a number in [0, 2]"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: _is_int(v) and v >= -1, "an integer >= -1 (0 or -1: off)"),
+    "seed": (lambda v: _is_int(v) and 0 <= v < SEED_LIMIT, "an integer in [0, 2^31)"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(
+        isinstance(s, str) for s in v)), "a string or a list of strings"),
+    "stop_token_ids": (lambda v: isinstance(v, list) and all(map(_is_int, v)),
+                       "a list of integer token ids"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "a boolean"),
+    "stream": (lambda v: isinstance(v, bool), "a boolean"),
+    "stream_options": (lambda v: isinstance(v, dict), "an object"),
+    "chat_template_kwargs": (lambda v: isinstance(v, dict), "an object"),
+}
+# accepted at these values only (what OpenAI does by default); the server implements no other
+_NEUTRAL = {
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
+    "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
+    "repetition_penalty": (1,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
+    "prediction": (), "reasoning_effort": (), "web_search_options": (),
+}
+_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
+            "prompt_cache_key", "safety_identifier")
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+           "stop_token_ids", "ignore_eos", "stream", "stream_options", "n", "presence_penalty",
+           "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs") + _IGNORED
+COMPLETION_FIELDS = frozenset(_COMMON + ("prompt", "best_of", "echo", "suffix"))
+CHAT_FIELDS = frozenset(_COMMON + (
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "functions", "tool_choice",
+    "function_call", "response_format", "modalities", "audio", "prediction", "reasoning_effort",
+    "web_search_options", "chat_template_kwargs"))
+
+
+def _checked_fields(body, known) -> dict:
+    """body's fields, each valid (nulls dropped); ApiError for the first that is not."""
+    if not isinstance(body, dict):
+        raise ApiError(f"The request body must be a JSON object, got {type(body).__name__}.")
+    if unknown := sorted(set(body) - known):
+        raise ApiError(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
+    fields = {k: v for k, v in body.items() if v is not None}
+    for name, value in fields.items():
+        if name in _CHECKS:
+            ok, want = _CHECKS[name]
+            if not ok(value):
+                raise _invalid(name, want, value)
+        elif name in _NEUTRAL and value not in _NEUTRAL[name]:
+            supported = " or ".join(map(repr, _NEUTRAL[name])) or "null"
+            raise ApiError(f"'{name}' = {_shown(value)} is not supported by this server (only "
+                           f"{supported}).", param=name, code="unsupported_parameter")
+    if "model" not in fields:
+        raise ApiError("You must provide a model parameter.", param="model")
+    return fields
+
+
+def check_model(name: str, served: ServedModel) -> None:
+    if name != served.name:
+        raise ApiError(f"The model '{name}' does not exist (this server serves "
+                       f"'{served.name}').", status=404, param="model", code="model_not_found")
+
+
+def _stream_flags(fields) -> tuple[bool, bool]:
+    stream, options = fields.get("stream", False), fields.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise ApiError("'stream_options' is only allowed when 'stream' is true.",
+                       param="stream_options")
+    if unknown := sorted(set(options) - {"include_usage"}):
+        raise ApiError(f"Unrecognized field in 'stream_options': {unknown[0]}",
+                       param="stream_options")
+    usage = options.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise _invalid("stream_options.include_usage", "a boolean", usage)
+    return stream, usage
+
+
+def _params(fields, prompt, served: ServedModel, *, max_tokens_field: str,
+            prompt_field: str) -> GenerationParams:
+    """GenerationParams from checked fields and the prompt's token ids."""
+    if not prompt:
+        raise ApiError("The prompt is empty.", param=prompt_field)
+    if bad := [t for t in prompt if not 0 <= t < served.vocab]:
+        raise ApiError(f"Token ids {bad[:5]} in '{prompt_field}' are outside the vocabulary "
+                       f"[0, {served.vocab}).", param=prompt_field)
+    room = served.max_len - len(prompt) - served.num_draft
+    drafts = f" + {served.num_draft} speculative drafts" if served.num_draft else ""
+    if room < 1:
+        raise ApiError(f"This model's maximum context length is {served.max_len} tokens; the "
+                       f"prompt has {len(prompt)} tokens{drafts}, leaving no room to generate.",
+                       param=prompt_field, code="context_length_exceeded")
+    max_tokens = fields.get(max_tokens_field, room)
+    if max_tokens > room:
+        raise ApiError(f"This model's maximum context length is {served.max_len} tokens. "
+                       f"However, you requested {len(prompt) + max_tokens + served.num_draft} "
+                       f"tokens ({len(prompt)} in the prompt, {max_tokens} for the "
+                       f"completion{drafts}). Please reduce the prompt or the completion "
+                       f"length.", param=max_tokens_field, code="context_length_exceeded")
+    stop = fields.get("stop", [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > MAX_STOP_STRINGS:
+        raise _invalid("stop", f"at most {MAX_STOP_STRINGS} strings", stop)
+    if "" in stop:
+        raise _invalid("stop", "non-empty strings", stop)
+    stop_ids = fields.get("stop_token_ids", [])
+    if bad := [t for t in stop_ids if not 0 <= t < served.vocab]:
+        raise ApiError(f"Token ids {bad[:5]} in 'stop_token_ids' are outside the vocabulary "
+                       f"[0, {served.vocab}).", param="stop_token_ids")
+    if not fields.get("ignore_eos", False):
+        stop_ids = list(stop_ids) + [t for t in served.eos_ids if t not in stop_ids]
+    d = served.defaults
+    top_k = fields.get("top_k", d.top_k)
+    sampling = SamplingParams(temperature=float(fields.get("temperature", d.temperature)),
+                              top_k=max(top_k, 0), top_p=float(fields.get("top_p", d.top_p)),
+                              seed=fields.get("seed", random.randrange(SEED_LIMIT)))
+    stream, usage = _stream_flags(fields)
+    return GenerationParams(prompt=list(prompt), max_tokens=max_tokens, sampling=sampling,
+                            stop=tuple(dict.fromkeys(stop)), stop_ids=tuple(stop_ids),
+                            stream=stream, include_usage=usage)
+
+
+def parse_completion(body, served: ServedModel,
+                     encode: Callable[[str], list]) -> GenerationParams:
+    """A /v1/completions body -> GenerationParams. `prompt` is a string (tokenized by
+    `encode`, special tokens added) or a list of token ids; one prompt per request."""
+    fields = _checked_fields(body, COMPLETION_FIELDS)
+    check_model(fields["model"], served)
+    prompt = fields.get("prompt")
+    if isinstance(prompt, str):
+        ids = encode(prompt)
+    elif isinstance(prompt, list) and all(map(_is_int, prompt)):
+        ids = prompt
+    elif prompt is None:
+        raise ApiError("Missing required parameter: 'prompt'.", param="prompt")
+    else:
+        raise _invalid("prompt", "a string or a list of token ids (one prompt per request)",
+                       prompt)
+    return _params(fields, ids, served, max_tokens_field="max_tokens", prompt_field="prompt")
+
+
+def _message(m, i) -> dict:
+    """One chat message as the template gets it: text content (a string; text parts joined
+    by newlines; null for an assistant message without text), the other keys as given."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise _invalid(where, "an object with 'role' and 'content'", m)
+    role = m.get("role")
+    if role not in ROLES:
+        raise ApiError(f"Invalid value for '{where}.role': expected one of "
+                       f"{', '.join(ROLES)}, got {_shown(role)}.", param=f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text"
+                    and isinstance(p.get("text"), str)):
+                raise ApiError(f"'{where}.content[{j}]': only text parts "
+                               f"({{\"type\": \"text\", \"text\": ...}}) are supported.",
+                               param=f"{where}.content")
+            parts.append(p["text"])
+        content = "\n".join(parts)
+    elif not (isinstance(content, str) or (content is None and role == "assistant")):
+        raise _invalid(f"{where}.content", "a string or a list of text parts", content)
+    return {**m, "content": content}
+
+
+def parse_chat(body, served: ServedModel,
+               render: Callable[[list, dict], list]) -> GenerationParams:
+    """A /v1/chat/completions body -> GenerationParams. `render(messages, kwargs)` applies the
+    chat template and tokenizes (ApiError when the template refuses)."""
+    fields = _checked_fields(body, CHAT_FIELDS)
+    check_model(fields["model"], served)
+    messages = fields.get("messages")
+    if messages is None:
+        raise ApiError("Missing required parameter: 'messages'.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages", "a non-empty list of messages", messages)
+    ids = render([_message(m, i) for i, m in enumerate(messages)],
+                 fields.get("chat_template_kwargs", {}))
+    if "max_tokens" in fields and "max_completion_tokens" in fields:
+        raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
+                       param="max_completion_tokens")
+    key = "max_tokens" if "max_tokens" in fields else "max_completion_tokens"
+    return _params(fields, ids, served, max_tokens_field=key, prompt_field="messages")
+
+
+# ---------------------------------------------------------------------- response shapes
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """The response and chunk shapes of one request (chat or text completion)."""
+    chat: bool
+    model: str
+    id: str = ""
+    created: int = 0
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> Reply:
+        prefix = "chatcmpl" if chat else "cmpl"
+        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + \
+            (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def response(self, text: str, finish_reason: str, use: dict) -> dict:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
+                  else {"index": 0, "text": text})
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        return {**self._head(False), "choices": [choice], "usage": use}
+
+    def chunk(self, text: str = "", finish_reason: str | None = None,
+              first: bool = False) -> dict:
+        """A stream chunk with `text`; `first` (chat): the one that opens the assistant
+        message; `finish_reason`: the last one."""
+        if self.chat:
+            delta = ({"role": "assistant", "content": text} if first else
+                     {"content": text} if text or finish_reason is None else {})
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, use: dict) -> dict:
+        """The chunk after the last one when stream_options.include_usage: no choices."""
+        return {**self._head(True), "choices": [], "usage": use}

@@ -1,0 +1,87 @@
+"""The app in process (Starlette's TestClient) over a stub engine thread: a bug answers 500 in
+OpenAI's error shape, unknown routes and methods answer in that shape too, and a draining server
+refuses new requests with 503."""
+
+import asyncio
+
+from starlette.testclient import TestClient
+
+from replayjax.engine import Completion, Event
+from replayjax.server.app import ServerState, create_app
+from replayjax.server.metrics import Metrics
+from replayjax.server.protocol import ServedModel
+
+
+class StubWorker:
+    """Answers every request with its prompt reversed, in one event."""
+    failed = None
+
+    def __init__(self, broken=False):
+        self.broken = broken
+
+    def load(self):
+        if self.broken:
+            raise RuntimeError("a bug")
+        return 0, 0, 4
+
+    def submit(self, request, deliver):
+        tokens = list(reversed(request.prompt))[:request.max_new_tokens]
+        deliver(Event(request.id, tokens, Completion(request.id, tokens, "length", 0.0, 0.0)))
+
+    def cancel(self, request_id):
+        pass
+
+
+class ByteTokenizer:
+    class _Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, text, add_special_tokens=True):
+        return self._Enc(list(text.encode()))
+
+    def decode(self, ids):
+        return bytes(ids).decode(errors="replace")
+
+
+def client(worker):
+    served = ServedModel(name="stub", vocab=256, max_len=64, num_draft=0)
+    state = ServerState(worker=worker, tokenizer=ByteTokenizer(), chat_template=None,
+                        served=served, metrics=Metrics(worker.load, 0), max_queue=4)
+    return TestClient(create_app(state), raise_server_exceptions=False), state
+
+
+def error(resp, status):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and "Traceback" not in resp.text
+    return err
+
+
+def test_a_bug_answers_500_in_openai_shape():
+    c, _ = client(StubWorker(broken=True))
+    err = error(c.get("/health"), 500)
+    assert err["type"] == "server_error" and "RuntimeError" in err["message"]
+
+
+def test_unknown_routes_methods_and_missing_chat_template():
+    c, _ = client(StubWorker())
+    assert "Unknown endpoint" in error(c.get("/v1/nothing"), 404)["message"]
+    assert "not allowed" in error(c.get("/v1/completions"), 405)["message"]
+    err = error(c.post("/v1/chat/completions", json={
+        "model": "stub", "messages": [{"role": "user", "content": "x"}]}), 400)
+    assert "no chat template" in err["message"]
+
+
+def test_served_then_503_while_draining():
+    c, state = client(StubWorker())
+    body = {"model": "stub", "prompt": "abc", "max_tokens": 2, "stop": "zz"}
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["choices"][0]["text"] == "cb" and out["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    asyncio.run(state.drain(timeout=0))
+    err = error(c.post("/v1/completions", json=body), 503)
+    assert err["code"] == "shutting_down"
+    assert c.get("/health").status_code == 503

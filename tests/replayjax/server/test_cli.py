@@ -1,0 +1,70 @@
+"""`replayjax serve` command line: bad flags exit 2 with one line at parse time, model problems
+exit 1 with one line, before anything is served (no model compiles here)."""
+
+import json
+import shutil
+import socket
+
+import pytest
+
+from replayjax.demo import model_dir
+from replayjax.server import cli
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--port", "0"], "argument --port: must be in [1, 65535], got 0"),
+    (["--port", "http"], "argument --port: expected an integer"),
+    (["--num-slots", "0"], "argument --num-slots: must be >= 1"),
+    (["--max-queue", "-1"], "argument --max-queue: must be >= 1"),
+    (["--max-len", "8"], "argument --max-len: must be >= 16"),
+    (["--window", "3"], "argument --window: must be a power of two"),
+    (["--speculative", "eagle"], "expected none, ngram, mtp or draft:DIR"),
+    (["--speculative", "draft:"], "expected none, ngram, mtp or draft:DIR"),
+    (["--num-draft", "2"], "--num-draft: needs --speculative"),
+    (["--speculative", "ngram", "--num-draft", "9"], "--num-draft: must be <= 7"),
+    (["--speculative", "ngram", "--window", "1"], "needs --window >= 2"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be >= 0"),
+    (["--chat-template", "/nonexistent.jinja"], "no such file"),
+    (["--served-model-name", " "], "--served-model-name: must not be empty"),
+    (["--ssm-mode", "fast"], "argument --ssm-mode: invalid choice"),
+])
+def test_bad_flags_exit_2(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def broken_template(tmp_path):
+    d = tmp_path / "model"
+    shutil.copytree(model_dir(), d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": "{% if %}"}))
+    return str(d)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--model", "/nonexistent"], "--model /nonexistent: no such directory"),
+    (["--model", "tests/fixtures/hf/nemotron_h"], "tokenizer.json does not exist"),
+    (["--speculative", "draft:/nonexistent"],
+     "--speculative draft: model directory '/nonexistent' does not exist"),
+    (None, "chat_template: line 1"),
+])
+def test_model_problems_exit_1(argv, msg, tmp_path, capsys):
+    argv = argv or ["--model", broken_template(tmp_path)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(argv + ["--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("replayjax serve: ") and msg in err[-1], err
+    assert not any("Traceback" in line for line in err)
+
+
+def test_a_taken_port_exits_1(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert cli.main(["--port", str(s.getsockname()[1])]) == 1
+    err = capsys.readouterr().err
+    assert "cannot listen on 127.0.0.1:" in err and "Traceback" not in err

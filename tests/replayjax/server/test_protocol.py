@@ -1,0 +1,113 @@
+"""Request checks of replayjax.server.protocol: what a valid body becomes, and the error
+(status, param, code) of an invalid one."""
+
+import pytest
+
+from replayjax.sampling import SamplingParams
+from replayjax.server.protocol import ApiError, ServedModel, parse_chat, parse_completion
+
+SERVED = ServedModel(name="m", vocab=256, max_len=64, num_draft=2, eos_ids=(7,),
+                     defaults=SamplingParams(temperature=0.0))
+
+
+def encode(text):
+    return list(text.encode())
+
+
+def render(messages, kwargs):
+    return encode("".join(f"{m['role']}:{m['content']}\n" for m in messages))
+
+
+def completion(**body):
+    return parse_completion({"model": "m", "prompt": "hello", **body}, SERVED, encode)
+
+
+def test_defaults_fit_the_cache_and_eos_stops():
+    p = completion()
+    assert p.prompt == list(b"hello") and p.max_tokens == 64 - 5 - 2
+    assert p.stop_ids == (7,) and p.sampling.temperature == 0.0 and not p.stream
+    assert completion(ignore_eos=True, stop_token_ids=[9]).stop_ids == (9,)
+    assert completion(stop_token_ids=[7, 9]).stop_ids == (7, 9)
+
+
+def test_fields_become_params():
+    p = completion(prompt=[1, 2, 3], max_tokens=5, temperature=0.7, top_p=0.9, top_k=-1, seed=3,
+                   stop="x", stream=True, stream_options={"include_usage": True}, n=1,
+                   presence_penalty=0, user="u", logprobs=None)
+    assert p.prompt == [1, 2, 3] and p.max_tokens == 5 and p.stop == ("x",)
+    assert p.sampling == SamplingParams(0.7, 0, 0.9, 3)
+    assert p.stream and p.include_usage
+
+
+def test_chat_messages_and_max_completion_tokens():
+    p = parse_chat({"model": "m", "messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
+                                                                      "text": "b"}]}],
+        "max_completion_tokens": 4}, SERVED, render)
+    assert p.prompt == encode("system:s\nuser:a\nb\n") and p.max_tokens == 4
+
+
+@pytest.mark.parametrize("body,status,param,code", [
+    ({"prompt": "x"}, 400, "model", None),
+    ({"model": "other", "prompt": "x"}, 404, "model", "model_not_found"),
+    ({"model": "m"}, 400, "prompt", None),
+    ({"model": "m", "prompt": 5}, 400, "prompt", None),
+    ({"model": "m", "prompt": ["a", "b"]}, 400, "prompt", None),
+    ({"model": "m", "prompt": ""}, 400, "prompt", None),
+    ({"model": "m", "prompt": [1, 256]}, 400, "prompt", None),
+    ({"model": "m", "prompt": [1, -1]}, 400, "prompt", None),
+    ({"model": "m", "prompt": [True]}, 400, "prompt", None),
+    ({"model": "m", "prompt": "x" * 62}, 400, "prompt", "context_length_exceeded"),
+    ({"model": "m", "prompt": "x" * 10, "max_tokens": 53}, 400, "max_tokens",
+     "context_length_exceeded"),
+    ({"model": "m", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
+    ({"model": "m", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens", None),
+    ({"model": "m", "prompt": "x", "temperature": -0.1}, 400, "temperature", None),
+    ({"model": "m", "prompt": "x", "temperature": 2.5}, 400, "temperature", None),
+    ({"model": "m", "prompt": "x", "top_p": 0}, 400, "top_p", None),
+    ({"model": "m", "prompt": "x", "top_k": -2}, 400, "top_k", None),
+    ({"model": "m", "prompt": "x", "seed": -1}, 400, "seed", None),
+    ({"model": "m", "prompt": "x", "seed": 2 ** 40}, 400, "seed", None),
+    ({"model": "m", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+    ({"model": "m", "prompt": "x", "stop": [""]}, 400, "stop", None),
+    ({"model": "m", "prompt": "x", "stop": 3}, 400, "stop", None),
+    ({"model": "m", "prompt": "x", "stop_token_ids": [300]}, 400, "stop_token_ids", None),
+    ({"model": "m", "prompt": "x", "stream": "yes"}, 400, "stream", None),
+    ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options", None),
+    ({"model": "m", "prompt": "x", "stream": True, "stream_options": {"x": 1}}, 400,
+     "stream_options", None),
+    ({"model": "m", "prompt": "x", "foo": 1}, 400, "foo", None),
+    ({"model": "m", "prompt": "x", "messages": []}, 400, "messages", None),
+])
+def test_completion_errors(body, status, param, code):
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, SERVED, encode)
+    assert (e.value.status, e.value.param, e.value.code) == (status, param, code)
+    err = e.value.body()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": "hi"}, "messages"),
+    ({"model": "m", "messages": ["hi"]}, "messages[0]"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+      "max_completion_tokens": 2}, "max_completion_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+])
+def test_chat_errors(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_chat(body, SERVED, render)
+    assert e.value.status == 400 and e.value.param == param
