@@ -192,10 +192,7 @@ def build_engine(args, model_dir: str):
                         drafter=args.drafter, draft_model=draft)
     except ValueError as e:
         raise ServeError(str(e)) from None
-    # twice: the first call's state comes from init_cache without the params' mesh sharding,
-    # later calls get it from a step, a different jit key (a second prefill compilation)
-    for _ in range(2):
-        engine.generate([Request(prompt=[0], max_new_tokens=2)])
+    engine.generate([Request(prompt=[0], max_new_tokens=2)])     # compile before serving
     return engine
 
 
