@@ -80,7 +80,7 @@ def test_staggered_arrivals_admit_rows_between_visits_with_the_same_tokens(varia
         arrivals = workload.arrival_times(len(reqs), pattern=pattern, seed=4, span=span)
         wl = workload.Workload(tuple(reqs), tuple(arrivals), pattern,
                                workload.arrival_unit(pattern))
-        engine = Engine(model, num_slots=3, max_len=32, window=4, steps_per_visit=4,
+        engine = Engine(model, num_slots=3, max_len=64, window=4, steps_per_visit=4,
                         num_draft=2 if drafter else 0, drafter=drafter or None, ssm_mode=mode)
         out[pattern] = [c.tokens for c in e2e.serve(engine, wl)]
         if pattern == "staggered":
