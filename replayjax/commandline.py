@@ -24,6 +24,7 @@ import threading
 # they agree)
 MAX_WINDOW = 64
 MAX_VERIFY_TOKENS = 8
+INT32_MAX = 2 ** 31 - 1
 
 
 class UserError(Exception):
@@ -93,11 +94,13 @@ def _int(text):
 
 
 def at_least(lo: int):
-    """argparse type: an integer >= lo."""
+    """argparse type: an integer >= lo (and <= INT32_MAX: counts end up in int32 arrays)."""
     def check(text):
         v = _int(text)
         if v < lo:
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        if v > INT32_MAX:
+            raise argparse.ArgumentTypeError(f"must be <= {INT32_MAX}, got {v}")
         return v
     check.__name__ = f"integer >= {lo}"
     return check
@@ -188,17 +191,6 @@ def tilings(text):
 
 
 # ---------------------------------------------------------------------- paths (exit 1)
-
-def existing_dir(flag: str, path: str) -> str:
-    """A directory we can list."""
-    if not os.path.exists(path):
-        raise UserError(f"{flag} {path}: no such directory")
-    if not os.path.isdir(path):
-        raise UserError(f"{flag} {path}: not a directory")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: permission denied")
-    return path
-
 
 def existing_file(flag: str, path: str) -> str:
     """A readable, non-empty regular file."""

@@ -93,7 +93,7 @@ def build_parser():
     s.add_argument("--top-p", type=cli.number(0, 1, lo_open=True), default=1.0, metavar="P",
                    help="sample among the most likely tokens whose probabilities add up to P; "
                         "1 = off")
-    s.add_argument("--seed", type=cli.in_range(0, 2 ** 31 - 1), default=0, metavar="S",
+    s.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                    help="sampling seed; the same seed gives the same output")
     d = ap.add_argument_group("decoding")
     d.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
@@ -135,16 +135,17 @@ def parse_args(argv=None):
     if not args.prompts:
         ap.error("argument --prompt: give at least one --prompt TEXT or --prompt-ids IDS")
     args.drafter, args.draft_dir = args.speculative
-    if args.num_draft is not None and not args.drafter:
-        ap.error("argument --num-draft: needs --speculative ngram, mtp or draft:DIR")
-    if args.drafter:
-        K = DEFAULT_NUM_DRAFT if args.num_draft is None else args.num_draft
-        if K >= args.window:
-            ap.error(f"argument --num-draft: K = {K}"
-                     f"{' (the default)' if args.num_draft is None else ''} must be < --window "
-                     f"{args.window}")
-    args.num_draft = (DEFAULT_NUM_DRAFT if args.num_draft is None else args.num_draft) \
-        if args.drafter else 0
+    if not args.drafter:
+        if args.num_draft is not None:
+            ap.error("argument --num-draft: needs --speculative ngram, mtp or draft:DIR")
+        args.num_draft = 0
+    elif args.num_draft is None:
+        args.num_draft = DEFAULT_NUM_DRAFT
+        if args.num_draft >= args.window:
+            ap.error(f"argument --num-draft: the default K = {args.num_draft} must be < --window "
+                     f"{args.window}; give --num-draft")
+    elif args.num_draft >= args.window:
+        ap.error(f"argument --num-draft: K = {args.num_draft} must be < --window {args.window}")
     if args.max_new_tokens + args.num_draft >= args.max_len:
         ap.error(f"argument --max-len: {args.max_len} leaves no room for a prompt: "
                  f"--max-new-tokens {args.max_new_tokens} + drafts {args.num_draft} must be "
@@ -186,7 +187,7 @@ def _token_lists(args, tok, vocab):
     """Each prompt's token ids, checked against the vocabulary and --max-len (UserError naming
     the prompt)."""
     out = []
-    for i, p in enumerate(args.prompts, 1):
+    for p in args.prompts:
         flag = "--prompt" if p.text is not None else "--prompt-ids"
         ids = tuple(tok.encode(p.text).ids) if p.text is not None else p.ids
         if not ids:

@@ -338,7 +338,7 @@ def build_parser():
                     help="SSM state (checkpoint) dtype")
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16,
                     help="decode steps per host visit (non-speculative variants)")
-    ap.add_argument("--seed", type=cli.in_range(0, 2 ** 31 - 1),
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX),
                     help="synthetic weights and prompts (default: 0)")
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "

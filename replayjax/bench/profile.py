@@ -45,7 +45,7 @@ def build_parser():
     ap.add_argument("--mode", choices=["replay", "standard"], default="replay",
                     help="how SSM layers decode")
     ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--seed", type=cli.in_range(0, 2 ** 31 - 1), default=0,
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0,
                     help="synthetic weights, prompts")
     ap.add_argument("--top", type=cli.at_least(1), default=25, help="kernels listed")
     ap.add_argument("--trace-dir", metavar="DIR", type=cli.nonempty,

@@ -76,6 +76,9 @@ PARSE_CASES = [
     (GEN + ["--max-len", "1"], "--max-len"),
     (GEN + ["--max-len", "32"], "--max-len"),               # no room next to 32 new tokens
     (GEN + ["--steps-per-visit", "0"], "--steps-per-visit"),
+    (GEN + ["--steps-per-visit", str(10 ** 20)], "--steps-per-visit"),   # past int32
+    (GEN + ["--top-k", str(10 ** 20)], "--top-k"),
+    (GEN + ["--num-slots", str(2 ** 31)], "--num-slots"),
     (GEN + ["--temperature", "-1"], "--temperature"),
     (GEN + ["--temperature", "inf"], "--temperature"),
     (GEN + ["--temperature", "-inf"], "--temperature"),
