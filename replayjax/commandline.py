@@ -36,14 +36,18 @@ class UserError(Exception):
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the description's and examples' line breaks and shows every option's default
-    (options without one -- None, or off for switches -- say so in their help)."""
+    (options without one -- None, an empty list, or off for switches -- say what their absence
+    means in their help)."""
 
     def _get_help_string(self, action):
         text, default = action.help or "", action.default
-        if default is None or default is False or default is argparse.SUPPRESS or \
-                "%(default)" in text or not action.option_strings:
+        if default is None or default is False or default == [] or \
+                default is argparse.SUPPRESS or "%(default)" in text or not action.option_strings:
             return text
-        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        shown = default
+        if isinstance(default, (list, tuple)):      # flags' values as typed: 1 8 32, or JSON
+            scalar = all(isinstance(v, (int, float, str)) for v in default)
+            shown = " ".join(map(str, default)) if scalar else json.dumps(default)
         return f"{text} (default: {shown})".replace("%", "%%")
 
 

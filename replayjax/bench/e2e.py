@@ -314,7 +314,7 @@ def build_parser():
                      help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"],
                     help="--synthetic models' weights (default: bfloat16)")
-    ap.add_argument("--batch", type=cli.at_least(1), default=32,
+    ap.add_argument("--batch", type=cli.at_least(1), default=32, metavar="N",
                     help="engine slots (concurrent requests); synthetic: also the request count")
     ap.add_argument("--workload", choices=WORKLOADS,
                     help="synthetic prompt lengths: mixed (log-uniform in [P/4, 4P]) or sync "
@@ -333,12 +333,13 @@ def build_parser():
                     help="MODE standard|replay, DRAFTER ngram|mtp")
     ap.add_argument("--num-draft", type=cli.in_range(1, 7), metavar="K",
                     help="drafts per speculative step, < --window (default: 3)")
-    ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ReplaySSM ring window L")
     ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="SSM state (checkpoint) dtype")
-    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16,
+    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16, metavar="N",
                     help="decode steps per host visit (non-speculative variants)")
-    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX),
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "

@@ -188,12 +188,15 @@ def build_parser():
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), metavar="N",
                     help=f"rows per step (default: {' '.join(map(str, BATCHES))}; with --tune: "
                          f"{BATCHES[0]})")
-    ap.add_argument("--window", type=cli.window, default=16, help="ring window L")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
     ap.add_argument("--std-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    metavar="JSON",
                     help='standard kernel tiling, e.g. \'{"block_p": 32, "num_warps": 8}\'')
     ap.add_argument("--replay-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    metavar="JSON",
                     help="replay kernel tiling as JSON")
     ap.add_argument("--tune", type=cli.tilings, default=None, metavar="CONFIGS",
                     help="JSON list of tilings to time at one batch instead of the table")

@@ -299,9 +299,9 @@ def build_parser():
                     metavar="N", help="rows (tokens) per layer call")
     ap.add_argument("--variants", nargs="+", choices=["sparse", "tokamax", "dense"],
                     help="expert implementations (default: all that import)")
-    ap.add_argument("--copies", type=cli.at_least(1), default=4,
+    ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
-    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True),
+    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
                     help="bf16 dense peak in TFLOP/s (default: by device name)")
     ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
                     help="also write the rows as JSON to FILE")

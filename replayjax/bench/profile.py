@@ -39,15 +39,20 @@ def build_parser():
                      help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"],
                     help="--synthetic models' weights (default: bfloat16)")
-    ap.add_argument("--batch", type=cli.at_least(1), default=8, help="requests decoded together")
-    ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, help="prompt tokens")
-    ap.add_argument("--steps", type=cli.at_least(1), default=16, help="decode steps traced")
+    ap.add_argument("--batch", type=cli.at_least(1), default=8, metavar="N",
+                    help="requests decoded together")
+    ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, metavar="P",
+                    help="prompt tokens")
+    ap.add_argument("--steps", type=cli.at_least(1), default=16, metavar="N",
+                    help="decode steps traced")
     ap.add_argument("--mode", choices=["replay", "standard"], default="replay",
                     help="how SSM layers decode")
-    ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0,
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ReplaySSM ring window L")
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
-    ap.add_argument("--top", type=cli.at_least(1), default=25, help="kernels listed")
+    ap.add_argument("--top", type=cli.at_least(1), default=25, metavar="N",
+                    help="kernels listed")
     ap.add_argument("--trace-dir", metavar="DIR", type=cli.nonempty,
                     help="where the trace goes (default: a new temporary directory, kept)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")

@@ -156,7 +156,8 @@ def build_parser():
                     help="verify window tokens T (drafts + 1), each <= --window")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
                     metavar="N", help="rows per step")
-    ap.add_argument("--window", type=cli.window, default=16, help="ring window L")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
     ap.add_argument("--breakdown", action="store_true",
