@@ -143,7 +143,11 @@ def text_encoder(tokenizer_path):
         except ImportError:
             raise TraceError(f"{where}: text prompts need the 'tokenizers' package (pip install "
                              f"tokenizers); or use 'prompt_ids'") from None
-        return Tokenizer.from_file(tokenizer_path)
+        try:
+            return Tokenizer.from_file(tokenizer_path)
+        except Exception as e:      # noqa: BLE001 -- the library raises plain Exceptions
+            raise TraceError(f"{tokenizer_path}: not a valid tokenizer.json "
+                             f"({' '.join(str(e).split())[:120]})") from None
 
     def encode(text, where):
         if not loaded:

@@ -261,11 +261,13 @@ def bad(tmp_path_factory):
                                                           "tokenizer.json": '{"model": 3}'}),
         empty_file=str(root / "empty.jsonl"),
         trace_bad=str(root / "bad.jsonl"),
+        trace_text=str(root / "text.jsonl"),
         existing_out=directory("existing_out", {"x": "1"}),
         a_file=str(root / "a_file.txt"),
     )
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"prompt_ids": [1, 2], "max_new_tokens": 0}\n')
+    (root / "text.jsonl").write_text('{"prompt": "the cat", "max_new_tokens": 4}\n')
     (root / "a_file.txt").write_text("not a directory")
     return paths
 
@@ -325,6 +327,10 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
     (["bench", *N, "--trace", "{trace_bad}"], "bad.jsonl:1", INPUT_S),
     (["bench", *N, "--trace", "{trace_bad}", "--tokenizer", "no/tok.json"], "--tokenizer",
      INPUT_S),
+    (["bench", *N, "--trace", "{trace_text}", "--tokenizer", "{tokenizer_corrupt}/tokenizer.json"],
+     "tokenizer.json", INPUT_S),
+    (["bench", *N, "--trace", "{trace_text}", "--tokenizer", "{tokenizer_empty}/tokenizer.json"],
+     "--tokenizer", INPUT_S),
     (["bench", *N, "--batch", "100000000", "--isolate", "none"], "synthetic prompts", LOAD_S),
     (["bench", "kernels", "--json", "no/such/dir/k.json"], "--json", INPUT_S),
     (["bench", "kernels", "--std-config", '{"block_q": 16}'], "--std-config", INPUT_S),
