@@ -10,7 +10,8 @@ Modules: `safetensors_io` (headers validated by the `safetensors` package, block
 (the rule types and their streaming execution), `mappings` (one declarative name table per
 family), `plan` (the checks shared by converting and loading), `writer` (orbax save that produces
 each param block by block), `converter` (temp dir, atomic rename, provenance), `loader` (restore
-with sharding targets; direct HF loading), `cli`.
+with sharding targets; direct HF loading). The command line is `replayjax convert`
+(`replayjax.convert_cli`).
 """
 
 from convert.converter import CONVERTER_VERSION, convert

@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,7 +49,7 @@ from models.hybrid import SSM_MODES
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
-from replayjax import steps
+from replayjax import memory, steps
 from replayjax.drafters import make_drafter
 from replayjax.requests import (Completion, Event, Request, RequestError, check_request,
                                 is_int)
@@ -60,6 +61,14 @@ __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "Sampling
 
 def _bucket(n, minimum=16):
     return max(minimum, 1 << (n - 1).bit_length())
+
+
+def _replicated(params):
+    """The sharding of an array replicated over the mesh `params` live on."""
+    sharding = jax.tree.leaves(params)[0].sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return sharding
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
@@ -128,8 +137,16 @@ class Engine:
                                 state_dtype=state_dtype, ssm_mode=mode)
 
         # speculation in standard mode is the state-per-draft baseline (T states per slot)
-        self.state = EngineState(init_cache(model, ssm_mode),
-                                 self.drafter.init_state(self.S, init_cache))
+        def init_state():
+            return EngineState(init_cache(model, ssm_mode),
+                               self.drafter.init_state(self.S, init_cache))
+
+        # refused before allocating: a cache past the host's memory gets the process killed
+        if why := memory.shortfall(memory.tree_bytes(jax.eval_shape(init_state))):
+            raise MemoryError(f"the cache of num_slots = {num_slots} x max_len = {max_len} {why}")
+        # allocated as the steps return it (replicated on the params' mesh): a fresh cache
+        # placed otherwise would compile every step a second time
+        self.state = jax.jit(init_state, out_shardings=_replicated(self.runner.params))()
         static = dict(mode=ssm_mode, impl=impl, keep_logits=return_logits)
         self._prefill = self.runner.jit(functools.partial(
             steps.prefill, drafter=self.drafter, keep_logits=return_logits))
@@ -238,6 +255,20 @@ class Engine:
         each request that got tokens there (a list of ints, already cut at a stop id or
         max_new_tokens) or finished. A request's calls concatenate to its Completion.tokens."""
         return _drain(self.serve(requests, on_tokens))
+
+    def warm_up(self, requests: Sequence[Request]) -> float:
+        """Compiles what serving `requests` will run -- a prefill per prompt-length bucket and
+        the decode or verify step -- with one two-token copy of a request per bucket (same stop
+        ids and sampling), so a timed run after it excludes compilation. Returns its seconds."""
+        first = {}
+        for r in requests:
+            first.setdefault(_bucket(len(r.prompt)), r)
+        warm = [dataclasses.replace(r, id=None, max_new_tokens=min(r.max_new_tokens, 2))
+                for r in first.values()]
+        t0 = time.perf_counter()
+        for r in warm:
+            self.generate([r])
+        return time.perf_counter() - t0
 
     def serve(self, requests: Sequence[Request], on_tokens=None):
         """`generate` one host visit at a time: a generator that yields the kind of each visit

@@ -1,89 +1,244 @@
-"""`replayjax generate`: batch generation from the command line."""
+"""`replayjax generate`: generation from the command line, every prompt in one batch."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 import time
 
-import numpy as np
+from replayjax import commandline as cli
+
+PROG = "replayjax generate"
+DESCRIPTION = """\
+Generate from one or more prompts, run together as one batch. Without --model it runs the demo
+model shipped with the package (a 2.6M-parameter byte-level Nemotron-H-style hybrid trained on
+licence texts): CPU, seconds.
+
+Sampling: --temperature 0 (the default) is greedy decoding, the most likely token at every step,
+so --top-k, --top-p and --seed change nothing. With --temperature > 0 tokens are sampled, after
+the --top-k and --top-p filters, with keys derived from --seed (default 0) and the position: the
+same seed gives the same text, whatever else is in the batch.
+
+Output: one prompt's completion as plain text; with several prompts a header before each one
+("==> prompt 2/3: 'The licenses ' <=="). --jsonl: one JSON object per prompt. --json: one object
+with every result and the timings; throughput excludes compilation, which a warm-up does first
+and which is reported apart (compile_s). A summary line goes to stderr."""
+
+DRAFTERS = ("none", "ngram", "mtp", "draft:DIR")
+DEFAULT_NUM_DRAFT = 3
 
 
-def _ids(text):
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--prompt-ids takes comma-separated integers, got {text!r}")
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One prompt as given: `text` (--prompt) or `ids` (--prompt-ids)."""
+    text: str | None = None
+    ids: tuple = ()
+
+    def label(self, width: int = 60) -> str:
+        """The prompt as given, shortened: its text quoted (escapes shown), or its ids."""
+        shown = repr(self.text) if self.text is not None else ",".join(map(str, self.ids))
+        return shown if len(shown) <= width else shown[:width - 3] + "..."
+
+
+def _text_prompt(text):
+    return Prompt(text=cli.nonempty(text))
+
+
+def _ids_prompt(text):
+    return Prompt(ids=tuple(cli.token_ids(text)))
+
+
+def _speculative(text):
+    """argparse type: --speculative none | ngram | mtp | draft:DIR -> (drafter or None, DIR or
+    None)."""
+    if text in ("none", "ngram", "mtp"):
+        return (None if text == "none" else text), None
+    if text.startswith("draft:") and text[len("draft:"):].strip():
+        return "draft", text[len("draft:"):]
+    hint = " (give the draft model's directory: draft:DIR)" if text.startswith("draft") else ""
+    raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(DRAFTERS)}{hint}")
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="replayjax generate",
-                                 description="Generate from one or more prompts (run as a batch).")
-    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
-                    "dir (default: the demo model shipped with the package, a tiny byte-level "
-                    "Nemotron-H-style hybrid trained on licence texts)")
-    ap.add_argument("--prompt", action="append", default=[],
-                    help="text prompt (needs tokenizer.json in the model dir and `tokenizers`)")
-    ap.add_argument("--prompt-ids", action="append", default=[], type=_ids,
-                    help="comma-separated token ids; repeat for several prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stop-ids", type=_ids, default=[])
-    ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay")
-    ap.add_argument("--window", type=int, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="SSM state (checkpoint) dtype")
-    ap.add_argument("--speculative", default="none",
-                    help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
-                         "with the same vocabulary, loaded like --model)")
-    ap.add_argument("--num-draft", type=int,
-                    help="tokens drafted per speculative step (default 3; needs --speculative)")
-    ap.add_argument("--num-slots", type=int, default=8)
-    ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--save-logits", metavar="FILE.npy",
-                    help="write the fp32 logits each generated token was sampled from as an "
-                         "array [prompts, max_new_tokens, vocab] (np.save format, written to FILE "
-                         "as named); rows past a prompt's last token (it stopped early) are NaN")
-    ap.add_argument("--stream", action="store_true",
-                    help="print the text (or ids) of a single prompt as it is generated, every "
-                         "host visit (--steps-per-visit decode steps)")
-    ap.add_argument("--steps-per-visit", type=int, default=8,
-                    help="decode steps run on device between two host visits")
-    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap = cli.parser(PROG, DESCRIPTION, [
+        f'{PROG} --prompt "This program is free software; "',
+        f'{PROG} --prompt "GNU " --prompt "The licenses " --temperature 0.8 --top-p 0.95 '
+        "--seed 1 --jsonl",
+        f"{PROG} --model DIR --prompt-ids 1,2,3 --speculative mtp --num-draft 3 --json"])
+    p = ap.add_argument_group("prompts")
+    p.add_argument("--model", metavar="DIR", type=cli.nonempty,
+                   help="Hugging Face checkpoint directory or a `replayjax convert` output "
+                        "(default: the demo model)")
+    p.add_argument("--prompt", dest="prompts", action="append", default=[], type=_text_prompt,
+                   metavar="TEXT", help="a text prompt, encoded by the model directory's "
+                                        "tokenizer.json; repeat for several")
+    p.add_argument("--prompt-ids", dest="prompts", action="append", type=_ids_prompt,
+                   metavar="IDS", help="a prompt as comma-separated token ids, e.g. 1,2,3; "
+                                       "repeat for several")
+    p.add_argument("--max-new-tokens", type=cli.at_least(1), default=32, metavar="N",
+                   help="tokens generated per prompt (fewer if a stop id comes first)")
+    p.add_argument("--stop-ids", type=cli.token_ids, metavar="IDS",
+                   help="comma-separated token ids that end a completion (kept in it) "
+                        "(default: none)")
+    s = ap.add_argument_group("sampling")
+    s.add_argument("--temperature", type=cli.number(0, note=" (0 = greedy)"), default=0.0,
+                   metavar="T", help="0 = greedy (the most likely token); > 0 samples, higher "
+                                     "is more random")
+    s.add_argument("--top-k", type=cli.at_least(0), default=0, metavar="K",
+                   help="sample among the K most likely tokens only; 0 = off")
+    s.add_argument("--top-p", type=cli.number(0, 1, lo_open=True), default=1.0, metavar="P",
+                   help="sample among the most likely tokens whose probabilities add up to P; "
+                        "1 = off")
+    s.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
+                   help="sampling seed; the same seed gives the same output")
+    d = ap.add_argument_group("decoding")
+    d.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
+                   help="how SSM layers decode: ReplaySSM or the standard recurrence")
+    d.add_argument("--window", type=cli.window, default=16, metavar="L",
+                   help="ReplaySSM ring window (a power of two)")
+    d.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="SSM state (checkpoint) dtype")
+    d.add_argument("--speculative", type=_speculative, default="none", metavar="DRAFTER",
+                   help="speculative decoding: none | ngram (prompt lookup) | mtp (the model's "
+                        "MTP head) | draft:DIR (a smaller model with the same vocabulary)")
+    d.add_argument("--num-draft", type=cli.in_range(1, cli.MAX_VERIFY_TOKENS - 1), metavar="K",
+                   help=f"tokens drafted per speculative step, < --window (default: "
+                        f"{DEFAULT_NUM_DRAFT} with --speculative)")
+    d.add_argument("--num-slots", type=cli.at_least(1), default=8, metavar="N",
+                   help="prompts decoded at once (more wait for a free slot)")
+    d.add_argument("--max-len", type=cli.at_least(2), default=2048, metavar="N",
+                   help="cache length per slot: prompt + new tokens (+ drafts) must fit")
+    d.add_argument("--steps-per-visit", type=cli.at_least(1), default=8, metavar="N",
+                   help="decode steps run on the device between two host visits")
+    o = ap.add_argument_group("output")
+    o.add_argument("--stream", action="store_true",
+                   help="print a single prompt's output as it is generated (every host visit)")
+    o.add_argument("--json", action="store_true",
+                   help="print one JSON object: every result, timings and peak memory")
+    o.add_argument("--jsonl", action="store_true", help="print one JSON object per prompt")
+    o.add_argument("--save-logits", metavar="FILE.npy", type=cli.nonempty,
+                   help="write the fp32 logits each generated token was sampled from, "
+                        "[prompts, max_new_tokens, vocab] (np.save format, to FILE as named); "
+                        "rows past a prompt's last token are NaN")
     return ap
 
 
-def _speculative(spec):
-    """--speculative value -> (drafter or None, draft model dir or None); exits on a bad one."""
-    if spec in ("none", "ngram", "mtp"):
-        return (None if spec == "none" else spec), None
-    if spec.startswith("draft:") and spec[len("draft:"):]:
-        return "draft", spec[len("draft:"):]
-    hint = " (give the draft model's directory: draft:DIR)" if spec.startswith("draft") else ""
-    sys.exit(f"replayjax generate: --speculative {spec!r} is not available{hint} "
-             "(this release has: none, ngram, mtp, draft:DIR)")
+def parse_args(argv=None):
+    """Parsed arguments, every flag and combination checked (exit 2 naming the flag); fills
+    in args.drafter, args.draft_dir and args.num_draft."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not args.prompts:
+        ap.error("argument --prompt: give at least one --prompt TEXT or --prompt-ids IDS")
+    args.drafter, args.draft_dir = args.speculative
+    if not args.drafter:
+        if args.num_draft is not None:
+            ap.error("argument --num-draft: needs --speculative ngram, mtp or draft:DIR")
+        args.num_draft = 0
+    elif args.num_draft is None:
+        args.num_draft = DEFAULT_NUM_DRAFT
+        if args.num_draft >= args.window:
+            ap.error(f"argument --num-draft: the default K = {args.num_draft} must be < --window "
+                     f"{args.window}; give --num-draft")
+    elif args.num_draft >= args.window:
+        ap.error(f"argument --num-draft: K = {args.num_draft} must be < --window {args.window}")
+    if args.max_new_tokens + args.num_draft >= args.max_len:
+        ap.error(f"argument --max-len: {args.max_len} leaves no room for a prompt: "
+                 f"--max-new-tokens {args.max_new_tokens} + drafts {args.num_draft} must be "
+                 f"< --max-len")
+    if args.json and args.jsonl:
+        ap.error("argument --jsonl: give --json (one object) or --jsonl (one line per prompt)")
+    if args.stream and (args.json or args.jsonl):
+        ap.error("argument --stream: prints text as it comes; not with --json / --jsonl")
+    if args.stream and len(args.prompts) > 1:
+        ap.error(f"argument --stream: prints one prompt's output; got {len(args.prompts)} "
+                 f"prompts")
+    return args
 
 
-def _check_output(path):
-    """Fail before any model loads if FILE's directory is missing."""
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        sys.exit(f"replayjax generate: --save-logits {path!r}: directory {d!r} does not exist")
+# ---------------------------------------------------------------------- inputs
+
+def _tokenizer(model_dir, required):
+    """The model directory's tokenizer; None if it has none and `required` is false."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.exists(path):
+        if required:
+            raise cli.UserError(f"--prompt needs {path}, which does not exist; use --prompt-ids "
+                                f"instead")
+        return None
+    cli.existing_file("tokenizer", path)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise cli.UserError("--prompt: text prompts need the 'tokenizers' package "
+                            "(pip install tokenizers), or use --prompt-ids") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:      # noqa: BLE001 -- the library raises plain Exceptions
+        raise cli.UserError(f"{path}: not a valid tokenizer.json "
+                            f"({' '.join(str(e).split())[:120]})") from None
 
 
-def _logits_array(results, max_new_tokens, vocab):
-    """[prompts, max_new_tokens, vocab] fp32, NaN past each completion's length."""
-    out = np.full((len(results), max_new_tokens, vocab), np.nan, np.float32)
-    for i, c in enumerate(results):
-        out[i, :len(c.logits)] = c.logits
+def _token_lists(args, tok, vocab):
+    """Each prompt's token ids, checked against the vocabulary and --max-len (UserError naming
+    the prompt)."""
+    out = []
+    for p in args.prompts:
+        flag = "--prompt" if p.text is not None else "--prompt-ids"
+        ids = tuple(tok.encode(p.text).ids) if p.text is not None else p.ids
+        if not ids:
+            raise cli.UserError(f"{flag} {p.label()}: encodes to no tokens")
+        if bad := [t for t in ids if t >= vocab]:
+            why = " (the tokenizer does not match the model)" if p.text is not None else ""
+            raise cli.UserError(f"{flag} {p.label()}: token id {bad[0]} is outside the "
+                                f"model's vocabulary [0, {vocab}){why}")
+        need = len(ids) + args.max_new_tokens + args.num_draft
+        if need > args.max_len:
+            raise cli.UserError(f"{flag} {p.label()}: {len(ids)} prompt tokens + --max-new-tokens "
+                                f"{args.max_new_tokens} + drafts {args.num_draft} = {need} "
+                                f"exceed --max-len {args.max_len}")
+        out.append(ids)
+    if bad := [t for t in args.stop_ids or () if t >= vocab]:
+        raise cli.UserError(f"--stop-ids: token id {bad[0]} is outside the model's vocabulary "
+                            f"[0, {vocab})")
     return out
+
+
+def check_inputs(args):
+    """Every input before any heavy work (UserError naming the flag and file): the model and
+    draft directories, the tokenizer, the prompts, the output path. Returns (model dir,
+    tokenizer or None, token lists)."""
+    from replayjax import demo
+    model_dir = args.model or demo.model_dir()
+    cfg, has_mtp = cli.model_dir("--model", model_dir)
+    if args.drafter == "mtp" and not has_mtp:
+        raise cli.UserError(f"--speculative mtp: the model in {model_dir} has no MTP head (no "
+                            f"mtp.* tensors); use ngram or draft:DIR")
+    if args.draft_dir:
+        draft_cfg, _ = cli.model_dir("--speculative draft:DIR", args.draft_dir)
+        if draft_cfg.vocab_size != cfg.vocab_size:
+            raise cli.UserError(f"--speculative draft:{args.draft_dir}: vocabulary of "
+                                f"{draft_cfg.vocab_size} tokens, the model's has "
+                                f"{cfg.vocab_size}")
+    tok = _tokenizer(model_dir, required=any(p.text is not None for p in args.prompts))
+    prompts = _token_lists(args, tok, cfg.vocab_size)
+    cli.output_path("--save-logits", args.save_logits)
+    return model_dir, tok, prompts
+
+
+# ---------------------------------------------------------------------- running
+
+def _load(flag, path):
+    from convert import ConvertError
+    from replayjax.loading import load_model
+    try:
+        return load_model(path)
+    except ConvertError as e:
+        raise cli.UserError(f"{flag}: {e}") from None
 
 
 class _Printer:
@@ -110,90 +265,126 @@ class _Printer:
         self.out.flush()
 
 
-def _tokenizer(model_dir, required):
-    """The model dir's tokenizer; None if it has none and `required` is false."""
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.exists(path):
-        if not required:
-            return None
-        sys.exit(f"replayjax generate: --prompt needs {path}; use --prompt-ids instead")
+def _logits_array(results, max_new_tokens, vocab):
+    """[prompts, max_new_tokens, vocab] fp32, NaN past each completion's length."""
+    import numpy as np
+    out = np.full((len(results), max_new_tokens, vocab), np.nan, np.float32)
+    for i, c in enumerate(results):
+        out[i, :len(c.logits)] = c.logits
+    return out
+
+
+def generate(args, tok, model_dir, prompts):
+    """Loads, builds the engine, warms up (compiles), generates. Returns (completions, engine,
+    timings {load_s, compile_s, generate_s})."""
+    import jax.numpy as jnp
+
+    from replayjax.engine import Engine, Request, SamplingParams
+    progress = cli.Progress(3 + bool(args.draft_dir) + (not args.stream), cli.interactive(args))
     try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        sys.exit("replayjax generate: text prompts need the 'tokenizers' package "
-                 "(pip install tokenizers), or use --prompt-ids")
-    return Tokenizer.from_file(path)
+        t0 = time.perf_counter()
+        with progress.stage("loading the model"):
+            model = _load("--model", model_dir)
+        draft_model = None
+        if args.draft_dir:
+            with progress.stage("loading the draft model"):
+                draft_model = _load("--speculative draft:DIR", args.draft_dir)
+        with progress.stage("allocating the cache"):
+            try:
+                engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
+                                ssm_mode=args.ssm_mode, window=args.window,
+                                state_dtype=jnp.dtype(args.state_dtype),
+                                steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
+                                drafter=args.drafter, draft_model=draft_model,
+                                return_logits=bool(args.save_logits))
+            except MemoryError as e:
+                raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
+                                    f"{e}") from None
+            except ValueError as e:     # settings this model cannot serve
+                raise cli.UserError(" ".join(str(e).split())) from None
+        load_s = time.perf_counter() - t0
+        sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        requests = [Request(prompt=list(p), max_new_tokens=args.max_new_tokens,
+                            stop_ids=tuple(args.stop_ids or ()), sampling=sp, id=i)
+                    for i, p in enumerate(prompts)]
+        with progress.stage("compiling (warm-up)"):
+            compile_s = engine.warm_up(requests)
+        t0 = time.perf_counter()
+        if args.stream:
+            progress.close()
+            results = engine.generate(requests, on_tokens=_Printer(tok))
+        else:
+            total, done = args.max_new_tokens * len(requests), [0]
+
+            def count(_id, tokens, finished):
+                done[0] += len(tokens)
+                progress.note(f"{done[0]}/{total} tokens")
+            with progress.stage(f"generating {len(requests)} prompt(s)"):
+                results = engine.generate(requests, on_tokens=count)
+        generate_s = time.perf_counter() - t0
+    finally:
+        progress.close()
+    return results, engine, dict(load_s=load_s, compile_s=compile_s, generate_s=generate_s)
+
+
+# ---------------------------------------------------------------------- output
+
+def _row(i, p, ids, c, tok):
+    row = dict(index=i, prompt=p.text, prompt_ids=list(ids), tokens=c.tokens,
+               finish_reason=c.finish_reason, ttft_s=round(c.ttft_s, 4),
+               completion_s=round(c.completion_s, 4), tpot_s=round(c.tpot_s, 5),
+               accepted_drafts=c.accepted_drafts)
+    if tok:
+        row["text"] = tok.decode(c.tokens)
+    return row
+
+
+def _peak_memory_gb():
+    import jax
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")   # None on CPU
+    return round(peak / 1e9, 3) if peak else None
+
+
+def _main(args):
+    logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
+    model_dir, tok, prompts = check_inputs(args)
+    results, engine, times = generate(args, tok, model_dir, prompts)
+    if args.save_logits:
+        import numpy as np
+        with cli.atomic_output(args.save_logits, "wb") as f:   # np.save(name) appends ".npy"
+            np.save(f, _logits_array(results, args.max_new_tokens, engine.vocab))
+    rows = [_row(i, p, ids, c, tok)
+            for i, (p, ids, c) in enumerate(zip(args.prompts, prompts, results))]
+    total = sum(len(c.tokens) for c in results)
+    rate = total / times["generate_s"] if times["generate_s"] > 0 else None
+    if args.json:
+        print(json.dumps(dict(results=rows, tokens=total,
+                              tokens_per_s=round(rate, 2) if rate else None,
+                              generate_s=round(times["generate_s"], 3),
+                              compile_s=round(times["compile_s"], 3),
+                              load_s=round(times["load_s"], 3),
+                              peak_device_mem_gb=_peak_memory_gb())))
+        return
+    if args.jsonl:
+        for r in rows:
+            print(json.dumps(r), flush=True)
+    elif not args.stream:                                   # streamed already
+        for r, p in zip(rows, args.prompts):
+            if len(rows) > 1:           # a header per prompt: completions span lines
+                if r["index"]:
+                    print()
+                print(f"==> prompt {r['index'] + 1}/{len(rows)}: "
+                      f"{'' if p.text is not None else 'ids '}{p.label()} <==")
+            print(r.get("text", " ".join(map(str, r["tokens"]))), flush=True)
+    print(f"[{total} tokens in {times['generate_s']:.2f} s"
+          f"{f', {rate:.1f} tokens/s' if rate else ''}; before that: loading "
+          f"{times['load_s']:.1f} s, compiling {times['compile_s']:.1f} s]", file=sys.stderr)
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
-    import jax.numpy as jnp
+    args = parse_args(argv)
+    return cli.run(PROG, args, _main)
 
-    from replayjax.engine import Engine, Request, RequestError, SamplingParams
-    from convert import ConvertError
-    from replayjax.loading import load_model
 
-    drafter, draft_dir = _speculative(args.speculative)
-    if args.num_draft is not None and not drafter:
-        sys.exit("replayjax generate: --num-draft needs --speculative ngram, mtp or draft:DIR")
-    num_draft = (3 if args.num_draft is None else args.num_draft) if drafter else 0
-    if args.save_logits:
-        _check_output(args.save_logits)
-    from replayjax import demo
-    model_dir = args.model or demo.model_dir()
-    tok = _tokenizer(model_dir, required=bool(args.prompt))
-    prompts = [tok.encode(p).ids for p in args.prompt] if args.prompt else []
-    prompts += args.prompt_ids
-    if not prompts:
-        sys.exit("replayjax generate: give at least one --prompt or --prompt-ids")
-    if args.stream and (args.json or len(prompts) != 1):
-        sys.exit("replayjax generate: --stream prints one prompt's output as text; give a single "
-                 "prompt and no --json")
-    try:
-        model = load_model(model_dir)
-        try:
-            draft_model = load_model(draft_dir) if draft_dir else None
-        except ConvertError as e:
-            raise ConvertError(f"--speculative draft: {e}") from None
-        t0 = time.perf_counter()
-        engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
-                        ssm_mode=args.ssm_mode, window=args.window,
-                        state_dtype=jnp.dtype(args.state_dtype),
-                        steps_per_visit=args.steps_per_visit,
-                        num_draft=num_draft, drafter=drafter,
-                        draft_model=draft_model, return_logits=bool(args.save_logits))
-        sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-        results = engine.generate([Request(prompt=p, max_new_tokens=args.max_new_tokens,
-                                           stop_ids=tuple(args.stop_ids), sampling=sp, id=i)
-                                   for i, p in enumerate(prompts)],
-                                  on_tokens=_Printer(tok) if args.stream else None)
-        wall = time.perf_counter() - t0
-    except (ConvertError, RequestError, ValueError) as e:
-        sys.exit(f"replayjax generate: {e}")
-    if args.save_logits:        # whole or not at all: write beside it, then rename
-        tmp = f"{args.save_logits}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:                      # np.save(name) would append ".npy"
-            np.save(f, _logits_array(results, args.max_new_tokens, engine.vocab))
-        os.replace(tmp, args.save_logits)
-    rows = []
-    for p, c in zip(prompts, results):
-        row = dict(prompt_ids=list(p), tokens=c.tokens, finish_reason=c.finish_reason,
-                   ttft_s=round(c.ttft_s, 4), completion_s=round(c.completion_s, 4),
-                   tpot_s=round(c.tpot_s, 5), accepted_drafts=c.accepted_drafts)
-        if tok:
-            row["text"] = tok.decode(c.tokens)
-        rows.append(row)
-    total = sum(len(c.tokens) for c in results)
-    if args.json:
-        import jax
-        mem = jax.devices()[0].memory_stats() or {}       # None on CPU
-        peak = mem.get("peak_bytes_in_use")
-        print(json.dumps(dict(results=rows, wall_s=round(wall, 3),
-                              tokens_per_s=round(total / wall, 2),
-                              peak_device_mem_gb=round(peak / 1e9, 3) if peak else None)))
-    else:
-        for r in rows if not args.stream else ():            # streamed already
-            print(r.get("text", " ".join(map(str, r["tokens"]))))
-        print(f"[{total} tokens in {wall:.2f}s incl. compilation]", file=sys.stderr)
-    return 0
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,18 +42,25 @@ from collections import deque
 
 import numpy as np
 
-from replayjax.bench import cli
+from replayjax import commandline as cli
 from replayjax.bench.roofline import decode_step_bytes
 from replayjax.bench.synthetic import SYNTHETIC, build
 from replayjax.bench.timing import copy_bandwidth, percentile
-from replayjax.bench.workload import (ARRIVALS, WORKLOADS, Workload, arrival_times,
-                                      arrival_unit, check_vocab, load_trace, synthetic_requests)
+from replayjax.bench.workload import (
+    ARRIVALS,
+    WORKLOADS,
+    Workload,
+    arrival_times,
+    arrival_unit,
+    check_vocab,
+    load_trace,
+    synthetic_requests,
+)
 
 PROG = "replayjax bench"
 MODES = ("standard", "replay")
 DRAFTERS = ("ngram", "mtp")
 MAX_LEN_SLACK = 16      # cache room past prompt + max_new_tokens: drafts (K <= 7) and MTP chains
-MIN_BUCKET = 16         # the engine's smallest prefill length bucket
 
 
 def parse_variant(text):
@@ -69,12 +76,6 @@ def parse_variant(text):
 def variant_name(variant):
     mode, drafter = variant
     return f"{mode}+{drafter}" if drafter else mode
-
-
-def prefill_bucket(n: int) -> int:
-    """The engine's prefill length bucket of an n-token prompt (a power of two >= 16): the
-    warm-up compiles each bucket the requests hit. Mirrors the engine's own rule."""
-    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
 # ---------------------------------------------------------------------- requests and model
@@ -101,6 +102,7 @@ def build_model(args, mtp=False):
     """The model of --model (with an MTP head iff the checkpoint ships one) or the randomised
     --synthetic preset (with an MTP head when `mtp`)."""
     import jax.numpy as jnp
+
     from replayjax.loading import load_model
     if args.model:
         return load_model(args.model)
@@ -173,22 +175,11 @@ def acceptance_histogram(completions, num_draft):
     return np.bincount(np.asarray(steps, int), minlength=num_draft + 1).tolist()
 
 
-def _warm_up(engine, workload, steps_per_visit):
-    """Compiles every prefill length bucket the requests will hit (one request each: a group's
-    bucket is its longest prompt's) plus the decode / verify step. Returns its seconds."""
-    first = {}
-    for r in workload.requests:
-        first.setdefault(prefill_bucket(len(r.prompt)), r)
-    t0 = time.perf_counter()
-    for r in first.values():
-        engine.generate([r.request(min(r.max_new_tokens, 2 * steps_per_visit))])
-    return time.perf_counter() - t0
-
-
 def run_variant(model, variant, args, workload, progress):
     """Serves the workload with one engine configuration. Returns (row, completions or None)."""
     import jax
     import jax.numpy as jnp
+
     from replayjax.engine import Engine
     mode, drafter = variant
     name = variant_name(variant)
@@ -205,7 +196,7 @@ def run_variant(model, variant, args, workload, progress):
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
-            compile_s = _warm_up(engine, workload, args.steps_per_visit)
+            compile_s = engine.warm_up([r.request() for r in workload.requests])
         engine.visits.clear()
         engine.record_drafts = bool(K)  # per-step cache lengths: the acceptance histogram
         with progress.stage(f"{name}: serving {n} requests"):
@@ -310,7 +301,7 @@ def run_isolated(args, argv, progress):
                  "--result-file", result], capture_output=True, text=True)
             if not os.path.exists(result):   # the child refused the whole run (or crashed)
                 last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])
-                raise cli.BenchError(last[-1].removeprefix(f"{PROG}: error: "))
+                raise cli.UserError(last[-1].removeprefix(f"{PROG}: error: "))
             with open(result) as f:
                 got = json.load(f)
         got["row"]["peak_mem_scope"] = "variant"
@@ -346,49 +337,53 @@ def run(args, argv=()):
 # ---------------------------------------------------------------------- command line
 
 def build_parser():
-    ap = cli.parser(PROG, __doc__, [
-        f"{PROG} --synthetic nemotron-h-8b --batch 256 --variants standard replay",
-        f"{PROG} --synthetic qwen3.5-9b --batch 64 --workload sync --variants replay+mtp "
-        "standard+mtp",
-        f"{PROG} --model DIR --trace requests.jsonl --batch 64 --json"])
+    ap = cli.parser(PROG, __doc__ + "\nOther benchmarks: replayjax bench kernels | verify | moe "
+                    "(--help for each).", [
+                        f"{PROG} --synthetic nemotron-h-8b --batch 256 --variants standard replay",
+                        f"{PROG} --synthetic qwen3.5-9b --batch 64 --workload sync --variants "
+                        "replay+mtp standard+mtp",
+                        f"{PROG} --model DIR --trace requests.jsonl --batch 64 --json"])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="checkpoint directory (HF or converted)")
+    src.add_argument("--model", metavar="DIR", type=cli.nonempty,
+                     help="checkpoint directory (HF or converted)")
     src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
                      help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="synthetic models' weights")
-    ap.add_argument("--batch", type=cli.at_least(1), default=32,
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
+                    help="--synthetic models' weights (default: bfloat16)")
+    ap.add_argument("--batch", type=cli.at_least(1), default=32, metavar="N",
                     help="engine slots (concurrent requests); synthetic: also the request count")
-    ap.add_argument("--workload", choices=WORKLOADS, default="mixed",
+    ap.add_argument("--workload", choices=WORKLOADS,
                     help="synthetic prompt lengths: mixed (log-uniform in [P/4, 4P]) or sync "
-                         "(all P)")
+                         "(all P) (default: mixed)")
     ap.add_argument("--arrivals", choices=ARRIVALS, default="staggered",
                     help="when requests arrive: staggered (each at a random host visit within "
-                         "one generation's length: rows start and fold at different steps; the "
-                         "default), burst (all at t = 0, the synchronous case), poisson or "
-                         "uniform at --rate requests/s (default: %(default)s)")
-    ap.add_argument("--rate", type=cli.positive_float, default=None, metavar="R",
+                         "one generation's length: rows start and fold at different steps), "
+                         "burst (all at t = 0, the synchronous case), poisson or uniform at "
+                         "--rate requests/s (default: %(default)s)")
+    ap.add_argument("--rate", type=cli.number(0, lo_open=True), metavar="R",
                     help="requests per second for --arrivals poisson|uniform")
-    ap.add_argument("--prompt-len", type=cli.at_least(1), default=None, metavar="P",
-                    help="synthetic prompts' (geometric mean) length; 128 unless --trace")
-    ap.add_argument("--new-tokens", type=cli.at_least(1), default=None,
-                    help="synthetic requests' new tokens; 128 unless --trace")
-    ap.add_argument("--trace", metavar="FILE.jsonl",
+    ap.add_argument("--prompt-len", type=cli.at_least(1), metavar="P",
+                    help="synthetic prompts' (geometric mean) length (default: 128)")
+    ap.add_argument("--new-tokens", type=cli.at_least(1), metavar="N",
+                    help="synthetic requests' new tokens (default: 128)")
+    ap.add_argument("--trace", metavar="FILE.jsonl", type=cli.nonempty,
                     help="requests from a JSONL trace instead of synthetic ones (format above)")
-    ap.add_argument("--tokenizer", metavar="FILE",
-                    help="tokenizer.json for a trace's text prompts (default MODEL/tokenizer.json)")
+    ap.add_argument("--tokenizer", metavar="FILE", type=cli.nonempty,
+                    help="tokenizer.json for a --trace's text prompts (default: "
+                         "MODEL/tokenizer.json)")
     ap.add_argument("--variants", nargs="+", type=parse_variant,
                     default=["standard", "replay"], metavar="MODE[+DRAFTER]",
                     help="MODE standard|replay, DRAFTER ngram|mtp")
-    ap.add_argument("--num-draft", type=cli.in_range(1, 7), default=3, metavar="K",
-                    help="drafts per speculative step (< --window)")
-    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--num-draft", type=cli.in_range(1, 7), metavar="K",
+                    help="drafts per speculative step, < --window (default: 3)")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ReplaySSM ring window L")
     ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="SSM state (checkpoint) dtype")
-    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16,
+    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16, metavar="N",
                     help="decode steps per host visit (non-speculative variants)")
-    ap.add_argument("--seed", type=cli.at_least(0), default=0,
-                    help="synthetic weights and prompts")
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
+                    help="synthetic weights and prompts (default: 0)")
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "
                          "own (the model is built again for each); none: all in this process; "
@@ -400,8 +395,8 @@ def build_parser():
 
 
 def parse_args(argv=None):
-    """Parsed, checked arguments (exit 2 naming the flag); with --trace, `args.requests` holds
-    the validated trace (exit 1 naming file, line and field)."""
+    """Parsed, checked arguments (exit 2 naming the flag). Flags that would not apply are
+    refused rather than ignored."""
     ap = build_parser()
     args = ap.parse_args(argv)
     args.variants = [v if isinstance(v, tuple) else parse_variant(v) for v in args.variants]
@@ -410,15 +405,31 @@ def parse_args(argv=None):
     names = [variant_name(v) for v in args.variants]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         ap.error(f"argument --variants: {', '.join(dup)} given twice")
-    if any(d for _, d in args.variants) and args.num_draft >= args.window:
+    drafts = any(d for _, d in args.variants)
+    if args.num_draft is not None and not drafts:
+        ap.error("argument --num-draft: no variant drafts (add +ngram or +mtp to --variants)")
+    args.num_draft = 3 if args.num_draft is None else args.num_draft
+    if drafts and args.num_draft >= args.window:
         ap.error(f"argument --num-draft: K = {args.num_draft} must be < --window "
                  f"{args.window}")
     if (args.rate is None) != (args.arrivals in ("staggered", "burst")):
         ap.error(f"argument --rate: arrivals {args.arrivals} " + (
             "take no rate" if args.rate is not None else "need a rate in requests per second"))
-    if args.trace and (args.prompt_len is not None or args.new_tokens is not None):
-        ap.error("argument --trace: --prompt-len / --new-tokens describe synthetic requests; "
-                 "a trace gives its own")
+    if args.trace:
+        for flag, value in (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens),
+                            ("--workload", args.workload)):
+            if value is not None:
+                ap.error(f"argument {flag}: describes synthetic requests; --trace gives its own")
+    elif args.tokenizer:
+        ap.error("argument --tokenizer: encodes a --trace's text prompts; give --trace too")
+    if args.model and args.dtype:
+        ap.error("argument --dtype: sets --synthetic models' weights; --model DIR has its own")
+    if args.model and args.trace and args.seed is not None:
+        ap.error("argument --seed: seeds synthetic weights and prompts; --model with --trace "
+                 "has neither")
+    args.dtype = args.dtype or "bfloat16"
+    args.workload = args.workload or "mixed"
+    args.seed = args.seed or 0
     args.prompt_len = 128 if args.prompt_len is None else args.prompt_len
     args.new_tokens = 128 if args.new_tokens is None else args.new_tokens
     args.requests = None
@@ -426,12 +437,14 @@ def parse_args(argv=None):
 
 
 def check_inputs(args):
-    """Input files and directories, before any heavy work (BenchError: exit 1, one line)."""
+    """Input files and directories, before any heavy work (UserError: exit 1, one line); with
+    --trace, `args.requests` holds the validated trace (naming file, line and field)."""
     if args.model:
-        cli.check_model_dir(args.model)
+        cli.model_dir("--model", args.model)
     if args.tokenizer:
         cli.existing_file("--tokenizer", args.tokenizer)
     if args.trace:
+        cli.existing_file("--trace", args.trace)
         tok = args.tokenizer or (os.path.join(args.model, "tokenizer.json") if args.model
                                  else None)
         args.requests = load_trace(args.trace, tok)

@@ -12,6 +12,12 @@ import numpy as np
 from replayjax.bench.roofline import ssm_row_bytes
 
 MIN_POOL_BYTES = 512 * 2**20    # state pool per timing unit: >> the H200's 60 MB L2
+# layer shapes per family (kept apart from the families, which import jax: flags check them)
+SHAPES = {
+    "mamba2": {"nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
+               "nemotron-nano-9b-v2": dict(H=128, P=80, N=128, G=8)},
+    "gdn": {"qwen3-next": dict(Hk=16, Hv=32, K=128, V=128)},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +75,7 @@ def _mamba2() -> Family:
 
     return Family(
         name="mamba2",
-        shapes={"nemotron-h-8b": dict(H=128, P=64, N=128, G=8),
-                "nemotron-nano-9b-v2": dict(H=128, P=80, N=128, G=8)},
+        shapes=SHAPES["mamba2"],
         state_bytes=lambda d: d["H"] * d["P"] * d["N"] * 4,
         # x, y, B, C (bf16), dt (fp32); a ring entry holds x, B (ring dtype) and dt (fp32)
         token_io=lambda d: d["H"] * d["P"] * 2 * 2 + 2 * d["G"] * d["N"] * 2 + d["H"] * 4,
@@ -102,7 +107,7 @@ def _gdn() -> Family:
 
     return Family(
         name="gdn",
-        shapes={"qwen3-next": dict(Hk=16, Hv=32, K=128, V=128)},
+        shapes=SHAPES["gdn"],
         state_bytes=lambda d: d["Hv"] * d["V"] * d["K"] * 4,
         # q, k, v, o (bf16), g, beta (fp32); a ring entry holds k, d (ring dtype) and g (fp32)
         token_io=lambda d: 2 * d["Hk"] * d["K"] * 2 + 2 * d["Hv"] * d["V"] * 2 + d["Hv"] * 8,

@@ -24,9 +24,8 @@ import time
 
 import numpy as np
 
-from pallas_kernels.ring import advance_counts
-from replayjax.bench import cli
-from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, Family, pool_sets
+from replayjax import commandline as cli
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, Family, pool_sets
 from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
 
 PROG = "replayjax bench kernels"
@@ -104,6 +103,8 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     cycles. Returns the Row fields other than shape, batch and copy_bw (us, bytes per row)."""
     import jax
     import jax.numpy as jnp
+
+    from pallas_kernels.ring import advance_counts
 
     dims = fam.shapes[shape]
     n_sets, S, ids = pool_sets(fam, dims, batch, 1, min_pool_bytes, seed)
@@ -184,36 +185,68 @@ def build_parser():
     ap.add_argument("--shapes", nargs="+", metavar="SHAPE",
                     help="layer shapes (mamba2: nemotron-h-8b, nemotron-nano-9b-v2; gdn: "
                          "qwen3-next); default: every shape of the family")
-    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
-                    metavar="N", help="rows per step")
-    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ring window L")
+    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), metavar="N",
+                    help=f"rows per step (default: {' '.join(map(str, BATCHES))}; with --tune: "
+                         f"{BATCHES[0]})")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
     ap.add_argument("--std-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    metavar="JSON",
                     help='standard kernel tiling, e.g. \'{"block_p": 32, "num_warps": 8}\'')
     ap.add_argument("--replay-config", type=cli.json_of(dict, "a JSON object"), default={},
+                    metavar="JSON",
                     help="replay kernel tiling as JSON")
     ap.add_argument("--tune", type=cli.tilings, default=None, metavar="CONFIGS",
-                    help="JSON list of tilings to time at the first batch instead of the table")
-    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+                    help="JSON list of tilings to time at one batch instead of the table")
+    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
+                    help="also write the rows as JSON to FILE")
     return ap
 
 
 def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
-    known = FAMILIES[args.family]().shapes
+    known = SHAPES[args.family]
     if bad := [s for s in args.shapes or () if s not in known]:
         ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
                  f"(known: {', '.join(known)})")
+    if args.tune is not None:
+        if args.std_config or args.replay_config:
+            ap.error("argument --tune: times its own tilings; drop --std-config / "
+                     "--replay-config (or put them into each --tune entry)")
+        if args.batches and len(args.batches) > 1:
+            ap.error(f"argument --batches: --tune times one batch, got {args.batches}")
+    args.batches = args.batches or ([BATCHES[0]] if args.tune is not None else list(BATCHES))
     return args
+
+
+def check_tiling(flag: str, overrides: dict, base):
+    """UserError unless `overrides` name fields of the tiling dataclass instance `base`, with
+    values of their types (integers > 0)."""
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    if unknown := sorted(set(overrides) - set(fields)):
+        raise cli.UserError(f"{flag}: unknown tiling field(s) {unknown} (fields of "
+                            f"{type(base).__name__}: {', '.join(fields)})")
+    for k, v in overrides.items():
+        want = type(fields[k])
+        if want is int and (type(v) is not int or v < 1):
+            raise cli.UserError(f"{flag}: field {k!r} must be an integer > 0, got {v!r}")
+        if want is not int and not isinstance(v, want):
+            raise cli.UserError(f"{flag}: field {k!r} must be a {want.__name__}, got {v!r}")
 
 
 def _run(args):
     import jax
-    cli.output_file("--json", args.json)
-    cli.require_gpu()
+    cli.output_path("--json", args.json)
     fam = FAMILIES[args.family]()
+    ops = fam.ops()
+    check_tiling("--std-config", args.std_config, ops.STANDARD_TILING)
+    check_tiling("--replay-config", args.replay_config, ops.REPLAY_TILING)
+    for cfg in args.tune or ():
+        check_tiling("--tune", cfg, ops.REPLAY_TILING)
+    cli.require_gpu()
     shapes = args.shapes or list(fam.shapes)
     ring = args.ring_dtype or fam.default_ring
     units = len(shapes) * (len(args.tune) if args.tune is not None else len(args.batches))
@@ -240,8 +273,7 @@ def _run(args):
                     ring=ring))
     progress.close()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        cli.write_json(args.json, rows)
 
 
 def main(argv=None):

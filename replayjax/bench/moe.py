@@ -1,8 +1,5 @@
 """MoE layer benchmark: one MoE layer of three MoE hybrids, sparse vs dense, on one GPU.
 
-    python -m replayjax.bench.moe [--models nemotron-3-nano-30b-a3b ...] [--batches 1 8 256]
-        [--copies 4] [--json FILE]
-
 A layer is what the model runs: router (fp32), routed experts, shared expert (Qwen: times
 sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row (decode). The
 routed experts run as
@@ -28,14 +25,15 @@ Method:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import json
 import sys
 
 import numpy as np
 
+from replayjax import commandline as cli
+
+PROG = "replayjax bench moe"
 BATCHES = (1, 8, 32, 128, 256)
 # bf16 dense tensor-core peak (TFLOP/s) by device name (NVIDIA H100/H200 SXM datasheets).
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}
@@ -290,42 +288,60 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
                flops=layer_flops(s, batch), us=us, notes=notes)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="replayjax bench moe", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
-    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+def build_parser():
+    ap = cli.parser(PROG, __doc__, [
+        f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256",
+        f"{PROG} --variants sparse dense --copies 8 --json moe.json",
+        f"{PROG} --models nemotron-3-nano-30b-a3b --peak-tflops 989"])
+    ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
+                    metavar="MODEL", help=f"MoE layer shapes: {', '.join(SHAPES)}")
+    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
+                    metavar="N", help="rows (tokens) per layer call")
     ap.add_argument("--variants", nargs="+", choices=["sparse", "tokamax", "dense"],
-                    help="default: all that import")
-    ap.add_argument("--copies", type=int, default=4,
+                    help="expert implementations (default: all that import)")
+    ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
-    ap.add_argument("--peak-tflops", type=float, help="bf16 dense peak (default: by device)")
-    ap.add_argument("--json", help="write the rows as JSON to this file")
-    args = ap.parse_args(argv)
+    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
+                    help="bf16 dense peak in TFLOP/s (default: by device name)")
+    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
+                    help="also write the rows as JSON to FILE")
+    return ap
 
+
+def _run(args):
     import jax
-    if jax.default_backend() != "gpu":
-        sys.exit("replayjax bench moe: needs a CUDA GPU (jax.default_backend() is "
-                 f"{jax.default_backend()!r})")
+    cli.output_path("--json", args.json)
+    if missing := [v for v in args.variants or () if v not in variants()]:
+        raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
+                            f"installed")
+    cli.require_gpu()
     from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
     peak = args.peak_tflops or peak_tflops(kind)
-    bw = copy_bandwidth()
-    print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
-          f"{peak or '?'} TF/s; variants: {', '.join(args.variants or variants())}", flush=True)
-    print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
-          "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
-    rows = []
-    for model in args.models:
-        for batch in args.batches:
-            r = bench(model, SHAPES[model], batch, copies=args.copies, only=args.variants)
-            rows.append(r)
-            print(r.line(bw, peak), flush=True)
+    with cli.Progress(1 + len(args.models) * len(args.batches), cli.interactive(args)) as progress:
+        with progress.stage("copy bandwidth"):
+            bw = copy_bandwidth()
+        print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
+              f"{peak or '?'} TF/s; variants: {', '.join(args.variants or variants())}",
+              flush=True)
+        print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
+              "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
+        rows = []
+        for model in args.models:
+            for batch in args.batches:
+                with progress.stage(f"{model} batch {batch}"):
+                    r = bench(model, SHAPES[model], batch, copies=args.copies, only=args.variants)
+                rows.append(r)
+                print(r.line(bw, peak), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) | {"copy_bw": bw, "peak_tflops": peak,
-                                                "device": kind} for r in rows], f, indent=1)
+        cli.write_json(args.json, [dataclasses.asdict(r) | {"copy_bw": bw, "peak_tflops": peak,
+                                                            "device": kind} for r in rows])
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return cli.run(PROG, args, _run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

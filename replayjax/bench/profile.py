@@ -12,11 +12,13 @@ prefill. Device time sums the kernels of the trace (on a CPU-only machine: XLA's
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
 
-from replayjax.bench import cli
+from replayjax import commandline as cli
 from replayjax.bench.roofline import CLASSES, decode_step_bytes, table
 from replayjax.bench.synthetic import SYNTHETIC, build
 from replayjax.bench.timing import copy_bandwidth
@@ -31,23 +33,40 @@ def build_parser():
         f"{PROG} --synthetic qwen3.5-9b --batch 32 --mode standard --top 40",
         f"{PROG} --model DIR --batch 8 --trace-dir traces/run1 --json"])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="checkpoint directory (HF or converted)")
+    src.add_argument("--model", metavar="DIR", type=cli.nonempty,
+                     help="checkpoint directory (HF or converted)")
     src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
                      help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="synthetic models' weights")
-    ap.add_argument("--batch", type=cli.at_least(1), default=8, help="requests decoded together")
-    ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, help="prompt tokens")
-    ap.add_argument("--steps", type=cli.at_least(1), default=16, help="decode steps traced")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
+                    help="--synthetic models' weights (default: bfloat16)")
+    ap.add_argument("--batch", type=cli.at_least(1), default=8, metavar="N",
+                    help="requests decoded together")
+    ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, metavar="P",
+                    help="prompt tokens")
+    ap.add_argument("--steps", type=cli.at_least(1), default=16, metavar="N",
+                    help="decode steps traced")
     ap.add_argument("--mode", choices=["replay", "standard"], default="replay",
                     help="how SSM layers decode")
-    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ReplaySSM ring window L")
-    ap.add_argument("--seed", type=cli.at_least(0), default=0, help="synthetic weights, prompts")
-    ap.add_argument("--top", type=cli.at_least(1), default=25, help="kernels listed")
-    ap.add_argument("--trace-dir", metavar="DIR",
-                    help="where the trace goes (default: a new temporary directory)")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ReplaySSM ring window L")
+    ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
+                    help="synthetic weights, prompts")
+    ap.add_argument("--top", type=cli.at_least(1), default=25, metavar="N",
+                    help="kernels listed")
+    ap.add_argument("--trace-dir", metavar="DIR", type=cli.nonempty,
+                    help="where the trace goes (default: a new temporary directory, kept)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     return ap
+
+
+def parse_args(argv=None):
+    """Parsed, checked arguments (exit 2 naming the flag)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.model and args.dtype:
+        ap.error("argument --dtype: sets --synthetic models' weights; --model DIR has its own")
+    args.dtype = args.dtype or "bfloat16"
+    return args
 
 
 def profile(args, progress):
@@ -61,16 +80,19 @@ def profile(args, progress):
     with progress.stage("building the model"):
         model = (load_model(args.model) if args.model else
                  build(args.synthetic, jnp.dtype(args.dtype), args.seed))
+    try:        # before the prompts: the cache check bounds --batch x --prompt-len
+        engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
+                        ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)
+    except MemoryError as e:
+        raise cli.UserError(f"--batch {args.batch}, --prompt-len {args.prompt_len}: {e}") from None
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(3, model.cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
-    engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
-                    ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)
     reqs = lambda: [Request(prompt=p, max_new_tokens=args.steps + 1) for p in prompts]  # noqa: E731
     with progress.stage("warm-up (compiling)"):
         t0 = time.perf_counter()
         engine.generate(reqs())
         compile_s = time.perf_counter() - t0
-    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="replayjax-trace-")
+    trace_dir = args.trace_dir
     engine.visits.clear()
     # prefill stays outside the trace: every visit waits for its results, so nothing of the
     # prefill is still running when tracing starts at the decode visit
@@ -118,14 +140,17 @@ def print_report(args, r):
 
 def _main(args):
     if args.model:
-        cli.check_model_dir(args.model)
-    if args.trace_dir:
-        cli.output_file("--trace-dir", args.trace_dir)
-    progress = cli.Progress(6, cli.interactive(args))
+        cli.model_dir("--model", args.model)
+    cli.output_path("--trace-dir", args.trace_dir, directory=True)
+    created = args.trace_dir is None or not os.path.exists(args.trace_dir)
+    args.trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="replayjax-trace-")
     try:
-        r = profile(args, progress)
-    finally:
-        progress.close()
+        with cli.Progress(6, cli.interactive(args)) as progress:
+            r = profile(args, progress)
+    except BaseException:
+        if created:         # a failed run leaves no trace directory behind
+            shutil.rmtree(args.trace_dir, ignore_errors=True)
+        raise
     if args.json:
         print(json.dumps(r | dict(kernels=r["kernels"][:args.top])))
     else:
@@ -133,7 +158,7 @@ def _main(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return cli.run(PROG, args, _main)
 
 

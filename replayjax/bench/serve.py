@@ -25,7 +25,7 @@ import math
 import sys
 import time
 
-from replayjax.bench import cli
+from replayjax import commandline as cli
 from replayjax.bench.timing import percentile
 from replayjax.bench.workload import WORKLOADS, arrival_times, load_trace, synthetic_requests
 
@@ -165,14 +165,14 @@ def summarize(results: list[Result], duration: float) -> dict:
 
 
 def served_model(url: str, timeout: float = 30.0) -> str:
-    """The first model a server lists at /v1/models (BenchError if it cannot be reached)."""
+    """The first model a server lists at /v1/models (UserError if it cannot be reached)."""
     import httpx
     try:
         resp = httpx.get(f"{url}/v1/models", timeout=timeout)
         resp.raise_for_status()
         return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise cli.BenchError(f"{url}: cannot list its models at /v1/models ({e})") from None
+        raise cli.UserError(f"{url}: cannot list its models at /v1/models ({e})") from None
 
 
 def _keep_text(text, where):
@@ -289,12 +289,12 @@ def _body(args) -> int:
     servers = ([(args.url, args.url)] if args.url else
                list(zip(args.labels or args.compare, args.compare)))
     if args.labels and not args.compare:
-        raise cli.BenchError("--labels names the two --compare servers")
+        raise cli.UserError("--labels names the two --compare servers")
     if args.compare:
         args.plot = args.plot or "bench_serve.png"
         args.markdown = args.markdown or "bench_serve.md"
-    cli.output_file("--plot", args.plot)
-    cli.output_file("--markdown", args.markdown)
+    cli.output_path("--plot", args.plot)
+    cli.output_path("--markdown", args.markdown)
     reqs = requests_of(args)
     urls = [(label, base_url(url)) for label, url in servers]
     models = {url: args.model or served_model(url) for _, url in urls}

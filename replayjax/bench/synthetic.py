@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import zlib
 
-from replayjax.bench.cli import BenchError
+from replayjax import memory
+from replayjax.commandline import UserError
 
 SYNTHETIC = {
     # NVIDIA Nemotron-H-8B-Base-8K: Megatron-Bridge recipe nemotronh.py (8b) as summarised in
@@ -91,27 +92,13 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
     return sum(n * size for n, size in shapes), max(n for n, _ in shapes)
 
 
-def free_memory() -> tuple[int, str]:
-    """(bytes free, where) for new arrays: the allocator's limit minus what is in use on a GPU;
-    the host's available memory when the device is the CPU."""
-    import jax
-    stats = jax.devices()[0].memory_stats() or {}
-    if "bytes_limit" in stats:
-        return stats["bytes_limit"] - stats.get("bytes_in_use", 0), "the device"
-    import psutil
-    return psutil.virtual_memory().available, "the host"
-
-
 def check_fits(name: str, cfg, dtype, mtp: bool = False):
-    """BenchError (one line) unless the weights of preset `name` -- plus the largest one in fp32,
+    """UserError (one line) unless the weights of preset `name` -- plus the largest one in fp32,
     which `randomize` draws before casting -- fit in free memory."""
     import jax.numpy as jnp
     total, largest = param_bytes(cfg, dtype, mtp)
-    need = total + 4 * largest
-    free, where = free_memory()
-    if need > free:
-        raise BenchError(f"{name} in {jnp.dtype(dtype).name} needs ~{need / 1e9:.0f} GB; "
-                         f"{where} has {free / 1e9:.0f} GB free")
+    if why := memory.shortfall(total + 4 * largest):
+        raise UserError(f"{name} in {jnp.dtype(dtype).name} {why}")
 
 
 def randomize(model, seed: int = 0):

@@ -28,7 +28,7 @@ import os
 import re
 import warnings
 
-from replayjax.bench.cli import BenchError
+from replayjax.commandline import UserError
 from replayjax.bench.roofline import CLASSES
 
 PRIORITY = ("attention", "moe", "sampling", "gemm", "ssm", "other")
@@ -50,7 +50,7 @@ def xplane_file(trace_dir: str) -> str:
     """The newest *.xplane.pb under trace_dir."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     if not files:
-        raise BenchError(f"no .xplane.pb under {trace_dir}")
+        raise UserError(f"no .xplane.pb under {trace_dir}")
     return max(files, key=os.path.getmtime)
 
 

@@ -24,9 +24,9 @@ import sys
 
 import numpy as np
 
-from pallas_kernels.ring import commit_counts
-from replayjax.bench import cli
-from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, pool_sets
+from replayjax import commandline as cli
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, pool_sets
+from replayjax.bench.kernels import check_tiling
 from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, per_kernel
 
 PROG = "replayjax bench verify"
@@ -80,6 +80,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     same for the baseline's `STANDARD_VERIFY_TILING` (block_p / block_n / block_v, num_warps)."""
     import jax
     import jax.numpy as jnp
+
+    from pallas_kernels.ring import commit_counts
 
     ops = fam.ops()
     dims = fam.shapes[shape]
@@ -149,11 +151,13 @@ def build_parser():
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2", help="kernel family")
     ap.add_argument("--shapes", nargs="+", metavar="SHAPE",
                     help="layer shapes (as for bench kernels); default: every shape of the family")
-    ap.add_argument("--tokens", nargs="+", type=cli.in_range(1, 16), default=[2, 4, 8],
-                    metavar="T", help="verify window tokens T (drafts + 1), each <= --window")
+    ap.add_argument("--tokens", nargs="+", type=cli.in_range(1, cli.MAX_VERIFY_TOKENS),
+                    default=[2, 4, 8], metavar="T",
+                    help="verify window tokens T (drafts + 1), each <= --window")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
                     metavar="N", help="rows per step")
-    ap.add_argument("--window", type=cli.power_of_two, default=16, help="ring window L")
+    ap.add_argument("--window", type=cli.window, default=16, metavar="L",
+                    help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
     ap.add_argument("--breakdown", action="store_true",
@@ -166,14 +170,15 @@ def build_parser():
                     help='the same for the baseline\'s standard_verify tilings, e.g. '
                          '\'[{}, {"block_n": 32}, {"num_warps": 4}]\'; every pair of --tune and '
                          '--tune-baseline configs is timed')
-    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
+                    help="also write the rows as JSON to FILE")
     return ap
 
 
 def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
-    known = FAMILIES[args.family]().shapes
+    known = SHAPES[args.family]
     if bad := [s for s in args.shapes or () if s not in known]:
         ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
                  f"(known: {', '.join(known)})")
@@ -184,9 +189,13 @@ def parse_args(argv=None):
 
 def _run(args):
     import jax
-    cli.output_file("--json", args.json)
-    cli.require_gpu()
+    cli.output_path("--json", args.json)
     fam = FAMILIES[args.family]()
+    for cfg in args.tune:
+        check_tiling("--tune", cfg, fam.ops().VERIFY_TILING)
+    for cfg in args.tune_baseline:
+        check_tiling("--tune-baseline", cfg, fam.ops().STANDARD_TILING)
+    cli.require_gpu()
     ring = args.ring_dtype or fam.default_ring
     shapes = args.shapes or list(fam.shapes)
     grid = [(s, T, b, kw, bkw) for s in shapes for T in args.tokens for b in args.batches
@@ -207,8 +216,7 @@ def _run(args):
         print(line(r, bw), flush=True)
     progress.close()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        cli.write_json(args.json, rows)
 
 
 def main(argv=None):

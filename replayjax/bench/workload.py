@@ -17,13 +17,15 @@ import os
 
 import numpy as np
 
-from replayjax.bench.cli import BenchError
+from replayjax import memory
+from replayjax.commandline import UserError
 
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
 WORKLOADS = ("mixed", "sync")
 MIXED_SPREAD = 4        # mixed prompt lengths are log-uniform in [P / 4, 4 P] (geometric mean P)
 ARRIVALS = ("staggered", "burst", "poisson", "uniform")
+HOST_BYTES_PER_TOKEN = 80   # a prompt token on the host: its int object, tuple and list slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ class TraceRequest:
                        sampling=SamplingParams(self.temperature, self.top_k, self.top_p, self.seed))
 
 
-class TraceError(BenchError, ValueError):
+class TraceError(UserError, ValueError):
     """A trace the bench cannot serve; the message names the file, line and field."""
 
 
@@ -141,7 +143,11 @@ def text_encoder(tokenizer_path):
         except ImportError:
             raise TraceError(f"{where}: text prompts need the 'tokenizers' package (pip install "
                              f"tokenizers); or use 'prompt_ids'") from None
-        return Tokenizer.from_file(tokenizer_path)
+        try:
+            return Tokenizer.from_file(tokenizer_path)
+        except Exception as e:      # noqa: BLE001 -- the library raises plain Exceptions
+            raise TraceError(f"{tokenizer_path}: not a valid tokenizer.json "
+                             f"({' '.join(str(e).split())[:120]})") from None
 
     def encode(text, where):
         if not loaded:
@@ -184,7 +190,11 @@ def synthetic_requests(n: int, prompt_len: int, new_tokens: int, vocab: int, *, 
     `new_tokens` each. workload "mixed": prompt lengths log-uniform in
     [prompt_len / MIXED_SPREAD, prompt_len * MIXED_SPREAD] (seeded; a serving mix of short and long
     prompts, so prefill buckets, KV lengths and finishing times differ across rows); "sync": all
-    `prompt_len` long (the synchronous equal-length case)."""
+    `prompt_len` long (the synchronous equal-length case). UserError if they would not fit in
+    the host's memory."""
+    longest = prompt_len if workload == "sync" else prompt_len * MIXED_SPREAD
+    if why := memory.shortfall(n * longest * HOST_BYTES_PER_TOKEN, host=True):
+        raise UserError(f"{n} synthetic prompts of up to {longest} tokens {why}")
     rng = np.random.default_rng(seed)
     if workload == "sync":
         lengths = np.full(n, prompt_len)

@@ -14,13 +14,15 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
+from replayjax.commandline import UserError
+
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                   "mask_token")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(UserError, ValueError):
     """A template that does not compile (raised when loading), or a conversation the template
     refuses (`raise_exception`, or an error while rendering)."""
 

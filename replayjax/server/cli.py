@@ -19,7 +19,8 @@ import time
 
 import uvicorn
 
-from pallas_kernels.ring import MAX_VERIFY_TOKENS
+from replayjax import commandline as cli
+from replayjax.commandline import MAX_VERIFY_TOKENS
 
 PROG = "replayjax serve"
 DEMO_NAME = "replayjax-demo"
@@ -29,56 +30,8 @@ GRACEFUL_S = 5            # uvicorn: after the drain, time for connections to cl
 log = logging.getLogger("replayjax.server")
 
 
-class ServeError(Exception):
+class ServeError(cli.UserError):
     """A problem the user can fix, reported as one line (exit 1)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """Errors are one line, `replayjax serve: error: ...` (exit 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default, unless it has none (None) or its help says it."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
-            return text
-        return f"{text} (default: {action.default})".replace("%", "%%")
-
-
-def _int_at_least(lo, hi=None):
-    def check(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(
-                f"must be {f'in [{lo}, {hi}]' if hi is not None else f'>= {lo}'}, got {v}")
-        return v
-    check.__name__ = "integer"
-    return check
-
-
-def _seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def _power_of_two(text):
-    v = _int_at_least(1)(text)
-    if v & (v - 1):
-        raise argparse.ArgumentTypeError(f"must be a power of two, got {v}")
-    return v
 
 
 def _speculative(text):
@@ -90,58 +43,44 @@ def _speculative(text):
     raise argparse.ArgumentTypeError(f"expected none, ngram, mtp or draft:DIR, got {text!r}")
 
 
-def _file(text):
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"no such file: {text}")
-    return text
-
-
-def _name(text):
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, formatter_class=_Formatter,
-                 description="Serve a model over HTTP with OpenAI's API (/v1/completions,\n"
-                             "/v1/chat/completions, /v1/models), /health and /metrics.",
-                 epilog="examples:\n  replayjax serve                     # the demo model on "
-                        "127.0.0.1:8000\n  replayjax serve --model DIR --port 8001 "
-                        "--speculative mtp --num-slots 64\n  curl localhost:8000/v1/completions "
-                        "-d '{\"model\": \"replayjax-demo\", \"prompt\": \"This program\", "
-                        "\"max_tokens\": 32}'")
-    ap.add_argument("--model", help="Hugging Face checkpoint dir or a `replayjax convert` output "
+    ap = cli.parser(PROG, "Serve a model over HTTP with OpenAI's API (/v1/completions,\n"
+                          "/v1/chat/completions, /v1/models), /health and /metrics. Then, e.g.:\n"
+                          "  curl localhost:8000/v1/completions -d '{\"model\": \"replayjax-demo\", "
+                          "\"prompt\": \"This program\", \"max_tokens\": 32}'", [
+                              f"{PROG}                     # the demo model on 127.0.0.1:8000",
+                              f"{PROG} --model DIR --port 8001 --speculative mtp --num-slots 64"])
+    ap.add_argument("--model", type=cli.nonempty, help="Hugging Face checkpoint dir or a `replayjax convert` output "
                     "dir, with tokenizer.json (default: the demo model shipped with the package)")
-    ap.add_argument("--served-model-name", type=_name,
+    ap.add_argument("--served-model-name", type=cli.nonempty,
                     help="the model name requests give (default: the model dir's name; "
                          f"{DEMO_NAME} for the demo model)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    ap.add_argument("--port", type=_int_at_least(1, 65535), default=8000, help="TCP port")
-    ap.add_argument("--chat-template", type=_file, metavar="FILE",
+    ap.add_argument("--port", type=cli.in_range(1, 65535), default=8000, help="TCP port")
+    ap.add_argument("--chat-template", type=cli.nonempty, metavar="FILE",
                     help="Jinja chat template (default: the model dir's chat_template.jinja or "
                          "tokenizer_config.json chat_template)")
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
                     help="SSM decode: ReplaySSM, or the standard recurrence (the baseline)")
-    ap.add_argument("--window", type=_power_of_two, default=16, help="ReplaySSM ring window L")
+    ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
     ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="SSM state (checkpoint) dtype")
     ap.add_argument("--speculative", type=_speculative, default="none",
                     help="none | ngram | mtp (needs MTP weights) | draft:DIR (a smaller model "
                          "with the same vocabulary)")
-    ap.add_argument("--num-draft", type=_int_at_least(1),
+    ap.add_argument("--num-draft", type=cli.at_least(1),
                     help=f"tokens drafted per speculative step (default {DEFAULT_NUM_DRAFT}; "
                          "needs --speculative)")
-    ap.add_argument("--num-slots", type=_int_at_least(1), default=32,
+    ap.add_argument("--num-slots", type=cli.at_least(1), default=32,
                     help="requests decoded together")
-    ap.add_argument("--max-queue", type=_int_at_least(1), default=256,
+    ap.add_argument("--max-queue", type=cli.at_least(1), default=256,
                     help="requests waiting for a slot before new ones get 429")
-    ap.add_argument("--max-len", type=_int_at_least(16), default=2048,
+    ap.add_argument("--max-len", type=cli.at_least(16), default=2048,
                     help="cache length per slot: prompt + generated tokens (+ drafts)")
-    ap.add_argument("--steps-per-visit", type=_int_at_least(1), default=8,
+    ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=8,
                     help="decode steps run on device between two host visits (streaming and "
                          "admission happen between visits)")
-    ap.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+    ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                     default="info", help="server log (uvicorn's access log at info)")
@@ -272,20 +211,19 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s:  %(message)s")
     logging.getLogger("replayjax").setLevel(args.log_level.upper())
     logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
-    from convert import ConvertError
-    from replayjax.server.chat import ChatTemplateError
-    from replayjax.server.model_files import ModelFilesError
+    return cli.run(PROG, args, _serve)
 
+
+def _serve(args) -> int:
+    if args.chat_template:
+        cli.existing_file("--chat-template", args.chat_template)
     t0 = time.perf_counter()
-    sock = None
+    sock = _bind(args.host, args.port)
     try:
-        sock = _bind(args.host, args.port)
         state = build_state(args)
-    except (ServeError, ConvertError, ChatTemplateError, ModelFilesError) as e:
-        if sock is not None:
-            sock.close()
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
+    except BaseException:
+        sock.close()
+        raise
     from replayjax.server.app import create_app
 
     config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="off",

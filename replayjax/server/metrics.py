@@ -7,8 +7,7 @@ import threading
 import time
 from collections import deque
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               generate_latest)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 RATE_WINDOW_S = 10.0          # tokens per second: over the last this many seconds

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 
+from replayjax.commandline import UserError
 from replayjax.sampling import SamplingParams
 
 
-class ModelFilesError(ValueError):
+class ModelFilesError(UserError, ValueError):
     """A model directory file the server cannot use (message: the file and why)."""
 
 

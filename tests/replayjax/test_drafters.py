@@ -18,8 +18,8 @@ K = 2
 
 
 @pytest.fixture(scope="module")
-def fixture():
-    model = test_mtp._setup("nemotron_h", "nemotron_h")[1]
+def fixture(tmp_path_factory):
+    model = test_mtp._setup(tmp_path_factory.mktemp("mtp"), "nemotron_h", "nemotron_h")[1]
     ref = test_nemotron_h._load("nemotron_h")[1]
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return model, prompts, ref["greedy_tokens"]

@@ -16,42 +16,6 @@ def test_generate_json_matches_hf_greedy(capsys):
     assert out["results"][0]["tokens"] == list(ref["greedy_tokens"][0, :10])
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--model", "/nonexistent", "--prompt-ids", "1,2"], "does not exist"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1,999"], "out of the vocabulary"),
-    (["--model", "tests/fixtures/hf/nemotron_h"], "at least one --prompt"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt", "hi"], "tokenizer.json"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "draft"],
-     "give the draft model's directory: draft:DIR"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "eagle"],
-     "not available"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative",
-      "draft:/nonexistent"], "--speculative draft: model directory '/nonexistent' does not exist"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--save-logits",
-      "/nonexistent/x.npy"], "directory '/nonexistent' does not exist"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "mtp"],
-     "needs a model with an MTP head"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--prompt-ids", "2",
-      "--stream"], "give a single prompt and no --json"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--stream", "--json"],
-     "give a single prompt and no --json"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--steps-per-visit", "0"],
-     "steps_per_visit must be >= 1"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--num-draft", "2"],
-     "--num-draft needs --speculative"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--speculative", "ngram",
-      "--num-draft", "0"], "drafter='ngram' proposes num_draft >= 1 tokens per step"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--temperature", "inf"],
-     "request 0: sampling.temperature must be a finite number >= 0"),
-    (["--model", "tests/fixtures/hf/nemotron_h", "--prompt-ids", "1", "--top-p", "2"],
-     "request 0: sampling.top_p must be a number in (0, 1]"),
-])
-def test_generate_errors(argv, msg, capsys):
-    with pytest.raises(SystemExit) as e:
-        generate_cli.main(argv)
-    assert msg in str(e.value)
-
-
 def test_generate_draft_speculation_saves_logits(tmp_path, capsys):
     """--speculative draft:DIR gives HF's greedy tokens; --save-logits writes [prompts,
     max_new_tokens, vocab] fp32 with the logits of every generated token (their argmax: the greedy
@@ -91,3 +55,37 @@ def test_stream_without_tokenizer_prints_the_ids(capsys):
         assert generate_cli.main(argv + extra) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and len(outs[0].split()) == 9
+
+
+SMALL = ["--model", "tests/fixtures/hf/nemotron_h", "--max-new-tokens", "3", "--window", "4",
+         "--num-slots", "2", "--max-len", "32"]
+
+
+def test_several_prompts_get_a_header_each_and_progress_on_a_terminal(monkeypatch, capsys):
+    """Text output: each completion after a header naming its index and prompt; on a terminal
+    the stages of the run are shown on stderr, then a summary without compilation."""
+    monkeypatch.setattr(generate_cli.cli, "interactive", lambda args: True)
+    assert generate_cli.main(SMALL + ["--prompt-ids", "1,2,3", "--prompt-ids", "4,5"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "==> prompt 1/2: ids 1,2,3 <==" and lines[2] == ""
+    assert lines[3] == "==> prompt 2/2: ids 4,5 <==" and len(lines) == 5
+    assert all(len(line.split()) == 3 for line in (lines[1], lines[4]))      # 3 token ids each
+    for stage in ("loading the model", "compiling (warm-up)", "generating 2 prompt(s)"):
+        assert stage in err
+    assert err.rstrip().splitlines()[-1].startswith("[6 tokens in ")
+
+
+def test_jsonl_is_one_object_per_prompt_and_json_reports_compilation_apart(capsys):
+    argv = SMALL + ["--prompt-ids", "1,2,3", "--prompt-ids", "4,5"]
+    assert generate_cli.main(argv + ["--jsonl"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["index"], r["prompt_ids"], len(r["tokens"])) for r in rows] == [
+        (0, [1, 2, 3], 3), (1, [4, 5], 3)]
+    assert generate_cli.main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["tokens"] for r in out["results"]] == [r["tokens"] for r in rows]
+    assert out["tokens"] == 6 and out["compile_s"] > 0 and out["load_s"] > 0
+    # the timed run is the generation alone: compiled before, so much faster than compiling
+    assert out["tokens_per_s"] == pytest.approx(6 / out["generate_s"], rel=0.05)
+    assert out["generate_s"] < out["compile_s"]

@@ -148,7 +148,7 @@ def test_verify_byte_model_reduces_to_decode_at_one_token():
 
 @pytest.mark.parametrize("module,argv,msg", [
     (kernels, ["--batches", "0"], "argument --batches: must be >= 1, got 0"),
-    (kernels, ["--window", "12"], "argument --window: must be a power of two, got 12"),
+    (kernels, ["--window", "12"], "argument --window: must be a power of two in [1, 64], got 12"),
     (kernels, ["--family", "gdn", "--shapes", "nemotron-h-8b"], "argument --shapes: unknown"),
     (kernels, ["--tune", "[1, 2]"], "argument --tune: must be a non-empty JSON list of objects"),
     (kernels, ["--std-config", "{bad"], "argument --std-config: not valid JSON"),

@@ -94,7 +94,7 @@ def test_nested_thunks_keep_the_innermost():
 @pytest.mark.parametrize("argv,msg", [
     (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
-    (["--window", "10"], "argument --window: must be a power of two, got 10"),
+    (["--window", "10"], "argument --window: must be a power of two in [1, 64], got 10"),
 ])
 def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -105,5 +105,5 @@ def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
 
 def test_missing_model_is_one_line(capsys):
     assert profile.main(["--model", "no/such/dir"]) == 1
-    assert capsys.readouterr().err == "replayjax profile: error: --model no/such/dir: no such " \
-                                      "directory\n"
+    assert capsys.readouterr().err == "replayjax profile: error: --model: model directory " \
+                                      "'no/such/dir' does not exist\n"

@@ -23,8 +23,8 @@ from replayjax.server import cli
     (["--num-draft", "2"], "--num-draft: needs --speculative"),
     (["--speculative", "ngram", "--num-draft", "9"], "--num-draft: must be <= 7"),
     (["--speculative", "ngram", "--window", "1"], "needs --window >= 2"),
-    (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be >= 0"),
-    (["--chat-template", "/nonexistent.jinja"], "no such file"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be a finite number >= 0"),
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout: must be a finite number >= 0"),
     (["--served-model-name", " "], "--served-model-name: must not be empty"),
     (["--ssm-mode", "fast"], "argument --ssm-mode: invalid choice"),
 ])
@@ -45,6 +45,7 @@ def broken_template(tmp_path):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--model", "/nonexistent"], "--model /nonexistent: no such directory"),
+    (["--chat-template", "/nonexistent.jinja"], "--chat-template /nonexistent.jinja: no such file"),
     (["--model", "tests/fixtures/hf/nemotron_h"], "tokenizer.json does not exist"),
     (["--speculative", "draft:/nonexistent"],
      "--speculative draft: model directory '/nonexistent' does not exist"),
