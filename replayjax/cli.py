@@ -13,6 +13,7 @@ COMMANDS = {
     "bench verify": ("replayjax.bench.verify", "speculative verify vs state-per-draft (GPU)"),
     "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
+    "launch": ("replayjax.launch", "a command as one process per GPU (jax.distributed)"),
 }
 
 USAGE = "usage: replayjax COMMAND [options]   (replayjax COMMAND --help for each)\n\n" + \

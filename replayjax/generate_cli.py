@@ -56,6 +56,9 @@ def build_parser():
                          "host visit (--steps-per-visit decode steps)")
     ap.add_argument("--steps-per-visit", type=int, default=8,
                     help="decode steps run on device between two host visits")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel degree: split the model over this many devices (this "
+                         "host's GPUs, or those of every process under `replayjax launch`)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -126,7 +129,8 @@ def _tokenizer(model_dir, required):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logging.getLogger("absl").setLevel(logging.CRITICAL)   # orbax logs what load_model raises
     import jax.numpy as jnp
 
@@ -150,10 +154,15 @@ def main(argv=None):
     if args.stream and (args.json or len(prompts) != 1):
         sys.exit("replayjax generate: --stream prints one prompt's output as text; give a single "
                  "prompt and no --json")
+    from models.sharding import make_mesh
     try:
-        model = load_model(model_dir)
+        mesh = make_mesh(args.tp) if args.tp != 1 else None
+    except ValueError as e:
+        ap.error(f"argument --tp: {e}")
+    try:
+        model = load_model(model_dir, mesh=mesh)
         try:
-            draft_model = load_model(draft_dir) if draft_dir else None
+            draft_model = load_model(draft_dir, mesh=mesh) if draft_dir else None
         except ConvertError as e:
             raise ConvertError(f"--speculative draft: {e}") from None
         t0 = time.perf_counter()
@@ -187,7 +196,7 @@ def main(argv=None):
     total = sum(len(c.tokens) for c in results)
     if args.json:
         import jax
-        mem = jax.devices()[0].memory_stats() or {}       # None on CPU
+        mem = jax.local_devices()[0].memory_stats() or {}       # None on CPU
         peak = mem.get("peak_bytes_in_use")
         print(json.dumps(dict(results=rows, wall_s=round(wall, 3),
                               tokens_per_s=round(total / wall, 2),

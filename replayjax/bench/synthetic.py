@@ -7,6 +7,7 @@ the weight dtype. `build` refuses, in one line, a model that does not fit in fre
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -92,26 +93,69 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
 
 
 def free_memory() -> tuple[int, str]:
-    """(bytes free, where) for new arrays: the allocator's limit minus what is in use on a GPU;
-    the host's available memory when the device is the CPU."""
+    """(bytes free, where) for new arrays: the allocator's limit minus what is in use on a GPU
+    (this process's first one); the host's available memory when the device is the CPU."""
     import jax
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return stats["bytes_limit"] - stats.get("bytes_in_use", 0), "the device"
     import psutil
     return psutil.virtual_memory().available, "the host"
 
 
-def check_fits(name: str, cfg, dtype, mtp: bool = False):
-    """BenchError (one line) unless the weights of preset `name` -- plus the largest one in fp32,
-    which `randomize` draws before casting -- fit in free memory."""
+def check_fits(name: str, cfg, dtype, mtp: bool = False, tp: int = 1):
+    """BenchError (one line) unless 1/tp of the weights of preset `name` -- plus the largest one
+    in fp32, which `randomize` draws before casting -- fit in free memory (of one device)."""
     import jax.numpy as jnp
     total, largest = param_bytes(cfg, dtype, mtp)
-    need = total + 4 * largest
+    need = total / tp + 4 * largest
     free, where = free_memory()
     if need > free:
-        raise BenchError(f"{name} in {jnp.dtype(dtype).name} needs ~{need / 1e9:.0f} GB; "
-                         f"{where} has {free / 1e9:.0f} GB free")
+        split = f" split over {tp} devices" if tp > 1 else ""
+        raise BenchError(f"{name} in {jnp.dtype(dtype).name}{split} needs ~{need / 1e9:.0f} GB "
+                         f"per device; {where} has {free / 1e9:.0f} GB free")
+
+
+def _kind(path, shape) -> str | None:
+    """How `randomize` draws the param at `path`, or None when it keeps its constructor value."""
+    name = str(path[-1])
+    if name in ("A_log", "dt_bias"):
+        return name
+    if name in ("embeddings", "embed_tokens"):
+        return "embedding"
+    if name in ("kernel", "up", "down", "gate", "gate_w", "conv_weight") and len(shape) > 1:
+        return "matrix"
+    return None
+
+
+def _draw(kind, fan_in, shape, dtype, key, salt):
+    import jax
+    import jax.numpy as jnp
+    k = jax.random.fold_in(key, salt)
+    if kind == "A_log":
+        return jnp.log(jax.random.uniform(k, shape, jnp.float32, 1.0, 16.0))
+    if kind == "dt_bias":
+        dt = jax.random.uniform(k, shape, jnp.float32, 1e-3, 0.1)
+        return dt + jnp.log(-jnp.expm1(-dt))
+    if kind == "embedding":
+        return jax.random.normal(k, shape, jnp.float32).astype(dtype)
+    return (jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5).astype(dtype)
+
+
+@functools.cache
+def _jitted_draw():
+    import jax
+    return jax.jit(_draw, static_argnums=(0, 1, 2, 3))
+
+
+def random_param(path, shape, dtype, key):
+    """The value `randomize` gives the param at `path` (a tuple of keys; `_kind` must not be
+    None), from the seed's `key` with the path folded in. Jitted, one program per kind and
+    shape, so a param's values are the same bits however the model is placed afterwards."""
+    name = str(path[-1])
+    fan_in = shape[-1] if name in ("gate", "conv_weight") else shape[-2] if len(shape) > 1 else 1
+    salt = zlib.crc32("/".join(map(str, path)).encode()) & 0x7FFFFFFF
+    return _jitted_draw()(_kind(path, shape), fan_in, tuple(shape), dtype, key, salt)
 
 
 def randomize(model, seed: int = 0):
@@ -122,32 +166,57 @@ def randomize(model, seed: int = 0):
     values. Each param's key comes from its path, so adding an MTP head leaves the other weights
     unchanged."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     key = jax.random.key(seed)
     for path, var in nnx.iter_graph(model):
-        if not isinstance(var, nnx.Param):
-            continue
-        name, x = str(path[-1]), var[...]
-        k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()) & 0x7FFFFFFF)
-        if name == "A_log":
-            var[...] = jnp.log(jax.random.uniform(k, x.shape, jnp.float32, 1.0, 16.0))
-        elif name == "dt_bias":
-            dt = jax.random.uniform(k, x.shape, jnp.float32, 1e-3, 0.1)
-            var[...] = dt + jnp.log(-jnp.expm1(-dt))
-        elif name in ("embeddings", "embed_tokens"):
-            var[...] = jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
-        elif name in ("kernel", "up", "down", "gate", "gate_w", "conv_weight") and x.ndim > 1:
-            fan_in = x.shape[-1] if name in ("gate", "conv_weight") else x.shape[-2]
-            var[...] = (jax.random.normal(k, x.shape, jnp.float32) * fan_in ** -0.5).astype(x.dtype)
+        if isinstance(var, nnx.Param) and _kind(path, var[...].shape):
+            x = var[...]
+            var[...] = random_param(path, x.shape, x.dtype, key)
     return model
 
 
-def build(name: str, dtype, seed: int = 0, mtp: bool = False):
-    """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
-    that it fits."""
+def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+    """The model of `cfg` with `randomize`'s weights in `dtype`. On a tensor-parallel mesh
+    (`models.sharding`) the params are made in place: the constructor's values in their
+    shardings, then each random one drawn (the same bits as on one device), laid out
+    device-major and placed, one at a time, so a device holds its share plus at most one param."""
+    import jax
+    from flax import nnx
+
+    from models import sharding
     from models.registry import model_class
+    make = lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp)     # noqa: E731
+    if sharding.mesh_tp(mesh) == 1:
+        return randomize(make(), seed)
+    rules = sharding.TPRules(cfg, mesh)
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+    paths = lambda f, tree: jax.tree_util.tree_map_with_path(     # noqa: E731
+        lambda kp, a: f(sharding.param_path(kp), a), tree)
+    where = paths(lambda p, a: rules.sharding(p, a.shape), nnx.to_pure_dict(state))
+    params = jax.jit(lambda: nnx.to_pure_dict(nnx.state(make(), nnx.Param)),
+                     out_shardings=where)()
+    key = jax.random.key(seed)
+
+    def draw(path, a):
+        if not _kind(path, a.shape):
+            return a
+        value = random_param(path, a.shape, a.dtype, key)
+        return jax.jit(lambda v: rules.layout(path, v), out_shardings=a.sharding)(value)
+
+    nnx.replace_by_pure_dict(state, paths(draw, params))
+    return sharding.set_layout(nnx.merge(graphdef, state), rules.tp)
+
+
+def build(name: str, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+    """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
+    that it fits; on `mesh` (tensor parallel) each device holds its share (`random_model`)."""
+    from models import sharding
     cfg = synthetic_config(name, mtp)
-    check_fits(name, cfg, dtype, mtp)
-    return randomize(model_class(cfg)(cfg, dtype=dtype, mtp=mtp), seed)
+    tp = sharding.mesh_tp(mesh)
+    try:
+        sharding.check_tp(cfg, tp)
+    except ValueError as e:
+        raise BenchError(f"--synthetic {name}: {e}") from None
+    check_fits(name, cfg, dtype, mtp, tp)
+    return random_model(cfg, dtype, seed, mtp, mesh)
