@@ -13,8 +13,8 @@ Protocol (every process of the run sets all of them; docs/multi_host.md):
 
 `jax.devices()` then lists the devices of every process, a `--tp` mesh spans them, and every
 process runs the same deterministic host loop over its share of each step (the collectives are
-XLA's: NCCL on GPUs, gloo on CPUs). Processes other than 0 discard their standard output, so a
-command's output is printed once.
+XLA's: NCCL on GPUs, gloo on CPUs). Only process 0's output is printed (native libraries'
+messages go to standard error).
 """
 
 from __future__ import annotations
@@ -68,10 +68,16 @@ def main(argv=None) -> int:
     except LaunchError as e:
         print(f"replayjax: error: {e}", file=sys.stderr)
         return 2
-    if pid:
-        sys.stdout = open(os.devnull, "w")      # process 0 prints the output
+    # the command's output is process 0's Python prints; what native libraries write to the
+    # standard output (gloo, NCCL) goes to standard error, so --json output stays parseable
+    out = os.fdopen(os.dup(1), "w") if pid == 0 else open(os.devnull, "w")
+    os.dup2(2, 1)
+    sys.stdout = out
     from replayjax.cli import main as cli_main
-    return cli_main(argv)
+    try:
+        return cli_main(argv)
+    finally:
+        out.flush()
 
 
 if __name__ == "__main__":

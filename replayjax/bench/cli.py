@@ -136,6 +136,24 @@ def require_gpu():
         raise BenchError(f"needs a CUDA GPU (jax.default_backend() is {jax.default_backend()!r})")
 
 
+def tp_mesh(tp: int):
+    """The tensor-parallel mesh of --tp (None for 1): the first tp devices of every process
+    (BenchError if there are fewer)."""
+    if tp == 1:
+        return None
+    from models.sharding import make_mesh
+    try:
+        return make_mesh(tp)
+    except ValueError as e:
+        raise BenchError(f"--tp {tp}: {e}") from None
+
+
+def add_tp_argument(ap):
+    ap.add_argument("--tp", type=at_least(1), default=1,
+                    help="tensor-parallel degree: the model split over this many devices (this "
+                         "host's GPUs; one process per GPU: `replayjax launch`)")
+
+
 def check_model_dir(path: str) -> str:
     """--model DIR exists and, when it holds a config.json, that config parses (cheap checks
     before any heavy work; loading the weights checks the rest)."""
