@@ -70,7 +70,6 @@ def mesh_tp(mesh) -> int:
 
 # ---------------------------------------------------------------------- configs and layouts
 
-
 def check_tp(cfg, tp: int):
     """ValueError (one line) unless tp divides every count the rules split: query heads, Mamba
     heads and groups, GDN key and value heads, MLP and expert widths; KV heads must divide or
@@ -277,11 +276,9 @@ def state_specs(tree, tp: int):
                         is_leaf=is_cache)
 
 
-def place(build, mesh: Mesh | None):
-    """build() -> a pytree holding caches, created in place: each device allocates only its
-    shards of the caches (replicated leaves everywhere). mesh None: build() as is."""
-    if mesh is None:
-        return build()
+def place(build, mesh: Mesh):
+    """build() -> a pytree holding caches, created in place on `mesh`: each device allocates
+    only its shards of the caches (the other leaves replicated)."""
     specs = state_specs(jax.eval_shape(build), mesh_tp(mesh))
     return jax.jit(build, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s),
                                                      specs))()

@@ -9,9 +9,9 @@
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
-#   tp       - the TP tests on the GPUs (tp = 2: fixtures, both modes, speculation), TP = 2 tokens
-#              = TP = 1 on a synthetic model (fp32) and on a fixture, the two-process run
-#              (`replayjax launch`) = the one-process one
+#   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
+#   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on a
+#              fixture with speculation; the two-process run (`replayjax launch`) = one process
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
 #              standard at batch 64;  tp-80b-256 - the same at batch 256
@@ -71,12 +71,15 @@ case $stage in
     e2e 280 --synthetic qwen3.5-35b-a3b --batch 64 --prompt-len 128 \
       --variants standard replay ;;
   tp)
-    REPLAYJAX_TEST_BACKEND=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/models/test_tp.py 2>&1 | tail -8
-    timeout 120 python3 scripts/tp_check.py --model tests/fixtures/hf/qwen3_next --tp 2 \
+    REPLAYJAX_TEST_BACKEND=gpu timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/models/test_tp.py 2>&1 | tail -8 ;;
+  tp-check)
+    for m in nemotron-h-8b qwen3.5-9b; do
+      timeout 150 python3 scripts/tp_check.py --synthetic $m --dtype float32 --tp 2 --batch 8 \
+        --new-tokens 32 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
+    done
+    timeout 90 python3 scripts/tp_check.py --model tests/fixtures/hf/qwen3_next --tp 2 \
       --num-draft 3 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
-    timeout 150 python3 scripts/tp_check.py --synthetic nemotron-3-nano-30b-a3b --dtype float32 \
-      --tp 2 --batch 8 --new-tokens 32 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
     gen="generate --model tests/fixtures/hf/nemotron_h --max-new-tokens 24 --json \
       --prompt-ids 62,24,25,9,11 --prompt-ids 7,8,9,10,11,12,13"
     timeout 60 python3 -m replayjax.cli $gen --tp 1 2>>"$out/tp.log" > "$out/tp_one.json"

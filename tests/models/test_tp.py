@@ -4,7 +4,7 @@ and not at all, so rings, conv states and KV lengths roll back), gives HF's gree
 logits within 1e-4 -- the oracle the single-device model is held to (tests/models/test_*.py).
 The fixtures' head counts divide 4; their KV heads (2 for Nemotron, 1 for Qwen) are sharded at
 tp = 2 (Nemotron) and replicated otherwise. Plain decode in both modes, the Pallas kernels under
-shard_map, the loaders' device-major layout and the rules are checked alongside.
+shard_map, MTP drafting, the loaders' device-major layout and the rules are checked alongside.
 
 Cost: each (fixture, tp, mode) compiles two steps (prefill, speculative step); models and meshes
 are loaded once per module."""
@@ -28,6 +28,7 @@ from models.parallel import split_fused
 from models.runner import Runner
 from replayjax import drafters
 from replayjax.engine import Engine, Request
+from tests.models import test_mtp
 from tests.models.hf_checks import ATOL, batch, check_greedy
 
 FIXTURES = "tests/fixtures/hf"
@@ -216,3 +217,17 @@ def test_kv_cache_specs():
         specs = sharding.cache_specs(cache, tp)
         assert [s.k for s in specs.layers if isinstance(s, KVCache)] == [kv]
         assert specs.layers[0].buffers.ring_b == P(None, "tp")
+
+
+def test_mtp_drafter(tmp_path):
+    """MTP drafting at tp = 2: the head's attention (its own KV cache, sharded with the target's)
+    and MoE layers split like the body; greedy output unchanged."""
+    model = test_mtp._setup(tmp_path, "nemotron_h", "nemotron_h")[1]
+    ref = _ref("nemotron_h")
+    prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
+    engine = Engine(model, num_slots=3, max_len=64, window=4, num_draft=3, drafter="mtp",
+                    mesh=sharding.make_mesh(2))
+    out = engine.generate([Request(prompt=p, max_new_tokens=12) for p in prompts])
+    assert [c.tokens for c in out] == ref["greedy_tokens"][:, :12].tolist()
+    assert [kv.k.sharding.spec for kv in engine.cache.mtp if kv is not None] == \
+        [P(None, None, "tp")]
