@@ -178,9 +178,10 @@ def randomize(model, seed: int = 0):
 
 def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
     """The model of `cfg` with `randomize`'s weights in `dtype`. On a tensor-parallel mesh
-    (`models.sharding`) the params are made in place: the constructor's values in their
-    shardings, then each random one drawn (the same bits as on one device), laid out
-    device-major and placed, one at a time, so a device holds its share plus at most one param."""
+    (`models.sharding`) the params are made in place: the constructor's values of the params
+    that keep them, in their shardings, then one at a time each random one drawn (the same bits
+    as on one device), laid out device-major and placed, so a device holds its share of the
+    model plus at most one whole param."""
     import jax
     from flax import nnx
 
@@ -191,20 +192,21 @@ def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
         return randomize(make(), seed)
     rules = sharding.TPRules(cfg, mesh)
     graphdef, state = nnx.split(nnx.eval_shape(make))
-    paths = lambda f, tree: jax.tree_util.tree_map_with_path(     # noqa: E731
-        lambda kp, a: f(sharding.param_path(kp), a), tree)
-    where = paths(lambda p, a: rules.sharding(p, a.shape), nnx.to_pure_dict(state))
-    params = jax.jit(lambda: nnx.to_pure_dict(nnx.state(make(), nnx.Param)),
-                     out_shardings=where)()
+    flat = lambda tree: {sharding.param_path(kp): a for kp, a in     # noqa: E731
+                         jax.tree_util.tree_flatten_with_path(tree)[0]}
+    shapes = flat(nnx.to_pure_dict(state))
+    kept = [p for p, a in shapes.items() if not _kind(p, a.shape)]
+    values = dict(zip(kept, jax.jit(   # the random params' constructor values are never made
+        lambda: [flat(nnx.to_pure_dict(nnx.state(make(), nnx.Param)))[p] for p in kept],
+        out_shardings=[rules.sharding(p, shapes[p].shape) for p in kept])()))
     key = jax.random.key(seed)
-
-    def draw(path, a):
-        if not _kind(path, a.shape):
-            return a
-        value = random_param(path, a.shape, a.dtype, key)
-        return jax.jit(lambda v: rules.layout(path, v), out_shardings=a.sharding)(value)
-
-    nnx.replace_by_pure_dict(state, paths(draw, params))
+    for p, a in shapes.items():
+        if p not in values:
+            values[p] = jax.jit(lambda v, p=p: rules.layout(p, v),
+                                out_shardings=rules.sharding(p, a.shape))(
+                random_param(p, a.shape, a.dtype, key))
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
+        lambda kp, _: values[sharding.param_path(kp)], nnx.to_pure_dict(state)))
     return sharding.set_layout(nnx.merge(graphdef, state), rules.tp)
 
 

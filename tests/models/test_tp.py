@@ -27,6 +27,7 @@ from models.config import load_config
 from models.parallel import split_fused
 from models.runner import Runner
 from replayjax import drafters
+from replayjax.bench.synthetic import random_model
 from replayjax.engine import Engine, Request
 from tests.models import test_mtp
 from tests.models.hf_checks import ATOL, batch, check_greedy
@@ -231,3 +232,16 @@ def test_mtp_drafter(tmp_path):
     assert [c.tokens for c in out] == ref["greedy_tokens"][:, :12].tolist()
     assert [kv.k.sharding.spec for kv in engine.cache.mtp if kv is not None] == \
         [P(None, None, "tp")]
+
+
+def test_synthetic_weights_are_the_same_on_the_mesh():
+    """`replayjax bench --synthetic --tp N` builds its random model in place: the same bits as
+    the one-device model, laid out by the rules (what `shard_model` makes of it)."""
+    cfg = load_config(_dir("qwen3_next"))
+    mesh = sharding.make_mesh(2)
+    want = sharding.shard_model(random_model(cfg, jnp.float32, seed=3), mesh)
+    got = random_model(cfg, jnp.float32, seed=3, mesh=mesh)
+    for (path, a), (_, b) in zip(*(jax.tree_util.tree_leaves_with_path(_params(m))
+                                   for m in (got, want))):
+        assert a.sharding == b.sharding, path
+        np.testing.assert_array_equal(a, b, err_msg=str(path))

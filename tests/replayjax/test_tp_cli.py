@@ -88,3 +88,9 @@ def test_bench_splits_the_model(capsys):
     assert out["config"]["tp"] == 2 and row["failures"] == 0
     assert row["ideal_step_ms"] == pytest.approx(row["min_mb_per_step"] * 1e6 / 2 /
                                                  (row["copy_gbs"] * 1e9) * 1e3)
+
+
+def test_launch_reports_a_failing_command(capfd):
+    assert launch.main(["--nproc", "2", "--cpu", "--", "generate", "--model", "no/such/dir",
+                        "--prompt-ids", "1"]) == 1
+    assert "model directory 'no/such/dir' does not exist" in capfd.readouterr().err
