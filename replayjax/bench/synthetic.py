@@ -111,9 +111,9 @@ def check_fits(name: str, cfg, dtype, mtp: bool = False, tp: int = 1):
     need = total / tp + 4 * largest
     free, where = free_memory()
     if need > free:
-        split = f" split over {tp} devices" if tp > 1 else ""
-        raise BenchError(f"{name} in {jnp.dtype(dtype).name}{split} needs ~{need / 1e9:.0f} GB "
-                         f"per device; {where} has {free / 1e9:.0f} GB free")
+        split = (f" split over {tp} devices", " per device") if tp > 1 else ("", "")
+        raise BenchError(f"{name} in {jnp.dtype(dtype).name}{split[0]} needs ~{need / 1e9:.0f} "
+                         f"GB{split[1]}; {where} has {free / 1e9:.0f} GB free")
 
 
 def _kind(path, shape) -> str | None:
