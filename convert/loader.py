@@ -9,6 +9,11 @@ orbax's `StandardCheckpointer` into `jax.ShapeDtypeStruct(shape, dtype, sharding
 one param at a time on the host from its source blocks (`convert.table.param_array`, in file
 order) and places it with `jax.make_array_from_callback`, so each device receives only its shard
 and the host holds one param at a time, never the whole model.
+
+On a mesh with a "tp" axis of size > 1 both default to the family's tensor-parallel rules
+(`models.sharding.TPRules`): per-param specs plus the device-major layout of fused projections,
+applied on the host (`load_hf`) or on the devices after the sharded restore (`load`), one param
+at a time; the model comes back laid out for that mesh (run it through `models.runner.Runner`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 from collections.abc import Callable
 
+import numpy as np
 
 from convert.converter import CONFIG_NAME, FORMAT, META_NAME, PARAMS_DIR
 from convert.errors import ConvertError
@@ -52,17 +58,45 @@ def load_config_of(out_dir):
         raise ConvertError(f"{path}: cannot read the config: {e}") from None
 
 
-def _sharding(mesh, partition: Partition | None):
-    """(path, shape) -> sharding: without a mesh the default device's (what every other array of
-    a one-device program has: a step taking params and a cache then compiles once), else a
-    NamedSharding with the partition's spec (default P(), replicated)."""
+def _placement(where, cfg, mesh, partition):
+    """The rules that place each param: a `models.sharding.TPRules`, given or (partition None
+    on a mesh whose "tp" axis is > 1) the family's; or any `partition` (path, shape) ->
+    PartitionSpec, default P(), with no layout. Neither mesh nor partition: the first device
+    (a single-device sharding, the one a step's outputs get: a cache made on the device and
+    one coming out of a step then share a compilation). A model the mesh cannot split is a
+    ConvertError naming `where`."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    from models import sharding
+    if mesh is None and partition is None:
+        device = SingleDeviceSharding(jax.devices()[0])
+        return _Specs(lambda path, shape: device)
     if mesh is None:
-        one = SingleDeviceSharding(jax.devices()[0])
-        return lambda path, shape: one
-    return lambda path, shape: NamedSharding(
-        mesh, partition(path, shape) if partition else PartitionSpec())
+        mesh = Mesh(np.array(jax.devices()[:1]), ("replica",))
+    if partition is None and sharding.mesh_tp(mesh) > 1:
+        try:
+            partition = sharding.TPRules(cfg, mesh)
+        except ValueError as e:
+            raise ConvertError(f"{where}: {e}") from None
+    if isinstance(partition, sharding.TPRules):
+        return partition
+    return _Specs(lambda path, shape: NamedSharding(
+        mesh, partition(path, shape) if partition else PartitionSpec()))
+
+
+class _Specs:
+    """Placement by a plain spec function: no layout (tp = 1)."""
+    tp = 1
+
+    def __init__(self, sharding):
+        self.sharding = sharding
+
+    def fused(self, path):
+        return False
+
+    def layout(self, path, a):
+        return a
 
 
 def _path(kp) -> tuple:
@@ -72,17 +106,20 @@ def _path(kp) -> tuple:
 def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     """Restore a converted checkpoint. Returns (config, model).
 
-    mesh: a `jax.sharding.Mesh`; None = the default device, unsharded.
+    mesh: a `jax.sharding.Mesh`; None = `jax.devices()[0]`.
     dtype: the model dtype (None = the dtype it was converted to); params the model keeps in
         fp32 stay fp32, the others are cast while restoring.
-    partition: optional `(path, shape) -> PartitionSpec` per param; default replicated (`P()`).
-    Raises ConvertError (one line naming the checkpoint), also for a damaged `params/`.
+    partition: a `models.sharding.TPRules`, or `(path, shape) -> PartitionSpec` per param;
+        default: the family's TP rules on a mesh with a "tp" axis > 1, else replicated (`P()`).
+    Raises ConvertError (one line naming the checkpoint), also for a damaged `params/` or a
+    model the mesh cannot split.
     """
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
 
     from convert import mappings
+    from models.sharding import set_layout
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     meta = read_metadata(out_dir)
@@ -91,7 +128,7 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     model = mappings.abstract_model(cfg, dtype, bool(meta.get("mtp")))
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)
-    sharding = _sharding(mesh, partition)
+    rules = _placement(out_dir, cfg, mesh, partition)
 
     ckptr = ocp.StandardCheckpointer()
     params_dir = os.path.join(out_dir, meta.get("params_dir", PARAMS_DIR))
@@ -114,7 +151,8 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
         if tuple(m.shape) != tuple(leaf.shape):
             raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} has shape "
                                f"{list(m.shape)}, the model expects {list(leaf.shape)}")
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(path, leaf.shape))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                    sharding=rules.sharding(path, leaf.shape))
 
     targets = jax.tree_util.tree_map_with_path(target, pure)
     if len(saved) != len(jax.tree_util.tree_leaves(targets)):
@@ -124,8 +162,16 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
         restored = ckptr.restore(params_dir, targets)
     except Exception as e:
         raise _damaged(out_dir, e) from None
-    nnx.replace_by_pure_dict(state, restored)
-    return cfg, nnx.merge(graphdef, state)
+
+    def relayout(kp, a):        # fused params: device-major on the devices, in place
+        path = _path(kp)
+        if not rules.fused(path):
+            return a
+        return jax.jit(lambda x: rules.layout(path, x), out_shardings=a.sharding,
+                       donate_argnums=0)(a)
+
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(relayout, restored))
+    return cfg, set_layout(nnx.merge(graphdef, state), rules.tp)
 
 
 def _damaged(out_dir: str, e: Exception) -> ConvertError:
@@ -145,7 +191,8 @@ def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
     mtp: build the MTP head; None = when the checkpoint ships `mtp.*` tensors (see
         `convert.plan.plan`).
     mesh, partition: as for `load`.
-    Raises ConvertError (one line) for everything `replayjax convert` refuses.
+    Raises ConvertError (one line) for everything `replayjax convert` refuses, and for a model
+    the mesh cannot split.
     """
     import jax
     from flax import nnx
@@ -153,25 +200,27 @@ def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
     from convert import mappings
     from convert.safetensors_io import Reader
     from convert.table import param_array
+    from models.sharding import set_layout
 
     p = plan(hf_dir, dtype=dtype, mtp=mtp)
     graphdef, state = nnx.split(mappings.abstract_model(p.cfg, p.dtype, p.mtp))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
-    sharding = _sharding(mesh, partition)
+    rules = _placement(hf_dir, p.cfg, mesh, partition)
     tensors = p.checkpoint.tensors
     placed = {}
     reader = Reader()
     try:
         for rule in sorted(p.table.rules, key=p.read_order):
             shape, dt = p.targets[rule.path]
-            host = param_array(rule, shape, dt, tensors, reader, HOST_BLOCK_BYTES)
+            host = rules.layout(rule.path, param_array(rule, shape, dt, tensors, reader,
+                                                       HOST_BLOCK_BYTES))
             placed[rule.path] = jax.make_array_from_callback(
-                shape, sharding(rule.path, shape), lambda index, a=host: a[index])
+                shape, rules.sharding(rule.path, shape), lambda index, a=host: a[index])
     finally:
         reader.close()
     arrays = [placed[_path(kp)] for kp, _ in leaves]
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, arrays))
-    return p.cfg, nnx.merge(graphdef, state)
+    return p.cfg, set_layout(nnx.merge(graphdef, state), rules.tp)
 
 
 def _key(k):

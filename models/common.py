@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax import lax
 
+from models.parallel import tp_index
 from pallas_kernels.ring import NULL_SLOT
 
 _HI = lax.Precision.HIGHEST
@@ -25,10 +26,25 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((dout,), dtype)) if bias else None
 
     def __call__(self, x):
-        k = self.kernel[...]
-        y = jnp.einsum("...i,io->...o", x.astype(k.dtype), k,
-                       precision=_HI if k.dtype == jnp.float32 else None)
+        y = self._matmul(x)
         return y if self.bias is None else y + self.bias[...]
+
+    def _matmul(self, x):
+        k = self.kernel[...]
+        return jnp.einsum("...i,io->...o", x.astype(k.dtype), k,
+                          precision=_HI if k.dtype == jnp.float32 else None)
+
+
+class RowParallelLinear(Linear):
+    """The out-projection of a tensor-parallel block: its input features (rows of the kernel)
+    are split over the "tp" axis, so it returns this device's partial sum, with the bias added
+    on device 0 only; the block closes with `models.parallel.tp_sum`. At tp = 1 a Linear."""
+
+    def __call__(self, x):
+        y = self._matmul(x)
+        if self.bias is None:
+            return y
+        return y + jnp.where(tp_index() == 0, self.bias[...], jnp.zeros_like(self.bias[...]))
 
 
 def rms_norm(x, weight, eps, *, zero_centered=False):
@@ -66,16 +82,17 @@ class KVCache:
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-def cached_attention(q, k, v, cache: KVCache, slots, starts):
+def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None):
     """Causal GQA attention for T new tokens per row against the slot's cached prefix.
 
     q [b, T, nh, hd]; k, v [b, T, kv, hd]; slots [b]; starts [b] = cached tokens before the new
     ones. The new k, v are written at positions starts..starts+T-1 (positions past max_len are
     dropped); token t attends to positions <= starts + t. Scale hd^-1/2, softmax in fp32.
-    Returns out [b, T, nh, hd] and the updated cache.
+    kv_head (int32 scalar, tensor parallel with replicated KV heads): every query head attends
+    with that one cached KV head. Returns out [b, T, nh, hd] and the updated cache.
     """
     b, T, nh, hd = q.shape
-    kv = k.shape[2]
+    kv = k.shape[2] if kv_head is None else 1
     max_len = cache.k.shape[1]
     pos = starts[:, None] + jnp.arange(T)[None, :]                       # [b, T]
     live = slots != NULL_SLOT                                            # padding rows write nothing
@@ -83,6 +100,8 @@ def cached_attention(q, k, v, cache: KVCache, slots, starts):
     ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop")
     cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop")
     keys, vals = ck[slots], cv[slots]                                    # [b, max_len, kv, hd]
+    if kv_head is not None:
+        keys, vals = (lax.dynamic_slice_in_dim(a, kv_head, 1, axis=2) for a in (keys, vals))
     qg = q.reshape(b, T, kv, nh // kv, hd).astype(jnp.float32)
     s = jnp.einsum("btgqd,bsgd->bgqts", qg, keys.astype(jnp.float32), precision=_HI) * hd ** -0.5
     visible = jnp.arange(max_len)[None, None, :] <= pos[:, :, None]       # [b, T, max_len]

@@ -20,19 +20,26 @@ from jax import lax
 
 from models import moe
 from models.cache import ModelCache, SSMCache
-from models.common import KVCache, Linear, RMSNorm, cached_attention, relu2
+from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, relu2
 from models.config import NemotronHConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
                            token_validity, verify_draft_rows)
+from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
 
 
 class Mamba2Mixer(nnx.Module):
+    """in_proj -> [z | x | B | C | dt]; causal depthwise conv + SiLU over [x | B | C]; SSM
+    (ReplaySSM or standard); gated grouped RMSNorm; out_proj. Under tensor parallelism the
+    in_proj columns and conv channels are device-major for `tp_layout` devices (see
+    `models.parallel.fused_view`) and out_proj is row-parallel: one all-reduce per mixer."""
+
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         H, I, C = cfg.mamba_num_heads, cfg.mamba_intermediate_size, cfg.mamba_conv_dim
         self.cfg = cfg
+        self.tp_layout = 1              # set by models.sharding when the weights are laid out
         self.in_proj = Linear(cfg.hidden_size, cfg.mamba_in_proj_dim, bias=cfg.use_bias, dtype=dtype)
         self.conv_weight = nnx.Param(jnp.zeros((C, cfg.conv_kernel), dtype))   # [C, K]
         self.conv_bias = nnx.Param(jnp.zeros((C,), dtype)) if cfg.use_conv_bias else None
@@ -40,22 +47,25 @@ class Mamba2Mixer(nnx.Module):
         self.A_log = nnx.Param(jnp.zeros((H,), jnp.float32))
         self.D = nnx.Param(jnp.ones((H,), jnp.float32))
         self.norm = nnx.Param(jnp.ones((I,), jnp.float32))
-        self.out_proj = Linear(I, cfg.hidden_size, bias=cfg.use_bias, dtype=dtype)
+        self.out_proj = RowParallelLinear(I, cfg.hidden_size, bias=cfg.use_bias, dtype=dtype)
 
     def _split(self, zxbcdt):
-        c = self.cfg
+        """in_proj output -> z [.., I], pre-conv xbc [.., I + 2GN] (device-major blocks, as the
+        conv weights and states), dt [.., H] (this device's I, G, H)."""
+        blocks, c, _ = fused_view(self.cfg, self.tp_layout)
         I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
-        return zxbcdt[..., :I], zxbcdt[..., I:2 * I + 2 * GN], zxbcdt[..., 2 * I + 2 * GN:]
+        return split_fused(zxbcdt, (I, I + 2 * GN, c.mamba_num_heads), blocks)
 
     def _ssm_inputs(self, conv_out, dt_raw):
         """Post-conv [.., I + 2GN] -> x [.., H, P], B, C [.., G, N]; dt [.., H] fp32."""
-        c = self.cfg
+        blocks, c, d = fused_view(self.cfg, self.tp_layout)
         I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
         act = jax.nn.silu(conv_out)
         lead = act.shape[:-1]
-        x = act[..., :I].reshape(lead + (c.mamba_num_heads, c.mamba_head_dim))
-        B = act[..., I:I + GN].reshape(lead + (c.n_groups, c.ssm_state_size))
-        C = act[..., I + GN:].reshape(lead + (c.n_groups, c.ssm_state_size))
+        x, B, C = split_fused(act, (I, GN, GN), blocks)
+        x = x.reshape(lead + (d.mamba_num_heads, d.mamba_head_dim))
+        B = B.reshape(lead + (d.n_groups, d.ssm_state_size))
+        C = C.reshape(lead + (d.n_groups, d.ssm_state_size))
         dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...])
         lo, hi = c.time_step_limit
         if (lo, hi) != (0.0, float("inf")):
@@ -63,13 +73,14 @@ class Mamba2Mixer(nnx.Module):
         return x, B, C, dt
 
     def _output(self, y, z):
-        """Gate first, then the grouped RMSNorm, then out_proj. y [.., I] fp32, z [.., I]."""
-        c = self.cfg
+        """Gate first, then the grouped RMSNorm, then out_proj (all-reduced over tp).
+        y [.., I] fp32, z [.., I]."""
+        _, _, d = fused_view(self.cfg, self.tp_layout)
         y = y * jax.nn.silu(z.astype(jnp.float32))
-        g = y.reshape(y.shape[:-1] + (c.n_groups, -1))
-        g = g * lax.rsqrt(jnp.mean(g * g, axis=-1, keepdims=True) + c.layer_norm_epsilon)
+        g = y.reshape(y.shape[:-1] + (d.n_groups, -1))
+        g = g * lax.rsqrt(jnp.mean(g * g, axis=-1, keepdims=True) + d.layer_norm_epsilon)
         y = g.reshape(y.shape) * self.norm[...]
-        return self.out_proj(y.astype(self.out_proj.kernel[...].dtype))
+        return tp_sum(self.out_proj(y.astype(self.out_proj.kernel[...].dtype)))
 
     @property
     def A(self):
@@ -126,7 +137,9 @@ class Mamba2Mixer(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Causal GQA attention, no positional encoding, no q/k norm."""
+    """Causal GQA attention, no positional encoding, no q/k norm. Under tensor parallelism each
+    device has 1/tp of the query heads (and of the KV heads, or all of them replicated when
+    there are fewer than tp); o_proj is row-parallel."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
@@ -135,23 +148,29 @@ class Attention(nnx.Module):
         self.q_proj = Linear(D, nh * hd, bias=bias, dtype=dtype)
         self.k_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
         self.v_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
-        self.o_proj = Linear(nh * hd, D, bias=bias, dtype=dtype)
+        self.o_proj = RowParallelLinear(nh * hd, D, bias=bias, dtype=dtype)
 
     def __call__(self, h, cache: KVCache, slots, starts):
         b, T, _ = h.shape
-        q = self.q_proj(h).reshape(b, T, self.nh, self.hd)
-        k = self.k_proj(h).reshape(b, T, self.kv, self.hd)
-        v = self.v_proj(h).reshape(b, T, self.kv, self.hd)
-        o, cache = cached_attention(q, k, v, cache, slots, starts)
-        return self.o_proj(o.reshape(b, T, -1)), cache
+        q = self.q_proj(h).reshape(b, T, -1, self.hd)           # this device's heads
+        k = self.k_proj(h).reshape(b, T, -1, self.hd)
+        v = self.v_proj(h).reshape(b, T, -1, self.hd)
+        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv))
+        return tp_sum(self.o_proj(o.reshape(b, T, -1))), cache
 
 
 class MLP(nnx.Module):
+    """down(relu(up(x))^2); under tensor parallelism column- then row-parallel."""
+
     def __init__(self, din, width, dtype=jnp.float32, bias=False):
         self.up_proj = Linear(din, width, bias=bias, dtype=dtype)
-        self.down_proj = Linear(width, din, bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(width, din, bias=bias, dtype=dtype)
 
     def __call__(self, x):
+        return tp_sum(self.partial(x))
+
+    def partial(self, x):
+        """This device's partial sum (before the all-reduce): the MoE adds it to its own."""
         return self.down_proj(relu2(self.up_proj(x)))
 
 
@@ -159,7 +178,8 @@ class MoE(nnx.Module):
     """Sigmoid router with a selection-only correction bias, top-k (optionally group-limited),
     renormalised weights times routed_scaling_factor (`models.moe.sigmoid_topk`); relu^2 experts
     run sparsely (on a latent projection of x when moe_latent_size is set); a shared expert on
-    x."""
+    x. Under tensor parallelism every expert (and the shared one) has 1/tp of its width on each
+    device and routing is replicated: one all-reduce for the layer."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         E, F, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -190,8 +210,8 @@ class MoE(nnx.Module):
         y = moe.routed_experts(u, ids, weights, valid, self.up[...], self.down[...],
                                activation="relu2")
         if self.cfg.moe_latent_size:
-            y = self.fc2_latent(y)
-        return (y + self.shared(x)) if self.shared is not None else y
+            y = self.fc2_latent(y)          # linear: applied to the partial sum
+        return tp_sum((y + self.shared.partial(x)) if self.shared is not None else y)
 
 
 class Block(nnx.Module):

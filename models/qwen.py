@@ -26,10 +26,11 @@ from jax import lax
 
 from models import moe
 from models.cache import ModelCache, SSMCache
-from models.common import KVCache, Linear, RMSNorm, cached_attention, rms_norm
+from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, rms_norm
 from models.config import QwenHybridConfig
 from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
                            token_validity, verify_draft_rows)
+from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
@@ -38,47 +39,52 @@ _HI = lax.Precision.HIGHEST
 
 class GatedDeltaNet(nnx.Module):
     """GDN mixer: in_proj -> causal depthwise conv (no bias) + SiLU over [q | k | v] -> L2-normed
-    q, k (q * dk^-1/2) -> gated delta rule -> per-head plain RMSNorm, * silu(z) -> out_proj."""
+    q, k (q * dk^-1/2) -> gated delta rule -> per-head plain RMSNorm, * silu(z) -> out_proj.
+    Under tensor parallelism the in_proj columns and conv channels are device-major for
+    `tp_layout` devices (see `models.parallel.fused_view`) and out_proj is row-parallel: one
+    all-reduce per mixer."""
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
         Hv, C = cfg.linear_num_value_heads, cfg.gdn_conv_dim
         self.cfg = cfg
+        self.tp_layout = 1              # set by models.sharding when the weights are laid out
         self.in_proj = Linear(cfg.hidden_size, C + cfg.gdn_value_dim + 2 * Hv, dtype=dtype)
         self.conv_weight = nnx.Param(jnp.zeros((C, cfg.linear_conv_kernel_dim), dtype))   # [C, K]
         self.dt_bias = nnx.Param(jnp.zeros((Hv,), jnp.float32))
         self.A_log = nnx.Param(jnp.zeros((Hv,), jnp.float32))
         self.norm = nnx.Param(jnp.ones((cfg.linear_value_head_dim,), jnp.float32))
-        self.out_proj = Linear(cfg.gdn_value_dim, cfg.hidden_size, dtype=dtype)
+        self.out_proj = RowParallelLinear(cfg.gdn_value_dim, cfg.hidden_size, dtype=dtype)
 
     def _split(self, proj):
-        """in_proj output [.., C + Hv dv + 2 Hv] -> pre-conv qkv [.., C], z [.., Hv, dv],
-        and g, beta [.., Hv] fp32 (from a, b)."""
-        c = self.cfg
-        C, VD, Hv = c.gdn_conv_dim, c.gdn_value_dim, c.linear_num_value_heads
-        lead = proj.shape[:-1]
-        z = proj[..., C:C + VD].reshape(lead + (Hv, c.linear_value_head_dim))
-        b, a = proj[..., C + VD:C + VD + Hv], proj[..., C + VD + Hv:]
+        """in_proj output [.., C + Hv dv + 2 Hv] -> pre-conv qkv [.., C] (device-major blocks,
+        as the conv weights and states), z [.., Hv, dv], and g, beta [.., Hv] fp32 (from a, b)
+        (this device's C and Hv)."""
+        blocks, c, d = fused_view(self.cfg, self.tp_layout)
+        Hv = c.linear_num_value_heads
+        qkv, z, b, a = split_fused(proj, (c.gdn_conv_dim, c.gdn_value_dim, Hv, Hv), blocks)
+        z = z.reshape(z.shape[:-1] + (d.linear_num_value_heads, d.linear_value_head_dim))
         g, beta = gdn.gates(a, b, self.A_log[...], self.dt_bias[...])
-        return proj[..., :C], z, g, beta
+        return qkv, z, g, beta
 
     def _qkv(self, conv_out):
         """Post-conv [.., C] -> q, k [.., Hk, dk] prepared fp32, v [.., Hv, dv]."""
-        c = self.cfg
+        blocks, c, d = fused_view(self.cfg, self.tp_layout)
         act = jax.nn.silu(conv_out)
         lead, KD = act.shape[:-1], c.gdn_key_dim
-        q = act[..., :KD].reshape(lead + (c.linear_num_key_heads, c.linear_key_head_dim))
-        k = act[..., KD:2 * KD].reshape(lead + (c.linear_num_key_heads, c.linear_key_head_dim))
-        v = act[..., 2 * KD:].reshape(lead + (c.linear_num_value_heads, c.linear_value_head_dim))
+        q, k, v = split_fused(act, (KD, KD, c.gdn_value_dim), blocks)
+        q = q.reshape(lead + (d.linear_num_key_heads, d.linear_key_head_dim))
+        k = k.reshape(lead + (d.linear_num_key_heads, d.linear_key_head_dim))
+        v = v.reshape(lead + (d.linear_num_value_heads, d.linear_value_head_dim))
         q, k = gdn.prepare_qk(q, k)
         return q, k, v
 
     def _output(self, o, z):
-        """Norm first (plain weight, per value head over dv), then the gate, then out_proj.
-        o, z [.., Hv, dv] -> [.., D]."""
+        """Norm first (plain weight, per value head over dv), then the gate, then out_proj
+        (all-reduced over tp). o, z [.., Hv, dv] -> [.., D]."""
         y = rms_norm(o.astype(jnp.float32), self.norm[...], self.cfg.rms_norm_eps)
         y = y * jax.nn.silu(z.astype(jnp.float32))
         y = y.reshape(y.shape[:-2] + (-1,))
-        return self.out_proj(y.astype(self.out_proj.kernel[...].dtype))
+        return tp_sum(self.out_proj(y.astype(self.out_proj.kernel[...].dtype)))
 
     def prefill(self, h, lengths, cache: SSMCache, slots):
         """h [b, T, D] right-padded prompts of `lengths`; starts every slot from a zero state.
@@ -139,7 +145,9 @@ def rope(x, positions, rotary_dim: int, theta: float):
 
 class Attention(nnx.Module):
     """Causal GQA attention with zero-centred q/k norms, partial RoPE and a per-head sigmoid
-    output gate: q_proj yields [q_h | gate_h] per head (M-RoPE reduces to 1-D RoPE for text)."""
+    output gate: q_proj yields [q_h | gate_h] per head (M-RoPE reduces to 1-D RoPE for text).
+    Under tensor parallelism each device has 1/tp of the query heads (and of the KV heads, or
+    all of them replicated when there are fewer than tp); o_proj is row-parallel."""
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
         nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
@@ -150,42 +158,47 @@ class Attention(nnx.Module):
         self.q_proj = Linear(D, nh * hd * (2 if self.gated else 1), bias=bias, dtype=dtype)
         self.k_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
         self.v_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
-        self.o_proj = Linear(nh * hd, D, bias=bias, dtype=dtype)
+        self.o_proj = RowParallelLinear(nh * hd, D, bias=bias, dtype=dtype)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
 
     def __call__(self, h, cache: KVCache, slots, starts):
         """h [b, T, D]; token t of row i sits at position starts[i] + t. Returns [b, T, D]."""
         b, T, _ = h.shape
-        qg = self.q_proj(h).reshape(b, T, self.nh, -1)
+        qg = self.q_proj(h).reshape(b, T, -1, self.hd * (2 if self.gated else 1))  # its heads
         q = qg[..., :self.hd]
         pos = starts[:, None] + jnp.arange(T)[None, :]
         q = rope(self.q_norm(q), pos, self.rotary_dim, self.theta)
-        k = rope(self.k_norm(self.k_proj(h).reshape(b, T, self.kv, self.hd)), pos,
+        k = rope(self.k_norm(self.k_proj(h).reshape(b, T, -1, self.hd)), pos,
                  self.rotary_dim, self.theta)
-        v = self.v_proj(h).reshape(b, T, self.kv, self.hd)
-        o, cache = cached_attention(q, k, v, cache, slots, starts)
+        v = self.v_proj(h).reshape(b, T, -1, self.hd)
+        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv))
         if self.gated:
             o = o * jax.nn.sigmoid(qg[..., self.hd:])
-        return self.o_proj(o.reshape(b, T, -1)), cache
+        return tp_sum(self.o_proj(o.reshape(b, T, -1))), cache
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); under tensor parallelism column- then row-parallel."""
 
     def __init__(self, din, width, dtype=jnp.float32):
         self.gate_proj = Linear(din, width, dtype=dtype)
         self.up_proj = Linear(din, width, dtype=dtype)
-        self.down_proj = Linear(width, din, dtype=dtype)
+        self.down_proj = RowParallelLinear(width, din, dtype=dtype)
 
     def __call__(self, x):
+        return tp_sum(self.partial(x))
+
+    def partial(self, x):
+        """This device's partial sum (before the all-reduce): the MoE adds it to its own."""
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MoE(nnx.Module):
     """Softmax router (fp32), top-k, renormalised if norm_topk_prob (`models.moe.softmax_topk`);
     SwiGLU experts run sparsely; plus a shared SwiGLU expert scaled by
-    sigmoid(shared_expert_gate(x))."""
+    sigmoid(shared_expert_gate(x)). Under tensor parallelism every expert (and the shared one)
+    has 1/tp of its width on each device and routing is replicated: one all-reduce."""
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
         E, F, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -208,9 +221,9 @@ class MoE(nnx.Module):
         ids, weights = self.route(x)
         y = moe.routed_experts(x, ids, weights, valid, self.up[...], self.down[...],
                                w_gate=self.gate_w[...], activation="swiglu")
-        if self.shared is not None:
-            y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared(x)
-        return y
+        if self.shared is not None:     # a replicated gate times a partial sum
+            y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared.partial(x)
+        return tp_sum(y)
 
 
 class Block(nnx.Module):

@@ -1,23 +1,36 @@
 """Jitted pure steps over split models: `nnx.split` once, params passed as arguments (not
 closed over, which would bake them into the HLO), the state (a cache, or any pytree holding
 caches) donated so updates are in place. `Runner.jit` is the one way to build such a step; the
-model-level methods below and the engine's multi-step decode and speculative steps all use it."""
+model-level methods below and the engine's multi-step decode and speculative steps all use it.
+
+Models placed on a tensor-parallel mesh (`models.sharding`: a loader given a mesh, or
+`shard_model`) run each whole step under one `jax.shard_map` over that mesh: params and caches
+enter with their shardings (each device computes on its heads), every other input is
+replicated, outputs other than caches come back replicated, and the state keeps its shardings
+from step to step (donated in place)."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from models import sharding
 
 
 class Runner:
     """prefill / decode / verify / commit / greedy for any model with the `models.hybrid.HybridLM`
     methods, and `jit` for steps composed of them. `others` are further models a step may run
-    (a draft model); a model given twice is split once."""
+    (a draft model); a model given twice is split once. `mesh`: the tp mesh the models' params
+    are on (None: single device), found from the params."""
 
     def __init__(self, model, *others):
         self.model = model
         self.graphdef, self.params = nnx.split((model, *others))
+        self.mesh = sharding.params_mesh(self.params)
         self._prefill = self.jit(lambda ms, cache, *a: ms[0].prefill(cache, *a))
         self._prefill_hidden = self.jit(lambda ms, cache, *a: ms[0].prefill_hidden(cache, *a))
         modes = ("mode", "impl")
@@ -32,17 +45,47 @@ class Runner:
         """fn(models, state, *args, **kw) -> out, a pure function of the merged models (the
         tuple (model, *others)), as a jitted `step(state, *args, **kw)`: params are passed as an
         argument, `state` is donated (do not use it after the call), keyword arguments named in
-        static_argnames are static (hashable; one compilation per value)."""
-        graphdef = self.graphdef
+        static_argnames are static (hashable; one compilation per value). On a tp mesh the
+        step runs under shard_map (see the module docstring); positional args are replicated
+        onto the mesh first."""
+        graphdef, mesh = self.graphdef, self.mesh
 
         def pure(params, state, *args, **kw):
             return fn(nnx.merge(graphdef, params), state, *args, **kw)
 
-        jitted = jax.jit(pure, donate_argnums=(1,), static_argnames=static_argnames)
-        return lambda state, *args, **kw: jitted(self.params, state, *args, **kw)
+        if mesh is None:
+            jitted = jax.jit(pure, donate_argnums=(1,), static_argnames=static_argnames)
+            return lambda state, *args, **kw: jitted(self.params, state, *args, **kw)
+        tp = sharding.mesh_tp(mesh)
+        param_specs = jax.tree.map(lambda a: a.sharding.spec, self.params)
+
+        def spmd(params, state, *args, **kw):
+            local = functools.partial(pure, **kw)
+            out = jax.eval_shape(local, params, state, *args)   # the global output structure
+            return jax.shard_map(
+                local, mesh=mesh, check_vma=False,
+                in_specs=(param_specs, sharding.state_specs(state, tp)) + (P(),) * len(args),
+                out_specs=sharding.state_specs(out, tp))(params, state, *args)
+
+        jitted = jax.jit(spmd, donate_argnums=(1,), static_argnames=static_argnames)
+        return lambda state, *args, **kw: jitted(self.params, state,
+                                                 *sharding.replicate(args, mesh), **kw)
+
+    def place(self, build):
+        """build() -> a pytree holding caches (a cache, an engine state), created where the
+        steps put their outputs, so the first step and the next share a compilation: on a tp
+        mesh sharded (each device allocates only its shards), else committed to the params'
+        device."""
+        if self.mesh is not None:
+            return sharding.place(build, self.mesh)
+        home = jax.tree.leaves(self.params)[0].sharding
+        if isinstance(home, jax.sharding.NamedSharding):
+            home = jax.sharding.NamedSharding(home.mesh, P())
+        return jax.device_put(build(), home)
 
     def init_cache(self, *args, **kw):
-        return self.model.init_cache(*args, **kw)
+        """The model's `init_cache(*args, **kw)`, placed for the steps (`place`)."""
+        return self.place(lambda: self.model.init_cache(*args, **kw))
 
     def prefill(self, cache, tokens, lengths, slots):
         """tokens [b, T] int32 right-padded, lengths [b], slots [b] -> logits [b, T, V], cache."""

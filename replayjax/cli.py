@@ -18,6 +18,7 @@ COMMANDS = {
                                              "servers (latency vs throughput)"),
     "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
+    "launch": ("replayjax.launch", "a command as one process per GPU (jax.distributed)"),
 }
 
 GROUPS = {name.split()[0] for name in COMMANDS if " " in name}   # "bench": bench COMMAND

@@ -315,6 +315,25 @@ def require_gpu():
         raise UserError(f"needs a CUDA GPU (jax.default_backend() is {jax.default_backend()!r})")
 
 
+def add_tp_argument(ap):
+    """--tp N: the tensor-parallel degree (`tp_mesh`)."""
+    ap.add_argument("--tp", type=at_least(1), default=1, metavar="N",
+                    help="tensor-parallel degree: the model split over N devices (this host's "
+                         "GPUs, or one per process under `replayjax launch`; default 1)")
+
+
+def tp_mesh(tp: int):
+    """The tensor-parallel mesh of --tp (None for 1): UserError when the visible devices are
+    fewer than tp."""
+    if tp == 1:
+        return None
+    from models.sharding import make_mesh
+    try:
+        return make_mesh(tp)
+    except ValueError as e:
+        raise UserError(f"--tp {tp}: {e}") from None
+
+
 # ---------------------------------------------------------------------- progress
 
 def interactive(args) -> bool:

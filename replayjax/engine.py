@@ -29,6 +29,11 @@ measured against (`replayjax bench --variants replay+mtp standard+mtp`).
 
 With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
+
+Tensor parallelism: `Engine(model, mesh=models.sharding.make_mesh(tp))`, or a model loaded onto
+such a mesh (`replayjax.loading.load_model(path, mesh=...)`). Every step then runs under
+`shard_map` over the mesh with the state sharded on heads (donated, the same shardings in and
+out), and the host loop is the same on every device and process.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from collections.abc import Hashable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from models import sharding
 from models.hybrid import SSM_MODES
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
@@ -61,14 +68,6 @@ __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "Sampling
 
 def _bucket(n, minimum=16):
     return max(minimum, 1 << (n - 1).bit_length())
-
-
-def _replicated(params):
-    """The sharding of an array replicated over the mesh `params` live on."""
-    sharding = jax.tree.leaves(params)[0].sharding
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    return sharding
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
@@ -115,12 +114,19 @@ class Engine:
     def __init__(self, model, *, num_slots: int = 8, max_len: int = 1024, ssm_mode: str = "replay",
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
-                 draft_model=None, return_logits: bool = False, prefill_rows: int = 32):
+                 draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
+                 mesh=None):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
-        num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only."""
+        num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
+        mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
+        device are laid out and placed on it (`models.sharding.shard_model`). None: where the
+        model's params are (a model loaded onto a mesh runs on that mesh)."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows)
+        if sharding.mesh_tp(mesh) > 1:
+            model = _on_mesh(model, mesh, "model")
+            draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
         self.drafter = make_drafter(drafter, model, num_draft=num_draft, draft_model=draft_model,
                                     impl=impl)
         self.runner = Runner(model, *self.drafter.models)
@@ -141,12 +147,12 @@ class Engine:
             return EngineState(init_cache(model, ssm_mode),
                                self.drafter.init_state(self.S, init_cache))
 
-        # refused before allocating: a cache past the host's memory gets the process killed
-        if why := memory.shortfall(memory.tree_bytes(jax.eval_shape(init_state))):
+        # refused before allocating: a cache past the host's memory gets the process killed;
+        # on a mesh each device allocates only its shards (heads split tp ways)
+        need = memory.tree_bytes(jax.eval_shape(init_state)) // sharding.mesh_tp(self.runner.mesh)
+        if why := memory.shortfall(need):
             raise MemoryError(f"the cache of num_slots = {num_slots} x max_len = {max_len} {why}")
-        # allocated as the steps return it (replicated on the params' mesh): a fresh cache
-        # placed otherwise would compile every step a second time
-        self.state = jax.jit(init_state, out_shardings=_replicated(self.runner.params))()
+        self.state = self.runner.place(init_state)
         static = dict(mode=ssm_mode, impl=impl, keep_logits=return_logits)
         self._prefill = self.runner.jit(functools.partial(
             steps.prefill, drafter=self.drafter, keep_logits=return_logits))
@@ -470,6 +476,17 @@ class Engine:
             e.accepted += int(n_acc[s]) - 1
             events += self._settle(s, e, now)
         return events
+
+
+def _on_mesh(model, mesh, what: str):
+    """`model` laid out and placed on the tp mesh (as is when it already is there)."""
+    on = sharding.params_mesh(nnx.state(model, nnx.Param))
+    if on is None:
+        return sharding.shard_model(model, mesh)
+    if on != mesh:
+        raise ValueError(f"{what} is placed on another mesh ({dict(on.shape)}) than mesh= "
+                         f"({dict(mesh.shape)})")
+    return model
 
 
 def _with_id(r: Request, default: Hashable) -> Request:

@@ -114,6 +114,7 @@ def build_parser():
                    help="cache length per slot: prompt + new tokens (+ drafts) must fit")
     d.add_argument("--steps-per-visit", type=cli.at_least(1), default=8, metavar="N",
                    help="decode steps run on the device between two host visits")
+    cli.add_tp_argument(d)
     o = ap.add_argument_group("output")
     o.add_argument("--stream", action="store_true",
                    help="print a single prompt's output as it is generated (every host visit)")
@@ -232,11 +233,11 @@ def check_inputs(args):
 
 # ---------------------------------------------------------------------- running
 
-def _load(flag, path):
+def _load(flag, path, mesh=None):
     from convert import ConvertError
     from replayjax.loading import load_model
     try:
-        return load_model(path)
+        return load_model(path, mesh=mesh)
     except ConvertError as e:
         raise cli.UserError(f"{flag}: {e}") from None
 
@@ -341,7 +342,7 @@ def _row(i, p, ids, c, tok):
 
 def _peak_memory_gb():
     import jax
-    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")   # None on CPU
+    peak = (jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use")   # None on CPU
     return round(peak / 1e9, 3) if peak else None
 
 

@@ -54,8 +54,11 @@ def describe_model(path):
 
 def load_model(path, *, dtype=None, mesh=None):
     """The NNX model stored at `path` (HF or converted directory), in the checkpoint's dtype
-    unless `dtype` is given, placed on `mesh` (None: the first device). HF checkpoints get their
-    MTP head when they ship `mtp.*` tensors. Raises ConvertError with a one-line message."""
+    unless `dtype` is given, placed on `mesh` (None: the first device; a tensor-parallel mesh,
+    `models.sharding.make_mesh`: each param laid out and split by the family's rules, every
+    device receiving only its shard). HF checkpoints get their MTP head when they ship `mtp.*`
+    tensors. Raises ConvertError with a one-line message (also for a model the mesh cannot
+    split)."""
     path = os.fspath(path)
     if _kind(path) == "converted":
         return load(path, mesh=mesh, dtype=dtype)[1]

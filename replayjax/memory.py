@@ -12,7 +12,7 @@ def free_memory(host: bool = False) -> tuple[int, str]:
     the host's available memory when the device is the CPU or `host` is asked for."""
     if not host:
         import jax
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = jax.local_devices()[0].memory_stats() or {}
         if "bytes_limit" in stats:
             return stats["bytes_limit"] - stats.get("bytes_in_use", 0), "the device"
     import psutil

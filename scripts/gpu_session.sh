@@ -11,11 +11,19 @@
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
+# Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
+#   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
+#   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on a
+#              fixture with speculation; the two-process run (`replayjax launch`) = one process
+#   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
+#   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
+#              standard at batch 64;  tp-80b-256 - the same at batch 256
 # Each e2e variant runs in its own process (peak memory per variant); rows go to OUT/e2e.jsonl,
 # stderr (XLA warnings) to OUT/e2e.log, so the JSONL stays valid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0     # never NVLink multicast (multimem): plain NCCL all-reduce
 stage=$1 out=${2:-gpu-out}
 mkdir -p "$out"
 e2e() {   # e2e SECONDS ARGS...: one JSON object per run appended to OUT/e2e.jsonl
@@ -81,6 +89,34 @@ case $stage in
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
     timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  tp)
+    REPLAYJAX_TEST_BACKEND=gpu timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/models/test_tp.py 2>&1 | tail -8 ;;
+  tp-check)
+    for m in nemotron-h-8b qwen3.5-9b; do
+      timeout 150 python3 scripts/tp_check.py --synthetic $m --dtype float32 --tp 2 --batch 8 \
+        --new-tokens 32 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
+    done
+    timeout 90 python3 scripts/tp_check.py --model tests/fixtures/hf/qwen3_next --tp 2 \
+      --num-draft 3 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
+    gen="generate --model tests/fixtures/hf/nemotron_h --max-new-tokens 24 --json \
+      --prompt-ids 62,24,25,9,11 --prompt-ids 7,8,9,10,11,12,13"
+    timeout 60 python3 -m replayjax.cli $gen --tp 1 2>>"$out/tp.log" > "$out/tp_one.json"
+    timeout 90 python3 -m replayjax.cli launch --nproc 2 -- $gen --tp 2 2>>"$out/tp.log" \
+      > "$out/tp_two.json"
+    python3 -c "import json, sys; t = [[r['tokens'] for r in json.load(open(f))['results']]
+      for f in sys.argv[1:]]; print('two-process tokens == one-process:', t[0] == t[1])" \
+      "$out/tp_one.json" "$out/tp_two.json" ;;
+  tp-8b)
+    # the TP = 1 row first, then TP = 2 (each variant in its own process)
+    e2e 280 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants replay --tp 1
+    e2e 280 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants replay --tp 2 ;;
+  tp-80b)
+    e2e 560 --synthetic qwen3-next-80b-a3b --batch 64 --prompt-len 128 --tp 2 \
+      --variants replay standard ;;
+  tp-80b-256)
+    e2e 560 --synthetic qwen3-next-80b-a3b --batch 256 --prompt-len 128 --tp 2 \
+      --variants replay standard ;;
   profile)
     python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
       --steps 16 --mode replay --top 30 --trace-dir "$out/trace" 2>>"$out/profile.log" ;;

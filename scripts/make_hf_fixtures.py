@@ -97,7 +97,7 @@ def _nemotron_common(**over):
         mamba_num_heads=4,
         mamba_head_dim=16,
         ssm_state_size=16,
-        n_groups=2,
+        n_groups=4,  # every head count divides 4: tensor-parallel tests at tp = 2 and 4
         conv_kernel=4,
         use_conv_bias=True,
         mamba_proj_bias=False,
@@ -129,11 +129,11 @@ def _qwen_text_common(**over):
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=4,
-        num_attention_heads=2,
+        num_attention_heads=4,  # head counts divide 4 (tensor-parallel tests); 1 kv head: replicated
         num_key_value_heads=1,
         head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
         linear_key_head_dim=16,
         linear_value_head_dim=16,
         linear_conv_kernel_dim=4,
@@ -193,7 +193,7 @@ def build_nemotron_h_p80():
     cfg = NemotronHConfig(
         **_nemotron_common(
             hybrid_override_pattern="M-M*M-",
-            mamba_num_heads=4,
+            mamba_num_heads=8,  # 2 heads per group, group size I/G = 40 as before
             mamba_head_dim=20,
         )
     )

@@ -1,4 +1,4 @@
-"""Test set-up: CPU + Pallas interpret mode unless REPLAYJAX_TEST_BACKEND=gpu.
+"""Test set-up: CPU (4 devices) + Pallas interpret mode unless REPLAYJAX_TEST_BACKEND=gpu.
 
 On a CUDA machine, `REPLAYJAX_TEST_BACKEND=gpu python -m pytest -m gpu` runs the kernel tests
 compiled (Triton) against the same references; on CPU those tests run in interpret mode and the
@@ -13,6 +13,9 @@ if os.environ.get("REPLAYJAX_TEST_BACKEND", "cpu") == "cpu":
 import jax
 import pytest
 
+# 4 CPU devices for the tensor-parallel tests (tests/models/test_tp.py); everything else runs on
+# the first one as before. Set before the backend starts (no effect on a GPU backend).
+jax.config.update("jax_num_cpu_devices", 4)
 ON_GPU = jax.default_backend() == "gpu"
 
 

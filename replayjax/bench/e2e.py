@@ -100,13 +100,14 @@ def make_workload(args, vocab) -> Workload:
 
 def build_model(args, mtp=False):
     """The model of --model (with an MTP head iff the checkpoint ships one) or the randomised
-    --synthetic preset (with an MTP head when `mtp`)."""
+    --synthetic preset (with an MTP head when `mtp`), split over --tp devices."""
     import jax.numpy as jnp
 
     from replayjax.loading import load_model
+    mesh = cli.tp_mesh(args.tp)
     if args.model:
-        return load_model(args.model)
-    return build(args.synthetic, jnp.dtype(args.dtype), args.seed, mtp)
+        return load_model(args.model, mesh=mesh)
+    return build(args.synthetic, jnp.dtype(args.dtype), args.seed, mtp, mesh=mesh)
 
 
 # ---------------------------------------------------------------------- serving
@@ -209,7 +210,7 @@ def run_variant(model, variant, args, workload, progress):
     kind = "verify" if K else "decode"
     step = [s / k for what, k, s in engine.visits if what == kind and k]
     tokens = sum(len(c.tokens) for c in out)
-    mem = jax.devices()[0].memory_stats() or {}
+    mem = jax.local_devices()[0].memory_stats() or {}
     row = dict(
         variant=name, requests=n, completed=sum(c is not None for c in out),
         tokens=tokens, step_kind=kind,
@@ -232,7 +233,9 @@ def run_variant(model, variant, args, workload, progress):
 
 def add_roofline(row, model, args, workload, copy_bw):
     """Decode rows: the minimum bytes of a decode step at the run's batch and mean KV length,
-    the ideal step time at `copy_bw` and the fraction of it the measured step achieves."""
+    the ideal step time at `copy_bw` and the fraction of it the measured step achieves. With
+    --tp the bytes are taken as split evenly over the devices (replicated embedding and LM head
+    make the real share a little larger)."""
     row["copy_gbs"] = copy_bw / 1e9
     if row.get("step_kind") != "decode":
         return
@@ -243,8 +246,8 @@ def add_roofline(row, model, args, workload, copy_bw):
                                  window=args.window, state_dtype=jnp.dtype(args.state_dtype))
     total = sum(by_class.values())
     row.update(roofline_mb={c: b / 1e6 for c, b in by_class.items()},
-               min_mb_per_step=total / 1e6, ideal_step_ms=total / copy_bw * 1e3,
-               of_roofline=total / copy_bw * 1e3 / row["step_ms"])
+               min_mb_per_step=total / 1e6, ideal_step_ms=total / args.tp / copy_bw * 1e3,
+               of_roofline=total / args.tp / copy_bw * 1e3 / row["step_ms"])
 
 
 def compare_to_standard(rows, tokens, greedy):
@@ -384,6 +387,7 @@ def build_parser():
                     help="decode steps per host visit (non-speculative variants)")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
+    cli.add_tp_argument(ap)
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "
                          "own (the model is built again for each); none: all in this process; "
@@ -457,7 +461,7 @@ def _fmt(x, spec):
 def print_table(args, rows, what):
     """The rows as a markdown table."""
     print(f"{args.model or args.synthetic}: {what}; {args.batch} slots, L = {args.window}, "
-          f"K = {args.num_draft}; copy bandwidth "
+          f"K = {args.num_draft}, tp = {args.tp}; copy bandwidth "
           f"{_fmt(rows[0].get('copy_gbs') if rows else None, '.0f')} GB/s")
     print("| variant | step ms | vs standard | ideal ms (of roofline) | tokens/s | compile s "
           "| TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify | k = 0..K "

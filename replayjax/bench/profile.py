@@ -51,6 +51,7 @@ def build_parser():
                     help="ReplaySSM ring window L")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
+    cli.add_tp_argument(ap)
     ap.add_argument("--top", type=cli.at_least(1), default=25, metavar="N",
                     help="kernels listed")
     ap.add_argument("--trace-dir", metavar="DIR", type=cli.nonempty,
@@ -78,8 +79,9 @@ def profile(args, progress):
     from replayjax.loading import load_model
 
     with progress.stage("building the model"):
-        model = (load_model(args.model) if args.model else
-                 build(args.synthetic, jnp.dtype(args.dtype), args.seed))
+        mesh = cli.tp_mesh(args.tp)
+        model = (load_model(args.model, mesh=mesh) if args.model else
+                 build(args.synthetic, jnp.dtype(args.dtype), args.seed, mesh=mesh))
     try:        # before the prompts: the cache check bounds --batch x --prompt-len
         engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
                         ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)
@@ -112,9 +114,12 @@ def profile(args, progress):
         bw = copy_bandwidth()
     steps = sum(n for kind, n, _ in engine.visits if kind == "decode")
     visit_s = sum(s for kind, _, s in engine.visits if kind == "decode")
-    measured = {c: sum(k["total_ns"] for k in kernels if k["cls"] == c) * 1e-9 for c in CLASSES}
+    # with --tp: per device (kernel time of all tp devices / tp, bytes split evenly)
+    measured = {c: sum(k["total_ns"] for k in kernels if k["cls"] == c) * 1e-9 / args.tp
+                for c in CLASSES}
     min_bytes = decode_step_bytes(model, args.batch, args.prompt_len + (steps - 1) / 2,
                                   mode=args.mode, window=args.window, state_dtype=jnp.float32)
+    min_bytes = {c: b / args.tp for c, b in min_bytes.items()}
     return dict(trace_dir=trace_dir, steps=steps, compile_s=compile_s,
                 host_ms_per_step=visit_s / max(steps, 1) * 1e3, copy_gbs=bw / 1e9,
                 kernels=[dict(name=k["name"], cls=k["cls"], count=k["count"],
@@ -124,7 +129,7 @@ def profile(args, progress):
 
 def print_report(args, r):
     print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} decode steps of "
-          f"{args.batch} rows, {args.mode}; host visit {r['host_ms_per_step']:.2f} ms per step; "
+          f"{args.batch} rows, {args.mode}, tp = {args.tp}; host visit {r['host_ms_per_step']:.2f} ms per step; "
           f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s")
     print("\n| class | measured us per step | min MB per step | ideal us | of roofline |\n"
           "|---|---|---|---|---|")

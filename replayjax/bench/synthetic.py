@@ -7,6 +7,7 @@ the weight dtype. `build` refuses, in one line, a model that does not fit in fre
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -92,13 +93,56 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
     return sum(n * size for n, size in shapes), max(n for n, _ in shapes)
 
 
-def check_fits(name: str, cfg, dtype, mtp: bool = False):
-    """UserError (one line) unless the weights of preset `name` -- plus the largest one in fp32,
-    which `randomize` draws before casting -- fit in free memory."""
+def check_fits(name: str, cfg, dtype, mtp: bool = False, tp: int = 1):
+    """UserError (one line) unless 1/tp of the weights of preset `name` -- plus the largest one
+    in fp32, which `randomize` draws before casting -- fit in free memory (of one device)."""
     import jax.numpy as jnp
     total, largest = param_bytes(cfg, dtype, mtp)
-    if why := memory.shortfall(total + 4 * largest):
-        raise UserError(f"{name} in {jnp.dtype(dtype).name} {why}")
+    if why := memory.shortfall(total // tp + 4 * largest):
+        split = f" split over {tp} devices" if tp > 1 else ""
+        raise UserError(f"{name} in {jnp.dtype(dtype).name}{split} {why}")
+
+
+def _kind(path, shape) -> str | None:
+    """How `randomize` draws the param at `path`, or None when it keeps its constructor value."""
+    name = str(path[-1])
+    if name in ("A_log", "dt_bias"):
+        return name
+    if name in ("embeddings", "embed_tokens"):
+        return "embedding"
+    if name in ("kernel", "up", "down", "gate", "gate_w", "conv_weight") and len(shape) > 1:
+        return "matrix"
+    return None
+
+
+def _draw(kind, fan_in, shape, dtype, key, salt):
+    import jax
+    import jax.numpy as jnp
+    k = jax.random.fold_in(key, salt)
+    if kind == "A_log":
+        return jnp.log(jax.random.uniform(k, shape, jnp.float32, 1.0, 16.0))
+    if kind == "dt_bias":
+        dt = jax.random.uniform(k, shape, jnp.float32, 1e-3, 0.1)
+        return dt + jnp.log(-jnp.expm1(-dt))
+    if kind == "embedding":
+        return jax.random.normal(k, shape, jnp.float32).astype(dtype)
+    return (jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5).astype(dtype)
+
+
+@functools.cache
+def _jitted_draw():
+    import jax
+    return jax.jit(_draw, static_argnums=(0, 1, 2, 3))
+
+
+def random_param(path, shape, dtype, key):
+    """The value `randomize` gives the param at `path` (a tuple of keys; `_kind` must not be
+    None), from the seed's `key` with the path folded in. Jitted, one program per kind and
+    shape, so a param's values are the same bits however the model is placed afterwards."""
+    name = str(path[-1])
+    fan_in = shape[-1] if name in ("gate", "conv_weight") else shape[-2] if len(shape) > 1 else 1
+    salt = zlib.crc32("/".join(map(str, path)).encode()) & 0x7FFFFFFF
+    return _jitted_draw()(_kind(path, shape), fan_in, tuple(shape), dtype, key, salt)
 
 
 def randomize(model, seed: int = 0):
@@ -109,32 +153,59 @@ def randomize(model, seed: int = 0):
     values. Each param's key comes from its path, so adding an MTP head leaves the other weights
     unchanged."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     key = jax.random.key(seed)
     for path, var in nnx.iter_graph(model):
-        if not isinstance(var, nnx.Param):
-            continue
-        name, x = str(path[-1]), var[...]
-        k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()) & 0x7FFFFFFF)
-        if name == "A_log":
-            var[...] = jnp.log(jax.random.uniform(k, x.shape, jnp.float32, 1.0, 16.0))
-        elif name == "dt_bias":
-            dt = jax.random.uniform(k, x.shape, jnp.float32, 1e-3, 0.1)
-            var[...] = dt + jnp.log(-jnp.expm1(-dt))
-        elif name in ("embeddings", "embed_tokens"):
-            var[...] = jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
-        elif name in ("kernel", "up", "down", "gate", "gate_w", "conv_weight") and x.ndim > 1:
-            fan_in = x.shape[-1] if name in ("gate", "conv_weight") else x.shape[-2]
-            var[...] = (jax.random.normal(k, x.shape, jnp.float32) * fan_in ** -0.5).astype(x.dtype)
+        if isinstance(var, nnx.Param) and _kind(path, var[...].shape):
+            x = var[...]
+            var[...] = random_param(path, x.shape, x.dtype, key)
     return model
 
 
-def build(name: str, dtype, seed: int = 0, mtp: bool = False):
-    """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
-    that it fits."""
+def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+    """The model of `cfg` with `randomize`'s weights in `dtype`. On a tensor-parallel mesh
+    (`models.sharding`) the params are made in place: the constructor's values of the params
+    that keep them, in their shardings, then one at a time each random one drawn (the same bits
+    as on one device), laid out device-major and placed, so a device holds its share of the
+    model plus at most one whole param."""
+    import jax
+    from flax import nnx
+
+    from models import sharding
     from models.registry import model_class
+    make = lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp)     # noqa: E731
+    if sharding.mesh_tp(mesh) == 1:
+        return randomize(make(), seed)
+    rules = sharding.TPRules(cfg, mesh)
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+    flat = lambda tree: {sharding.param_path(kp): a for kp, a in     # noqa: E731
+                         jax.tree_util.tree_flatten_with_path(tree)[0]}
+    shapes = flat(nnx.to_pure_dict(state))
+    kept = [p for p, a in shapes.items() if not _kind(p, a.shape)]
+    values = dict(zip(kept, jax.jit(   # the random params' constructor values are never made
+        lambda: [flat(nnx.to_pure_dict(nnx.state(make(), nnx.Param)))[p] for p in kept],
+        out_shardings=[rules.sharding(p, shapes[p].shape) for p in kept])()))
+    key = jax.random.key(seed)
+    for p, a in shapes.items():
+        if p not in values:
+            values[p] = jax.jit(lambda v, p=p: rules.layout(p, v),
+                                out_shardings=rules.sharding(p, a.shape))(
+                random_param(p, a.shape, a.dtype, key))
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
+        lambda kp, _: values[sharding.param_path(kp)], nnx.to_pure_dict(state)))
+    return sharding.set_layout(nnx.merge(graphdef, state), rules.tp)
+
+
+def build(name: str, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+    """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
+    that it fits; on `mesh` (tensor parallel) each device holds its share (`random_model`)."""
+    from models import sharding
     cfg = synthetic_config(name, mtp)
-    check_fits(name, cfg, dtype, mtp)
-    return randomize(model_class(cfg)(cfg, dtype=dtype, mtp=mtp), seed)
+    tp = sharding.mesh_tp(mesh)
+    try:
+        sharding.check_tp(cfg, tp)
+    except ValueError as e:
+        raise UserError(f"--synthetic {name}: {e}") from None
+    check_fits(name, cfg, dtype, mtp, tp)
+    return random_model(cfg, dtype, seed, mtp, mesh)

@@ -1,0 +1,291 @@
+"""Tensor parallelism over the GPUs of a host (or of several processes): a 1-D `tp` mesh, the
+per-family partition rules, the device-major layout of fused projections, cache shardings.
+
+Megatron style. Each device holds 1/tp of the heads of every mixer and of every FFN's width:
+
+* column-parallel in-projections (Mamba-2 / GDN `in_proj`, attention q/k/v, MLP up/gate, the
+  experts' up/gate on their width F), row-parallel out-projections (`out_proj`, `o_proj`,
+  `down_proj`, the experts' down), so each mixer and each FFN ends with one `psum` (`tp_sum`);
+* Mamba-2 heads and groups, GDN key and value heads, attention query heads split across devices;
+  KV heads too when tp divides their count, else (tp a multiple of it) replicated: every device
+  keeps all KV heads and attends with the one its query heads share;
+* MoE experts tensor-parallel inside (each device 1/tp of every expert's width; routing is
+  replicated), so any expert count works. Expert parallelism would shard E instead (see
+  docs/multi_host.md for the design);
+* embedding, LM head, norms, routers, MTP projections replicated: sampling needs the full-vocab
+  logits on every device, and all-gathering fp32 logits [b, V] each step (134 MB at b = 256,
+  V = 131k) costs more than reading a replicated LM head.
+
+Fused projections are laid out device-major at load time (`TPRules.layout`, the identity at
+tp = 1): the columns of Mamba-2's in_proj [z | x | B | C | dt] become [z_0 | x_0 | B_0 | C_0 |
+dt_0 | z_1 | ...] where _r is device r's heads' slice of each piece, likewise GDN's
+[q | k | v | z | b | a] and the conv channels [x | B | C] / [q | k | v]. So a device's column
+block of the weights is its own heads' pieces and the whole SSM mixer (in_proj -> conv -> kernel
+-> gated norm -> out_proj) runs on local heads under `shard_map` with one psum: no state or
+activation crosses devices inside it. The mixers read the layout through `split_fused`, which
+also serves a laid-out model traced outside shard_map (shapes only, or GSPMD).
+
+`models.runner.Runner` runs a sharded model's whole step under one `jax.shard_map` over the mesh:
+params and caches with their specs (`state_specs`: heads on axis 1 of every SSM buffer, the
+channel axis of conv states, KV heads when sharded; counts, lengths, state_rows replicated),
+every other input and output replicated (`check_vma=False`: the outputs after a psum are the same
+on every device).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models.cache import ModelCache, SSMCache
+from models.common import KVCache
+from models.config import NemotronHConfig
+from models.parallel import TP
+
+
+# ---------------------------------------------------------------------- mesh
+
+def make_mesh(tp: int, devices=None) -> Mesh:
+    """A 1-D ("tp",) mesh over the first `tp` of `devices` (default: every device of every
+    process, `jax.devices()`). Auto axis type: `shard_map` then accepts any input placement
+    (jax.make_mesh defaults to Explicit). ValueError (one line) if tp exceeds the devices."""
+    devices = jax.devices() if devices is None else list(devices)
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor-parallel degree tp must be a positive integer, got {tp!r}")
+    if tp > len(devices):
+        raise ValueError(f"tp = {tp} exceeds the {len(devices)} visible "
+                         f"{devices[0].platform.upper()} device(s)")
+    return jax.make_mesh((tp,), (TP,), axis_types=(AxisType.Auto,), devices=devices[:tp])
+
+
+def mesh_tp(mesh) -> int:
+    """The tp degree of a mesh (1 for None or a mesh without a "tp" axis)."""
+    return 1 if mesh is None else dict(mesh.shape).get(TP, 1)
+
+
+# ---------------------------------------------------------------------- configs and layouts
+
+def check_tp(cfg, tp: int):
+    """ValueError (one line) unless tp divides every count the rules split: query heads, Mamba
+    heads and groups, GDN key and value heads, MLP and expert widths; KV heads must divide or
+    be divided by tp (replicated when fewer)."""
+    if tp == 1:
+        return
+    if isinstance(cfg, NemotronHConfig):
+        kinds = set(cfg.layer_kinds) | set(cfg.mtp_layer_kinds)
+        need = {"mamba": ("mamba_num_heads", "n_groups"), "attention": ("num_attention_heads",),
+                "mlp": ("intermediate_size",),
+                "moe": ("moe_intermediate_size",) + (("moe_shared_expert_intermediate_size",)
+                                                     if cfg.n_shared_experts else ())}
+    else:
+        kinds = set(cfg.layer_kinds) | set(cfg.ffn_kinds) | {"attention"}
+        if cfg.num_mtp_layers:
+            kinds.add(cfg.mtp_ffn_kind)
+        need = {"gdn": ("linear_num_key_heads", "linear_num_value_heads"),
+                "attention": ("num_attention_heads",), "mlp": ("intermediate_size",),
+                "moe": ("moe_intermediate_size",) + (("shared_expert_intermediate_size",)
+                                                     if cfg.shared_expert_intermediate_size
+                                                     else ())}
+    for kind in sorted(kinds & set(need)):
+        for name in need[kind]:
+            if getattr(cfg, name) % tp:
+                raise ValueError(f"tp = {tp} does not divide the model's {name} "
+                                 f"({getattr(cfg, name)})")
+    kv = cfg.num_key_value_heads
+    if "attention" in kinds and kv % tp and tp % kv:
+        raise ValueError(f"tp = {tp} and the model's num_key_value_heads ({kv}) must divide "
+                         f"one another")
+
+
+def _segments(cfg):
+    """{param path regex: (axis, piece sizes)} of the fused params of a family (natural order
+    on disk; `TPRules.layout` makes them device-major)."""
+    if isinstance(cfg, NemotronHConfig):
+        I, GN, H = cfg.mamba_intermediate_size, cfg.n_groups * cfg.ssm_state_size, \
+            cfg.mamba_num_heads
+        return {r"mixer/in_proj/kernel$": (1, (I, I, GN, GN, H)),
+                r"mixer/in_proj/bias$": (0, (I, I, GN, GN, H)),
+                r"mixer/conv_(weight|bias)$": (0, (I, GN, GN))}
+    KD, VD, Hv = cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.linear_num_value_heads
+    return {r"mixer/in_proj/kernel$": (1, (KD, KD, VD, VD, Hv, Hv)),
+            r"mixer/conv_weight$": (0, (KD, KD, VD))}
+
+
+def device_major(sizes, tp: int) -> np.ndarray:
+    """Index permutation natural -> device-major of pieces `sizes` (each divisible by tp)."""
+    starts = np.cumsum((0,) + tuple(sizes))[:-1]
+    return np.concatenate([np.arange(s + r * n // tp, s + (r + 1) * n // tp)
+                           for r in range(tp) for s, n in zip(starts, sizes)])
+
+
+# ---------------------------------------------------------------------- partition rules
+
+_COL, _ROW, _VEC = P(None, TP), P(TP, None), P(TP)
+_KV = "kv"              # column-parallel when tp divides the KV heads, else replicated
+
+# (param path regex, spec), first match wins; paths are the "/"-joined keys of the model's
+# pure-dict state; whatever matches nothing is replicated (embeddings, LM head, norms, routers,
+# latent and MTP projections). Row-parallel biases are replicated: added on device 0 only.
+NEMOTRON_H_RULES = (
+    (r"mixer/in_proj/kernel$", _COL), (r"mixer/in_proj/bias$", _VEC),
+    (r"mixer/conv_weight$", _ROW), (r"mixer/conv_bias$", _VEC),
+    (r"mixer/(dt_bias|A_log|D|norm)$", _VEC), (r"mixer/out_proj/kernel$", _ROW),
+    (r"mixer/q_proj/kernel$", _COL), (r"mixer/q_proj/bias$", _VEC),
+    (r"mixer/[kv]_proj/(kernel|bias)$", _KV), (r"mixer/o_proj/kernel$", _ROW),
+    (r"up_proj/kernel$", _COL), (r"up_proj/bias$", _VEC), (r"down_proj/kernel$", _ROW),
+    (r"mixer/up$", P(None, None, TP)), (r"mixer/down$", P(None, TP, None)),
+)
+QWEN_RULES = (
+    (r"mixer/in_proj/kernel$", _COL), (r"mixer/conv_weight$", _ROW),
+    (r"mixer/(dt_bias|A_log)$", _VEC), (r"mixer/out_proj/kernel$", _ROW),
+    (r"mixer/q_proj/kernel$", _COL), (r"mixer/q_proj/bias$", _VEC),
+    (r"mixer/[kv]_proj/(kernel|bias)$", _KV), (r"mixer/o_proj/kernel$", _ROW),
+    (r"(gate|up)_proj/kernel$", _COL), (r"down_proj/kernel$", _ROW),
+    (r"mlp/(gate_w|up)$", P(None, None, TP)), (r"mlp/down$", P(None, TP, None)),
+)
+
+
+class TPRules:
+    """A family's partition rules on a mesh: `spec(path, shape)` -> PartitionSpec and
+    `layout(path, array)` -> the array laid out device-major (fused params; others as given).
+    Loaders take it as `partition=` (`convert.load`, `convert.load_hf`)."""
+
+    def __init__(self, cfg, mesh: Mesh):
+        self.cfg, self.mesh, self.tp = cfg, mesh, mesh_tp(mesh)
+        check_tp(cfg, self.tp)
+        self.rules = NEMOTRON_H_RULES if isinstance(cfg, NemotronHConfig) else QWEN_RULES
+        self.segments = _segments(cfg)
+
+    def spec(self, path, shape) -> P:
+        if self.tp == 1:
+            return P()
+        name = "/".join(map(str, path))
+        spec = next((s for pat, s in self.rules if re.search(pat, name)), P())
+        if spec == _KV:
+            kv = self.cfg.num_key_value_heads
+            spec = P() if kv % self.tp else (_COL if len(shape) == 2 else _VEC)
+        for axis, ax in enumerate(spec):
+            if ax == TP and shape[axis] % self.tp:
+                raise ValueError(f"param {name} {list(shape)}: axis {axis} is not divisible "
+                                 f"by tp = {self.tp}")
+        return spec
+
+    __call__ = spec
+
+    def sharding(self, path, shape) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(path, shape))
+
+    def _fused(self, path):
+        name = "/".join(map(str, path))
+        return next((seg for pat, seg in self.segments.items() if re.search(pat, name)), None)
+
+    def fused(self, path) -> bool:
+        """Whether `layout` permutes this param (a fused projection, tp > 1)."""
+        return self.tp > 1 and self._fused(path) is not None
+
+    def layout(self, path, a):
+        """a (numpy or jax, natural order) -> device-major for this tp (fused params only)."""
+        if not self.fused(path):
+            return a
+        axis, sizes = self._fused(path)
+        idx = device_major(sizes, self.tp)
+        return np.take(a, idx, axis) if isinstance(a, np.ndarray) else \
+            jnp.take(a, jnp.asarray(idx), axis=axis)
+
+
+def param_path(kp) -> tuple:
+    """A pytree key path of a model's pure-dict state as the rules see it ("layers", 0, ...)."""
+    return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in kp)
+
+
+def set_layout(model, tp: int):
+    """Records on the model's fused-projection mixers that their weights are device-major for
+    tp (what `TPRules.layout` produced). Returns the model."""
+    from flax import nnx
+    for _, node in nnx.iter_graph(model):
+        if hasattr(node, "tp_layout"):
+            node.tp_layout = tp
+    return model
+
+
+def shard_model(model, mesh: Mesh):
+    """A model whose params sit on one device (natural layout), laid out and placed on `mesh`
+    with its family's rules, one param at a time. Returns the new model (the old one keeps its
+    arrays until dropped)."""
+    from flax import nnx
+    rules = TPRules(model.cfg, mesh)
+    graphdef, state = nnx.split(model)
+    pure = nnx.to_pure_dict(state)
+
+    def place(kp, a):
+        path = param_path(kp)
+        return jax.device_put(rules.layout(path, a), rules.sharding(path, a.shape))
+
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(place, pure))
+    return set_layout(nnx.merge(graphdef, state), rules.tp)
+
+
+def params_mesh(params):
+    """The tp mesh (tp > 1) all of `params`' arrays are placed on, or None when they are on a
+    single device. ValueError for params split between meshes (a draft model on another one)."""
+    meshes = {getattr(a.sharding, "mesh", None) for a in jax.tree.leaves(params)
+              if isinstance(a, jax.Array)}
+    tp_meshes = {m for m in meshes if m is not None and mesh_tp(m) > 1}
+    if not tp_meshes:
+        return None
+    if len(meshes) > 1:
+        raise ValueError("the models' params are on different meshes; place the target and the "
+                         "draft model on the same tp mesh")
+    mesh = tp_meshes.pop()
+    if any(n > 1 for ax, n in dict(mesh.shape).items() if ax != TP):
+        raise ValueError(f"only a 1-D ('tp',) mesh is supported, got {dict(mesh.shape)}")
+    return mesh
+
+
+# ---------------------------------------------------------------------- cache shardings
+
+def cache_specs(cache: ModelCache, tp: int) -> ModelCache:
+    """PartitionSpecs of a ModelCache (arrays or ShapeDtypeStructs, global shapes): SSM buffers
+    on their head axis 1, conv states and pending windows on channels, KV caches on heads when
+    tp divides them; counts, lengths, state_rows replicated."""
+    heads, channels = P(None, TP), P(None, None, TP)
+
+    def layer(lc):
+        if isinstance(lc, SSMCache):
+            return SSMCache(jax.tree.map(lambda _: heads, lc.buffers), channels,
+                            None if lc.pending is None else channels)
+        if isinstance(lc, KVCache):
+            spec = channels if lc.k.shape[2] % tp == 0 else P()
+            return KVCache(spec, spec)
+        return None
+
+    return cache.replace(counts=P(), lengths=P(), state_rows=P(),
+                         layers=tuple(map(layer, cache.layers)), mtp=tuple(map(layer, cache.mtp)))
+
+
+def state_specs(tree, tp: int):
+    """Specs of any pytree holding ModelCaches (an engine state, a step's outputs): the caches'
+    `cache_specs`, every other leaf replicated."""
+    is_cache = lambda x: isinstance(x, ModelCache)
+    return jax.tree.map(lambda x: cache_specs(x, tp) if is_cache(x) else P(), tree,
+                        is_leaf=is_cache)
+
+
+def place(build, mesh: Mesh):
+    """build() -> a pytree holding caches, created in place on `mesh`: each device allocates
+    only its shards of the caches (the other leaves replicated)."""
+    specs = state_specs(jax.eval_shape(build), mesh_tp(mesh))
+    return jax.jit(build, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s),
+                                                     specs))()
+
+
+def replicate(tree, mesh: Mesh):
+    """Host or single-device inputs as arrays replicated over `mesh` (what every process of a
+    multi-process run passes identically)."""
+    sharding = NamedSharding(mesh, P())
+    return jax.tree.map(lambda a: jax.device_put(a, sharding), tree)

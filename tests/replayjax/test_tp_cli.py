@@ -1,0 +1,96 @@
+"""--tp on the command line and several processes: `replayjax launch --nproc 2 --cpu` runs
+`generate --tp 2` as two processes joined by jax.distributed (gloo collectives between the CPU
+processes) and prints HF's greedy tokens once; bad --tp values are one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from replayjax import distributed, generate_cli, launch
+from replayjax.bench import e2e
+
+NEMOTRON = "tests/fixtures/hf/nemotron_h"
+
+
+def _ids(prompt):
+    return ",".join(map(str, prompt))
+
+
+def test_two_processes_generate_the_single_device_tokens():
+    ref = np.load(f"{NEMOTRON}/reference.npz")
+    prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"][:2])]
+    cmd = [sys.executable, "-m", "replayjax.cli", "launch", "--nproc", "2", "--cpu", "--",
+           "generate", "--model", NEMOTRON, "--max-new-tokens", "8", "--tp", "2", "--json"]
+    for p in prompts:
+        cmd += ["--prompt-ids", _ids(p)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}    # one device each
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1                                   # printed by process 0 only
+    results = json.loads(lines[0])["results"]
+    assert [r["tokens"] for r in results] == ref["greedy_tokens"][:2, :8].tolist()
+
+
+def test_launch_refuses_bad_arguments(capsys):
+    for argv, msg in ((["--nproc", "0", "--", "generate"], "--nproc: must be >= 1"),
+                      (["--nproc", "2"], "give the command to run after --"),
+                      (["--nproc", "2", "--", "launch"], "cannot be launch itself")):
+        with pytest.raises(SystemExit) as e:
+            launch.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_worker_environment():
+    env = launch.worker_env({}, coordinator="127.0.0.1:1234", nproc=2, rank=1, cpu=False)
+    assert distributed.settings(env) == dict(coordinator_address="127.0.0.1:1234",
+                                             num_processes=2, process_id=1,
+                                             local_device_ids=[1])
+    cpu = launch.worker_env({}, coordinator="h:1", nproc=2, rank=0, cpu=True)
+    assert cpu["JAX_PLATFORMS"] == "cpu" and distributed.settings(cpu)["local_device_ids"] is None
+    with pytest.raises(distributed.LaunchError, match="REPLAYJAX_PROCESS_ID is not set"):
+        distributed.settings({"REPLAYJAX_COORDINATOR": "h:1", "REPLAYJAX_NUM_PROCESSES": "2"})
+    with pytest.raises(distributed.LaunchError, match=r"= 2 must be in \[0, 1\]"):
+        distributed.settings(dict(env, REPLAYJAX_PROCESS_ID="2"))
+
+
+def test_tp_errors_are_one_line(capsys):
+    n = len(jax.devices())
+    with pytest.raises(SystemExit) as e:
+        generate_cli.main(["--prompt-ids", "1,2", "--tp", str(n + 1)])
+    assert e.value.code == 2
+    assert f"argument --tp: tp = {n + 1} exceeds the {n} visible" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:                   # the demo model: 4 heads, 2 groups
+        generate_cli.main(["--prompt-ids", "1,2", "--tp", "3"])
+    assert "tp = 3 does not divide the model's num_attention_heads (4)" in str(e.value.code)
+    assert e2e.main(["--synthetic", "nemotron-h-8b", "--tp", "3", "--isolate", "none"]) == 1
+    assert capsys.readouterr().err.strip() == ("replayjax bench: error: --synthetic "
+                                               "nemotron-h-8b: tp = 3 does not divide the "
+                                               "model's num_attention_heads (32)")
+    assert e2e.main(["--synthetic", "nemotron-h-8b", "--tp", str(n + 1), "--isolate",
+                     "none"]) == 1
+    assert f"--tp {n + 1}: tp = {n + 1} exceeds" in capsys.readouterr().err
+
+
+def test_bench_splits_the_model(capsys):
+    """`replayjax bench --tp 2`: a decode row with its roofline per device."""
+    assert e2e.main(["--model", "tests/fixtures/hf/nemotron_h_p80", "--tp", "2", "--batch", "2",
+                     "--prompt-len", "6", "--new-tokens", "6", "--window", "4",
+                     "--steps-per-visit", "4", "--variants", "replay", "--isolate", "none",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row, = out["rows"]
+    assert out["config"]["tp"] == 2 and row["failures"] == 0
+    assert row["ideal_step_ms"] == pytest.approx(row["min_mb_per_step"] * 1e6 / 2 /
+                                                 (row["copy_gbs"] * 1e9) * 1e3)
+
+
+def test_launch_reports_a_failing_command(capfd):
+    assert launch.main(["--nproc", "2", "--cpu", "--", "generate", "--model", "no/such/dir",
+                        "--prompt-ids", "1"]) == 1
+    assert "model directory 'no/such/dir' does not exist" in capfd.readouterr().err
