@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=8,
                     help="decode steps run on device between two host visits (streaming and "
                          "admission happen between visits)")
+    cli.add_tp_argument(ap)
     ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -110,17 +111,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_engine(args, model_dir: str):
-    """The engine the flags describe, warmed up (prefill and decode / verify compiled).
-    Tensor parallelism plugs in here: the mesh goes to load_model and the engine."""
+    """The engine the flags describe, warmed up (prefill and decode / verify compiled), split
+    over --tp devices of this process (one process drives them all: the HTTP loop is not
+    replicated across `replayjax launch` processes)."""
     import jax.numpy as jnp
 
     from convert import ConvertError
     from replayjax.engine import Engine, Request
     from replayjax.loading import load_model
 
-    model = load_model(model_dir)
+    import jax
+    if jax.process_count() > 1:
+        raise ServeError("serve drives its GPUs from one process: run it with --tp N, not under "
+                         "`replayjax launch`")
+    mesh = cli.tp_mesh(args.tp)
+    model = load_model(model_dir, mesh=mesh)
     try:
-        draft = load_model(args.draft_dir) if args.draft_dir else None
+        draft = load_model(args.draft_dir, mesh=mesh) if args.draft_dir else None
     except ConvertError as e:
         raise ServeError(f"--speculative draft: {e}") from None
     try:
