@@ -47,7 +47,7 @@ class ModelCache:
     mtp: tuple = ()         # per MTP-head layer: KVCache | None (empty without an MTP head)
 
     @classmethod
-    def create(cls, num_slots: int, layers: tuple, mtp: tuple = ()) -> "ModelCache":
+    def create(cls, num_slots: int, layers: tuple, mtp: tuple = ()) -> ModelCache:
         """Zero counts and lengths; each slot's state at the first row of its group (the
         layers' standard-mode draft rows, if any, decide the group size)."""
         drafts = next((lc.num_drafts for lc in layers if isinstance(lc, SSMCache)), 0)

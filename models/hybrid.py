@@ -27,8 +27,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.cache import ModelCache, SSMCache
-from pallas_kernels.ring import (NULL_SLOT, advance_counts, base_rows, commit_counts,
-                                 conv_commit, draft_pool_size, draft_rows, row_index)
+from pallas_kernels.ring import (
+    NULL_SLOT,
+    advance_counts,
+    base_rows,
+    commit_counts,
+    conv_commit,
+    draft_pool_size,
+    draft_rows,
+    row_index,
+)
 
 SSM_KINDS = ("mamba", "gdn")
 SSM_MODES = ("replay", "standard")

@@ -22,8 +22,15 @@ from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, relu2
 from models.config import NemotronHConfig
-from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           token_validity, verify_draft_rows)
+from models.hybrid import (
+    HybridLM,
+    ssm_buffers,
+    ssm_cache,
+    store_pending,
+    store_prefill,
+    token_validity,
+    verify_draft_rows,
+)
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill

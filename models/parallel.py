@@ -43,7 +43,7 @@ def kv_head(num_heads: int, kv_heads: int):
     return tp_index() * (num_heads // tp) // (num_heads // kv_heads)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def local_config(cfg, tp: int):
     """The config of 1/tp of the SSM heads: Mamba-2 heads and groups, GDN key and value heads
     divided by tp (cfg itself at tp = 1), so its derived widths are one device's."""

@@ -28,12 +28,20 @@ from models import moe
 from models.cache import ModelCache, SSMCache
 from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, rms_norm
 from models.config import QwenHybridConfig
-from models.hybrid import (HybridLM, ssm_buffers, ssm_cache, store_pending, store_prefill,
-                           token_validity, verify_draft_rows)
+from models.hybrid import (
+    HybridLM,
+    ssm_buffers,
+    ssm_cache,
+    store_pending,
+    store_prefill,
+    token_validity,
+    verify_draft_rows,
+)
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
+
 _HI = lax.Precision.HIGHEST
 
 

@@ -47,7 +47,6 @@ from models.common import KVCache
 from models.config import NemotronHConfig
 from models.parallel import TP
 
-
 # ---------------------------------------------------------------------- mesh
 
 def make_mesh(tp: int, devices=None) -> Mesh:

@@ -58,8 +58,7 @@ from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
 from replayjax import memory, steps
 from replayjax.drafters import make_drafter
-from replayjax.requests import (Completion, Event, Request, RequestError, check_request,
-                                is_int)
+from replayjax.requests import Completion, Event, Request, RequestError, check_request, is_int
 from replayjax.sampling import SamplingArrays, SamplingParams
 from replayjax.steps import EngineState, SlotInputs
 

@@ -36,7 +36,6 @@ import zlib
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 import transformers
 from transformers import (
     AutoModelForCausalLM,

@@ -40,6 +40,7 @@ def config(args):
 def decode(cfg, dtype, mode, prompts, args):
     """Greedy tokens and the logits each was chosen from, per request (lists of arrays)."""
     import jax.numpy as jnp
+
     from replayjax.bench.synthetic import randomize
     from replayjax.engine import Engine, Request
     from replayjax.loading import model_class

@@ -485,7 +485,7 @@ def train(args):
         description="replayjax demo model: tiny Nemotron-H-style byte-level hybrid LM "
                     "(Mamba-2 + attention + relu^2 MLP, MTP head), trained by scripts/train_demo.py",
         command="PYTHONPATH=. python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-        date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        date_utc=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         versions=dict(python=sys.version.split()[0], jax=jax.__version__,
                       flax=__import__("flax").__version__, numpy=np.__version__),
         devices=f"{jax.default_backend()} x{jax.device_count()} ({os.cpu_count()} CPUs visible)",

@@ -6,6 +6,7 @@ compiled (Triton) against the same references; on CPU those tests run in interpr
 """
 
 import os
+import tempfile
 
 if os.environ.get("REPLAYJAX_TEST_BACKEND", "cpu") == "cpu":
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -17,6 +18,13 @@ import pytest
 # the first one as before. Set before the backend starts (no effect on a GPU backend).
 jax.config.update("jax_num_cpu_devices", 4)
 ON_GPU = jax.default_backend() == "gpu"
+
+# Many tests compile the same programs (a fixture model's steps at the same shapes): a persistent
+# compilation cache shared by the test processes (pytest-xdist workers) compiles each once per
+# machine. Keys include the jax version, flags and the program, so a stale entry cannot be hit.
+jax.config.update("jax_compilation_cache_dir", os.environ.get(
+    "REPLAYJAX_TEST_JAX_CACHE", os.path.join(tempfile.gettempdir(), "replayjax-test-jax-cache")))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,9 +8,15 @@ slot pool), `prefill` (chunked WY/UT scan). The ring contract is `pallas_kernels
 from pallas_kernels.gdn import reference
 from pallas_kernels.gdn.api import replay_decode, replay_verify, standard_decode, standard_verify
 from pallas_kernels.gdn.buffers import GDNBuffers, init_gdn_buffers
-from pallas_kernels.gdn.pallas_triton import (REPLAY_TILING, STANDARD_TILING,
-                                              STANDARD_VERIFY_TILING, VERIFY_TILING,
-                                              GDNReplayTiling, GDNTiling, GDNVerifyTiling)
+from pallas_kernels.gdn.pallas_triton import (
+                                              REPLAY_TILING,
+                                              STANDARD_TILING,
+                                              STANDARD_VERIFY_TILING,
+                                              VERIFY_TILING,
+                                              GDNReplayTiling,
+                                              GDNTiling,
+                                              GDNVerifyTiling,
+)
 from pallas_kernels.gdn.reference import gates, prepare_qk
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
 

@@ -23,9 +23,18 @@ from pallas_kernels.dispatch import family_ops
 from pallas_kernels.gdn import pallas_triton, xla
 from pallas_kernels.gdn.buffers import FIELDS, GDNBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
-from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, Field, check,
-                                       check_draft_slots, check_fields, check_replay_cache,
-                                       check_state, is_pow2)
+from pallas_kernels.validation import (
+    F32_ONLY,
+    FLOAT_DTYPES,
+    INT32_ONLY,
+    Field,
+    check,
+    check_draft_slots,
+    check_fields,
+    check_replay_cache,
+    check_state,
+    is_pow2,
+)
 
 _STEP_FIELDS = (
     Field("v", ("b", "Hv", "V"), FLOAT_DTYPES),

@@ -19,8 +19,16 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._kernel_utils import (F32, call, dot_precision, like, masked_window,
-                                          n_chunks, outer_fold, suffix_sums)
+from pallas_kernels._kernel_utils import (
+    F32,
+    call,
+    dot_precision,
+    like,
+    masked_window,
+    n_chunks,
+    outer_fold,
+    suffix_sums,
+)
 from pallas_kernels.gdn.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling

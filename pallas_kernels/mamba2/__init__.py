@@ -6,12 +6,16 @@ Modules: `api` (the public ops: validate, dispatch), `buffers` (the cache type),
 """
 
 from pallas_kernels.mamba2 import reference
-from pallas_kernels.mamba2.api import (replay_decode, replay_verify, standard_decode,
-                                       standard_verify)
+from pallas_kernels.mamba2.api import replay_decode, replay_verify, standard_decode, standard_verify
 from pallas_kernels.mamba2.buffers import ReplayBuffers, init_replay_buffers
-from pallas_kernels.mamba2.pallas_triton import (REPLAY_TILING, STANDARD_TILING,
-                                                 STANDARD_VERIFY_TILING, VERIFY_TILING,
-                                                 Mamba2ReplayTiling, Mamba2Tiling)
+from pallas_kernels.mamba2.pallas_triton import (
+                                       REPLAY_TILING,
+                                       STANDARD_TILING,
+                                       STANDARD_VERIFY_TILING,
+                                       VERIFY_TILING,
+                                       Mamba2ReplayTiling,
+                                       Mamba2Tiling,
+)
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
 
 __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",

@@ -25,9 +25,18 @@ from pallas_kernels.dispatch import family_ops
 from pallas_kernels.mamba2 import pallas_triton, xla
 from pallas_kernels.mamba2.buffers import FIELDS, ReplayBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
-from pallas_kernels.validation import (F32_ONLY, FLOAT_DTYPES, INT32_ONLY, Field, check,
-                                       check_draft_slots, check_fields, check_replay_cache,
-                                       check_state, is_pow2)
+from pallas_kernels.validation import (
+    F32_ONLY,
+    FLOAT_DTYPES,
+    INT32_ONLY,
+    Field,
+    check,
+    check_draft_slots,
+    check_fields,
+    check_replay_cache,
+    check_state,
+    is_pow2,
+)
 
 _STEP_FIELDS = (
     Field("x", ("b", "H", "P"), FLOAT_DTYPES),

@@ -58,6 +58,7 @@ def pool_sets(fam: Family, dims, batch: int, slots_per_row: int, min_pool_bytes:
 def _mamba2() -> Family:
     import jax
     import jax.numpy as jnp
+
     from pallas_kernels import mamba2
 
     def setup(d, batch, S, L, ring_dtype, key):
@@ -89,6 +90,7 @@ def _mamba2() -> Family:
 def _gdn() -> Family:
     import jax
     import jax.numpy as jnp
+
     from pallas_kernels import gdn
 
     def setup(d, batch, S, L, ring_dtype, key):

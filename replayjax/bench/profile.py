@@ -75,6 +75,7 @@ def profile(args, progress):
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     from replayjax.engine import Engine, Request
     from replayjax.loading import load_model
 

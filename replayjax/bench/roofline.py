@@ -89,6 +89,7 @@ def cache_bytes(model, batch: int, kv_len: float, *, mode: str, window: int,
     position written). Shapes come from the model's own `init_cache` (abstractly evaluated)."""
     import jax
     from flax import nnx
+
     from models.cache import SSMCache
     from models.common import KVCache
     graphdef, params = nnx.split(model)     # traced, so an abstract model works too

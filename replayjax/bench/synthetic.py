@@ -86,6 +86,7 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
     """(bytes of all weights, elements of the largest one) of a model built from `cfg` with
     weights in `dtype`, without allocating it."""
     from flax import nnx
+
     from models.registry import model_class
     abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp))
     shapes = [(math.prod(v.get_value().shape), v.get_value().dtype.itemsize)

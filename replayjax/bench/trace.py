@@ -28,8 +28,8 @@ import os
 import re
 import warnings
 
-from replayjax.commandline import UserError
 from replayjax.bench.roofline import CLASSES
+from replayjax.commandline import UserError
 
 PRIORITY = ("attention", "moe", "sampling", "gemm", "ssm", "other")
 _DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Name Scope", "Framework Ops",

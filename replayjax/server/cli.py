@@ -114,13 +114,12 @@ def build_engine(args, model_dir: str):
     """The engine the flags describe, warmed up (prefill and decode / verify compiled), split
     over --tp devices of this process (one process drives them all: the HTTP loop is not
     replicated across `replayjax launch` processes)."""
+    import jax
     import jax.numpy as jnp
 
     from convert import ConvertError
     from replayjax.engine import Engine, Request
     from replayjax.loading import load_model
-
-    import jax
     if jax.process_count() > 1:
         raise ServeError("serve drives its GPUs from one process: run it with --tp N, not under "
                          "`replayjax launch`")

@@ -9,7 +9,6 @@ import shutil
 import jax
 import numpy as np
 from flax import nnx
-
 from safetensors.numpy import save_file
 
 from convert.safetensors_io import INDEX_NAME

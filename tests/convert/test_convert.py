@@ -23,8 +23,16 @@ from convert.loader import load_config_of
 from models.config import load_config
 from models.runner import Runner
 from replayjax import cli
-from tests.convert.helpers import (VARIANTS, assert_params_equal, fixture_dir, flat_params,
-                                   leftovers, make_checkpoint, reference_params, tensors_of)
+from tests.convert.helpers import (
+    VARIANTS,
+    assert_params_equal,
+    fixture_dir,
+    flat_params,
+    leftovers,
+    make_checkpoint,
+    reference_params,
+    tensors_of,
+)
 
 ATOL = 1e-4
 
@@ -254,7 +262,8 @@ def test_overwrite(converted, tmp_path, capsys):
 
 
 def test_load_with_mesh_and_partition(converted):
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
     seen = []
 
@@ -286,6 +295,7 @@ def test_tied_embeddings_skip_lm_head(tmp_path):
 
 def test_progress_line_without_tqdm():
     import io
+
     from convert.progress import Progress
     buf = io.StringIO()
     p = Progress({"a": 100, "b": 50}, enabled=True, stream=buf)

@@ -13,14 +13,22 @@ import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from convert import ConvertError, convert, load_hf
 from models.config import load_config
 from replayjax import generate_cli
 from replayjax.loading import load_model
-from tests.convert.helpers import (FIXTURES, assert_params_equal, fixture_dir, flat_params,
-                                   make_checkpoint, reference_params, tensors_of)
+from tests.convert.helpers import (
+    FIXTURES,
+    assert_params_equal,
+    fixture_dir,
+    flat_params,
+    make_checkpoint,
+    reference_params,
+    tensors_of,
+)
 
 ALL_FIXTURES = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, d)))
 

@@ -10,14 +10,19 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from convert import load, read_metadata
+from convert import load, mappings, read_metadata
 from convert.converter import convert
 from convert.safetensors_io import open_checkpoint
 from convert.table import chunk_shape
-from convert import mappings
 from models.config import load_config
-from tests.convert.helpers import (assert_params_equal, fixture_dir, flat_params, make_checkpoint,
-                                   reference_params, tensors_of)
+from tests.convert.helpers import (
+    assert_params_equal,
+    fixture_dir,
+    flat_params,
+    make_checkpoint,
+    reference_params,
+    tensors_of,
+)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import moe
 from convert import load_hf
+from models import moe
 from models.config import load_config
 from models.qwen import QwenHybrid
 from models.runner import Runner

@@ -8,8 +8,7 @@ import pytest
 
 from convert import load_hf
 from models.runner import Runner
-from tests.models.hf_checks import (check_greedy, check_pallas_greedy,
-                                   check_prefill_and_forced)
+from tests.models.hf_checks import check_greedy, check_pallas_greedy, check_prefill_and_forced
 
 FIXTURES = "tests/fixtures/hf"
 VARIANTS = ["nemotron_h", "nemotron_h_latent_moe", "nemotron_h_p80"]

@@ -9,8 +9,7 @@ import pytest
 
 from convert import load_hf
 from models.runner import Runner
-from tests.models.hf_checks import (check_greedy, check_pallas_greedy,
-                                   check_prefill_and_forced)
+from tests.models.hf_checks import check_greedy, check_pallas_greedy, check_prefill_and_forced
 
 FIXTURES = "tests/fixtures/hf"
 VARIANTS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]

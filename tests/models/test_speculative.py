@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.models.hf_checks import speculative_greedy
-
 from tests.models import test_nemotron_h, test_qwen
+from tests.models.hf_checks import speculative_greedy
 
 
 def _runner(variant):

@@ -20,7 +20,7 @@ S, MAX_LEN, MAX_T = 6, 96, 4        # every cache has room for T = 4: shapes (co
 TOL = dict(rtol=1e-4, atol=1e-4)     # logits of std ~1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(variant):
     """One Runner per family for the module: its jitted steps compile once."""
     mod = test_qwen if variant.startswith("qwen") else test_nemotron_h

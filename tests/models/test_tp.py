@@ -48,12 +48,12 @@ def _dir(variant):
     return f"{FIXTURES}/{variant}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ref(variant):
     return dict(np.load(f"{_dir(variant)}/reference.npz"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(variant, tp=1):
     """The fixture loaded onto a tp mesh (tp = 1: one device, natural layout)."""
     return load_hf(_dir(variant), mesh=sharding.make_mesh(tp) if tp > 1 else None)[1]

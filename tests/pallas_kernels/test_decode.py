@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import (BF16, F32, IMPLS, cases, each_family, f64,
-                                           long_run)
+from tests.pallas_kernels.families import BF16, F32, IMPLS, cases, each_family, f64, long_run
 from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, rel_err
 
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gdn import prepare_qk, reference as gdn_ref
+from pallas_kernels.gdn import prepare_qk
+from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.mamba2 import reference as m2_ref
 from pallas_kernels.mamba2.prefill import ssd_prefill

@@ -288,6 +288,7 @@ def test_isolated_variants_run_in_fresh_processes(capsys):
 @pytest.mark.parametrize("name", sorted(synthetic.SYNTHETIC))
 def test_synthetic_presets_parse_and_describe_an_mtp_head(name):
     from flax import nnx
+
     from models.registry import model_class
     cfg = synthetic.synthetic_config(name, mtp=True)
     model = nnx.eval_shape(lambda: model_class(cfg)(cfg, dtype=jnp.bfloat16, mtp=True))

@@ -15,8 +15,15 @@ import httpx
 import openai
 import pytest
 
-from tests.replayjax.server.helpers import (ENGINE_FLAGS, MAX_LEN, MODEL, REPO, env, metric,
-                                            sse_events)
+from tests.replayjax.server.helpers import (
+    ENGINE_FLAGS,
+    MAX_LEN,
+    MODEL,
+    REPO,
+    env,
+    metric,
+    sse_events,
+)
 
 # 32 prompts of at most 16 bytes (one prefill length bucket), licence-like
 WORDS = ["This program", "You should", "GNU General", "the License", "Copyright", "Public",
@@ -282,7 +289,7 @@ def test_soak_500_requests_random_arrivals_and_cancellations(server, reference):
             return await request()
         try:
             return await asyncio.wait_for(request(), p["cancel"])
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def run():
