@@ -95,7 +95,7 @@ def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None):
     kv = k.shape[2] if kv_head is None else 1
     max_len = cache.k.shape[1]
     pos = starts[:, None] + jnp.arange(T)[None, :]                       # [b, T]
-    live = slots != NULL_SLOT                                            # padding rows write nothing
+    live = slots != NULL_SLOT                                   # padding rows write nothing
     rows = jnp.broadcast_to(jnp.where(live, slots, cache.k.shape[0])[:, None], pos.shape)
     ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop")
     cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop")

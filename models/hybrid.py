@@ -159,7 +159,8 @@ class HybridLM(nnx.Module):
         check_mode(mode, cache)
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
-            cache, tokens, slots, lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
+            cache, tokens, slots,
+            lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
         logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
@@ -177,7 +178,8 @@ class HybridLM(nnx.Module):
         check_mode(mode, cache)
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
-            cache, tokens, slots, lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl))
+            cache, tokens, slots,
+            lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl))
         return self._logits(hidden), hidden, cache.replace(layers=layers)
 
     def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn):

@@ -47,7 +47,8 @@ class Mamba2Mixer(nnx.Module):
         H, I, C = cfg.mamba_num_heads, cfg.mamba_intermediate_size, cfg.mamba_conv_dim
         self.cfg = cfg
         self.tp_layout = 1              # set by models.sharding when the weights are laid out
-        self.in_proj = Linear(cfg.hidden_size, cfg.mamba_in_proj_dim, bias=cfg.use_bias, dtype=dtype)
+        self.in_proj = Linear(cfg.hidden_size, cfg.mamba_in_proj_dim, bias=cfg.use_bias,
+                              dtype=dtype)
         self.conv_weight = nnx.Param(jnp.zeros((C, cfg.conv_kernel), dtype))   # [C, K]
         self.conv_bias = nnx.Param(jnp.zeros((C,), dtype)) if cfg.use_conv_bias else None
         self.dt_bias = nnx.Param(jnp.zeros((H,), jnp.float32))
@@ -149,7 +150,8 @@ class Attention(nnx.Module):
     there are fewer than tp); o_proj is row-parallel."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
-        nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        nh, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        D = cfg.hidden_size
         self.nh, self.kv, self.hd = nh, kv, hd
         bias = cfg.attention_bias
         self.q_proj = Linear(D, nh * hd, bias=bias, dtype=dtype)
@@ -240,7 +242,8 @@ class Block(nnx.Module):
 
 
 class MTPHead(nnx.Module):
-    """Multi-token-prediction head (`mtp.layers.*`, models.md A4 / vLLM nemotron_h_mtp.py):
+    """Multi-token-prediction head (`mtp.layers.*` as Nemotron-3 checkpoints ship it; vLLM
+    nemotron_h_mtp.py):
     x = eh_proj([enorm(embed(t+1)) | hnorm(h_t)]) (embedding first; plain-weight RMSNorms), then
     the MTP blocks of `mtp_layer_kinds` (e.g. "*E": attention without positions, own KV cache;
     MoE), each x = x + mixer(norm(x)), then final_layernorm; logits through the target's

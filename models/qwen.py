@@ -158,7 +158,8 @@ class Attention(nnx.Module):
     all of them replicated when there are fewer than tp); o_proj is row-parallel."""
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
-        nh, kv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        nh, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        D = cfg.hidden_size
         self.nh, self.kv, self.hd = nh, kv, hd
         self.gated = cfg.attn_output_gate
         self.rotary_dim, self.theta = cfg.rotary_dim, cfg.rope_theta
@@ -258,8 +259,8 @@ def num_mtp_layers(cfg: QwenHybridConfig) -> int:
 
 
 class MTPHead(nnx.Module):
-    """Multi-token-prediction head (`mtp.*`, models.md B4 / vLLM Qwen3NextMultiTokenPredictor,
-    Qwen3_5MultiTokenPredictor):
+    """Multi-token-prediction head (`mtp.*` as the hub checkpoints ship it; vLLM
+    Qwen3NextMultiTokenPredictor, Qwen3_5MultiTokenPredictor):
 
         x = fc([pre_fc_norm_embedding(embed(t+1)) | pre_fc_norm_hidden(h_t)])   # embedding first
         x = x + Attn(input_layernorm(x), positions)       # full gated attention, RoPE, own KV
@@ -318,10 +319,10 @@ class QwenHybrid(HybridLM):
         positions starts..starts+T-1).
 
         RoPE positions are the MTP cache positions starts + t. vLLM gives the drafter the target
-        positions of the hidden states it consumes (models.md B4: input_ids[i] = target_ids[i+1]
-        at target position i, +1 per further draft step); keeping the MTP cache aligned with
-        the target (MTP entry j <-> the target's hidden at position j, next token j+1) makes the
-        two identical. `step` (static) picks MTP layer step % n."""
+        positions of the hidden states it consumes (vLLM qwen3_next_mtp.py: input_ids[i] =
+        target_ids[i+1] at target position i, +1 per further draft step); keeping the MTP cache
+        aligned with the target (MTP entry j <-> the target's hidden at position j, next token
+        j+1) makes the two identical. `step` (static) picks MTP layer step % n."""
         if self.mtp is None:
             raise ValueError("this model was built without an MTP head")
         h, mtp_caches = self.mtp(self.embed_tokens[...], hidden, next_tokens, cache.mtp, slots,

@@ -15,8 +15,8 @@ from replayjax import memory
 from replayjax.commandline import UserError
 
 SYNTHETIC = {
-    # NVIDIA Nemotron-H-8B-Base-8K: Megatron-Bridge recipe nemotronh.py (8b) as summarised in
-    # docs/models.md A2 (52 layers: 24 Mamba-2, 4 attention, 24 MLP).
+    # NVIDIA Nemotron-H-8B-Base-8K: Megatron-Bridge recipe nemotronh.py (8b) and the hub's
+    # config.json (52 layers: 24 Mamba-2, 4 attention, 24 MLP).
     "nemotron-h-8b": dict(
         model_type="nemotron_h", vocab_size=131072, hidden_size=4096,
         hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
@@ -24,7 +24,7 @@ SYNTHETIC = {
         mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4,
         intermediate_size=21504, layer_norm_epsilon=1e-5),
     # Qwen3.5-9B (dense): transformers 5.24 Qwen3_5TextConfig defaults, documented as the 9B's,
-    # matching a published copy of its config (docs/models.md B2).
+    # matching a published copy of its config.json.
     "qwen3.5-9b": dict(
         model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096, num_hidden_layers=32,
         full_attention_interval=4, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
@@ -33,7 +33,7 @@ SYNTHETIC = {
         linear_conv_kernel_dim=4, intermediate_size=12288, rms_norm_eps=1e-6,
         mtp_num_hidden_layers=1),
     # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (public copies of the hub file;
-    # Megatron-Bridge recipe nemotron_3_nano.py; docs/models.md A2): 52 layers = 23 Mamba-2,
+    # Megatron-Bridge recipe nemotron_3_nano.py): 52 layers = 23 Mamba-2,
     # 23 MoE (128 experts, top-6, sigmoid routing scaled 2.5, one shared expert), 6 attention.
     "nemotron-3-nano-30b-a3b": dict(
         model_type="nemotron_h", vocab_size=131072, hidden_size=2688,
@@ -44,7 +44,7 @@ SYNTHETIC = {
         n_shared_experts=1, moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5,
         norm_topk_prob=True, n_group=1, topk_group=1, intermediate_size=1856,
         layer_norm_epsilon=1e-5),
-    # Qwen/Qwen3.5-35B-A3B config.json, text_config (hub snapshot ec2d4ece; docs/models.md B2):
+    # Qwen/Qwen3.5-35B-A3B config.json, text_config (hub snapshot ec2d4ece):
     # 40 layers (3 GDN : 1 gated attention), 256 experts, top-8, expert and shared width 512.
     "qwen3.5-35b-a3b": dict(
         model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
@@ -55,8 +55,8 @@ SYNTHETIC = {
         linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
         num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
         rms_norm_eps=1e-6, mtp_num_hidden_layers=1, tie_word_embeddings=False),
-    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (docs/models.md B2 and public copies of the
-    # hub file): 48 layers, every one MoE (512 experts, top-10, expert and shared width 512);
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (public copies of the hub file): 48 layers,
+    # every one MoE (512 experts, top-10, expert and shared width 512);
     # its `intermediate_size` 5120 is unused. The checkpoint ships an MTP layer (mtp.*).
     "qwen3-next-80b-a3b": dict(
         model_type="qwen3_next", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,

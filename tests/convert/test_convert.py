@@ -196,7 +196,8 @@ def _rand(rng, shape):
 
 
 def _nemotron_mtp_tensors(v):
-    """mtp.layers.{i}.* as shipped (models.md A4) for the fixture's mtp pattern (attention, moe):
+    """mtp.layers.{i}.* as Nemotron-3 checkpoints ship them, for the fixture's mtp pattern
+    (attention, moe):
     the body's tensors of a layer of the same kind renamed, plus enorm / hnorm / eh_proj on
     layer 0 and final_layernorm on the last, all random."""
     t, cfg, rng = tensors_of(v), load_config(fixture_dir(v)), np.random.default_rng(0)
@@ -215,8 +216,8 @@ def _nemotron_mtp_tensors(v):
 
 
 def _qwen_mtp_tensors(v):
-    """mtp.* as shipped (models.md B4): fc, three norms and one full-attention layer named like
-    the body's attention layer (with its FFN), all random."""
+    """mtp.* as Qwen3-Next / Qwen3.5 checkpoints ship them: fc, three norms and one
+    full-attention layer named like the body's attention layer (with its FFN), all random."""
     t, cfg, rng = tensors_of(v), load_config(fixture_dir(v)), np.random.default_rng(0)
     D = cfg.hidden_size
     body = f"{cfg.weight_prefix}layers.{cfg.layer_kinds.index('attention')}."

@@ -83,9 +83,16 @@ class OracleDrafter(drafters.Drafter):
         return host
 
 
-@pytest.mark.parametrize("mode", ["replay", "standard"])
-@pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("variant", VARIANTS)
+# every variant once; both families in both modes at both degrees (the full product repeats
+# the same code paths at 4x the CI time)
+SPEC_CASES = [("nemotron_h", 2, "replay"), ("nemotron_h", 4, "standard"),
+              ("qwen3_next", 4, "replay"), ("qwen3_next", 2, "standard"),
+              ("qwen3_5", 2, "replay"), ("qwen3_5_moe", 4, "standard"),
+              ("nemotron_h_latent_moe", 4, "replay"), ("nemotron_h_p80", 2, "standard")]
+assert {v for v, _, _ in SPEC_CASES} == set(VARIANTS)
+
+
+@pytest.mark.parametrize("variant,tp,mode", SPEC_CASES)
 def test_speculative_greedy_equals_single_device(variant, tp, mode, monkeypatch):
     """tp = 2: the model loaded onto the mesh (convert.load_hf); tp = 4: a single-device model
     laid out and placed by the engine (Engine(mesh=...) -> shard_model)."""
