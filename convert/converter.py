@@ -2,7 +2,8 @@
 
 Output directory layout:
 
-    OUT_DIR/config.json     our parsed config (`models.config` `to_dict()`; `config_from_dict` reads it)
+    OUT_DIR/config.json     our parsed config (`models.config` `to_dict()`;
+                            `config_from_dict` reads it)
     OUT_DIR/convert.json    provenance: converter version, source files (size + mtime, or sha256),
                             dtype, family, MTP, skipped tensors, notes, statistics
     OUT_DIR/params/         orbax checkpoint (OCDBT + zarr) of the model's pure-dict state
@@ -180,13 +181,15 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
             "files": len(ck.files), "tensors": len(table.sources), "params": len(table.rules),
             "bytes_read": in_bytes, "bytes_written": out_bytes,
             "largest_tensor_bytes": max(sizes.values()),
-            "largest_param_bytes": max(math.prod(s) * np.dtype(d).itemsize for s, d in targets.values()),
+            "largest_param_bytes": max(math.prod(s) * np.dtype(d).itemsize
+                                       for s, d in targets.values()),
             "seconds": round(seconds, 3), "mb_per_s": round(in_bytes / 1e6 / max(seconds, 1e-9), 1),
             "rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(_maxrss_mb(), 1),
             "skipped": skipped, "notes": notes,
         }
         meta = {
-            "format": FORMAT, "converter": "replayjax convert", "converter_version": CONVERTER_VERSION,
+            "format": FORMAT, "converter": "replayjax convert",
+            "converter_version": CONVERTER_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "source": {"dir": hf_dir, "model_type": p.model_type, "files": files, "sha256": small,
                        "file_hash": "sha256" if sha256 else "size+mtime"},
@@ -223,7 +226,8 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
         if isinstance(e, OSError):
             raise _os_error(e, out_dir) from None
         if "No space left" in str(e):
-            raise ConvertError(f"disk full while writing {out_dir}: no space left on device") from None
+            raise ConvertError(f"disk full while writing {out_dir}: "
+                               "no space left on device") from None
         raise
 
 

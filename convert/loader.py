@@ -147,7 +147,8 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
         path = _path(kp)
         m = saved.get(tuple(str(k) for k in path))
         if m is None:
-            raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} is not in the checkpoint")
+            raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} "
+                               "is not in the checkpoint")
         if tuple(m.shape) != tuple(leaf.shape):
             raise ConvertError(f"{out_dir}: param {'/'.join(map(str, path))} has shape "
                                f"{list(m.shape)}, the model expects {list(leaf.shape)}")

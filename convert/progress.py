@@ -51,7 +51,8 @@ class Progress:
                 self._bar.update(nbytes)
                 now = time.monotonic()
                 if now - self._last > 0.2:
-                    self._bar.set_postfix_str(f"{self.tensors}/{self.total_tensors} tensors", refresh=False)
+                    self._bar.set_postfix_str(f"{self.tensors}/{self.total_tensors} tensors",
+                                              refresh=False)
                     self._last = now
                 return
             now = time.monotonic()

@@ -161,7 +161,8 @@ def open_checkpoint(directory: str) -> Checkpoint:
         for tname, fname in weight_map.items():
             info = tensors.get(tname)
             if info is None or os.path.basename(info.file) != fname:
-                raise ConvertError(f"{INDEX_NAME} maps {tname} to {fname}, which does not contain it")
+                raise ConvertError(f"{INDEX_NAME} maps {tname} to {fname}, "
+                                   "which does not contain it")
     return Checkpoint(os.path.abspath(directory), tuple(files), tensors, index)
 
 

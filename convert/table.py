@@ -32,7 +32,8 @@ import numpy as np
 
 from convert.errors import Cancelled
 
-Path = tuple  # keys into the model's pure-dict state, e.g. ("layers", 0, "mixer", "in_proj", "kernel")
+# keys into the model's pure-dict state, e.g. ("layers", 0, "mixer", "in_proj", "kernel")
+Path = tuple
 OPS = ("copy", "T", "stack_T", "cols_T")
 
 
@@ -122,7 +123,8 @@ class TableBuilder:
         self.copy(path, name, (C, 1, K))
 
     def linear(self, path: Path, name: str):
-        """nn.Linear `name.weight` (out, in) -> path/kernel (in, out); `name.bias` if the model has one."""
+        """nn.Linear `name.weight` (out, in) -> path/kernel (in, out); `name.bias` if the model
+        has one."""
         din, dout = self.shape(path + ("kernel",))
         self._add(path + ("kernel",), "T", [Part(self.source(f"{name}.weight", (dout, din)))])
         if self.has_param(path + ("bias",)):
@@ -225,8 +227,8 @@ def param_blocks(rule: Rule, shape: tuple[int, ...], dtype, tensors, reader,
         (p,) = rule.parts                               # same leading axis (conv: (C, 1, K))
         for r0, r1 in steps(shape[0], chunks[0]):
             check()
-            a = read(p, p.sub_rows(r0, r1))
-            yield (slice(r0, r1),), a.reshape((r1 - r0,) + tuple(shape[1:])).astype(dtype, copy=False)
+            a = read(p, p.sub_rows(r0, r1)).reshape((r1 - r0,) + tuple(shape[1:]))
+            yield (slice(r0, r1),), a.astype(dtype, copy=False)
     elif rule.op == "T":
         (p,) = rule.parts                               # source [out, in] -> param [in, out]
         out = None

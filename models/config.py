@@ -48,7 +48,8 @@ _NONFINITE = {"inf": math.inf, "infinity": math.inf, "-inf": -math.inf, "-infini
 
 
 def _as_float(v: Any, what: str) -> float:
-    """A float from a JSON value; accepts "inf"/"Infinity" and transformers' {"__float__": "Infinity"}."""
+    """A float from a JSON value; accepts "inf"/"Infinity" and transformers'
+    {"__float__": "Infinity"}."""
     if isinstance(v, Mapping) and set(v) == {"__float__"}:
         v = v["__float__"]
     if isinstance(v, str) and v.strip().lower() in _NONFINITE:
@@ -78,7 +79,8 @@ class _Reader:
         (k0, v0), rest = found[0], found[1:]
         for k, v in rest:
             if v != v0:
-                raise ConfigError(f"{self.where}: field {k0!r} = {v0!r} conflicts with its alias {k!r} = {v!r}")
+                raise ConfigError(f"{self.where}: field {k0!r} = {v0!r} conflicts with its "
+                                  f"alias {k!r} = {v!r}")
         return v0
 
     def _typed(self, check, kind: str, name: str, aliases: tuple[str, ...], default: Any) -> Any:
@@ -112,8 +114,10 @@ class _Reader:
         return self._typed(lambda v: (isinstance(v, str), v), "a string", name, aliases, default)
 
     def list(self, name: str, *aliases: str, default: Any = _REQUIRED) -> Any:
-        return self._typed(lambda v: (isinstance(v, (list, tuple)), list(v) if isinstance(v, (list, tuple)) else v),
-                           "a list", name, aliases, default)
+        def check(v):
+            is_list = isinstance(v, (list, tuple))
+            return is_list, list(v) if is_list else v
+        return self._typed(check, "a list", name, aliases, default)
 
 
 def _kinds(values: Any, table: Mapping[str, str], name: str, where: str) -> tuple[str, ...]:
@@ -181,7 +185,8 @@ class _ConfigBase:
     def from_dict(cls, d: Mapping[str, Any]):
         """Inverse of `to_dict`; unknown or missing keys are errors."""
         d = dict(d)
-        if d.pop("config_class", cls.__name__) != cls.__name__ or d.pop("format", _FORMAT) != _FORMAT:
+        if (d.pop("config_class", cls.__name__) != cls.__name__
+                or d.pop("format", _FORMAT) != _FORMAT):
             raise ConfigError(f"not a {cls.__name__} dict of format {_FORMAT}")
         known = {f.name: f for f in fields(cls)}
         if unknown := sorted(set(d) - set(known)):
@@ -208,11 +213,13 @@ _NEMOTRON_NAMES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "
 
 @dataclass(frozen=True, kw_only=True)
 class NemotronHConfig(_ConfigBase):
-    """Nemotron-H / Nemotron-3 (`nemotron_h`). Checkpoint body under ``backbone.``, untied lm_head.
+    """Nemotron-H / Nemotron-3 (`nemotron_h`). Checkpoint body under ``backbone.``, untied
+    lm_head.
 
     Fields unused by the layer pattern are 0 (e.g. MoE sizes of a dense model). Attention has no
-    RoPE (``rope_theta`` in a config is ignored). MoE routing is sigmoid + ``e_score_correction_bias``
-    (always present in the checkpoint, selection only), relu² experts, one shared expert.
+    RoPE (``rope_theta`` in a config is ignored). MoE routing is sigmoid +
+    ``e_score_correction_bias`` (always present in the checkpoint, selection only), relu²
+    experts, one shared expert.
     """
 
     family: ClassVar[str] = "nemotron_h"
@@ -221,7 +228,7 @@ class NemotronHConfig(_ConfigBase):
     vocab_size: int
     hidden_size: int                    # D
     layer_kinds: tuple[str, ...]        # per layer: "mamba" | "attention" | "mlp" | "moe"
-    layer_norm_epsilon: float = 1e-5    # all RMSNorms, incl. the grouped gated norm (alias norm_eps)
+    layer_norm_epsilon: float = 1e-5    # all RMSNorms, incl. the gated norm (alias norm_eps)
     tie_word_embeddings: bool = False
     residual_in_fp32: bool = False
     max_position_embeddings: int | None = None
@@ -237,13 +244,14 @@ class NemotronHConfig(_ConfigBase):
     ssm_state_size: int = 0             # N
     conv_kernel: int = 4                # K; alias mamba_d_conv
     use_conv_bias: bool = True          # alias mamba_conv_bias
-    use_bias: bool = False              # in_proj/out_proj bias (HF reads use_bias; mamba_proj_bias fallback)
+    use_bias: bool = False              # in/out_proj bias; mamba_proj_bias is HF's fallback
     mamba_hidden_act: str = "silu"      # conv activation
-    chunk_size: int = 128               # SSD prefill chunk (no effect on the math); alias mamba_chunk_size
-    time_step_min: float = 1e-3         # alias mamba_dt_min; HF 5.x clamps dt >= this in prefill only
+    chunk_size: int = 128               # SSD prefill chunk (math unchanged); alias mamba_chunk_size
+    time_step_min: float = 1e-3         # alias mamba_dt_min; HF 5.x clamps dt >= it in prefill only
     time_step_max: float = 0.1          # alias mamba_dt_max (init only)
     time_step_floor: float = 1e-4       # alias mamba_dt_init_floor (init only)
-    time_step_limit: tuple[float, float] = (0.0, math.inf)  # alias mamba_dt_limit (vLLM / remote code)
+    # alias mamba_dt_limit (vLLM / remote code)
+    time_step_limit: tuple[float, float] = (0.0, math.inf)
     mamba_ssm_cache_dtype: str = "float32"
     # dense MLP ("-"): down(relu(up(x))^2)
     intermediate_size: int = 0
@@ -275,7 +283,8 @@ class NemotronHConfig(_ConfigBase):
             raise self._err(f"num_mtp_layers = {self.num_mtp_layers} does not match "
                             f"mtp_layer_kinds = {self.mtp_layer_kinds}")
         if not self.layer_norm_epsilon > 0:
-            raise self._err(f"field 'layer_norm_epsilon' must be > 0, got {self.layer_norm_epsilon}")
+            raise self._err(f"field 'layer_norm_epsilon' must be > 0, "
+                            f"got {self.layer_norm_epsilon}")
         kinds = set(self.layer_kinds) | set(self.mtp_layer_kinds)
         if "attention" in kinds:
             self._positive("num_attention_heads", "num_key_value_heads", "head_dim")
@@ -301,7 +310,8 @@ class NemotronHConfig(_ConfigBase):
             self._positive("n_group", "topk_group")
             self._multiple("n_routed_experts", "n_group")
             if self.topk_group > self.n_group:
-                raise self._err(f"field 'topk_group' ({self.topk_group}) exceeds 'n_group' ({self.n_group})")
+                raise self._err(f"field 'topk_group' ({self.topk_group}) exceeds "
+                                f"'n_group' ({self.n_group})")
 
     # derived values (docs/models.md §A2 notation)
     @property
@@ -345,30 +355,37 @@ def _parse_nemotron(d: Mapping[str, Any]) -> NemotronHConfig:
     pattern = r.raw("hybrid_override_pattern", default=None)
     if listed is not None:
         kinds = _kinds(listed, _NEMOTRON_NAMES, "layers_block_type", where)
-        if pattern is not None and _pattern(pattern, _NEMOTRON_PATTERN, "hybrid_override_pattern", where) != kinds:
-            raise ConfigError(f"{where}: hybrid_override_pattern disagrees with layers_block_type")
+        if pattern is not None and _pattern(pattern, _NEMOTRON_PATTERN,
+                                            "hybrid_override_pattern", where) != kinds:
+            raise ConfigError(f"{where}: hybrid_override_pattern disagrees with "
+                              "layers_block_type")
     elif pattern is not None:
         kinds = _pattern(pattern, _NEMOTRON_PATTERN, "hybrid_override_pattern", where)
     else:
-        raise ConfigError(f"{where}: missing required field 'hybrid_override_pattern' (or 'layers_block_type')")
+        raise ConfigError(f"{where}: missing required field 'hybrid_override_pattern' "
+                          "(or 'layers_block_type')")
     n = r.int("num_hidden_layers", default=None)
     if n is not None and n != len(kinds):
-        raise ConfigError(f"{where}: num_hidden_layers = {n} but the layer pattern has {len(kinds)} layers")
+        raise ConfigError(f"{where}: num_hidden_layers = {n} but the layer pattern has "
+                          f"{len(kinds)} layers")
 
     num_mtp = r.int("num_nextn_predict_layers", default=0)
     mtp_kinds: tuple[str, ...] = ()
     if num_mtp > 0:
         mtp_list = r.raw("mtp_layers_block_type", default=None)
         mtp_pat = r.raw("mtp_hybrid_override_pattern", default=None)
-        from_list = None if mtp_list is None else _kinds(mtp_list, _NEMOTRON_NAMES, "mtp_layers_block_type", where)
+        from_list = None if mtp_list is None else _kinds(mtp_list, _NEMOTRON_NAMES,
+                                                         "mtp_layers_block_type", where)
         from_pat = None if mtp_pat is None else _pattern(mtp_pat, _NEMOTRON_PATTERN,
                                                          "mtp_hybrid_override_pattern", where)
         if from_list is not None and from_pat is not None and from_list != from_pat:
-            raise ConfigError(f"{where}: mtp_hybrid_override_pattern disagrees with mtp_layers_block_type")
+            raise ConfigError(f"{where}: mtp_hybrid_override_pattern disagrees with "
+                              "mtp_layers_block_type")
         mtp_kinds = from_list or from_pat or ("attention", "moe")
 
     if r.raw("sliding_window", default=None) is not None:
-        raise ConfigError(f"{where}: field 'sliding_window' is set; windowed attention is not supported")
+        raise ConfigError(f"{where}: field 'sliding_window' is set; windowed attention is not "
+                          "supported")
     need = set(kinds) | set(mtp_kinds)
     req = lambda kind: _REQUIRED if kind in need else 0  # noqa: E731
     limit = r.raw("time_step_limit", "mamba_dt_limit", default=None)
@@ -435,14 +452,17 @@ _QWEN_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 @dataclass(frozen=True, kw_only=True)
 class QwenHybridConfig(_ConfigBase):
-    """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE: per layer a mixer (GDN or gated attention) then an FFN.
+    """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE: per layer a mixer (GDN or gated attention) then an
+    FFN.
 
     Layer, q/k, final and MTP norms are zero-centred (1+w); the GDN output norm is plain w.
-    Attention uses partial NeoX RoPE on the first `rotary_dim` dims (M-RoPE reduces to it for text).
+    Attention uses partial NeoX RoPE on the first `rotary_dim` dims (M-RoPE reduces to it for
+    text).
     """
 
     family: str                         # "qwen3_next" | "qwen3_5" | "qwen3_5_moe"
-    multimodal: bool = False            # parsed from a wrapper with text_config (weights under model.language_model.)
+    # parsed from a wrapper with text_config (weights under model.language_model.)
+    multimodal: bool = False
     vocab_size: int
     hidden_size: int
     layer_kinds: tuple[str, ...]        # per layer mixer: "gdn" | "attention"
@@ -482,10 +502,13 @@ class QwenHybridConfig(_ConfigBase):
 
     def __post_init__(self):
         if self.family not in _QWEN_FAMILIES:
-            raise ConfigError(f"unknown Qwen family {self.family!r}; expected one of {_QWEN_FAMILIES}")
-        self._positive("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+            raise ConfigError(f"unknown Qwen family {self.family!r}; "
+                              f"expected one of {_QWEN_FAMILIES}")
+        self._positive("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                       "head_dim")
         self._multiple("num_attention_heads", "num_key_value_heads")
-        if not self.layer_kinds or (bad := [k for k in self.layer_kinds if k not in ("gdn", "attention")]):
+        if not self.layer_kinds or (bad := [k for k in self.layer_kinds
+                                             if k not in ("gdn", "attention")]):
             raise self._err(f"field 'layer_kinds' must be a non-empty tuple of 'gdn'/'attention', "
                             f"got {self.layer_kinds}")
         if not self.rms_norm_eps > 0:
@@ -496,10 +519,11 @@ class QwenHybridConfig(_ConfigBase):
             self._multiple("linear_num_value_heads", "linear_num_key_heads")
         rd = self.rotary_dim
         if not (0 < rd <= self.head_dim and rd % 2 == 0):
-            raise self._err(f"partial_rotary_factor {self.partial_rotary_factor} gives rotary_dim {rd}; "
-                            f"need an even value in (0, head_dim={self.head_dim}]")
+            raise self._err(f"partial_rotary_factor {self.partial_rotary_factor} gives "
+                            f"rotary_dim {rd}; need an even value in (0, head_dim={self.head_dim}]")
         if self.mrope_section is not None and sum(self.mrope_section) != rd // 2:
-            raise self._err(f"field 'mrope_section' {list(self.mrope_section)} must sum to rotary_dim/2 = {rd // 2}")
+            raise self._err(f"field 'mrope_section' {list(self.mrope_section)} must sum to "
+                            f"rotary_dim/2 = {rd // 2}")
         if self.num_mtp_layers < 0:
             raise self._err(f"field 'num_mtp_layers' must be >= 0, got {self.num_mtp_layers}")
         if self.family == "qwen3_5" and self.num_experts:
@@ -508,7 +532,8 @@ class QwenHybridConfig(_ConfigBase):
             raise self._err("qwen3_5_moe needs num_experts > 0 and norm_topk_prob = True")
         self._positive("decoder_sparse_step")
         if bad := [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]:
-            raise self._err(f"field 'mlp_only_layers' has indices out of range [0, {self.num_hidden_layers}): {bad}")
+            raise self._err(f"field 'mlp_only_layers' has indices out of range "
+                            f"[0, {self.num_hidden_layers}): {bad}")
         if "moe" in self.ffn_kinds:
             self._moe_checks("num_experts", "num_experts_per_tok", ("moe_intermediate_size",))
             if self.shared_expert_intermediate_size < 0:
@@ -595,17 +620,22 @@ def _parse_qwen(top: Mapping[str, Any], model_type: str) -> QwenHybridConfig:
     if r.has("layer_types"):
         kinds = _kinds(r.raw("layer_types"), _QWEN_NAMES, "layer_types", where)
         if n is not None and n != len(kinds):
-            raise ConfigError(f"{where}: layer_types has {len(kinds)} entries but num_hidden_layers = {n}")
+            raise ConfigError(f"{where}: layer_types has {len(kinds)} entries but "
+                              f"num_hidden_layers = {n}")
     else:
         if n is None:
-            raise ConfigError(f"{where}: missing required field 'num_hidden_layers' (or 'layer_types')")
+            raise ConfigError(f"{where}: missing required field 'num_hidden_layers' "
+                              "(or 'layer_types')")
         interval = r.int("full_attention_interval", default=4)
         if interval <= 0:
-            raise ConfigError(f"{where}: field 'full_attention_interval' must be positive, got {interval}")
+            raise ConfigError(f"{where}: field 'full_attention_interval' must be positive, "
+                              f"got {interval}")
         kinds = tuple("attention" if (i + 1) % interval == 0 else "gdn" for i in range(n))
 
-    # RoPE: top-level keys < rope_scaling < rope_parameters (transformers 5 folds them into the latter).
-    rope: dict[str, Any] = {k: r.d[k] for k in ("rope_theta", "partial_rotary_factor") if r.d.get(k) is not None}
+    # RoPE: top-level keys < rope_scaling < rope_parameters (transformers 5 folds them into the
+    # latter).
+    rope: dict[str, Any] = {k: r.d[k] for k in ("rope_theta", "partial_rotary_factor")
+                            if r.d.get(k) is not None}
     for key in ("rope_scaling", "rope_parameters"):
         sub = r.d.get(key)
         if isinstance(sub, Mapping) and isinstance(sub.get("full_attention"), Mapping):
@@ -647,14 +677,19 @@ def _parse_qwen(top: Mapping[str, Any], model_type: str) -> QwenHybridConfig:
         linear_value_head_dim=r.int("linear_value_head_dim"),
         linear_conv_kernel_dim=r.int("linear_conv_kernel_dim", default=4),
         mamba_ssm_dtype=r.str("mamba_ssm_dtype", default="float32"),
-        intermediate_size=r.int("intermediate_size", default=_REQUIRED if family == "qwen3_5" else 0),
+        intermediate_size=r.int("intermediate_size",
+                                default=_REQUIRED if family == "qwen3_5" else 0),
         num_experts=experts,
         num_experts_per_tok=r.int("num_experts_per_tok", default=req_moe) if is_moe else 0,
         moe_intermediate_size=r.int("moe_intermediate_size", default=req_moe) if is_moe else 0,
-        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size", default=0) if is_moe else 0,
-        norm_topk_prob=True if family == "qwen3_5_moe" else r.bool("norm_topk_prob", default=True),
-        decoder_sparse_step=r.int("decoder_sparse_step", default=1) if family == "qwen3_next" else 1,
-        mlp_only_layers=tuple(r.list("mlp_only_layers", default=[])) if family == "qwen3_next" else (),
+        shared_expert_intermediate_size=(r.int("shared_expert_intermediate_size", default=0)
+                                         if is_moe else 0),
+        norm_topk_prob=(True if family == "qwen3_5_moe"
+                        else r.bool("norm_topk_prob", default=True)),
+        decoder_sparse_step=(r.int("decoder_sparse_step", default=1)
+                             if family == "qwen3_next" else 1),
+        mlp_only_layers=(tuple(r.list("mlp_only_layers", default=[]))
+                         if family == "qwen3_next" else ()),
         num_mtp_layers=r.int("mtp_num_hidden_layers", "num_nextn_predict_layers", default=0),
         mtp_use_dedicated_embeddings=r.bool("mtp_use_dedicated_embeddings", default=False),
     )
@@ -676,7 +711,8 @@ def parse_config(obj: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
         return _parse_nemotron(obj)
     if model_type in QWEN_MODEL_TYPES:
         return _parse_qwen(obj, model_type)
-    raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    raise ConfigError(f"unsupported model_type {model_type!r}; "
+                      f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:

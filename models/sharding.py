@@ -105,11 +105,11 @@ def _segments(cfg):
     """{param path regex: (axis, piece sizes)} of the fused params of a family (natural order
     on disk; `TPRules.layout` makes them device-major)."""
     if isinstance(cfg, NemotronHConfig):
-        I, GN, H = cfg.mamba_intermediate_size, cfg.n_groups * cfg.ssm_state_size, \
+        DI, GN, H = cfg.mamba_intermediate_size, cfg.n_groups * cfg.ssm_state_size, \
             cfg.mamba_num_heads
-        return {r"mixer/in_proj/kernel$": (1, (I, I, GN, GN, H)),
-                r"mixer/in_proj/bias$": (0, (I, I, GN, GN, H)),
-                r"mixer/conv_(weight|bias)$": (0, (I, GN, GN))}
+        return {r"mixer/in_proj/kernel$": (1, (DI, DI, GN, GN, H)),
+                r"mixer/in_proj/bias$": (0, (DI, DI, GN, GN, H)),
+                r"mixer/conv_(weight|bias)$": (0, (DI, GN, GN))}
     KD, VD, Hv = cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.linear_num_value_heads
     return {r"mixer/in_proj/kernel$": (1, (KD, KD, VD, VD, Hv, Hv)),
             r"mixer/conv_weight$": (0, (KD, KD, VD))}

@@ -7,8 +7,9 @@ Starts N copies of `python -m replayjax.distributed COMMAND ...` with the protoc
 `replayjax.distributed` (a free coordinator port on 127.0.0.1, process ids 0..N-1, GPU i for
 process i): `jax.devices()` in each lists all N devices, so `--tp N` spans them. Every process
 runs the same host loop; process 0's standard output is the command's output (the others discard
-theirs), every process's errors go to standard error. When one process fails the others are stopped (they would wait
-for it in a collective); the exit status is the first failure's. Several hosts: docs/multi_host.md.
+theirs), every process's errors go to standard error. When one process fails the others are
+stopped (they would wait for it in a collective); the exit status is the first failure's.
+Several hosts: docs/multi_host.md.
 """
 
 from __future__ import annotations

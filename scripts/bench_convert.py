@@ -2,7 +2,7 @@
 """Benchmark `replayjax convert` on a synthetic Nemotron-H checkpoint of >= 4 GB in several shards.
 
 The checkpoint has the real dims of Nemotron-H-8B (hidden 4096, vocab 131072; Mamba-2 layers with
-H=128 x P=64 (I=8192), N=128, G=8, K=4) with only Mamba layers ("M" repeated), bf16, random finite
+H=128 x P=64 (DI=8192), N=128, G=8, K=4) with only Mamba layers ("M" repeated), bf16, random finite
 values written in 64 MB chunks (generation needs no more than that in RAM). The source files are
 fsynced and evicted from the page cache (posix_fadvise DONTNEED) before converting, so the input is
 read from disk. The converter runs as a subprocess (`python -m replayjax.cli convert --json`);
@@ -31,8 +31,8 @@ import numpy as np
 BF16 = np.dtype(ml_dtypes.bfloat16)
 INDEX_NAME = "model.safetensors.index.json"
 D, V, H, P, N, G, K = 4096, 131072, 128, 64, 128, 8, 4
-I = H * P
-CONV = I + 2 * G * N
+DI = H * P
+CONV = DI + 2 * G * N
 
 
 def config(layers: int) -> dict:
@@ -52,10 +52,10 @@ def tensor_list(layers: int) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(layers):
         p = f"backbone.layers.{i}"
         out += [(f"{p}.norm.weight", (D,)),
-                (f"{p}.mixer.in_proj.weight", (2 * I + 2 * G * N + H, D)),
+                (f"{p}.mixer.in_proj.weight", (2 * DI + 2 * G * N + H, D)),
                 (f"{p}.mixer.conv1d.weight", (CONV, 1, K)), (f"{p}.mixer.conv1d.bias", (CONV,)),
                 (f"{p}.mixer.dt_bias", (H,)), (f"{p}.mixer.A_log", (H,)), (f"{p}.mixer.D", (H,)),
-                (f"{p}.mixer.norm.weight", (I,)), (f"{p}.mixer.out_proj.weight", (D, I))]
+                (f"{p}.mixer.norm.weight", (DI,)), (f"{p}.mixer.out_proj.weight", (D, DI))]
     out += [("backbone.norm_f.weight", (D,)), ("lm_head.weight", (V, D))]
     return out
 
@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size-gb", type=float, default=4.2, help="checkpoint size (>= 4)")
     ap.add_argument("--shards", type=int, default=5)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--warm", action="store_true", help="do not evict the input from the page cache")
+    ap.add_argument("--warm", action="store_true",
+                    help="do not evict the input from the page cache")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
@@ -179,8 +180,9 @@ def main(argv=None) -> int:
             "mb_per_s_incl_startup": round(in_bytes / 1e6 / wall, 1),
             "peak_rss_mb": s["peak_rss_mb"], "rss_after_imports_mb": s["rss_before_mb"],
             "rss_children_mb": round(child_rss_mb, 1), "generate_s": round(gen_s, 1),
-            "cpus": os.cpu_count(), "command": " ".join(cmd[1:3] + ["convert", "HF", "OUT", "--json",
-                                                                  "--dtype", args.dtype]),
+            "cpus": os.cpu_count(),
+            "command": " ".join(cmd[1:3] + ["convert", "HF", "OUT", "--json",
+                                            "--dtype", args.dtype]),
         }
     finally:
         if not args.keep:

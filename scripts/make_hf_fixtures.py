@@ -6,20 +6,24 @@ Regenerate (from the repository root) with exactly:
 
 The venv lives OUTSIDE the repo and is created with:
 
-    python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors numpy
+    python3 -m venv /tmp/hfvenv
+    /tmp/hfvenv/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors numpy
 
-(python3 = 3.11; torch 2.13.0+cpu; transformers 5.24.0). Runs on CPU in fp32, takes well under a minute.
+(python3 = 3.11; torch 2.13.0+cpu; transformers 5.24.0). Runs on CPU in fp32, takes well under a
+minute.
 
 For every variant it writes ``tests/fixtures/hf/<variant>/``:
-  * ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): HF ``save_pretrained`` output, fp32,
-    hub tensor names (``backbone.*`` for Nemotron-H, ``model.*`` for Qwen3-Next, ``model.language_model.*`` for
-    Qwen3.5 / Qwen3.5-MoE, which are saved through the multimodal ``...ForConditionalGeneration`` wrapper with a
-    1-block dummy vision tower under ``model.visual.*``).
+  * ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): HF ``save_pretrained``
+    output, fp32, hub tensor names (``backbone.*`` for Nemotron-H, ``model.*`` for Qwen3-Next,
+    ``model.language_model.*`` for Qwen3.5 / Qwen3.5-MoE, which are saved through the multimodal
+    ``...ForConditionalGeneration`` wrapper with a 1-block dummy vision tower under
+    ``model.visual.*``).
   * ``reference.npz`` (see tests/fixtures/hf/README.md for the exact array semantics).
 
-All references are computed from the model re-loaded with ``AutoModelForCausalLM.from_pretrained(<fixture dir>)``,
-i.e. from exactly the bytes on disk.  Output is byte-for-byte deterministic (fixed seeds, one torch thread,
-deterministic zip writer for the npz).
+All references are computed from the model re-loaded with
+``AutoModelForCausalLM.from_pretrained(<fixture dir>)``, i.e. from exactly the bytes on disk.
+Output is byte-for-byte deterministic (fixed seeds, one torch thread, deterministic zip writer for
+the npz).
 """
 
 from __future__ import annotations
@@ -59,10 +63,13 @@ PROMPT_LENS = (5, 11, 17)
 N_FORCED = 8
 N_GREEDY = 40
 TOL = 1e-4  # cached (generate / teacher-forced) vs full-forward logits
-# Seed acceptance: seeds are tried in order crc32(name)+0, +1, ... until these hold, so that the references are not
-# sitting on a near-tie that a slightly different (but correct) implementation would resolve differently.
-GREEDY_GAP_MIN = float(os.environ.get("GREEDY_GAP_MIN", 1e-3))  # min top1-top2 logit gap over all greedy steps
-ROUTE_MARGIN_MIN = float(os.environ.get("ROUTE_MARGIN_MIN", 1e-3))  # min k-th vs (k+1)-th router selection score gap
+# Seed acceptance: seeds are tried in order crc32(name)+0, +1, ... until these hold, so that the
+# references are not sitting on a near-tie that a slightly different (but correct) implementation
+# would resolve differently.
+# min top1-top2 logit gap over all greedy steps
+GREEDY_GAP_MIN = float(os.environ.get("GREEDY_GAP_MIN", 1e-3))
+# min k-th vs (k+1)-th router selection score gap
+ROUTE_MARGIN_MIN = float(os.environ.get("ROUTE_MARGIN_MIN", 1e-3))
 MAX_ATTEMPTS = 64
 
 assert transformers.__version__ == "5.24.0", transformers.__version__
@@ -75,9 +82,9 @@ hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Configs
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _nemotron_common(**over):
     cfg = dict(
@@ -128,7 +135,7 @@ def _qwen_text_common(**over):
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=4,
-        num_attention_heads=4,  # head counts divide 4 (tensor-parallel tests); 1 kv head: replicated
+        num_attention_heads=4,  # head counts divide 4 (tensor-parallel tests); 1 kv head replicated
         num_key_value_heads=1,
         head_dim=32,
         linear_num_key_heads=4,
@@ -188,7 +195,8 @@ def build_nemotron_h_latent_moe():
 
 
 def build_nemotron_h_p80():
-    # Mamba head dim 20 (non power of two), mirroring the P=80 of Nemotron-Nano-9B-v2 (128 heads x 80).
+    # Mamba head dim 20 (non power of two), mirroring the P=80 of Nemotron-Nano-9B-v2
+    # (128 heads x 80).
     cfg = NemotronHConfig(
         **_nemotron_common(
             hybrid_override_pattern="M-M*M-",
@@ -203,7 +211,8 @@ def build_qwen3_next():
     cfg = Qwen3NextConfig(
         **_qwen_text_common(
             full_attention_interval=4,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25},
             num_experts=8,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
@@ -226,16 +235,18 @@ _QWEN35_ROPE = {
 }
 
 
-# Hub Qwen3.5 text configs carry these; HF 5.24 ignores them (always gated attention, fp32 GDN state) but keeps them
-# in config.json, so they exercise our config parser.
+# Hub Qwen3.5 text configs carry these; HF 5.24 ignores them (always gated attention, fp32 GDN
+# state) but keeps them in config.json, so they exercise our config parser.
 _QWEN35_EXTRA = dict(attn_output_gate=True, mamba_ssm_dtype="float32")
 
 
 def build_qwen3_5():
     text = _qwen_text_common(
-        full_attention_interval=4, rope_parameters=dict(_QWEN35_ROPE), intermediate_size=64, **_QWEN35_EXTRA
+        full_attention_interval=4, rope_parameters=dict(_QWEN35_ROPE), intermediate_size=64,
+        **_QWEN35_EXTRA
     )
-    cfg = Qwen3_5Config(text_config=text, vision_config=dict(_TINY_VISION), tie_word_embeddings=False)
+    cfg = Qwen3_5Config(text_config=text, vision_config=dict(_TINY_VISION),
+                        tie_word_embeddings=False)
     return cfg, Qwen3_5ForConditionalGeneration(cfg), "Qwen3_5ForConditionalGeneration"
 
 
@@ -249,7 +260,8 @@ def build_qwen3_5_moe():
         shared_expert_intermediate_size=48,
         **_QWEN35_EXTRA,
     )
-    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=dict(_TINY_VISION), tie_word_embeddings=False)
+    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=dict(_TINY_VISION),
+                           tie_word_embeddings=False)
     return cfg, Qwen3_5MoeForConditionalGeneration(cfg), "Qwen3_5MoeForConditionalGeneration"
 
 
@@ -263,9 +275,10 @@ VARIANTS = {
 }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Random re-initialisation (the HF default init gives near-degenerate logits and constant A_log / D / norms)
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Random re-initialisation (the HF default init gives near-degenerate logits and constant
+# A_log / D / norms)
+# --------------------------------------------------------------------------------------------------
 
 @torch.no_grad()
 def reinit_(model, seed: int, is_nemotron: bool):
@@ -286,13 +299,15 @@ def reinit_(model, seed: int, is_nemotron: bool):
         leaf = name.split(".")[-1]
         shape = p.shape
         if leaf == "A_log":
-            # Mamba: A in [0.5, 8]; GDN: A in [0.1, 1.5] (weaker decay keeps the state, and hence the per-head
-            # RMSNorm input, well away from zero; strong decay made the fp32 reference ill-conditioned).
+            # Mamba: A in [0.5, 8]; GDN: A in [0.1, 1.5] (weaker decay keeps the state, and hence
+            # the per-head RMSNorm input, well away from zero; strong decay made the fp32
+            # reference ill-conditioned).
             new = torch.log(uniform(shape, 0.5, 8.0) if is_nemotron else uniform(shape, 0.1, 1.5))
         elif leaf == "dt_bias":
             if is_nemotron:
-                # Delta = softplus(dt + dt_bias); keep base Delta in [0.03, 0.3] (and the dt rows of in_proj small,
-                # below) so that HF's prefill-only clamp (Delta >= time_step_min = 1e-3) never triggers (asserted).
+                # Delta = softplus(dt + dt_bias); keep base Delta in [0.03, 0.3] (and the dt rows
+                # of in_proj small, below) so that HF's prefill-only clamp
+                # (Delta >= time_step_min = 1e-3) never triggers (asserted).
                 dt = torch.exp(uniform(shape, math.log(0.03), math.log(0.3)))
                 new = dt + torch.log(-torch.expm1(-dt))
             else:
@@ -322,16 +337,16 @@ def reinit_(model, seed: int, is_nemotron: bool):
         p.copy_(new.to(p.dtype))
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Instrumentation: Mamba Delta minimum (HF clamp check) and MoE top-k margins
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class Probe:
     def __init__(self, model):
         self.min_delta = math.inf
         self.min_route_margin = math.inf
         self.handles = []
-        for name, mod in model.named_modules():
+        for _name, mod in model.named_modules():
             cls = type(mod).__name__
             if cls == "NemotronHMamba2Mixer":
                 self.handles.append(mod.in_proj.register_forward_hook(self._mamba_hook(mod)))
@@ -365,9 +380,9 @@ class Probe:
             h.remove()
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Reference computation
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @torch.no_grad()
 def full_logits(model, ids):
@@ -377,14 +392,16 @@ def full_logits(model, ids):
 
 @torch.no_grad()
 def cached_teacher_forced(model, prompt, forced):
-    """Prefill the prompt with a cache, then decode each forced token one at a time (HF cache path)."""
+    """Prefill the prompt with a cache, then decode each forced token one at a time (HF cache
+    path)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long)
     out = model(input_ids=ids, use_cache=True)
     cache = out.cache
     res = []
     for i, t in enumerate(forced):
         pos = torch.tensor([[len(prompt) + i]], dtype=torch.long)
-        out = model(input_ids=torch.tensor([[int(t)]]), cache=cache, position_ids=pos, use_cache=True)
+        out = model(input_ids=torch.tensor([[int(t)]]), cache=cache, position_ids=pos,
+                    use_cache=True)
         cache = out.cache
         res.append(out.logits[0, -1].float().numpy())
     return np.stack(res)
@@ -433,7 +450,8 @@ def safetensors_keys(path):
 
 
 def make_variant(name, builder, attempt):
-    """Build one variant with seed crc32(name) + attempt. Returns (accepted, problems, dir_bytes)."""
+    """Build one variant with seed crc32(name) + attempt. Returns (accepted, problems,
+    dir_bytes)."""
     seed = (zlib.crc32(name.encode()) + attempt) & 0x7FFFFFFF
     torch.manual_seed(seed)
     np.random.seed(seed % (2**32))
@@ -450,7 +468,8 @@ def make_variant(name, builder, attempt):
     for f in os.listdir(out_dir):
         os.chmod(os.path.join(out_dir, f), 0o644)  # safetensors writes 0600
 
-    # Reload what is on disk, through the CausalLM auto class (Qwen3.5 wrappers -> text-only ...ForCausalLM).
+    # Reload what is on disk, through the CausalLM auto class (Qwen3.5 wrappers -> text-only
+    # ...ForCausalLM).
     ref = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     ref.eval()
 
@@ -469,7 +488,8 @@ def make_variant(name, builder, attempt):
         a = model(input_ids=ids, use_cache=False).logits[0].float().numpy()
     b = full_logits(ref, prompts[-1, : prompt_lens[-1]])
     reload_diff = float(np.abs(a - b).max())
-    assert reload_diff == 0.0 or reload_diff < 1e-6, f"{name}: reloaded model differs ({reload_diff})"
+    assert reload_diff == 0.0 or reload_diff < 1e-6, \
+        f"{name}: reloaded model differs ({reload_diff})"
 
     probe = Probe(ref)
     prefill_logits = np.zeros((n_p, max_len, VOCAB), np.float32)
@@ -487,16 +507,19 @@ def make_variant(name, builder, attempt):
         fl = full_logits(ref, seq)
         forced_logits[i] = fl[L : L + N_FORCED]
         tf = cached_teacher_forced(ref, p, forced_tokens[i])
-        max_forced_cache_diff = max(max_forced_cache_diff, float(np.abs(tf - forced_logits[i]).max()))
+        max_forced_cache_diff = max(max_forced_cache_diff,
+                                    float(np.abs(tf - forced_logits[i]).max()))
 
         toks, glog = greedy(ref, p)
         greedy_tokens[i] = toks
         greedy_logits[i] = glog
-        assert np.array_equal(glog.argmax(-1).astype(np.int32), toks), f"{name}: greedy tokens != argmax"
+        assert np.array_equal(glog.argmax(-1).astype(np.int32), toks), \
+            f"{name}: greedy tokens != argmax"
         # cached generate logits vs. a single full forward over prompt + greedy tokens
         full = full_logits(ref, np.concatenate([p, toks[:-1]]))[L - 1 : L - 1 + N_GREEDY]
         max_greedy_diff = max(max_greedy_diff, float(np.abs(full - glog).max()))
-        max_prefill_vs_gen0 = max(max_prefill_vs_gen0, float(np.abs(prefill_logits[i, L - 1] - glog[0]).max()))
+        max_prefill_vs_gen0 = max(max_prefill_vs_gen0,
+                                  float(np.abs(prefill_logits[i, L - 1] - glog[0]).max()))
         s = np.sort(glog, axis=-1)
         min_top2_gap = min(min_top2_gap, float((s[:, -1] - s[:, -2]).min()))
     probe.close()
@@ -517,7 +540,8 @@ def make_variant(name, builder, attempt):
     if not probe.min_route_margin >= ROUTE_MARGIN_MIN:
         problems.append(f"MoE top-k margin {probe.min_route_margin:.1e} < {ROUTE_MARGIN_MIN}")
     if problems:
-        print(f"[{name}] seed {seed} (attempt {attempt}) rejected: {'; '.join(problems)}", flush=True)
+        print(f"[{name}] seed {seed} (attempt {attempt}) rejected: {'; '.join(problems)}",
+              flush=True)
         return False, problems, 0
 
     write_npz_deterministic(
@@ -540,12 +564,14 @@ def make_variant(name, builder, attempt):
     print(
         f"[{name}] saved={saved_cls} loaded={type(ref).__name__} seed={seed} tensors={len(keys)} "
         f"dir_bytes={size}\n"
-        f"    logits std={valid.std():.4f} mean={valid.mean():+.4f}  reload_diff={reload_diff:.2e}\n"
+        f"    logits std={valid.std():.4f} mean={valid.mean():+.4f}  "
+        f"reload_diff={reload_diff:.2e}\n"
         f"    max|cached greedy - full fwd|={max_greedy_diff:.3e}  "
         f"max|cached teacher-forced - full fwd|={max_forced_cache_diff:.3e}  "
         f"max|prefill[L-1] - greedy[0]|={max_prefill_vs_gen0:.3e}\n"
         f"    min greedy top1-top2 gap={min_top2_gap:.4f}"
-        + (f"  min MoE top-k margin={probe.min_route_margin:.2e}" if math.isfinite(probe.min_route_margin) else "")
+        + (f"  min MoE top-k margin={probe.min_route_margin:.2e}"
+           if math.isfinite(probe.min_route_margin) else "")
         + (f"  min Mamba Delta={probe.min_delta:.3e}" if math.isfinite(probe.min_delta) else ""),
         flush=True,
     )
@@ -562,7 +588,8 @@ def main(argv):
             if ok:
                 break
         else:
-            raise SystemExit(f"{n}: no acceptable seed in {MAX_ATTEMPTS} attempts; last problems: {problems}")
+            raise SystemExit(f"{n}: no acceptable seed in {MAX_ATTEMPTS} attempts; "
+                             f"last problems: {problems}")
         total += size
     print(f"total fixture bytes (model dirs): {total}")
 

@@ -1,6 +1,7 @@
-"""Runs a few Mamba-2 decode steps at batch 256 for Nsight Compute to inspect.
+r"""Runs a few Mamba-2 decode steps at batch 256 for Nsight Compute to inspect.
 
-    ncu --clock-control none -k regex:mamba2_ python3 scripts/ncu_mamba2.py BLOCK_P BLOCK_N WARPS [FOLD]
+    ncu --clock-control none -k regex:mamba2_ \
+        python3 scripts/ncu_mamba2.py BLOCK_P BLOCK_N WARPS [FOLD]
 Replay steps run at ring counts 0..15 (the 16th folds), then one standard step.
 """
 import sys

@@ -7,8 +7,9 @@ Builds (or loads) the model on one device, generates --new-tokens greedy tokens 
 random prompts through the engine (plain decode, or --num-draft K n-gram speculation) with their
 logits, frees it, does the same split over --tp devices (`models.sharding`), and prints one JSON
 line: whether the tokens are equal, the first position they differ at, and the largest logit
-difference up to there (logits at a position depend on the tokens before it only). Synthetic weights are the same bits at every
-tp (`replayjax.bench.synthetic.random_model`); use --dtype float32 for a tight comparison.
+difference up to there (logits at a position depend on the tokens before it only). Synthetic
+weights are the same bits at every tp (`replayjax.bench.synthetic.random_model`); use
+--dtype float32 for a tight comparison.
 """
 
 from __future__ import annotations

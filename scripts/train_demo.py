@@ -7,11 +7,12 @@ The model is a tiny Nemotron-H-style hybrid (`models.nemotron_h.NemotronH`, buil
 `PATTERN`, plus a one-block MTP head (attention + MLP) trained to predict the token after next.
 The vocabulary is bytes: token id == byte value (256 ids, no special tokens).
 
-Training text: the licence texts of Debian's ``base-files`` package, ``/usr/share/common-licenses/*``
-(present on every Debian/Ubuntu install; symlinks skipped), sorted by name, minus `HELD_OUT`, which
-is kept for a validation loss. Each file's sha256 goes into ``provenance.json``. Next-byte cross
-entropy (+ `MTP_WEIGHT` x the MTP head's next-next-byte loss) through ``model.prefill_hidden`` /
-``model.draft`` (the same code the engine runs), a hand-written Adam, fixed seed, fp32 on CPU.
+Training text: the licence texts of Debian's ``base-files`` package,
+``/usr/share/common-licenses/*`` (present on every Debian/Ubuntu install; symlinks skipped),
+sorted by name, minus `HELD_OUT`, which is kept for a validation loss. Each file's sha256 goes
+into ``provenance.json``. Next-byte cross entropy (+ `MTP_WEIGHT` x the MTP head's
+next-next-byte loss) through ``model.prefill_hidden`` / ``model.draft`` (the same code the engine
+runs), a hand-written Adam, fixed seed, fp32 on CPU.
 
 Reproduce, from the repository root (about 1000 CPU-seconds: ~9 minutes on 2 idle cores, ~20 on
 2 busy ones; then export and a sample generation):
@@ -27,7 +28,8 @@ by transformers and loaded by replayjax), tokenizer.json + tokenizer_config.json
 ``tokenizers``), generation_config.json and provenance.json (texts + sha256, steps, losses, seed,
 command, date, sample generations).
 
-Check against Hugging Face transformers (needs a venv with torch + transformers, not installed here):
+Check against Hugging Face transformers (needs a venv with torch + transformers, not installed
+here):
 
     PYTHONPATH=. python scripts/train_demo.py --check-hf --hf-python /tmp/hfvenv/bin/python
 
@@ -91,8 +93,8 @@ CONFIG = {
     "use_bias": False,
     "chunk_size": 128,
     "mamba_ssm_cache_dtype": "float32",
-    # transformers clamps Delta >= time_step_min in prefill; the limit makes replayjax clamp the same
-    # way everywhere (and the model is trained with it).
+    # transformers clamps Delta >= time_step_min in prefill; the limit makes replayjax clamp the
+    # same way everywhere (and the model is trained with it).
     "time_step_min": 0.001,
     "time_step_max": 0.1,
     "time_step_floor": 0.0001,
@@ -443,7 +445,8 @@ def train(args):
     init_params(model, args.seed)
     graphdef, params = nnx.split(model)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    print(f"model: pattern {PATTERN} + MTP {MTP_PATTERN}, {n_params / 1e6:.2f}M parameters", flush=True)
+    print(f"model: pattern {PATTERN} + MTP {MTP_PATTERN}, {n_params / 1e6:.2f}M parameters",
+          flush=True)
     train_step, eval_fn = make_fns(graphdef, peak_lr=args.lr, steps=args.steps,
                                    warmup=args.warmup)
     m = jax.tree.map(jnp.zeros_like, params)
@@ -467,7 +470,8 @@ def train(args):
                   f"(ema {ema:.4f} / {ema_mtp:.4f})  |g| {float(gnorm):.2f}  {el:6.1f}s",
                   flush=True)
     train_s, train_cpu = time.time() - t0, time.process_time() - c0
-    print(f"trained {args.steps} steps in {train_s:.0f}s wall, {train_cpu:.0f} CPU-seconds", flush=True)
+    print(f"trained {args.steps} steps in {train_s:.0f}s wall, {train_cpu:.0f} CPU-seconds",
+          flush=True)
     nnx.update(model, params)
 
     ev_b = 8
@@ -483,8 +487,10 @@ def train(args):
 
     provenance = dict(
         description="replayjax demo model: tiny Nemotron-H-style byte-level hybrid LM "
-                    "(Mamba-2 + attention + relu^2 MLP, MTP head), trained by scripts/train_demo.py",
-        command="PYTHONPATH=. python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+                    "(Mamba-2 + attention + relu^2 MLP, MTP head), "
+                    "trained by scripts/train_demo.py",
+        command="PYTHONPATH=. python "
+                + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
         date_utc=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         versions=dict(python=sys.version.split()[0], jax=jax.__version__,
                       flax=__import__("flax").__version__, numpy=np.__version__),
@@ -542,7 +548,8 @@ def hf_logits(model_dir, out_path, prompts):
     with torch.no_grad():
         for i, p in enumerate(prompts):
             ids = list(p.encode("utf-8"))
-            arrays[f"logits_{i}"] = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+            arrays[f"logits_{i}"] = model(input_ids=torch.tensor([ids]),
+                                          use_cache=False).logits[0].numpy()
             arrays[f"tok_{i}"] = np.asarray(tok(p, add_special_tokens=False)["input_ids"], np.int64)
             arrays[f"dec_{i}"] = np.frombuffer(tok.decode(ids).encode("utf-8"), np.uint8)
         ids = list(prompts[0].encode("utf-8"))
@@ -585,8 +592,9 @@ def check_hf(args):
     ours = bytes(greedy_tokens(model, CHECK_PROMPTS[:1], HF_GREEDY)[0])
     theirs = bytes(ref["greedy"].tolist())
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(theirs))
-    print(f"greedy {HF_GREEDY} bytes after prompt 0: HF generate (cache path) and the replayjax engine "
-          f"agree on the first {same}: {theirs.decode('utf-8', errors='replace')!r}")
+    print(f"greedy {HF_GREEDY} bytes after prompt 0: HF generate (cache path) and the "
+          f"replayjax engine agree on the first {same}: "
+          f"{theirs.decode('utf-8', errors='replace')!r}")
     ok &= same == HF_GREEDY
     print(f"HF check {'PASSED' if ok else 'FAILED'} (worst relative logit error {worst:.2e}, "
           f"tolerance 1e-3)")
@@ -608,7 +616,8 @@ def main(argv=None):
                     help="compare the exported model with transformers (see --hf-python)")
     ap.add_argument("--hf-python", default="/tmp/hfvenv/bin/python",
                     help="python of a venv with torch + transformers (for --check-hf)")
-    ap.add_argument("--hf-logits", nargs=2, metavar=("MODEL_DIR", "OUT_NPZ"), help=argparse.SUPPRESS)
+    ap.add_argument("--hf-logits", nargs=2, metavar=("MODEL_DIR", "OUT_NPZ"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.hf_logits:
         hf_logits(*args.hf_logits, CHECK_PROMPTS)

@@ -1,4 +1,5 @@
-"""Nemotron-H / Nemotron-3 (`nemotron_h`): HF hub names (models.md A5) -> `models.nemotron_h.NemotronH`.
+"""Nemotron-H / Nemotron-3 (`nemotron_h`): HF hub names (models.md A5) ->
+`models.nemotron_h.NemotronH`.
 
     backbone.embeddings.weight                    -> embeddings                       copy
     backbone.norm_f.weight                        -> norm_f/weight                    copy

@@ -5,7 +5,7 @@ whose `model.visual.*` vision tower is skipped with a note); `lm_head.weight` an
 top-level.
 
     P.embed_tokens.weight / P.norm.weight           -> embed_tokens / norm/weight         copy
-    lm_head.weight                                  -> lm_head/kernel                     T (skipped if tied)
+    lm_head.weight                                  -> lm_head/kernel (unless tied)       T
     P.layers.N.{input,post_attention}_layernorm     -> layers/N/.../weight                copy
     GDN  linear_attn.in_proj_qkv/_z/_b/_a (flat, 3.5)            -> mixer/in_proj/kernel  cols_T
          linear_attn.in_proj_qkvz / in_proj_ba (interleaved per key-head group, Next)
@@ -15,7 +15,7 @@ top-level.
          linear_attn.out_proj.weight                -> mixer/out_proj/kernel              T
     attn self_attn.{q,k,v,o}_proj (+ bias)          -> mixer/{q,k,v,o}_proj/kernel        T
          self_attn.{q,k}_norm.weight                -> mixer/{q,k}_norm/weight            copy
-    MoE  mlp.gate.weight (E, D)                     -> mlp/gate                           copy (fp32)
+    MoE  mlp.gate.weight (E, D)                     -> mlp/gate (fp32)                    copy
          mlp.experts.{e}.{gate,up,down}_proj.weight -> mlp/{gate_w,up,down} [E, ...]      stack_T
          or fused mlp.experts.gate_up_proj (E, 2F, D) (gate rows first) -> gate_w, up     fused_T
                   mlp.experts.down_proj (E, D, F)   -> down                               fused_T
@@ -49,7 +49,8 @@ def _gdn_in_proj(b: TableBuilder, cfg, path: tuple, mp: str) -> None:
                 (Part(qkvz, rows=(g + dk, g + 2 * dk)), (KD + i * dk, KD + (i + 1) * dk)),
                 (Part(qkvz, rows=(g + 2 * dk, g + 2 * dk + r * dv)),
                  (2 * KD + i * r * dv, 2 * KD + (i + 1) * r * dv)),
-                (Part(qkvz, rows=(g + 2 * dk + r * dv, g + G)), (Z + i * r * dv, Z + (i + 1) * r * dv)),
+                (Part(qkvz, rows=(g + 2 * dk + r * dv, g + G)),
+                 (Z + i * r * dv, Z + (i + 1) * r * dv)),
                 (Part(ba, rows=(2 * r * i, 2 * r * i + r)), (B + i * r, B + (i + 1) * r)),
                 (Part(ba, rows=(2 * r * i + r, 2 * r * (i + 1))), (A + i * r, A + (i + 1) * r)),
             ]
@@ -105,7 +106,8 @@ def _prefix(cfg, b: TableBuilder) -> str:
     for p in (cfg.weight_prefix, "model.language_model.", "model."):
         if b.has(f"{p}embed_tokens.weight"):
             if p != cfg.weight_prefix:
-                b.notes.append(f"text weights found under {p!r} (config implies {cfg.weight_prefix!r})")
+                b.notes.append(f"text weights found under {p!r} "
+                               f"(config implies {cfg.weight_prefix!r})")
             return p
     return cfg.weight_prefix
 

@@ -398,7 +398,7 @@ def _standard_verify_kernel(slots_ref, draft_ref, q_ref, k_ref, v_ref, g_ref, be
         dslot = draft_ref[b, t]
 
         @pl.when(live & (dslot != NULL_SLOT))
-        def _():
+        def _(dslot=dslot, s=s):
             s_out[dslot, hv, vs, :] = s.astype(s_out.dtype)
 
 

@@ -359,7 +359,7 @@ def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a
             dslot = draft_ref[b, s]
 
             @pl.when(live & (dslot != NULL_SLOT))
-            def _():
+            def _(dslot=dslot, st=st):
                 s_out[dslot, h, ps, ns] = st.astype(s_out.dtype)
             out.append(ys[s] + jnp.sum(st * c_ref[b, s, g, ns].astype(_F32)[None, :], axis=1))
         return tuple(out)

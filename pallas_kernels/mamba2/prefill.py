@@ -69,8 +69,8 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64):
     xdt = x * dt[..., None]                                                  # [b, nc, Q, G, R, P]
 
     # Intra-chunk: segment-sum decay, masked to l >= s before the exp (exp(-inf) = 0).
-    l = jnp.arange(Q)
-    causal = l[:, None] >= l[None, :]
+    pos = jnp.arange(Q)
+    causal = pos[:, None] >= pos[None, :]
     seg = jnp.where(causal, csT[..., :, None] - csT[..., None, :], -jnp.inf)
     cb = _ein("bclgn,bcsgn->bcgls", C, B)                                    # per group
     m = jnp.exp(seg) * cb[:, :, :, None]                                     # [b, nc, G, R, Q, Q]

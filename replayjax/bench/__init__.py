@@ -5,8 +5,9 @@ Commands (each module has `main(argv)` and runs as `python -m replayjax.bench.<n
 (`replayjax bench verify`), `moe` (`replayjax bench moe`), `profile` (`replayjax profile`); their
 argument types, help, error handling and progress come from `replayjax.commandline`.
 
-Shared helpers, imported by the commands and never the other way round: `timing` (CUPTI device times, copy bandwidth,
-percentiles), `synthetic` (model presets with real dimensions and random weights), `workload`
-(requests: traces, synthetic workloads, arrival schedules), `roofline` (minimum bytes of a step)
-and `trace` (profiler traces: per-kernel times classified by the HLO they come from).
+Shared helpers, imported by the commands and never the other way round: `timing` (CUPTI device
+times, copy bandwidth, percentiles), `synthetic` (model presets with real dimensions and random
+weights), `workload` (requests: traces, synthetic workloads, arrival schedules), `roofline`
+(minimum bytes of a step) and `trace` (profiler traces: per-kernel times classified by the HLO
+they come from).
 """

@@ -274,7 +274,7 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
         wss = [prepare(expert_weights(layer)) for layer in layers]
 
         @jax.jit
-        def run(states, wss, xs):
+        def run(states, wss, xs, experts=experts):
             return [layer_call(nnx.merge(graphdef, st), x, ws, experts)
                     for st, ws, x in zip(states, wss, xs)]
         try:

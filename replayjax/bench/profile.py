@@ -130,7 +130,8 @@ def profile(args, progress):
 
 def print_report(args, r):
     print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} decode steps of "
-          f"{args.batch} rows, {args.mode}, tp = {args.tp}; host visit {r['host_ms_per_step']:.2f} ms per step; "
+          f"{args.batch} rows, {args.mode}, tp = {args.tp}; "
+          f"host visit {r['host_ms_per_step']:.2f} ms per step; "
           f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s")
     print("\n| class | measured us per step | min MB per step | ideal us | of roofline |\n"
           "|---|---|---|---|---|")

@@ -46,12 +46,14 @@ def _speculative(text):
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.parser(PROG, "Serve a model over HTTP with OpenAI's API (/v1/completions,\n"
                           "/v1/chat/completions, /v1/models), /health and /metrics. Then, e.g.:\n"
-                          "  curl localhost:8000/v1/completions -d '{\"model\": \"replayjax-demo\", "
+                          "  curl localhost:8000/v1/completions "
+                          "-d '{\"model\": \"replayjax-demo\", "
                           "\"prompt\": \"This program\", \"max_tokens\": 32}'", [
                               f"{PROG}                     # the demo model on 127.0.0.1:8000",
                               f"{PROG} --model DIR --port 8001 --speculative mtp --num-slots 64"])
-    ap.add_argument("--model", type=cli.nonempty, help="Hugging Face checkpoint dir or a `replayjax convert` output "
-                    "dir, with tokenizer.json (default: the demo model shipped with the package)")
+    ap.add_argument("--model", type=cli.nonempty,
+                    help="Hugging Face checkpoint dir or a `replayjax convert` output dir, with "
+                         "tokenizer.json (default: the demo model shipped with the package)")
     ap.add_argument("--served-model-name", type=cli.nonempty,
                     help="the model name requests give (default: the model dir's name; "
                          f"{DEMO_NAME} for the demo model)")

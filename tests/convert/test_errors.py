@@ -134,7 +134,8 @@ def test_overlapping_tensors(tmp_path, dst, capsys):
     src = make_checkpoint(tmp_path / "hf", V)
 
     def edit(h):
-        h["backbone.norm_f.weight"]["data_offsets"] = h["backbone.layers.0.norm.weight"]["data_offsets"]
+        offsets = h["backbone.layers.0.norm.weight"]["data_offsets"]
+        h["backbone.norm_f.weight"]["data_offsets"] = offsets
         return h
 
     _rewrite_header(_file(src), edit)

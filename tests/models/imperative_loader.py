@@ -25,7 +25,8 @@ class WeightsError(ValueError):
 
 
 def read_safetensors(model_dir):
-    """All tensors of `model.safetensors` or of the shards listed in `model.safetensors.index.json`."""
+    """All tensors of `model.safetensors` or of the shards listed in
+    `model.safetensors.index.json`."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -51,7 +52,8 @@ class _Taker:
         t = np.asarray(self.tensors[name])
         t = t.T if transpose else t
         if shape is not None and tuple(t.shape) != tuple(shape):
-            raise WeightsError(f"tensor {name}: expected shape {tuple(shape)}, found {tuple(t.shape)}")
+            raise WeightsError(f"tensor {name}: expected shape {tuple(shape)}, "
+                               f"found {tuple(t.shape)}")
         return t
 
     def unused(self, ignore=()):

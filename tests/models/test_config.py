@@ -215,7 +215,8 @@ def test_nemotron_h_8b():
     assert isinstance(c, NemotronHConfig) and c.family == "nemotron_h"
     assert c.num_hidden_layers == 52
     assert c.layers_of("mamba") == tuple(i for i in range(52) if c.layer_kinds[i] == "mamba")
-    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"), c.layer_kinds.count("mlp")) == (24, 4, 24)
+    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"),
+            c.layer_kinds.count("mlp")) == (24, 4, 24)
     assert c.layer_kinds[:5] == ("mamba", "mlp", "mamba", "mlp", "mamba")
     assert c.hybrid_override_pattern == NEMOTRON_H_8B["hybrid_override_pattern"]
     assert c.head_dim == 128  # from legacy attention_head_dim
@@ -231,7 +232,8 @@ def test_nemotron_h_8b():
 def test_nemotron_nano_9b_v2_head_dim_80():
     c = parse_config(NEMOTRON_NANO_9B_V2)
     assert c.num_hidden_layers == 56
-    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"), c.layer_kinds.count("mlp")) == (27, 4, 25)
+    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"),
+            c.layer_kinds.count("mlp")) == (27, 4, 25)
     # I = H * P = 10240, not expand * hidden = 8960 (models.md §E9)
     assert c.mamba_intermediate_size == 10240 != 2 * c.hidden_size
     assert (c.mamba_in_proj_dim, c.mamba_conv_dim) == (22656, 12288)
@@ -242,8 +244,10 @@ def test_nemotron_3_nano_moe():
     c = parse_config(NEMOTRON_3_NANO_30B)
     assert c.num_hidden_layers == 52
     assert c.hybrid_override_pattern == "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
-    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"), c.layer_kinds.count("moe")) == (23, 6, 23)
-    assert (c.mamba_in_proj_dim, c.mamba_conv_dim, c.mamba_intermediate_size) == (10304, 6144, 4096)
+    assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"),
+            c.layer_kinds.count("moe")) == (23, 6, 23)
+    assert (c.mamba_in_proj_dim, c.mamba_conv_dim,
+            c.mamba_intermediate_size) == (10304, 6144, 4096)
     assert (c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (128, 6, 1856)
     assert (c.n_shared_experts, c.moe_shared_expert_intermediate_size) == (1, 3712)
     assert c.routed_scaling_factor == 2.5 and c.norm_topk_prob and c.moe_latent_size is None
@@ -253,10 +257,12 @@ def test_nemotron_3_nano_moe():
 
 
 def test_nemotron_mtp_and_latent():
-    c = parse_config(_with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1), "moe_latent_size", 1024))
+    c = parse_config(_with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1),
+                           "moe_latent_size", 1024))
     assert c.num_mtp_layers == 1 and c.mtp_layer_kinds == ("attention", "moe")
     assert c.moe_expert_input_size == 1024
-    d = _with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1), "mtp_layers_block_type", _DEL)
+    d = _with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1),
+              "mtp_layers_block_type", _DEL)
     assert parse_config(_with(d, "mtp_hybrid_override_pattern", "*E*E")).mtp_layer_kinds == (
         "attention", "moe", "attention", "moe")
     assert parse_config(d).mtp_layer_kinds == ("attention", "moe")  # HF default
@@ -265,7 +271,8 @@ def test_nemotron_mtp_and_latent():
 def test_nemotron_legacy_names():
     legacy = {
         "model_type": "nemotron_h", "vocab_size": 64, "hidden_size": 32,
-        "layers_block_type": ["mamba", "attention", "mlp", "moe"],  # pre-5.x names (TRL tiny config)
+        # pre-5.x names (TRL tiny config)
+        "layers_block_type": ["mamba", "attention", "mlp", "moe"],
         "num_attention_heads": 4, "attention_head_dim": 8,  # num_key_value_heads absent -> heads
         "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 16,
         "mamba_n_groups": 2, "mamba_d_conv": 3, "mamba_conv_bias": False, "mamba_chunk_size": 64,
@@ -281,7 +288,8 @@ def test_nemotron_legacy_names():
     assert (c.n_groups, c.conv_kernel, c.use_conv_bias, c.chunk_size) == (2, 3, False, 64)
     assert (c.time_step_min, c.time_step_max, c.time_step_floor) == (0.002, 0.2, 1e-3)
     assert c.time_step_limit == (0.0, math.inf) and c.layer_norm_epsilon == 1e-6
-    assert (c.num_key_value_heads, c.head_dim, c.intermediate_size, c.n_routed_experts) == (4, 8, 48, 4)
+    assert (c.num_key_value_heads, c.head_dim, c.intermediate_size,
+            c.n_routed_experts) == (4, 8, 48, 4)
     assert c.use_bias and c.n_shared_experts == 1
     # the modern names and the pattern string give the same config
     modern = {k: v for k, v in legacy.items() if not k.startswith("mamba_") or k in (
@@ -303,7 +311,8 @@ def test_qwen3_next_80b():
     assert c.num_hidden_layers == 48 and c.layers_of("attention") == tuple(range(3, 48, 4))
     assert c.gdn_layout == "interleaved" and c.weight_prefix == "model."
     assert (c.rope_theta, c.rotary_dim, c.mrope_section) == (1e7, 64, None)
-    assert (c.gdn_key_dim, c.gdn_value_dim, c.gdn_conv_dim, c.gdn_heads_ratio) == (2048, 4096, 8192, 2)
+    assert (c.gdn_key_dim, c.gdn_value_dim, c.gdn_conv_dim,
+            c.gdn_heads_ratio) == (2048, 4096, 8192, 2)
     assert c.ffn_kinds == ("moe",) * 48 and c.mtp_ffn_kind == "moe"
     assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
             c.shared_expert_intermediate_size, c.intermediate_size) == (512, 10, 512, 512, 5120)
@@ -312,7 +321,8 @@ def test_qwen3_next_80b():
 
 
 def test_qwen3_next_dense_layers_and_sparse_step():
-    c = parse_config(_with(_with(QWEN3_NEXT_80B, "mlp_only_layers", [0, 5]), "decoder_sparse_step", 2))
+    c = parse_config(_with(_with(QWEN3_NEXT_80B, "mlp_only_layers", [0, 5]),
+                           "decoder_sparse_step", 2))
     assert c.ffn_kinds[:6] == ("mlp", "moe", "mlp", "moe", "mlp", "mlp")
 
 
@@ -337,9 +347,11 @@ def test_qwen35_dense_wrapper():
     assert c.family == "qwen3_5" and c.multimodal
     assert c.weight_prefix == "model.language_model." and c.gdn_layout == "flat"
     assert c.num_hidden_layers == 32 and c.layers_of("attention") == tuple(range(3, 32, 4))
-    assert (c.hidden_size, c.num_key_value_heads, c.intermediate_size, c.vocab_size) == (4096, 4, 12288, 248320)
+    assert (c.hidden_size, c.num_key_value_heads, c.intermediate_size,
+            c.vocab_size) == (4096, 4, 12288, 248320)
     assert c.ffn_kinds == ("mlp",) * 32 and c.mtp_ffn_kind == "mlp" and c.num_experts == 0
-    assert (c.rotary_dim, c.mrope_section, c.mrope_interleaved, c.rope_theta) == (64, (11, 11, 10), True, 1e7)
+    assert (c.rotary_dim, c.mrope_section, c.mrope_interleaved,
+            c.rope_theta) == (64, (11, 11, 10), True, 1e7)
     assert c.num_mtp_layers == 1 and c.attn_output_gate and c.mamba_ssm_dtype == "float32"
 
 
@@ -357,7 +369,8 @@ def test_qwen35_moe_wrapper_and_text_form():
 def test_qwen35_tie_word_embeddings_from_text_config():
     d = _with(QWEN35_9B, "text_config.tie_word_embeddings", True)
     assert parse_config(d).tie_word_embeddings
-    d = _with(_with(QWEN35_9B, "text_config.tie_word_embeddings", _DEL), "tie_word_embeddings", True)
+    d = _with(_with(QWEN35_9B, "text_config.tie_word_embeddings", _DEL),
+              "tie_word_embeddings", True)
     assert parse_config(d).tie_word_embeddings  # falls back to the wrapper's value
 
 
@@ -371,60 +384,81 @@ def test_qwen_legacy_layer_type_name():
 ERRORS = [
     ({"model_type": "llama"}, r"unsupported model_type 'llama'.*nemotron_h.*qwen3_5_moe_text"),
     ({"hidden_size": 8}, r"unsupported model_type None"),
-    (_with(NEMOTRON_H_8B, "n_groups", 3), r"'mamba_num_heads' \(128\) must be a multiple of 'n_groups' \(3\)"),
+    (_with(NEMOTRON_H_8B, "n_groups", 3),
+     r"'mamba_num_heads' \(128\) must be a multiple of 'n_groups' \(3\)"),
     (_with(NEMOTRON_H_8B, "num_key_value_heads", 5),
      r"'num_attention_heads' \(32\) must be a multiple of 'num_key_value_heads' \(5\)"),
     (_with(NEMOTRON_H_8B, "hybrid_override_pattern", "M-M*X-"),
      r"hybrid_override_pattern has unknown character 'X' at position 4"),
-    (_with(NEMOTRON_H_8B, "num_hidden_layers", 50), r"num_hidden_layers = 50 but the layer pattern has 52"),
-    (_with(NEMOTRON_H_8B, "hybrid_override_pattern", _DEL), r"missing required field 'hybrid_override_pattern'"),
-    (_with(_with(NEMOTRON_H_8B, "hybrid_override_pattern", ""), "num_hidden_layers", _DEL), r"pattern is empty"),
+    (_with(NEMOTRON_H_8B, "num_hidden_layers", 50),
+     r"num_hidden_layers = 50 but the layer pattern has 52"),
+    (_with(NEMOTRON_H_8B, "hybrid_override_pattern", _DEL),
+     r"missing required field 'hybrid_override_pattern'"),
+    (_with(_with(NEMOTRON_H_8B, "hybrid_override_pattern", ""), "num_hidden_layers", _DEL),
+     r"pattern is empty"),
     (_with(NEMOTRON_H_8B, "mamba_head_dim", _DEL), r"missing required field 'mamba_head_dim'"),
     (_with(NEMOTRON_H_8B, "attention_head_dim", _DEL),
      r"missing required field 'head_dim' \(or 'attention_head_dim'\)"),
-    (_with(NEMOTRON_H_8B, "ssm_state_size", 0), r"'ssm_state_size' must be a positive integer, got 0"),
+    (_with(NEMOTRON_H_8B, "ssm_state_size", 0),
+     r"'ssm_state_size' must be a positive integer, got 0"),
     (_with(NEMOTRON_H_8B, "hidden_size", -4096), r"'hidden_size' must be a positive integer"),
     (_with(NEMOTRON_H_8B, "vocab_size", "big"), r"'vocab_size' must be an integer"),
-    (_with(NEMOTRON_H_8B, "mamba_n_groups", 4), r"'n_groups' = 8 conflicts with its alias 'mamba_n_groups' = 4"),
+    (_with(NEMOTRON_H_8B, "mamba_n_groups", 4),
+     r"'n_groups' = 8 conflicts with its alias 'mamba_n_groups' = 4"),
     (_with(NEMOTRON_H_8B, "time_step_limit", [0.1]), r"'time_step_limit' must be a pair"),
-    (_with(NEMOTRON_H_8B, "layers_block_type", ["mamba", "ssm"]), r"layers_block_type\[1\] = 'ssm'"),
+    (_with(NEMOTRON_H_8B, "layers_block_type", ["mamba", "ssm"]),
+     r"layers_block_type\[1\] = 'ssm'"),
     (_with(NEMOTRON_H_8B, "intermediate_size", [1, 2]), r"per-layer 'intermediate_size'"),
     (_with(NEMOTRON_H_8B, "sliding_window", 4096), r"'sliding_window' is set"),
     (_with(NEMOTRON_3_NANO_30B, "num_experts_per_tok", 200),
      r"'num_experts_per_tok' \(200\) exceeds 'n_routed_experts'"),
-    (_with(NEMOTRON_3_NANO_30B, "moe_intermediate_size", _DEL), r"missing required field 'moe_intermediate_size'"),
+    (_with(NEMOTRON_3_NANO_30B, "moe_intermediate_size", _DEL),
+     r"missing required field 'moe_intermediate_size'"),
     (_with(NEMOTRON_3_NANO_30B, "moe_shared_expert_intermediate_size", _DEL),
      r"'moe_shared_expert_intermediate_size' must be positive"),
-    (_with(NEMOTRON_3_NANO_30B, "topk_group", 2), r"'topk_group' \(2\) exceeds 'n_group' \(1\)"),
-    (_with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1), "mtp_hybrid_override_pattern", "*-"),
+    (_with(NEMOTRON_3_NANO_30B, "topk_group", 2),
+     r"'topk_group' \(2\) exceeds 'n_group' \(1\)"),
+    (_with(_with(NEMOTRON_3_NANO_30B, "num_nextn_predict_layers", 1),
+           "mtp_hybrid_override_pattern", "*-"),
      r"mtp_hybrid_override_pattern disagrees with mtp_layers_block_type"),
     (_with(QWEN3_NEXT_80B, "linear_num_value_heads", 24),
      r"'linear_num_value_heads' \(24\) must be a multiple of 'linear_num_key_heads' \(16\)"),
-    (_with(QWEN3_NEXT_80B, "num_key_value_heads", 3), r"'num_attention_heads' \(16\) must be a multiple"),
+    (_with(QWEN3_NEXT_80B, "num_key_value_heads", 3),
+     r"'num_attention_heads' \(16\) must be a multiple"),
     (_with(QWEN3_NEXT_80B, "layer_types", ["linear_attention", "full_attention"] * 10),
      r"layer_types has 20 entries but num_hidden_layers = 48"),
     (_with(QWEN3_NEXT_80B, "layer_types", ["linear_attention", "sliding_attention"] * 24),
      r"layer_types\[1\] = 'sliding_attention'"),
-    (_with(QWEN3_NEXT_80B, "num_hidden_layers", _DEL), r"missing required field 'num_hidden_layers'"),
-    (_with(QWEN3_NEXT_80B, "head_dim", _DEL), r"qwen3_next config: missing required field 'head_dim'"),
-    (_with(QWEN3_NEXT_80B, "linear_key_head_dim", 0), r"'linear_key_head_dim' must be a positive integer"),
-    (_with(QWEN3_NEXT_80B, "full_attention_interval", 0), r"'full_attention_interval' must be positive"),
-    (_with(QWEN3_NEXT_80B, "mlp_only_layers", [48]), r"'mlp_only_layers' has indices out of range"),
+    (_with(QWEN3_NEXT_80B, "num_hidden_layers", _DEL),
+     r"missing required field 'num_hidden_layers'"),
+    (_with(QWEN3_NEXT_80B, "head_dim", _DEL),
+     r"qwen3_next config: missing required field 'head_dim'"),
+    (_with(QWEN3_NEXT_80B, "linear_key_head_dim", 0),
+     r"'linear_key_head_dim' must be a positive integer"),
+    (_with(QWEN3_NEXT_80B, "full_attention_interval", 0),
+     r"'full_attention_interval' must be positive"),
+    (_with(QWEN3_NEXT_80B, "mlp_only_layers", [48]),
+     r"'mlp_only_layers' has indices out of range"),
     (_with(_with(QWEN3_NEXT_80B, "mlp_only_layers", [0]), "intermediate_size", _DEL),
      r"'intermediate_size' must be a positive integer"),
     (_with(QWEN3_NEXT_80B, "num_experts", _DEL), r"missing required field 'num_experts'"),
-    (_with(QWEN3_NEXT_80B, "moe_intermediate_size", _DEL), r"missing required field 'moe_intermediate_size'"),
-    (_with(QWEN3_NEXT_80B, "partial_rotary_factor", 75 / 256), r"rotary_dim 75; need an even value"),
+    (_with(QWEN3_NEXT_80B, "moe_intermediate_size", _DEL),
+     r"missing required field 'moe_intermediate_size'"),
+    (_with(QWEN3_NEXT_80B, "partial_rotary_factor", 75 / 256),
+     r"rotary_dim 75; need an even value"),
     (_with(QWEN3_NEXT_80B, "rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
      r"rope_type 'yarn' is not supported"),
-    (_with(QWEN35_9B, "text_config.rope_parameters", dict(_QWEN35_ROPE, mrope_section=[8, 8, 8])),
+    (_with(QWEN35_9B, "text_config.rope_parameters",
+           dict(_QWEN35_ROPE, mrope_section=[8, 8, 8])),
      r"'mrope_section' \[8, 8, 8\] must sum to rotary_dim/2 = 32"),
-    (_with(QWEN35_9B, "text_config", _DEL), r"qwen3_5 config: missing required field 'text_config'"),
+    (_with(QWEN35_9B, "text_config", _DEL),
+     r"qwen3_5 config: missing required field 'text_config'"),
     (_with(QWEN35_9B, "text_config.model_type", "qwen3_5_moe_text"),
      r"text_config.model_type is 'qwen3_5_moe_text'"),
     (_with(QWEN35_9B, "text_config.intermediate_size", _DEL),
      r"qwen3_5 config \(text_config\): missing required field 'intermediate_size'"),
-    (_with(QWEN35_9B, "text_config.hidden_size", True), r"'hidden_size' must be an integer, got True"),
+    (_with(QWEN35_9B, "text_config.hidden_size", True),
+     r"'hidden_size' must be an integer, got True"),
 ]
 
 
@@ -442,7 +476,8 @@ def test_config_error_is_value_error():
 
 # ----------------------------------------------------------------------------- round trip and files
 
-ALL = [NEMOTRON_H_8B, NEMOTRON_NANO_9B_V2, NEMOTRON_3_NANO_30B, QWEN3_NEXT_80B, QWEN35_9B, QWEN35_35B_A3B]
+ALL = [NEMOTRON_H_8B, NEMOTRON_NANO_9B_V2, NEMOTRON_3_NANO_30B, QWEN3_NEXT_80B, QWEN35_9B,
+       QWEN35_35B_A3B]
 
 
 @pytest.mark.parametrize("hf", ALL, ids=lambda d: d["model_type"] + "_" + str(

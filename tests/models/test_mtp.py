@@ -265,7 +265,8 @@ def _random(shapes, rng, zero_centred):
 
 
 def _fuse_experts(mtp, c):
-    """Qwen3.6-style packed MTP experts: gate_up_proj [E, 2F, D] (gate rows first), down [E, D, F]."""
+    """Qwen3.6-style packed MTP experts: gate_up_proj [E, 2F, D] (gate rows first),
+    down [E, D, F]."""
     m, E = "mtp.layers.0.mlp.experts", c.num_experts
     fused = {k: v for k, v in mtp.items() if not k.startswith(f"{m}.")}
     fused[f"{m}.gate_up_proj"] = np.stack([np.concatenate(
@@ -405,7 +406,8 @@ def test_fusion_by_hand(tmp_path, family, variant):
 def test_head_shares_target_embedding_and_lm_head(tmp_path, family, variant):
     cfg, model, _, mtp, W, emb, head = _setup(tmp_path, family, variant)
     # no own copies: the head's parameters are exactly the mtp.* tensors
-    n_head = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(model.mtp, nnx.Param)))
+    n_head = sum(int(np.prod(x.shape))
+                 for x in jax.tree_util.tree_leaves(nnx.state(model.mtp, nnx.Param)))
     assert n_head == sum(v.size for v in mtp.values())
     base = _run_chain(family, cfg, model, W, emb, head, np.random.default_rng(2), steps=0)
     rng = np.random.default_rng(3)
@@ -438,7 +440,8 @@ def test_loader_errors(tmp_path, family, variant, missing, bad):
         load_hf(_write(tmp_path / "missing", variant,
                        {k: v for k, v in tensors.items() if k != missing}))
     shape = mtp[bad].shape
-    shape = shape[::-1] if len(set(shape)) > 1 else (shape[0] + 1,) + shape[1:]  # transposed / longer
+    # transposed / longer
+    shape = shape[::-1] if len(set(shape)) > 1 else (shape[0] + 1,) + shape[1:]
     wrong = dict(tensors, **{bad: np.zeros(shape, np.float32)})
     with pytest.raises(ConvertError, match=f"shape mismatch for {bad}: expected"):
         load_hf(_write(tmp_path / "wrong", variant, wrong))
