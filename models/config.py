@@ -313,7 +313,7 @@ class NemotronHConfig(_ConfigBase):
                 raise self._err(f"field 'topk_group' ({self.topk_group}) exceeds "
                                 f"'n_group' ({self.n_group})")
 
-    # derived values (docs/models.md §A2 notation)
+    # derived values (the Mamba-2 paper's notation: H heads of dim P, G groups, state N)
     @property
     def num_hidden_layers(self) -> int:
         return len(self.layer_kinds)

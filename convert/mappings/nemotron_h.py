@@ -1,4 +1,4 @@
-"""Nemotron-H / Nemotron-3 (`nemotron_h`): HF hub names (models.md A5) ->
+"""Nemotron-H / Nemotron-3 (`nemotron_h`): HF hub tensor names ->
 `models.nemotron_h.NemotronH`.
 
     backbone.embeddings.weight                    -> embeddings                       copy
@@ -17,7 +17,7 @@
          (or stacked: mixer.experts.up_proj (E, F, d) / down_proj (E, d, F), HF 5.x in-memory names)
        mixer.shared_experts.{up,down}_proj        -> mixer/shared/{up,down}_proj/kernel  T
        mixer.fc{1,2}_latent_proj (LatentMoE)      -> mixer/fc{1,2}_latent/kernel      T
-    MTP (models.md A4), when the checkpoint has mtp.* tensors:
+    MTP (Nemotron-3 Super / Ultra; vLLM nemotron_h_mtp.py), when the checkpoint has mtp.* tensors:
     mtp.layers.0.{enorm,hnorm}.weight             -> mtp/{enorm,hnorm}/weight         copy
     mtp.layers.0.eh_proj.weight (D, 2D)           -> mtp/eh_proj/kernel               T
     mtp.layers.i.{norm, mixer.*}                  -> mtp/layers/i/...                 as the body

@@ -1,4 +1,4 @@
-"""Qwen3-Next / Qwen3.5 / Qwen3.5-MoE: HF names (models.md B4, B5) -> `models.qwen.QwenHybrid`.
+"""Qwen3-Next / Qwen3.5 / Qwen3.5-MoE: HF hub tensor names -> `models.qwen.QwenHybrid`.
 
 P = `model.` (qwen3_next, *_text) or `model.language_model.` (the Qwen3.5 multimodal wrapper,
 whose `model.visual.*` vision tower is skipped with a note); `lm_head.weight` and `mtp.*` are
@@ -102,7 +102,7 @@ def _layer(b: TableBuilder, cfg, path: tuple, lp: str, kind: str) -> None:
 
 def _prefix(cfg, b: TableBuilder) -> str:
     """cfg.weight_prefix, or the other one when only that one is in the checkpoint (text-only
-    Qwen3.5 checkpoints that kept `model.language_model.`, models.md E14)."""
+    Qwen3.5 checkpoints that kept `model.language_model.`)."""
     for p in (cfg.weight_prefix, "model.language_model.", "model."):
         if b.has(f"{p}embed_tokens.weight"):
             if p != cfg.weight_prefix:

@@ -54,7 +54,7 @@ class MoEShape:
         return self.family == "qwen"
 
 
-# models.md A2 / B2 (and tests/models/test_config.py)
+# the models' public config.json files (as in tests/models/test_config.py)
 SHAPES = {
     "nemotron-3-nano-30b-a3b": MoEShape("nemotron_h", 2688, 128, 6, 1856, 3712, 2.5),
     "qwen3.5-35b-a3b": MoEShape("qwen", 2048, 256, 8, 512, 512),

@@ -121,8 +121,8 @@ def _norm(take, norm, name):
 def load_nemotron_h(model, tensors):
     """Fills a `models.nemotron_h.NemotronH` from HF tensors (hub names `backbone.*`).
 
-    With an MTP head (mtp=True) also `mtp.layers.{i}.*` (models.md A4): every MTP layer has
-    `norm.weight` and `mixer.*` named as in the body; `mtp.layers.0` carries the fusion
+    With an MTP head (mtp=True) also `mtp.layers.{i}.*` (as Nemotron-3 ships them): every MTP layer
+    has `norm.weight` and `mixer.*` named as in the body; `mtp.layers.0` carries the fusion
     `enorm.weight`, `hnorm.weight`, `eh_proj.weight` (D, 2D) and the last MTP layer
     `final_layernorm.weight`. Without an MTP head, `mtp.*` tensors are ignored."""
     take = _Taker(tensors)
@@ -225,11 +225,11 @@ def load_qwen_hybrid(model, tensors):
     (`experts.{e}.{gate,up,down}_proj.weight`) or fused (`experts.gate_up_proj` [E, 2F, D] gate
     rows first, `experts.down_proj` [E, D, F]), in the body and in the MTP layer alike.
 
-    With an MTP head (mtp=True; models.md B4), always top-level: `mtp.fc.weight` (D, 2D),
-    `mtp.pre_fc_norm_embedding.weight`, `mtp.pre_fc_norm_hidden.weight`, `mtp.norm.weight`
-    (zero-centred, D) and `mtp.layers.{i}.*`, a full-attention decoder layer named like a body
-    layer (`input_layernorm`, `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`,
-    `post_attention_layernorm`, `mlp.*`)."""
+    With an MTP head (mtp=True; as Qwen3-Next / Qwen3.5 ship it), always top-level:
+    `mtp.fc.weight` (D, 2D), `mtp.pre_fc_norm_embedding.weight`,
+    `mtp.pre_fc_norm_hidden.weight`, `mtp.norm.weight` (zero-centred, D) and `mtp.layers.{i}.*`,
+    a full-attention decoder layer named like a body layer (`input_layernorm`,
+    `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`, `post_attention_layernorm`, `mlp.*`)."""
     cfg = model.cfg
     p = cfg.weight_prefix
     take = _Taker(tensors)

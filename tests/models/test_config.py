@@ -1,6 +1,6 @@
 """models.config: HF config.json parsing, legacy aliases, derived sizes, errors, round trip.
 
-Dims are those of docs/models.md §A2/§B2 (public configs / Megatron-Bridge recipes).
+Dims are those of the models' public config.json files and Megatron-Bridge recipes.
 """
 
 import copy
@@ -234,7 +234,7 @@ def test_nemotron_nano_9b_v2_head_dim_80():
     assert c.num_hidden_layers == 56
     assert (c.layer_kinds.count("mamba"), c.layer_kinds.count("attention"),
             c.layer_kinds.count("mlp")) == (27, 4, 25)
-    # I = H * P = 10240, not expand * hidden = 8960 (models.md §E9)
+    # I = H * P = 10240 (mamba_num_heads x mamba_head_dim), not expand * hidden = 8960
     assert c.mamba_intermediate_size == 10240 != 2 * c.hidden_size
     assert (c.mamba_in_proj_dim, c.mamba_conv_dim) == (22656, 12288)
     assert c.head_dim == 128 != c.hidden_size // c.num_attention_heads
