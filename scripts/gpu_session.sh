@@ -34,7 +34,7 @@ case $stage in
   tests)
     REPLAYJAX_TEST_BACKEND=gpu python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_verify.py \
-      tests/models/test_nemotron_h.py tests/models/test_qwen.py tests/models/test_speculative.py \
+      tests/models/test_hf_parity.py tests/models/test_speculative.py \
       tests/models/test_mtp.py tests/models/test_standard_spec.py \
       -k "not xla" 2>&1 | tail -15 ;;
   kernels)

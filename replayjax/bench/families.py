@@ -44,6 +44,14 @@ class Family:
                 ssm_row_bytes(st, entry, L, "replay") + io)
 
 
+def check_shape_names(ap, args):
+    """--shapes names known to --family, else the parser's one-line error (exit 2)."""
+    known = SHAPES[args.family]
+    if bad := [s for s in args.shapes or () if s not in known]:
+        ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
+                 f"(known: {', '.join(known)})")
+
+
 def pool_sets(fam: Family, dims, batch: int, slots_per_row: int, min_pool_bytes: int, seed: int):
     """Disjoint random slot sets for one timing unit: n_sets >= 2 sets of batch rows (each
     `slots_per_row` slots) whose states total >= min_pool_bytes, so a slot's state comes back to

@@ -25,7 +25,13 @@ import time
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, Family, pool_sets
+from replayjax.bench.families import (
+    FAMILIES,
+    MIN_POOL_BYTES,
+    Family,
+    check_shape_names,
+    pool_sets,
+)
 from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
 
 PROG = "replayjax bench kernels"
@@ -208,10 +214,7 @@ def build_parser():
 def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
-    known = SHAPES[args.family]
-    if bad := [s for s in args.shapes or () if s not in known]:
-        ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
-                 f"(known: {', '.join(known)})")
+    check_shape_names(ap, args)
     if args.tune is not None:
         if args.std_config or args.replay_config:
             ap.error("argument --tune: times its own tilings; drop --std-config / "

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, pool_sets
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, check_shape_names, pool_sets
 from replayjax.bench.kernels import check_tiling
 from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, per_kernel
 
@@ -178,10 +178,7 @@ def build_parser():
 def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
-    known = SHAPES[args.family]
-    if bad := [s for s in args.shapes or () if s not in known]:
-        ap.error(f"argument --shapes: unknown shape(s) {bad} for family {args.family} "
-                 f"(known: {', '.join(known)})")
+    check_shape_names(ap, args)
     if bad := [T for T in args.tokens if T > args.window]:
         ap.error(f"argument --tokens: T = {bad} exceeds --window {args.window} (T <= L)")
     return args

@@ -1,10 +1,24 @@
-"""Checks against the HF fixtures shared by the per-family model tests (tests/fixtures/hf,
-reference.npz): tolerance 1e-4 absolute on logits of std ~1."""
+"""The HF fixtures (tests/fixtures/hf: tiny checkpoints made by transformers 5.24 and their
+reference.npz) and the checks against them shared by the model and engine tests: tolerance 1e-4
+absolute on logits of std ~1."""
 
 import jax.numpy as jnp
 import numpy as np
 
+from convert import load_hf
+from models.runner import Runner
+
 ATOL = 1e-4
+FIXTURES = "tests/fixtures/hf"
+NEMOTRON_VARIANTS = ["nemotron_h", "nemotron_h_latent_moe", "nemotron_h_p80"]
+QWEN_VARIANTS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+
+
+def load(variant):
+    """(Runner of the fixture's model in fp32, its reference arrays)."""
+    d = f"{FIXTURES}/{variant}"
+    _, model = load_hf(d)                 # fp32: the fixtures are float32
+    return Runner(model), dict(np.load(f"{d}/reference.npz"))
 
 
 def batch(ref):

@@ -7,13 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.models import test_nemotron_h, test_qwen
-from tests.models.hf_checks import speculative_greedy
+from tests.models.hf_checks import load, speculative_greedy
 
-
-def _runner(variant):
-    mod = test_qwen if variant.startswith("qwen") else test_nemotron_h
-    return mod._load(variant)
+_runner = load
 
 
 @pytest.mark.parametrize("variant,impl", [("nemotron_h", "xla"), ("nemotron_h", "pallas"),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from models.cache import SSMCache
-from tests.models import test_nemotron_h, test_qwen
+from tests.models import hf_checks
 from tests.models.hf_checks import batch, speculative_greedy
 
 FAMILIES = ["nemotron_h", "qwen3_5"]
@@ -23,8 +23,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)     # logits of std ~1
 @functools.cache
 def _load(variant):
     """One Runner per family for the module: its jitted steps compile once."""
-    mod = test_qwen if variant.startswith("qwen") else test_nemotron_h
-    return mod._load(variant)
+    return hf_checks.load(variant)
 
 
 @pytest.mark.parametrize("T", [2, 4])

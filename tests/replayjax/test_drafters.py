@@ -12,7 +12,8 @@ from models.cache import ModelCache
 from replayjax import drafters
 from replayjax.drafters import DRAFTERS, Drafter, make_drafter, ngram_drafts
 from replayjax.engine import Engine, Request
-from tests.models import test_mtp, test_nemotron_h
+from tests.models import test_mtp
+from tests.models.hf_checks import load
 
 K = 2
 
@@ -20,7 +21,7 @@ K = 2
 @pytest.fixture(scope="module")
 def fixture(tmp_path_factory):
     model = test_mtp._setup(tmp_path_factory.mktemp("mtp"), "nemotron_h", "nemotron_h")[1]
-    ref = test_nemotron_h._load("nemotron_h")[1]
+    ref = load("nemotron_h")[1]
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return model, prompts, ref["greedy_tokens"]
 

@@ -7,13 +7,12 @@ import pytest
 
 from replayjax.drafters import ngram_drafts
 from replayjax.engine import Engine, Request, RequestError, SamplingParams
-from tests.models import test_nemotron_h, test_qwen
+from tests.models.hf_checks import load
 
 
 @pytest.fixture(scope="module", params=["nemotron_h", "qwen3_next"])
 def fixture(request):
-    mod = test_qwen if request.param.startswith("qwen") else test_nemotron_h
-    runner, ref = mod._load(request.param)
+    runner, ref = load(request.param)
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return runner.model, prompts, ref["greedy_tokens"]
 
@@ -102,7 +101,7 @@ def test_bf16_state_keeps_hf_greedy_on_nemotron_h(mode):
     Nemotron-H fixture in both SSM modes. (On the Qwen fixture one of three
     prompts meets a near-tie and diverges: bf16 state is a precision trade, fp32 is the default.)"""
     import jax.numpy as jnp
-    runner, ref = test_nemotron_h._load("nemotron_h")
+    runner, ref = load("nemotron_h")
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     eng = Engine(runner.model, num_slots=2, max_len=128, ssm_mode=mode, window=4,
                  state_dtype=jnp.bfloat16)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from models.qwen import QwenHybrid
 from replayjax.engine import Engine, Request
-from tests.models import test_nemotron_h, test_qwen
+from tests.models import hf_checks
 
 FAMILIES = ("nemotron_h", "qwen3_5")
 ORDER, LENGTHS = [0, 1, 2, 1, 0], [20, 9, 12, 15, 5]
@@ -21,7 +21,7 @@ ORDER, LENGTHS = [0, 1, 2, 1, 0], [20, 9, 12, 15, 5]
 
 def load(name):
     """(runner, prompts, HF greedy tokens [3, 40]) of a fixture; a fresh model every call."""
-    runner, ref = (test_qwen if name.startswith("qwen") else test_nemotron_h)._load(name)
+    runner, ref = hf_checks.load(name)
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return runner, prompts, ref["greedy_tokens"]
 

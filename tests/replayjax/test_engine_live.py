@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from replayjax.engine import Engine, Request, SamplingParams
-from tests.models import test_nemotron_h
+from tests.models.hf_checks import load
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    runner, ref = test_nemotron_h._load("nemotron_h")
+    runner, ref = load("nemotron_h")
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return runner.model, prompts, ref["greedy_tokens"]
 

@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from replayjax.engine import Engine, Request, SamplingParams
-from tests.models import test_mtp, test_nemotron_h, test_qwen
+from tests.models import test_mtp
+from tests.models.hf_checks import load
 
 FAMILY = {"nemotron_h": "nemotron_h", "qwen3_next": "qwen"}
 
@@ -24,8 +25,7 @@ FAMILY = {"nemotron_h": "nemotron_h", "qwen3_next": "qwen"}
 def fixture(request, tmp_path_factory):
     model = test_mtp._setup(tmp_path_factory.mktemp("mtp"), FAMILY[request.param],
                             request.param)[1]
-    mod = test_qwen if request.param.startswith("qwen") else test_nemotron_h
-    plain, ref = mod._load(request.param)
+    plain, ref = load(request.param)
     prompts = [list(p[:n]) for p, n in zip(ref["prompts"], ref["prompt_lens"])]
     return model, plain.model, prompts, ref["greedy_tokens"]
 

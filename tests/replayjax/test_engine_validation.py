@@ -6,12 +6,12 @@ import math
 import pytest
 
 from replayjax.engine import Engine, Request, RequestError, SamplingParams
-from tests.models import test_nemotron_h
+from tests.models.hf_checks import load
 
 
 @pytest.fixture(scope="module")
 def model():
-    return test_nemotron_h._load("nemotron_h")[0].model        # vocab 128
+    return load("nemotron_h")[0].model        # vocab 128
 
 
 @pytest.fixture(scope="module")
