@@ -322,6 +322,17 @@ def add_tp_argument(ap):
                          "GPUs, or one per process under `replayjax launch`; default 1)")
 
 
+def check_tp(flag: str, tp: int, cfg):
+    """UserError naming `flag` unless tp devices are visible and tp divides the model's head
+    counts (cheap: before loading anything)."""
+    from models.sharding import check_tp as check_counts
+    tp_mesh(tp)
+    try:
+        check_counts(cfg, tp)
+    except ValueError as e:
+        raise UserError(f"{flag} {tp}: {e}") from None
+
+
 def tp_mesh(tp: int):
     """The tensor-parallel mesh of --tp (None for 1): UserError when the visible devices are
     fewer than tp."""

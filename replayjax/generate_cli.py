@@ -225,6 +225,8 @@ def check_inputs(args):
             raise cli.UserError(f"--speculative draft:{args.draft_dir}: vocabulary of "
                                 f"{draft_cfg.vocab_size} tokens, the model's has "
                                 f"{cfg.vocab_size}")
+    if args.tp > 1:
+        cli.check_tp("--tp", args.tp, cfg)
     tok = _tokenizer(model_dir, required=any(p.text is not None for p in args.prompts))
     prompts = _token_lists(args, tok, cfg.vocab_size)
     cli.output_path("--save-logits", args.save_logits)
@@ -284,12 +286,13 @@ def generate(args, tok, model_dir, prompts):
     progress = cli.Progress(3 + bool(args.draft_dir) + (not args.stream), cli.interactive(args))
     try:
         t0 = time.perf_counter()
+        mesh = cli.tp_mesh(args.tp)
         with progress.stage("loading the model"):
-            model = _load("--model", model_dir)
+            model = _load("--model", model_dir, mesh)
         draft_model = None
         if args.draft_dir:
             with progress.stage("loading the draft model"):
-                draft_model = _load("--speculative draft:DIR", args.draft_dir)
+                draft_model = _load("--speculative draft:DIR", args.draft_dir, mesh)
         with progress.stage("allocating the cache"):
             try:
                 engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,

@@ -21,16 +21,21 @@ import subprocess
 import sys
 import time
 
+from replayjax import commandline as cli
 from replayjax.distributed import LOCAL_DEVICES
 
 PROG = "replayjax launch"
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, required=True, help="processes, one per GPU")
-    ap.add_argument("--coordinator", metavar="HOST:PORT",
+    ap = cli.parser(PROG, "Run a replayjax command as several processes on this host, one per "
+                          "GPU, joined by\njax.distributed: process 0 prints the output; "
+                          "several hosts: docs/multi_host.md.", [
+                              f"{PROG} --nproc 2 -- generate --model DIR --tp 2 --prompt Hi",
+                              f"{PROG} --nproc 2 --cpu -- generate --tp 2 --prompt GNU"])
+    ap.add_argument("--nproc", type=cli.at_least(1), required=True, metavar="N",
+                    help="processes, one per GPU")
+    ap.add_argument("--coordinator", metavar="HOST:PORT", type=cli.nonempty,
                     help="the coordinator address (default: 127.0.0.1 and a free port)")
     ap.add_argument("--cpu", action="store_true",
                     help="run on CPUs (JAX_PLATFORMS=cpu, one CPU device per process, gloo "
@@ -88,8 +93,6 @@ def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.nproc < 1:
-        ap.error(f"argument --nproc: must be >= 1, got {args.nproc}")
     if not command:
         ap.error("give the command to run after --, e.g. -- generate --tp 2 ...")
     if command[0] == "launch":

@@ -73,7 +73,7 @@ def weight_bytes(model, batch: int) -> dict[str, float]:
         elif any("moe" in o.lower() for o in owners):
             routed = len(x.shape) == 3 and x.shape[0] == E
             out["moe"] += _nbytes(x) * (hit if routed else 1.0)
-        elif "Linear" in owners:
+        elif any(o.endswith("Linear") for o in owners):   # Linear, RowParallelLinear
             out["gemm"] += _nbytes(x)          # projections, MLPs, the LM head
         elif any(o in _SSM_MIXERS for o in owners):
             out["ssm"] += _nbytes(x)

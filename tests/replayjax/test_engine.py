@@ -37,7 +37,9 @@ def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft):
         assert c.tokens == list(want[i, :n]) and c.finish_reason == "length"
         assert 0 <= c.ttft_s <= c.completion_s
     if num_draft:
-        assert sum(c.accepted_drafts for c in out) > 0
+        assert all(c.verify_steps > 0 for c in out)
+        if model.cfg.family == "nemotron_h":    # its greedy text repeats: n-grams hit (the Qwen
+            assert sum(c.accepted_drafts for c in out) > 0     # fixture's does not)
 
 
 def test_prefill_in_row_chunks(fixture):

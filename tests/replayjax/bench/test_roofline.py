@@ -1,5 +1,5 @@
 """The minimum-bytes model of a decode step on known inputs (the tiny Nemotron-H fixture:
-pattern M*M-ME, fp32, hidden 32, Mamba H=4 P=16 N=16 G=2, attention 2 kv heads of 16, MoE 8
+pattern M*M-ME, fp32, hidden 32, Mamba H=4 P=16 N=16 G=4, attention 2 kv heads of 16, MoE 8
 experts top-2 of width 32 plus a shared expert of 48)."""
 
 import jax.numpy as jnp
@@ -39,8 +39,8 @@ def test_weights_read_by_one_row(model):
 def test_state_and_kv_bytes_of_a_step(model):
     std = roofline.cache_bytes(model, 2, 10, mode="standard", window=4, state_dtype=jnp.float32)
     rep = roofline.cache_bytes(model, 2, 10, mode="replay", window=4, state_dtype=jnp.float32)
-    state, conv = 4 * 16 * 16 * 4, 3 * (64 + 2 * 2 * 16) * 4
-    entry = 4 * 16 * 4 + 2 * 16 * 4 + 4 * 4     # x, B (fp32 ring here), dt
+    state, conv = 4 * 16 * 16 * 4, 3 * (64 + 2 * 4 * 16) * 4
+    entry = 4 * 16 * 4 + 4 * 16 * 4 + 4 * 4     # x, B (fp32 ring here), dt
     assert std["ssm"] == 3 * 2 * (2 * state + 2 * conv)             # 3 Mamba layers, 2 rows
     assert rep["ssm"] == 3 * 2 * (state + state / 4 + entry * 1.5 + entry + 2 * conv)
     assert std["attention"] == rep["attention"] == 2 * 11 * 2 * 2 * 16 * 4   # 10 read + 1 written
