@@ -10,8 +10,9 @@ def rel_err(a, b):
 
 
 def impl_kw(impl, interpret, tiling=None):
-    """Keyword arguments for a public op: tiling and interpret only apply to Pallas."""
-    if impl != "pallas":
+    """Keyword arguments for a public op: tiling and interpret only apply to Pallas (Triton or
+    Mosaic GPU)."""
+    if impl == "xla":
         return dict(impl=impl)
     return dict(impl=impl, interpret=interpret, tiling=tiling)
 
