@@ -213,6 +213,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     def readout(idx, s_smem, cv_smem, acc):
         s = s_smem[...].astype(F32)
         cv = plgpu.load(cv_smem, layout=COL).astype(F32)
+        # The pipeline's next TMA into this stage's buffers must follow these reads (an
+        # input-only pipeline has no fence of its own; the interpreter flags the race).
+        plgpu.commit_smem()
         return acc + jnp.sum(s * cols(cv, s.shape), axis=1)
 
     s0c = plgpu.emit_pipeline(
@@ -223,7 +226,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     _write_y(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
-    @pl.when(live & (c == L - 1))
+    fold = c == L - 1
+
+    @pl.when(live & fold)
     def _fold():
         def fold_chunk(idx, s_smem, rb_smem, bv_smem):
             (n,) = idx
@@ -242,9 +247,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             max_concurrent_steps=num_stages,
         )(tile, rb_ref.at[slot, g], b_ref.at[b, g])
 
-    # Append the current token at `c` (after a fold it lies past the reset count: harmless).
-    # Other CTAs of the group read ring rows < c only.
-    @pl.when(live)
+    # Otherwise append the current token at `c`. The fold's ring B tiles span all L rows, and
+    # rows < c are the only ones the other CTAs of the group read otherwise: no CTA writes a
+    # row another one reads.
+    @pl.when(live & ~fold)
     def _append():
         store_async(x, xr_smem, rx_ref.at[slot, h, c, ps])
 

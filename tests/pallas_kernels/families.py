@@ -42,6 +42,7 @@ class Problem:
     COMPUTED_RING: tuple          # ring fields computed by the op (others copy the inputs)
     MOSAIC_DIMS: dict | None      # dims overridden to fit the Mosaic GPU kernels (None: none)
     MOSAIC_REAL_CASES: list       # the REAL_CASES the Mosaic GPU kernels support
+    MOSAIC_CHUNK: int | None      # the state chunk of the Mosaic GPU tests
 
     def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
         self.rng = np.random.default_rng(seed)
@@ -62,13 +63,15 @@ class Problem:
     def tiling(self, kind, chunk=None, impl="pallas", **overrides):
         """The family's measured tiling of `kind` ("standard", "replay", "verify") for `impl`
         with overrides; `chunk` sets every chunk field the tiling has. The Mosaic GPU tilings
-        take the overrides they have fields for (the fold is always FMA there)."""
+        take the overrides they have fields for (the fold is always FMA there) and the chunk
+        MOSAIC_CHUNK."""
         t = getattr(self.ops, f"{'MOSAIC_' if impl == MOSAIC else ''}{kind.upper()}_TILING")
         names = {f.name for f in dataclasses.fields(t)}
         if chunk is not None:
             overrides.update({f: chunk for f in self.CHUNK_FIELDS if f in names})
         if impl == MOSAIC:
             overrides = {k: v for k, v in overrides.items() if k in names}
+            overrides.update({f: self.MOSAIC_CHUNK for f in self.CHUNK_FIELDS if f in names})
         return dataclasses.replace(t, **overrides)
 
     def make_replay_state(self, L, state_dtype, ring_dtype):
@@ -109,7 +112,10 @@ class Mamba2(Problem):
     LONG_STEPS = 2048
     REAL_CASES = [("nemotron-h-8b", dict(H=128, P=64, N=128, G=8)),
                   ("nemotron-nano-9b-v2", dict(H=128, P=80, N=128, G=8))]
-    MOSAIC_DIMS = dict(H=2, G=1, P=64)     # one warpgroup tile of P; few CTAs (interpreter)
+    # One warpgroup tile of P, few CTAs (the interpreter is slow), and N in four chunks of
+    # MOSAIC_CHUNK: the double-buffered write-back reuses its buffers (race detection sees it).
+    MOSAIC_DIMS = dict(H=2, G=1, P=64, N=64)
+    MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES[:1]       # P = 80 is no multiple of 64
 
     def __init__(self, seed, **kw):
@@ -170,6 +176,7 @@ class GDN(Problem):
     LONG_STEPS = 4096
     REAL_CASES = [("qwen3-next", dict(Hk=16, Hv=32, K=128, V=128))]
     MOSAIC_DIMS = None
+    MOSAIC_CHUNK = None
     MOSAIC_REAL_CASES = []
 
     @property

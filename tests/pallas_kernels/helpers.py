@@ -19,3 +19,11 @@ def impl_kw(impl, interpret, tiling=None):
 
 def bitwise_equal(a, b):
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def mosaic_races_found() -> bool:
+    """Whether the Mosaic GPU interpreter (race detection on, see `_mosaic_utils`) has seen a
+    data race between TMA copies and SMEM accesses in this process (jax 0.11.2 keeps the state
+    in a private module)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return bool(interpret_pallas_call.get_races().races_found)
