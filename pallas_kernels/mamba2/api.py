@@ -16,8 +16,8 @@ impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "x
 "pallas_mosaic_gpu" (Hopper; standard and replay decode only, P a multiple of 64), "auto"
 (Pallas Triton on GPU, XLA elsewhere). tiling: the Pallas launch configuration
 (`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic GPU), None for the
-measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate the pools at your jit boundary so the in-place update
-is real.
+measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate
+the pools at your jit boundary so the in-place update is real.
 """
 
 from __future__ import annotations
