@@ -89,14 +89,31 @@ def _position(heads_per_group):
     return b, h, h // heads_per_group, pl.ds(t * TILE_ROWS, TILE_ROWS)
 
 
-def _chunk_specs(*widths_and_lead):
-    """BlockSpecs of one d_state chunk per pipeline step: (lead, block_n) tiles for each lead
-    size given (None: a [block_n] vector)."""
-    def spec(lead, bn):
+def _state_layout(block_n, dtype):
+    """SMEM transforms of a state chunk [64, block_n]: 8-row tiles, swizzled as wide as the rows
+    allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
+    bits = jnp.dtype(dtype).itemsize * 8
+    swizzle = plgpu.find_swizzle(block_n * bits, "the state chunk")
+    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+def _chunk_specs(state_dtype, *leads, block_n):
+    """BlockSpecs of one d_state chunk per pipeline step, for each lead given: "state" (a
+    swizzled [64, block_n] state tile), an int (a [lead, block_n] tile) or None (a [block_n]
+    vector)."""
+    def spec(lead):
         if lead is None:
-            return plgpu.BlockSpec((bn,), lambda n: (n,))
-        return plgpu.BlockSpec((lead, bn), lambda n: (0, n))
-    return [spec(lead, bn) for lead, bn in widths_and_lead]
+            return plgpu.BlockSpec((block_n,), lambda n: (n,))
+        if lead == "state":
+            return plgpu.BlockSpec((TILE_ROWS, block_n), lambda n: (0, n),
+                                   transforms=_state_layout(block_n, state_dtype))
+        return plgpu.BlockSpec((lead, block_n), lambda n: (0, n))
+    return [spec(lead) for lead in leads]
+
+
+def _out_smem(block_n, dtype):
+    """The double-buffered staging area of state chunk writes (see `_write_chunk`)."""
+    return plgpu.SMEM((2, TILE_ROWS, block_n), dtype, transforms=_state_layout(block_n, dtype))
 
 
 def _write_chunk(value, n, out_smem, tile, block_n, live):
@@ -144,7 +161,7 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state
 
     y = plgpu.emit_pipeline(
         chunk, grid=(N // block_n,),
-        in_specs=_chunk_specs((TILE_ROWS, block_n), (None, block_n), (None, block_n)),
+        in_specs=_chunk_specs(state_ref.dtype, "state", None, None, block_n=block_n),
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile, b_ref.at[b, g], c_ref.at[b, g])
     _write_y(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
@@ -165,7 +182,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
         outputs=dict(y_ref=like(x)),
         inplace=("state_ref",),
         scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
-                     out_smem=plgpu.SMEM((2, TILE_ROWS, block_n), state.dtype),
+                     out_smem=_out_smem(block_n, state.dtype),
                      bar=plgpu.Barrier()),
         interpret=interpret)
     return y, state
@@ -220,7 +237,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
     s0c = plgpu.emit_pipeline(
         readout, grid=(N // block_n,),
-        in_specs=_chunk_specs((TILE_ROWS, block_n), (None, block_n)),
+        in_specs=_chunk_specs(s_ref.dtype, "state", None, block_n=block_n),
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile, c_ref.at[b, g])
     _write_y(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
@@ -243,7 +260,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
         plgpu.emit_pipeline(
             fold_chunk, grid=(N // block_n,),
-            in_specs=_chunk_specs((TILE_ROWS, block_n), (L, block_n), (None, block_n)),
+            in_specs=_chunk_specs(s_ref.dtype, "state", L, None, block_n=block_n),
             max_concurrent_steps=num_stages,
         )(tile, rb_ref.at[slot, g], b_ref.at[b, g])
 
@@ -293,7 +310,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                      xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      bv_smem=plgpu.SMEM((N,), B.dtype),
                      br_smem=plgpu.SMEM((N,), ring_dtype),
-                     out_smem=plgpu.SMEM((2, TILE_ROWS, block_n), buffers.checkpoint.dtype),
+                     out_smem=_out_smem(block_n, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=3)),
         interpret=interpret)
     return y, type(buffers)(*new)

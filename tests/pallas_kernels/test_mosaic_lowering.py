@@ -30,20 +30,22 @@ def _lower(fn, *args):
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def _mamba2_args(S, b, H, P, N, G, L):
+def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
     sds = jax.ShapeDtypeStruct
-    bufs = mamba2.ReplayBuffers(sds((S, H, P, N), F32), sds((S, H, L, P), BF16),
+    bufs = mamba2.ReplayBuffers(sds((S, H, P, N), state_dtype), sds((S, H, L, P), BF16),
                                 sds((S, G, L, N), BF16), sds((S, H, L), F32))
     step = (sds((b, H, P), BF16), sds((b, G, N), BF16), sds((b, G, N), BF16), sds((b, H), F32),
             sds((H,), F32), sds((H,), F32), sds((b,), jnp.int32))
     return bufs, sds((S,), jnp.int32), step
 
 
-@pytest.mark.parametrize("tiling", [None, mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3)],
-                         ids=["default", "bn32-3stages"])
-def test_mamba2_mosaic_kernels_lower_for_sm90(tiling):
+@pytest.mark.parametrize("tiling,state_dtype", [
+    (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
-    bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16)
+    bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16,
+                                      state_dtype=state_dtype)
     kw = dict(impl="pallas_mosaic_gpu", tiling=tiling, interpret=False)
     for text in (_lower(functools.partial(mamba2.standard_decode, **kw), bufs.checkpoint, *step),
                  _lower(functools.partial(mamba2.replay_decode, **kw), bufs, counts, *step)):
