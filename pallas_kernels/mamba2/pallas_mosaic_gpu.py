@@ -4,7 +4,9 @@ ReplaySSM step with its fold. Verify runs on the other backends.
 Grid (batch, H, P // 64): one CTA (one warpgroup) per (row, head, 64-row P tile). The slot read
 from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N]
 streams through shared memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages
-copies in flight) and is computed on in registers (WGMMA layout, see `_mosaic_utils`).
+copies in flight; chunks tiled and swizzled in SMEM) and is computed on in registers (WGMMA
+layout, see `_mosaic_utils`). Updated chunks go back by TMA from a double-buffered SMEM
+staging area, for live rows only (the null slot is never written).
 
 Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
 the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic), so the kernel needs
@@ -12,7 +14,8 @@ no [L]-vectors: it walks the committed ring entries backwards (a loop of `count`
 past the count are never read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i).
 The fold (one step in L) re-streams the checkpoint and adds X^T diag(s) B as rank-1 updates on
 the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pass tf32 split
-is not worth it for a pass that runs once every L steps.
+is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
+ring (x, dt, and B from the group's first head).
 
 Requires P % 64 == 0 (Nemotron-H: P = 64) and N % block_n == 0 with block_n % 8 == 0. The
 public entries take validated arguments (see `pallas_kernels.mamba2.api`).
