@@ -2,9 +2,10 @@
 
 Families: `pallas_kernels.mamba2` (Mamba-2 / SSD heads) and `pallas_kernels.gdn` (Gated
 DeltaNet), each with `api` (the public ops: validate, dispatch), `buffers` (the cache type),
-`reference` (per-row math), `xla` and `pallas_triton` (implementations) and `prefill`.
+`reference` (per-row math), `xla` and `pallas_triton` (implementations; Mamba-2 also
+`pallas_mosaic_gpu`: Hopper decode kernels) and `prefill`.
 Shared: `ring` (the ring contract: slots, counts, verify windows, conv state, draft slots),
 `dispatch` (backends by name), `validation`, `xla_pool` (the XLA pool ops over a family's row
-math), `chunks` (prefill chunking) and `_kernel_utils` (for the Pallas builders; the one module
-that imports Triton).
+math), `chunks` (prefill chunking), `_kernel_utils` (for the Pallas builders; the one module
+that imports Triton) and `_mosaic_utils` (the Mosaic GPU launch, layouts and interpreter).
 """

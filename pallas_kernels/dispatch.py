@@ -1,9 +1,9 @@
 """Implementation registry: each public op maps backend names to implementations.
 
-Backends: "xla" (pure jnp over the slot pool) and "pallas_triton" (Pallas kernels, Triton
-lowering; interpret mode off the GPU). `impl` may also be "auto" (Pallas Triton on an NVIDIA GPU,
-XLA elsewhere) or "pallas" (= "pallas_triton"). A Mosaic GPU port adds "pallas_mosaic_gpu" to
-`BACKENDS` and to the ops that have it.
+Backends: "xla" (pure jnp over the slot pool), "pallas_triton" (Pallas kernels, Triton
+lowering; interpret mode off the GPU) and "pallas_mosaic_gpu" (Mosaic GPU kernels for Hopper;
+the Mosaic GPU interpreter off the GPU; only some ops have them). `impl` may also be "auto"
+(Pallas Triton on an NVIDIA GPU, XLA elsewhere) or "pallas" (= "pallas_triton").
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax
 
 from pallas_kernels.validation import check
 
-BACKENDS = ("xla", "pallas_triton")
+BACKENDS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
 _SHORT_NAMES = {"pallas": "pallas_triton"}
 IMPLS = ("auto", *_SHORT_NAMES, *BACKENDS)
 
@@ -56,6 +56,7 @@ class Op:
 
 def family_ops(family: str, names, **backends) -> dict[str, Op]:
     """The ops `names` of a kernel family, by name; `backends` maps a backend name to the module
-    that implements every op as a function of the op's name."""
-    return {n: Op(f"{family}.{n}", {b: getattr(m, n) for b, m in backends.items()})
+    that implements ops as functions of the op's name (an op it lacks has no such backend)."""
+    return {n: Op(f"{family}.{n}", {b: getattr(m, n) for b, m in backends.items()
+                                    if hasattr(m, n)})
             for n in names}

@@ -8,6 +8,10 @@
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
+#   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
+#              check), then Mamba-2 at batch 1 / 32 / 256 beside the Triton kernels, then a
+#              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
+#              staggered within 5%, standard <= 530 us)
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -117,6 +121,18 @@ case $stage in
   tp-80b-256)
     e2e 560 --synthetic qwen3-next-80b-a3b --batch 256 --prompt-len 128 --tp 2 \
       --variants replay standard ;;
+  mosaic)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    REPLAYJAX_TEST_BACKEND=gpu timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py tests/pallas_kernels/test_mosaic_lowering.py \
+      -k "mosaic or lower" 2>&1 | tee "$out/mosaic_tests.log" | tail -15
+    timeout 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 1 32 256 --impls pallas pallas_mosaic_gpu --json "$out/kernels_mosaic.json" \
+      2>>"$out/mosaic.log" | grep "^|"
+    timeout 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
+      --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \
+      2>>"$out/mosaic.log" | grep "^|" ;;
   profile)
     python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
       --steps 16 --mode replay --top 30 --trace-dir "$out/trace" 2>>"$out/profile.log" ;;

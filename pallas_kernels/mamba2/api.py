@@ -13,16 +13,17 @@ Rows must name distinct slots (two rows on one slot would race). The ring contra
 counts, folds, commit and rollback) is `pallas_kernels.ring`.
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp),
-"auto" (Pallas on GPU, XLA elsewhere). tiling: the Pallas launch configuration
-(`Mamba2Tiling` / `Mamba2ReplayTiling`), None for the measured one (`STANDARD_TILING`,
-`REPLAY_TILING`, `VERIFY_TILING`). Donate the pools at your jit boundary so the in-place update
-is real.
+"pallas_mosaic_gpu" (Hopper; standard and replay decode only, P a multiple of 64), "auto"
+(Pallas Triton on GPU, XLA elsewhere). tiling: the Pallas launch configuration
+(`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic GPU), None for the
+measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate
+the pools at your jit boundary so the in-place update is real.
 """
 
 from __future__ import annotations
 
 from pallas_kernels.dispatch import family_ops
-from pallas_kernels.mamba2 import pallas_triton, xla
+from pallas_kernels.mamba2 import pallas_mosaic_gpu, pallas_triton, xla
 from pallas_kernels.mamba2.buffers import FIELDS, ReplayBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
 from pallas_kernels.validation import (
@@ -48,7 +49,8 @@ _STEP_FIELDS = (
     Field("slots", ("b",), INT32_ONLY),
 )
 _OPS = family_ops("mamba2", ("standard_decode", "replay_decode", "replay_verify",
-                             "standard_verify"), xla=xla, pallas_triton=pallas_triton)
+                             "standard_verify"), xla=xla, pallas_triton=pallas_triton,
+                  pallas_mosaic_gpu=pallas_mosaic_gpu)
 
 
 def _check_step_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:

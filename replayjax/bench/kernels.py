@@ -12,7 +12,9 @@ Method (docs/benchmarks.md):
     times separately;
   * minimum bytes: standard = state read + write + token inputs/outputs; replay = state read +
     state write / L + the (L - 1) / 2 ring entries held on average + ring append + token I/O;
-  * copy bandwidth measured in the same process (x + 1 over 2 GiB, bytes read + written).
+  * copy bandwidth measured in the same process (x + 1 over 2 GiB, bytes read + written);
+  * `--impls` times Pallas implementations side by side: "pallas" (Triton) and
+    "pallas_mosaic_gpu" (Mosaic GPU, Mamba-2 only), each from its own measured tilings.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
 
 PROG = "replayjax bench kernels"
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
+IMPLS = ("pallas", "pallas_mosaic_gpu")
+
+
+def base_tilings(ops, impl):
+    """The measured (standard, replay) tilings of a family's `impl`, None if it has no kernels."""
+    prefix = "MOSAIC_" if impl == "pallas_mosaic_gpu" else ""
+    std, rep = (getattr(ops, f"{prefix}{k}_TILING", None) for k in ("STANDARD", "REPLAY"))
+    return None if std is None else (std, rep)
 
 
 # ---------------------------------------------------------------------- schedules
@@ -63,6 +73,7 @@ def staggered_counts(S: int, L: int, seed: int) -> np.ndarray:
 
 @dataclasses.dataclass
 class Row:
+    impl: str
     shape: str
     batch: int
     standard_us: float
@@ -89,24 +100,26 @@ class Row:
         s_gbs, r_gbs = (self.gbs(self.std_bytes, self.standard_us),
                         self.gbs(self.rep_bytes, self.staggered_us))
         cb = self.copy_bw / 1e9
-        return (f"| {self.shape} | {self.batch} | {self.standard_us:.1f} | "
+        return (f"| {self.impl} | {self.shape} | {self.batch} | {self.standard_us:.1f} | "
                 f"{self.staggered_us:.1f} | **{self.speedup:.2f}x** | {self.amortised_us:.1f} | "
                 f"{self.amortised_speedup:.2f}x | {self.nonfold_us:.1f} / {self.fold_us:.1f} | "
                 f"{self.std_bytes / 1e6:.2f} / {self.rep_bytes / 1e6:.2f} | "
                 f"{s_gbs:.0f} ({100 * s_gbs / cb:.0f}%) | {r_gbs:.0f} ({100 * r_gbs / cb:.0f}%) |")
 
 
-HEADER = ("| shape | batch | standard us | replay us (staggered) | speedup | replay us (amortised) "
-          "| amortised speedup | replay non-fold / fold us | min MB per row (std / replay) "
+HEADER = ("| impl | shape | batch | standard us | replay us (staggered) | speedup "
+          "| replay us (amortised) | amortised speedup | replay non-fold / fold us "
+          "| min MB per row (std / replay) "
           "| standard GB/s (% copy) | replay staggered GB/s (% copy) |\n"
-          + "|---" * 11 + "|")
+          + "|---" * 12 + "|")
 
 
 def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_kw=None,
-          seed=0, iterations=3, cycling=True, min_pool_bytes=MIN_POOL_BYTES):
-    """Times both kernels of a family at one shape and batch (tiling overrides in std_kw /
-    rep_kw): standard, replay staggered and (with `cycling`) replay amortised over whole fold
-    cycles. Returns the Row fields other than shape, batch and copy_bw (us, bytes per row)."""
+          seed=0, iterations=3, cycling=True, min_pool_bytes=MIN_POOL_BYTES, impl="pallas"):
+    """Times both kernels of a family's Pallas `impl` at one shape and batch (tiling overrides
+    in std_kw / rep_kw): standard, replay staggered and (with `cycling`) replay amortised over
+    whole fold cycles. Returns the Row fields other than impl, shape, batch and copy_bw (us,
+    bytes per row)."""
     import jax
     import jax.numpy as jnp
 
@@ -117,9 +130,9 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     sets = jnp.asarray(ids[..., 0], jnp.int32)
     ring_dtype = jnp.dtype(ring)
     inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
-    ops = fam.ops()     # tiling overrides replace fields of the measured tilings
-    std_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.STANDARD_TILING, **(std_kw or {})))
-    rep_kw = dict(impl="pallas", tiling=dataclasses.replace(ops.REPLAY_TILING, **(rep_kw or {})))
+    std_base, rep_base = base_tilings(fam.ops(), impl)   # overrides replace their fields
+    std_kw = dict(impl=impl, tiling=dataclasses.replace(std_base, **(std_kw or {})))
+    rep_kw = dict(impl=impl, tiling=dataclasses.replace(rep_base, **(rep_kw or {})))
     n_steps = n_sets * L
 
     @jax.jit
@@ -157,25 +170,26 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     return out
 
 
-def tune(fam, shapes, batch, L, ring, configs, progress):
-    """Times a list of tilings (staggered replay, the headline); prints a table, returns the
-    results. A tiling the compiler rejects is reported and skipped."""
+def tune(fam, shapes, batch, L, ring, configs, progress, impls=IMPLS[:1]):
+    """Times a list of tilings (staggered replay, the headline) of each of `impls`; prints a
+    table, returns the results. A tiling the compiler rejects is reported and skipped."""
     results = []
-    std_keys = {f.name for f in dataclasses.fields(fam.ops().STANDARD_TILING)}
-    print("| shape | batch | tiling | standard us | replay us (staggered) |\n|---|---|---|---|---|")
-    for shape in shapes:
-        for cfg in configs:
-            std_cfg = {k: v for k, v in cfg.items() if k in std_keys}
-            head = f"| {shape} | {batch} | {json.dumps(cfg)} |"
-            with progress.stage(f"{shape} batch {batch} {json.dumps(cfg)}"):
-                try:
-                    r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
-                              iterations=1, cycling=False)
-                except Exception as e:   # noqa: BLE001 -- a rejected tiling is a result
-                    print(f"{head} failed: {cli.one_line(e)[:100]} | |", flush=True)
-                    continue
-            print(f"{head} {r['standard_us']:.1f} | {r['staggered_us']:.1f} |", flush=True)
-            results.append(dict(shape=shape, batch=batch, config=cfg, std_config=std_cfg, **r))
+    print("| impl | shape | batch | tiling | standard us | replay us (staggered) |\n"
+          + "|---" * 6 + "|")
+    for impl, shape, cfg in ((i, s, c) for i in impls for s in shapes for c in configs):
+        std_keys = {f.name for f in dataclasses.fields(base_tilings(fam.ops(), impl)[0])}
+        std_cfg = {k: v for k, v in cfg.items() if k in std_keys}
+        head = f"| {impl} | {shape} | {batch} | {json.dumps(cfg)} |"
+        with progress.stage(f"{impl} {shape} batch {batch} {json.dumps(cfg)}"):
+            try:
+                r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
+                          iterations=1, cycling=False, impl=impl)
+            except Exception as e:   # noqa: BLE001 -- a rejected tiling is a result
+                print(f"{head} failed: {cli.one_line(e)[:100]} | |", flush=True)
+                continue
+        print(f"{head} {r['standard_us']:.1f} | {r['staggered_us']:.1f} |", flush=True)
+        results.append(dict(impl=impl, shape=shape, batch=batch, config=cfg,
+                            std_config=std_cfg, **r))
     return results
 
 
@@ -184,6 +198,7 @@ def tune(fam, shapes, batch, L, ring, configs, progress):
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --family mamba2 --batches 1 32 256",
+        f"{PROG} --family mamba2 --batches 256 --impls pallas pallas_mosaic_gpu",
         f"{PROG} --family gdn --json gdn.json",
         f"{PROG} --family mamba2 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2",
@@ -206,6 +221,9 @@ def build_parser():
                     help="replay kernel tiling as JSON")
     ap.add_argument("--tune", type=cli.tilings, default=None, metavar="CONFIGS",
                     help="JSON list of tilings to time at one batch instead of the table")
+    ap.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS[:1]),
+                    help="Pallas implementations to time, side by side (default: pallas, the "
+                         "Triton kernels; pallas_mosaic_gpu: Mosaic GPU, mamba2 only)")
     ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
                     help="also write the rows as JSON to FILE")
     return ap
@@ -244,32 +262,36 @@ def _run(args):
     import jax
     cli.output_path("--json", args.json)
     fam = FAMILIES[args.family]()
-    ops = fam.ops()
-    check_tiling("--std-config", args.std_config, ops.STANDARD_TILING)
-    check_tiling("--replay-config", args.replay_config, ops.REPLAY_TILING)
-    for cfg in args.tune or ():
-        check_tiling("--tune", cfg, ops.REPLAY_TILING)
+    for impl in args.impls:
+        if (bases := base_tilings(fam.ops(), impl)) is None:
+            raise cli.UserError(f"--impls: {fam.name} has no {impl} kernels")
+        check_tiling("--std-config", args.std_config, bases[0])
+        check_tiling("--replay-config", args.replay_config, bases[1])
+        for cfg in args.tune or ():
+            check_tiling("--tune", cfg, bases[1])
     cli.require_gpu()
     shapes = args.shapes or list(fam.shapes)
     ring = args.ring_dtype or fam.default_ring
-    units = len(shapes) * (len(args.tune) if args.tune is not None else len(args.batches))
+    units = len(args.impls) * len(shapes) * (
+        len(args.tune) if args.tune is not None else len(args.batches))
     progress = cli.Progress(units + 1, cli.interactive(args))
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth()
     print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
           f"{fam.name}; L = {args.window}; fp32 state, bf16 activations, {ring} ring", flush=True)
     if args.tune is not None:
-        rows = tune(fam, shapes, args.batches[0], args.window, ring, args.tune, progress)
+        rows = tune(fam, shapes, args.batches[0], args.window, ring, args.tune, progress,
+                    args.impls)
     else:
         print(HEADER, flush=True)
         rows = []
         for shape in shapes:
-            for batch in args.batches:
+            for batch, impl in ((b, i) for b in args.batches for i in args.impls):
                 t0 = time.time()
-                with progress.stage(f"{shape} batch {batch}"):
-                    r = Row(shape=shape, batch=batch, copy_bw=bw, **bench(
+                with progress.stage(f"{impl} {shape} batch {batch}"):
+                    r = Row(impl=impl, shape=shape, batch=batch, copy_bw=bw, **bench(
                         fam, shape, batch, L=args.window, ring=ring, std_kw=args.std_config,
-                        rep_kw=args.replay_config))
+                        rep_kw=args.replay_config, impl=impl))
                 print(r.line() + f"  <!-- {time.time() - t0:.0f}s -->", flush=True)
                 rows.append(dataclasses.asdict(r) | dict(
                     speedup=r.speedup, amortised_speedup=r.amortised_speedup, family=fam.name,

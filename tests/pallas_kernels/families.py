@@ -40,6 +40,9 @@ class Problem:
     LONG_STEPS: int
     REAL_CASES: list              # (id, dims) of real model shapes (compiled on GPU)
     COMPUTED_RING: tuple          # ring fields computed by the op (others copy the inputs)
+    MOSAIC_DIMS: dict | None      # dims overridden to fit the Mosaic GPU kernels (None: none)
+    MOSAIC_REAL_CASES: list       # the REAL_CASES the Mosaic GPU kernels support
+    MOSAIC_CHUNK: int | None      # the state chunk of the Mosaic GPU tests
 
     def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
         self.rng = np.random.default_rng(seed)
@@ -57,13 +60,18 @@ class Problem:
     def random_state(self, dtype=F32):
         return self.rand(self.state_shape, dtype, self.STATE_SCALE)
 
-    def tiling(self, kind, chunk=None, **overrides):
-        """The family's measured tiling of `kind` ("standard", "replay", "verify") with
-        overrides; `chunk` sets every chunk field the tiling has."""
-        t = getattr(self.ops, f"{kind.upper()}_TILING")
+    def tiling(self, kind, chunk=None, impl="pallas", **overrides):
+        """The family's measured tiling of `kind` ("standard", "replay", "verify") for `impl`
+        with overrides; `chunk` sets every chunk field the tiling has. The Mosaic GPU tilings
+        take the overrides they have fields for (the fold is always FMA there) and the chunk
+        MOSAIC_CHUNK."""
+        t = getattr(self.ops, f"{'MOSAIC_' if impl == MOSAIC else ''}{kind.upper()}_TILING")
         names = {f.name for f in dataclasses.fields(t)}
         if chunk is not None:
             overrides.update({f: chunk for f in self.CHUNK_FIELDS if f in names})
+        if impl == MOSAIC:
+            overrides = {k: v for k, v in overrides.items() if k in names}
+            overrides.update({f: self.MOSAIC_CHUNK for f in self.CHUNK_FIELDS if f in names})
         return dataclasses.replace(t, **overrides)
 
     def make_replay_state(self, L, state_dtype, ring_dtype):
@@ -104,6 +112,11 @@ class Mamba2(Problem):
     LONG_STEPS = 2048
     REAL_CASES = [("nemotron-h-8b", dict(H=128, P=64, N=128, G=8)),
                   ("nemotron-nano-9b-v2", dict(H=128, P=80, N=128, G=8))]
+    # One warpgroup tile of P, few CTAs (the interpreter is slow), and N in four chunks of
+    # MOSAIC_CHUNK: the double-buffered write-back reuses its buffers (race detection sees it).
+    MOSAIC_DIMS = dict(H=2, G=1, P=64, N=64)
+    MOSAIC_CHUNK = 16
+    MOSAIC_REAL_CASES = REAL_CASES[:1]       # P = 80 is no multiple of 64
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -162,6 +175,9 @@ class GDN(Problem):
     SMALL_DIMS = LONG_DIMS = dict(Hk=1, Hv=2, K=16, V=16)
     LONG_STEPS = 4096
     REAL_CASES = [("qwen3-next", dict(Hk=16, Hv=32, K=128, V=128))]
+    MOSAIC_DIMS = None
+    MOSAIC_CHUNK = None
+    MOSAIC_REAL_CASES = []
 
     @property
     def state_shape(self):
@@ -210,6 +226,7 @@ class GDN(Problem):
 
 FAMILIES = {"mamba2": Mamba2, "gdn": GDN}
 IMPLS = ["pallas", "xla"]
+MOSAIC = "pallas_mosaic_gpu"
 each_family = pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
 
 
@@ -217,6 +234,31 @@ def cases(attr):
     """pytest params (family, case) over every family's list `attr`, with ids."""
     return [pytest.param(f, c, id=f"{name}-{c[0]}") for name, f in FAMILIES.items()
             for c in getattr(f, attr)]
+
+
+def impl_cases(attr, mosaic=1):
+    """pytest params (family, case, impl): each of IMPLS with every case of every family's list
+    `attr`, plus Mosaic GPU on the first `mosaic` cases of the families that have it (the Mosaic
+    GPU interpreter costs ~0.1 s per CTA and step)."""
+    params = []
+    for name, f in FAMILIES.items():
+        fcases = [(c, f"{name}-{c[0]}") for c in getattr(f, attr)]
+        params += [pytest.param(f, c, impl, id=f"{i}-{impl}") for impl in IMPLS for c, i in fcases]
+        if f.MOSAIC_DIMS is not None:
+            params += [pytest.param(f, c, MOSAIC, id=f"{i}-{MOSAIC}") for c, i in fcases[:mosaic]]
+    return params
+
+
+def family_impls(mosaic=True):
+    """pytest params (family, impl): each family with each of IMPLS, and with Mosaic GPU where
+    it has it (if `mosaic`)."""
+    return [pytest.param(f, impl, id=f"{name}-{impl}") for name, f in FAMILIES.items()
+            for impl in IMPLS + ([MOSAIC] if mosaic and f.MOSAIC_DIMS is not None else [])]
+
+
+def impl_dims(family, dims, impl):
+    """`dims` as the problem runs them with `impl` (Mosaic GPU: the family's MOSAIC_DIMS)."""
+    return {**dims, **family.MOSAIC_DIMS} if impl == MOSAIC else dims
 
 
 def long_run(family, impl_kw, ring_dtype, L=16):

@@ -10,11 +10,20 @@ def rel_err(a, b):
 
 
 def impl_kw(impl, interpret, tiling=None):
-    """Keyword arguments for a public op: tiling and interpret only apply to Pallas."""
-    if impl != "pallas":
+    """Keyword arguments for a public op: tiling and interpret only apply to Pallas (Triton or
+    Mosaic GPU)."""
+    if impl == "xla":
         return dict(impl=impl)
     return dict(impl=impl, interpret=interpret, tiling=tiling)
 
 
 def bitwise_equal(a, b):
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def mosaic_races_found() -> bool:
+    """Whether the Mosaic GPU interpreter (race detection on, see `_mosaic_utils`) has seen a
+    data race between TMA copies and SMEM accesses in this process (jax 0.11.2 keeps the state
+    in a private module)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return bool(interpret_pallas_call.get_races().races_found)

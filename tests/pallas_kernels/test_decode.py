@@ -19,8 +19,21 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import BF16, F32, IMPLS, cases, each_family, f64, long_run
-from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, rel_err
+from tests.pallas_kernels.families import (
+    BF16,
+    F32,
+    FAMILIES,
+    IMPLS,
+    MOSAIC,
+    cases,
+    each_family,
+    f64,
+    family_impls,
+    impl_cases,
+    impl_dims,
+    long_run,
+)
+from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, mosaic_races_found, rel_err
 
 
 @functools.cache
@@ -35,18 +48,17 @@ def jitted(ops, fn_name, **kw):
     return jax.jit(functools.partial(fn, **kw), donate_argnums=(0,))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("family,case", cases("STANDARD_CASES"))
+@pytest.mark.parametrize("family,case,impl", impl_cases("STANDARD_CASES"))
 def test_standard_decode_matches_recurrence(family, case, impl, interpret):
     _, dims, tiles = case
-    pb = family(0, **dims)
+    pb = family(0, **impl_dims(family, dims, impl))
     state = pb.random_state()
     oracle = {s: f64(state[s]) for s in range(pb.S)}
     slots = jnp.asarray([3, NULL_SLOT, 1], jnp.int32)
     idle = jnp.asarray([0, 2, 4, 5, 6])
     idle_before = np.asarray(state[idle])
     step = jitted(pb.ops, "standard_decode",
-                  **impl_kw(impl, interpret, pb.tiling("standard", **tiles)))
+                  **impl_kw(impl, interpret, pb.tiling("standard", impl=impl, **tiles)))
     for _ in range(5):
         args = pb.step_inputs()
         out, state = step(state, *args, *pb.consts, slots)
@@ -58,6 +70,7 @@ def test_standard_decode_matches_recurrence(family, case, impl, interpret):
             assert rel_err(out[r], ref) < 5e-5
             assert rel_err(state[s], oracle[s]) < 5e-5
     assert bitwise_equal(state[idle], idle_before)              # null slot and idle slots
+    assert impl != MOSAIC or not mosaic_races_found()
 
 
 REPLAY_CASES = [
@@ -69,24 +82,33 @@ REPLAY_CASES = [
     pytest.param(16, BF16, None, F32, 1e-2, 5e-5, "dot", id="L16-bf16act-dot"),
     pytest.param(8, BF16, BF16, BF16, 2e-2, 2e-2, "fma", id="L8-bf16-fma"),
 ]
+# Mosaic GPU (always an fp32 FMA fold): one case, the serving dtypes, through its interpreter.
+MOSAIC_REPLAY_CASE = pytest.param(4, BF16, None, F32, 1e-2, 5e-5, "fma", id="L4-bf16act")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("L,act,ring,state_dt,out_tol,ck_tol,fold", REPLAY_CASES)
-@each_family
+def _replay_params():
+    params = [pytest.param(f, *c.values, impl, id=f"{name}-{c.id}-{impl}")
+              for name, f in FAMILIES.items() for c in REPLAY_CASES for impl in IMPLS]
+    c = MOSAIC_REPLAY_CASE
+    return params + [pytest.param(f, *c.values, MOSAIC, id=f"{name}-{c.id}-{MOSAIC}")
+                     for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None]
+
+
+@pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,impl", _replay_params())
 def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, out_tol, ck_tol,
                                               fold, impl, interpret):
     """Outputs every step and the checkpoint after every fold equal the standard recurrence,
     over > 3 fold cycles, with rows at different counts (NaN ring entries past them), a padding
     row and untouched slots (bitwise)."""
-    pb = family(L, batch=4, act=act, **family.REPLAY_DIMS)
+    pb = family(L, batch=4, act=act, **impl_dims(family, family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, state_dt, ring or family.BF16_RING)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]
     idle = jnp.asarray([0, 3, 4, 6])
     idle_before = [np.asarray(a[idle]) for a in bufs]
     step = jitted(pb.ops, "replay_decode",                     # two state chunks
-                  **impl_kw(impl, interpret, pb.tiling("replay", chunk=16, fold=fold)))
+                  **impl_kw(impl, interpret,
+                            pb.tiling("replay", chunk=16, impl=impl, fold=fold)))
     folds = 0
     for _ in range(3 * L + 5):
         args = pb.step_inputs()
@@ -108,13 +130,13 @@ def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, ou
     for a, b in zip(bufs, idle_before):
         assert bitwise_equal(a[idle], b)                         # null slot and idle slots
     assert int(counts[NULL_SLOT]) == 0
+    assert impl != MOSAIC or not mosaic_races_found()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@each_family
+@pytest.mark.parametrize("family,impl", family_impls())
 def test_window_one_is_the_standard_step(family, impl, interpret):
     """L = 1: every step folds, so the checkpoint is the standard state after every token."""
-    pb = family(3, batch=2, **family.SMALL_DIMS)
+    pb = family(3, batch=2, **impl_dims(family, family.SMALL_DIMS, impl))
     state = pb.random_state()
     bufs = pb.init_buffers(1, F32)._replace(checkpoint=state)
     counts = jnp.zeros((pb.S,), jnp.int32)
@@ -129,6 +151,7 @@ def test_window_one_is_the_standard_step(family, impl, interpret):
         assert rel_err(out_rep, out_std) < 1e-5
         assert rel_err(bufs.checkpoint, std) < 1e-5
         assert (np.asarray(counts) == 0).all()
+    assert impl != MOSAIC or not mosaic_races_found()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -143,9 +166,15 @@ def test_long_run_stays_within_tolerance(family, impl, interpret):
     assert (counts == 0).all()                      # a whole number of fold cycles
 
 
+REAL_PARAMS = [pytest.param(*p.values, "pallas", id=f"{p.id}-pallas")
+               for p in cases("REAL_CASES")] + [
+    pytest.param(f, c, MOSAIC, id=f"{name}-{c[0]}-{MOSAIC}")
+    for name, f in FAMILIES.items() for c in f.MOSAIC_REAL_CASES]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("family,case", cases("REAL_CASES"))
-def test_real_shapes_compiled(family, case):
+@pytest.mark.parametrize("family,case,impl", REAL_PARAMS)
+def test_real_shapes_compiled(family, case, impl):
     """Real model shapes, bf16 activations, fp32 state: compiled kernels against the XLA
     implementation (HIGHEST precision) over a full fold cycle, standard and replay."""
     pb = family(11, batch=8, num_slots=24, act=BF16, **case[1])
@@ -157,11 +186,11 @@ def test_real_shapes_compiled(family, case):
     ops = pb.ops
     for _ in range(17):
         args = pb.step_inputs() + pb.consts + (slots,)
-        out, bufs = ops.replay_decode(bufs, counts, *args, impl="pallas")
+        out, bufs = ops.replay_decode(bufs, counts, *args, impl=impl)
         out_ref, ref_bufs = ops.replay_decode(ref_bufs, counts, *args, impl="xla")
         counts = ops.advance_counts(counts, slots, 16)
         assert rel_err(out, out_ref) < 1e-2
-        out, state = ops.standard_decode(state, *args, impl="pallas")
+        out, state = ops.standard_decode(state, *args, impl=impl)
         out_ref, ref_state = ops.standard_decode(ref_state, *args, impl="xla")
         assert rel_err(out, out_ref) < 1e-2
     assert rel_err(bufs.checkpoint, ref_bufs.checkpoint) < 5e-5

@@ -53,3 +53,25 @@ def test_unknown_impl_is_named():
     with pytest.raises(ValueError, match=r"impl must be one of"):
         mamba2.standard_decode(pb.random_state(F32), *pb.step_inputs(2), pb.A, pb.D,
                                jnp.asarray([1, 2], jnp.int32), impl="cuda")
+
+
+@pytest.mark.parametrize("P,N,tiling,match", [
+    (16, 16, None, r"pallas_mosaic_gpu needs head_dim P a multiple of 64, got P = 16"),
+    (64, 16, mamba2.Mamba2MosaicTiling(block_n=48), r"block_n = 48 must be a power of two"),
+    (64, 4, None, r"d_state N = 4 has no power-of-two tile >= 8"),
+    (64, 16, mamba2.STANDARD_TILING, r"tiling must be a Mamba2MosaicTiling, got Mamba2Tiling"),
+])
+def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
+    pb = Mamba2(1, P=P, N=N)
+    with pytest.raises(ValueError, match=match):
+        mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
+                               jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu",
+                               tiling=tiling)
+
+
+def test_an_op_without_mosaic_kernel_is_named():
+    pb = Mamba2(1, P=64)
+    x, B, C, dt = pb.window_inputs(2, 2)
+    with pytest.raises(ValueError, match=r"mamba2.replay_verify has no pallas_mosaic_gpu"):
+        mamba2.replay_verify(pb.init_buffers(4), jnp.zeros((pb.S,), jnp.int32), x, B, C, dt,
+                             pb.A, pb.D, jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu")

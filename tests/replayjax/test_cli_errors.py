@@ -175,6 +175,7 @@ PARSE_CASES = [
     (["bench", "kernels", "--tune", "[{}]", "--std-config", '{"block_p": 32}'], "--tune"),
     (["bench", "kernels", "--tune", "[{}]", "--batches", "1", "256"], "--batches"),
     (["bench", "kernels", "--ring-dtype", "int8"], "--ring-dtype"),
+    (["bench", "kernels", "--impls", "triton"], "--impls"),
     (["bench", "kernelz"], "bench kernelz"),
     # bench verify
     (["bench", "verify", "--tokens", "0"], "--tokens"),
@@ -335,6 +336,9 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
     (["bench", "kernels", "--json", "no/such/dir/k.json"], "--json", INPUT_S),
     (["bench", "kernels", "--std-config", '{"block_q": 16}'], "--std-config", INPUT_S),
     (["bench", "kernels", "--replay-config", '{"block_p": 0}'], "--replay-config", INPUT_S),
+    (["bench", "kernels", "--family", "gdn", "--impls", "pallas_mosaic_gpu"], "--impls", INPUT_S),
+    (["bench", "kernels", "--impls", "pallas_mosaic_gpu", "--std-config", '{"block_p": 64}'],
+     "--std-config", INPUT_S),
     (["bench", "kernels", "--batches", "1"], "CUDA GPU", INPUT_S),
     (["bench", "verify", "--tune", '[{"nope": 1}]'], "--tune", INPUT_S),
     (["bench", "verify", "--json", "{empty_dir}"], "--json", INPUT_S),

@@ -1,0 +1,88 @@
+"""Pieces shared by the Mosaic GPU kernels (`pallas_mosaic_gpu.py` of each family).
+
+The one module that knows how a Mosaic GPU kernel is launched: `plgpu.kernel` over a named grid,
+in-place pools as mutable refs (`jax.new_ref` in, `jax.freeze` out: the pool becomes an aliased
+input/output of the kernel, as `input_output_aliases` does for `pallas_call`), and the Mosaic GPU
+interpreter off the GPU (`plgpu.InterpretGPUParams`: simulated GMEM/SMEM, TMA and barriers).
+
+Mosaic GPU programs one warpgroup (128 threads) per CTA on whole register arrays with explicit
+layouts. The kernels hold a state tile [64, block_n] in the WGMMA layout (64 rows per
+warpgroup, columns in multiples of 8), per-row vectors [64] in its row reduction (`ROW`) and
+per-column vectors [block_n] in its column reduction (`COL`); scalars are uniform values.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+F32 = jnp.float32
+# One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
+TILE_ROWS = 64
+ROW = plgpu.Layout.WGMMA.reduce(1)        # [64] vectors: one value per tile row
+COL = plgpu.Layout.WGMMA.reduce(0)        # [n] vectors: one value per tile column
+
+
+def rows(v, shape):
+    """A ROW vector [m] broadcast along the columns of `shape` [m, n]."""
+    return lax.broadcast_in_dim(v, shape, (0,))
+
+
+def cols(v, shape):
+    """A COL vector [n] broadcast along the rows of `shape` [m, n]."""
+    return lax.broadcast_in_dim(v, shape, (1,))
+
+
+def zeros_row(dtype=F32):
+    return plgpu.layout_cast(jnp.zeros((TILE_ROWS,), dtype), ROW)
+
+
+def select(pred, on_true, on_false):
+    """`where` with a scalar predicate (Mosaic GPU does not broadcast a select implicitly)."""
+    return jnp.where(lax.broadcast_in_dim(pred, jnp.shape(on_true), ()), on_true, on_false)
+
+
+def load_wait(src, dst, barrier):
+    """Synchronous TMA copy GMEM -> SMEM."""
+    plgpu.copy_gmem_to_smem(src, dst, barrier)
+    plgpu.barrier_wait(barrier)
+
+
+def store_async(value, smem, dst):
+    """Registers -> SMEM -> GMEM (TMA); wait with `plgpu.wait_smem_to_gmem` before reusing
+    `smem` or ending the kernel."""
+    smem[...] = value.astype(smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, dst)
+
+
+def interpret_params(interpret: bool):
+    """The Mosaic GPU interpreter for interpret mode, None (compiled) otherwise. It detects data
+    races between TMA copies and SMEM accesses (little extra cost); unwritten outputs read NaN."""
+    return plgpu.InterpretGPUParams(detect_races=True) if interpret else None
+
+
+def mosaic_call(kernel, *, name, grid, grid_names, inputs, outputs, inplace, scratch, interpret):
+    """`plgpu.kernel` with named arguments: `inputs` (name -> array), `outputs`
+    (name -> ShapeDtypeStruct) and `scratch` (name -> SMEM / Barrier type) are ordered dicts whose
+    names are the kernel's ref parameters in order (checked); the inputs named in `inplace` are
+    updated in place (donate them at the outer jit). Returns (outputs tuple, updated inplace
+    arrays tuple, in `inplace` order)."""
+    refs = [p.name for p in inspect.signature(kernel).parameters.values()
+            if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if refs != [*inputs, *outputs, *scratch]:
+        raise ValueError(f"{name}: inputs + outputs + scratch {[*inputs, *outputs, *scratch]} "
+                         f"are not the kernel's refs {refs}")
+    for n in inplace:
+        if n not in inputs:
+            raise ValueError(f"{name}: in-place {n!r} names no input of the kernel")
+    args = {n: jax.new_ref(a) if n in inplace else a for n, a in inputs.items()}
+    outs = plgpu.kernel(
+        kernel, out_type=tuple(outputs.values()), scratch_types=tuple(scratch.values()),
+        grid=grid, grid_names=grid_names, interpret=interpret_params(interpret),
+        kernel_name=name)(*args.values())
+    return tuple(outs), tuple(jax.freeze(args[n]) for n in inplace)

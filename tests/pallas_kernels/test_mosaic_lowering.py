@@ -1,0 +1,52 @@
+"""The Mosaic GPU kernels lower for Hopper (sm90) at real model shapes, without a GPU.
+
+Lowering runs Pallas' Mosaic GPU lowering and Mosaic's own passes (layout inference, TMA and
+SMEM checks) in Python; only the final PTX compile happens on the GPU. It needs the Mosaic GPU
+bindings of the CUDA plugin (`pip install --no-deps jax-cuda12-plugin==<jax version>`, no GPU
+or CUDA needed); without them this file is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import mamba2
+
+try:
+    from jax._src.lib import mosaic_gpu  # noqa: F401  (the bindings, from the CUDA plugin)
+except ImportError:
+    pytest.skip("needs the Mosaic GPU bindings (pip install --no-deps jax-cuda12-plugin)",
+                allow_module_level=True)
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+
+
+def _lower(fn, *args):
+    """StableHLO text of `fn` lowered for CUDA from abstract arguments."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
+    sds = jax.ShapeDtypeStruct
+    bufs = mamba2.ReplayBuffers(sds((S, H, P, N), state_dtype), sds((S, H, L, P), BF16),
+                                sds((S, G, L, N), BF16), sds((S, H, L), F32))
+    step = (sds((b, H, P), BF16), sds((b, G, N), BF16), sds((b, G, N), BF16), sds((b, H), F32),
+            sds((H,), F32), sds((H,), F32), sds((b,), jnp.int32))
+    return bufs, sds((S,), jnp.int32), step
+
+
+@pytest.mark.parametrize("tiling,state_dtype", [
+    (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
+    """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
+    bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16,
+                                      state_dtype=state_dtype)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=tiling, interpret=False)
+    for text in (_lower(functools.partial(mamba2.standard_decode, **kw), bufs.checkpoint, *step),
+                 _lower(functools.partial(mamba2.replay_decode, **kw), bufs, counts, *step)):
+        assert "mosaic_gpu" in text
