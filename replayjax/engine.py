@@ -30,6 +30,13 @@ measured against (`replayjax bench --variants replay+mtp standard+mtp`).
 With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
 
+Prefix caching: `Engine(model, prefix_cache_gb=X)` keeps a device pool of X GB of cached prompt
+blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block,
+per attention layer its KV; `models.prefix`, indexed by `replayjax.prefix_cache`). A prompt that
+starts with cached blocks gets them copied into its slot and prefills only the rest; every block
+inside a prompt is cached after its prefill (LRU eviction). Tokens do not change (up to fp32
+rounding of the logits); `prefix_stats()` reports hits, `Completion.cached_tokens` per request.
+
 Tensor parallelism: `Engine(model, mesh=models.sharding.make_mesh(tp))`, or a model loaded onto
 such a mesh (`replayjax.loading.load_model(path, mesh=...)`). Every step then runs under
 `shard_map` over the mesh with the state sharded on heads (donated, the same shardings in and
@@ -51,17 +58,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import prefix as pool_ops
 from models import sharding
 from models.hybrid import SSM_MODES
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
 from replayjax import memory, steps
-from replayjax.drafters import make_drafter
+from replayjax.drafters import MTPDrafter, make_drafter
+from replayjax.prefix_cache import PrefixCache
 from replayjax.requests import (Completion, Event, Request, RequestError, check_request,
                                 is_int)
 from replayjax.sampling import SamplingArrays, SamplingParams
-from replayjax.steps import EngineState, SlotInputs
+from replayjax.steps import EngineState, PrefixRows, SlotInputs
 
 __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "SamplingParams"]
 
@@ -71,7 +80,7 @@ def _bucket(n, minimum=16):
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
-                    prefill_rows):
+                    prefill_rows, prefix_cache_gb, prefix_block):
     """ValueError naming the first invalid engine setting and its rule."""
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
                         ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows)):
@@ -91,6 +100,14 @@ def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, nu
                          f"{window}, at most {MAX_VERIFY_TOKENS} verify tokens)")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if not (isinstance(prefix_cache_gb, (int, float)) and not isinstance(prefix_cache_gb, bool)
+            and math.isfinite(prefix_cache_gb) and prefix_cache_gb >= 0):
+        raise ValueError(f"prefix_cache_gb must be a finite number >= 0 (0: no prefix cache), "
+                         f"got {prefix_cache_gb!r}")
+    if not (is_int(prefix_block) and prefix_block >= window
+            and prefix_block & (prefix_block - 1) == 0):
+        raise ValueError(f"prefix_block must be a power of two >= window = {window} (blocks end "
+                         f"on ring folds), got {prefix_block!r}")
 
 
 @dataclasses.dataclass
@@ -101,6 +118,7 @@ class _Entry:
     stops: frozenset
     tokens: list = dataclasses.field(default_factory=list)
     ttft: float = math.nan
+    cached: int = 0                                         # prompt tokens from the prefix cache
     verify_steps: int = 0
     accepted: int = 0
     streamed: int = 0                                       # tokens reported in events
@@ -115,15 +133,18 @@ class Engine:
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
-                 mesh=None):
+                 mesh=None, prefix_cache_gb: float = 0.0, prefix_block: int = 64):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
         device are laid out and placed on it (`models.sharding.shard_model`). None: where the
-        model's params are (a model loaded onto a mesh runs on that mesh)."""
+        model's params are (a model loaded onto a mesh runs on that mesh).
+        prefix_cache_gb: device memory for the prefix cache (0: off), in entries of
+        prefix_block tokens (a power of two >= window; hits are whole blocks)."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
-                        prefill_rows=prefill_rows)
+                        prefill_rows=prefill_rows, prefix_cache_gb=prefix_cache_gb,
+                        prefix_block=prefix_block)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -142,10 +163,18 @@ class Engine:
             return m.init_cache(self.S, max_len, window=window, max_verify=num_draft + 1,
                                 state_dtype=state_dtype, ssm_mode=mode)
 
+        self.prefix = None
+        if prefix_cache_gb:
+            self.prefix = self._prefix_index(
+                model, jax.eval_shape(lambda: init_cache(model, ssm_mode)), prefix_cache_gb,
+                prefix_block)
+
         # speculation in standard mode is the state-per-draft baseline (T states per slot)
         def init_state():
-            return EngineState(init_cache(model, ssm_mode),
-                               self.drafter.init_state(self.S, init_cache))
+            cache = init_cache(model, ssm_mode)
+            pool = (None if self.prefix is None else pool_ops.init_pool(
+                cache, self.prefix.capacity, prefix_block, self._pool_hidden))
+            return EngineState(cache, self.drafter.init_state(self.S, init_cache), pool)
 
         # refused before allocating: a cache past the host's memory gets the process killed;
         # on a mesh each device allocates only its shards (heads split tp ways)
@@ -180,6 +209,39 @@ class Engine:
     def cache(self):
         """The target model's cache."""
         return self.state.cache
+
+    def _prefix_index(self, model, cache, gb, block) -> PrefixCache:
+        """The host index of a prefix pool of `gb` GB (ValueError when no entry fits or the
+        setup cannot cache prefixes)."""
+        if sharding.mesh_tp(self.runner.mesh) > 1:
+            raise ValueError("prefix_cache_gb is not supported with tensor parallelism yet")
+        if self.drafter.models:
+            raise ValueError(f"prefix_cache_gb is not supported with drafter="
+                             f"{self.drafter.name!r} (its own cache is not cached)")
+        if block > self.max_len:
+            raise ValueError(f"prefix_block = {block} exceeds max_len = {self.max_len}: no "
+                             f"prompt fills a block")
+        # an MTP drafter re-seeds the head's entry before a hit from the target's hidden there
+        self._pool_hidden = ((model.cfg.hidden_size, jnp.float32)
+                             if isinstance(self.drafter, MTPDrafter) else None)
+        one = memory.tree_bytes(jax.eval_shape(
+            lambda: pool_ops.init_pool(cache, 1, block, self._pool_hidden)))
+        n = int(gb * 1e9 // one)
+        if n < 1:
+            raise ValueError(f"prefix_cache_gb = {gb} holds no entry: one block of {block} "
+                             f"tokens takes {one / 1e6:.2f} MB")
+        return PrefixCache(n, block, one)
+
+    def prefix_stats(self) -> dict:
+        """Prefix-cache counters: lookups, lookup_tokens, hit_tokens (prompt tokens restored
+        instead of prefilled), hit_rate, evictions, entries, capacity, block, entry_bytes,
+        bytes. {} without a prefix cache."""
+        return {} if self.prefix is None else self.prefix.stats.as_dict()
+
+    def clear_prefix_cache(self):
+        """Forgets every cached prefix and resets `prefix_stats` (e.g. after a warm-up)."""
+        if self.prefix is not None:
+            self.prefix.clear()
 
     # ------------------------------------------------------------------ live serving
     def submit(self, request: Request) -> Hashable:
@@ -367,7 +429,7 @@ class Engine:
         logits = (np.concatenate(e.logits or [np.zeros((0, self.vocab), np.float32)])
                   if self.return_logits else None)
         c = Completion(e.req.id, e.tokens, reason, e.ttft, now - e.submitted, e.verify_steps,
-                       e.accepted, e.drafts, logits)
+                       e.accepted, e.drafts, logits, e.cached)
         with self._lock:
             self._ids.discard(e.req.id)
             self._cancel.discard(e.req.id)
@@ -412,18 +474,27 @@ class Engine:
 
     def _prefill_visit(self, batch):
         rows = self.prefill_rows
-        T = _bucket(max(len(e.req.prompt) for e, _ in batch))
+        prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
+        plans = self.prefix.plan(prompts) if self.prefix is not None else None
+        B = self.prefix.block if plans else 1
+        starts = np.zeros(rows, np.int32)
+        for r, (hits, _) in enumerate(plans or ()):
+            starts[r] = len(hits) * B
+        T = _bucket(max(len(p) - int(starts[r]) for r, p in enumerate(prompts)))
         tokens = np.zeros((rows, T), np.int32)
         lengths = np.ones(rows, np.int32)
         slots = np.full(rows, NULL_SLOT, np.int32)
-        for r, (e, s) in enumerate(batch):
-            p = np.asarray(e.req.prompt, np.int32)
-            tokens[r, :len(p)], lengths[r], slots[r] = p, len(p), s
+        for r, ((e, s), p) in enumerate(zip(batch, prompts)):
+            rest = p[starts[r]:]
+            tokens[r, :len(rest)], lengths[r], slots[r] = rest, len(rest), s
+            e.cached = int(starts[r])
         sp = SamplingArrays.of([e.req.sampling for e, _ in batch]
                                + [SamplingParams()] * (rows - len(batch)))
+        args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
+        if plans is not None:
+            args.append(self._prefix_rows(plans, starts, T))
         start = time.perf_counter()
-        self.state, first, last = self._prefill(self.state, jnp.asarray(tokens),
-                                                jnp.asarray(lengths), jnp.asarray(slots), sp)
+        self.state, first, last = self._prefill(self.state, *args)
         first = np.asarray(first)
         last = np.asarray(last) if self.return_logits else None
         now = time.perf_counter()
@@ -436,6 +507,19 @@ class Engine:
             self._running[s] = e
             events += self._settle(s, e, now)
         return events
+
+    def _prefix_rows(self, plans, starts, T) -> PrefixRows:
+        """The prefill's PrefixRows: hit entries padded to a power of two (0 without hits, one
+        compilation per size), store entries per block of the T-token window."""
+        rows, B = self.prefill_rows, self.prefix.block
+        most = max(len(h) for h, _ in plans)
+        hits = np.zeros((rows, _bucket(most, 1) if most else 0), np.int32)
+        stores = np.full((rows, T // B), -1, np.int32)
+        for r, (h, st) in enumerate(plans):
+            hits[r, :len(h)] = h
+            st = st[:T // B]
+            stores[r, :len(st)] = st
+        return PrefixRows(*(jnp.asarray(a) for a in (starts, hits, stores)))
 
     def _decode_visit(self):
         inp, sp = self._slot_inputs()
