@@ -5,9 +5,10 @@ model cache's slots.
 An entry holds what a sequence needs to resume right after its block: per SSM layer the state
 after the block (a ReplaySSM checkpoint: a prefill leaves the ring empty, count 0) and the conv
 state (the last K-1 pre-conv inputs); per attention layer (and MTP-head attention layer) the KV
-of the block's `block` positions; for an MTP head the target's final-norm hidden state at the
-block's last token (the head's entry there depends on the token after the block, so it is
-recomputed at a hit). A sequence of n cached blocks is the chain of n entries (which entries
+of the block's `block` positions; for an MTP drafter the head's KV one position earlier (its
+entry at position p depends on token p + 1, which the block's key holds only from its first
+position minus one on) and the target's final-norm hidden state at the block's last token (from
+which the head's entry there is recomputed at a hit, with the token that follows then). A sequence of n cached blocks is the chain of n entries (which entries
 form a prefix is the host's business, `replayjax.prefix_cache`).
 
     cache, prev = restore(pool, cache, slots, hits, starts)        # before a continuing prefill
@@ -80,18 +81,18 @@ def restore(pool: PrefixPool, cache: ModelCache, slots, hits, starts):
     n = starts // B
     last = jnp.take_along_axis(hits, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
     go = (slots != NULL_SLOT) & (n > 0)
-    pos = jnp.arange(nh * B)
 
-    def kv(lc: KVCache, entry: KVCache):
-        rows = jnp.where(go[:, None] & (pos[None] < starts[:, None]), slots[:, None],
-                         lc.k.shape[0])
-        put = lambda dst, src: dst.at[rows, pos[None]].set(
+    def kv(lc: KVCache, entry: KVCache, shift):
+        pos = jnp.arange(nh * B) - shift
+        keep = go[:, None] & (pos[None] >= 0) & (pos[None] < starts[:, None] - shift)
+        rows = jnp.where(keep, slots[:, None], lc.k.shape[0])
+        put = lambda dst, src: dst.at[rows, jnp.maximum(pos, 0)[None]].set(
             src[hits].reshape((b, nh * B) + src.shape[2:]), mode="drop")
         return KVCache(put(lc.k, entry.k), put(lc.v, entry.v))
 
-    def layer(lc, entry):
+    def layer(lc, entry, shift=0):
         if isinstance(lc, KVCache):
-            return kv(lc, entry)
+            return kv(lc, entry, shift)
         if isinstance(lc, SSMCache):
             state, conv = entry
             ck = lc.buffers.checkpoint
@@ -102,7 +103,8 @@ def restore(pool: PrefixPool, cache: ModelCache, slots, hits, starts):
         return lc
 
     cache = cache.replace(layers=tuple(map(layer, cache.layers, pool.layers)),
-                          mtp=tuple(map(layer, cache.mtp, pool.mtp)) if pool.mtp else cache.mtp)
+                          mtp=tuple(layer(lc, e, 1) for lc, e in zip(cache.mtp, pool.mtp))
+                          if pool.mtp else cache.mtp)
     return cache, None if pool.hidden is None else pool.hidden[last]
 
 
@@ -120,19 +122,19 @@ def capture(pool: PrefixPool, cache: ModelCache, hidden, blocks, slots, starts, 
     pos = starts[:, None, None] + (jnp.arange(nb) * B)[None, :, None] + jnp.arange(B)
     put = lambda dst, src: dst.at[idx].set(src.astype(dst.dtype), mode="drop")
 
-    def kv(entry: KVCache, lc: KVCache):
-        take = lambda a: a[slots[:, None, None], jnp.minimum(pos, a.shape[1] - 1)]
+    def kv(entry: KVCache, lc: KVCache, shift):
+        take = lambda a: a[slots[:, None, None], jnp.clip(pos - shift, 0, a.shape[1] - 1)]
         return KVCache(put(entry.k, take(lc.k)), put(entry.v, take(lc.v)))
 
-    def layer(entry, lc, block_states):
+    def layer(entry, lc, block_states, shift=0):
         if isinstance(lc, KVCache):
-            return kv(entry, lc)
+            return kv(entry, lc, shift)
         if isinstance(lc, SSMCache):
             return tuple(map(put, entry, block_states))
         return entry
 
     layers = tuple(map(layer, pool.layers, cache.layers, blocks))
-    mtp = tuple(layer(e, lc, None) for e, lc in zip(pool.mtp, cache.mtp))   # () without
+    mtp = tuple(layer(e, lc, None, 1) for e, lc in zip(pool.mtp, cache.mtp))   # () without
     h = pool.hidden
     if h is not None:
         ends = (jnp.arange(nb) + 1) * B - 1

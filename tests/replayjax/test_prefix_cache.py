@@ -1,0 +1,127 @@
+"""Prefix caching (models.prefix, replayjax.prefix_cache, Engine(prefix_cache_gb=)) on the tiny
+HF fixtures (CPU): with the cache, every request's tokens equal those of a run without it and
+its logits agree to fp32 rounding, for both families, both SSM modes, n-gram and MTP speculation,
+with concurrent requests that share and extend a prefix and with evictions under a small pool;
+the host index hits the longest cached chain, evicts least recently used leaves first and never
+an entry the planned prefill uses; bad settings are refused in one line."""
+
+import numpy as np
+import pytest
+
+from replayjax.engine import Engine, Request
+from replayjax.prefix_cache import PrefixCache
+from tests.models import test_mtp, test_nemotron_h, test_qwen
+
+B = 8                                                   # tokens per block in these tests
+
+
+def _workload(vocab, seed=0):
+    """Agents sharing a 3-block system prompt: r2 extends r0's prompt and r3 extends r2's (r2 and
+    r3 are admitted together, so r3 hits blocks r2 is storing only in the second round)."""
+    rng = np.random.default_rng(seed)
+    ids = lambda n: rng.integers(1, vocab, n).tolist()
+    system, a, c = ids(3 * B), ids(5), ids(10)
+    prompts = [system + a, system + ids(11), system + a + c, system + a + c + ids(4)]
+    return [Request(prompt=p, max_new_tokens=5, id=i) for i, p in enumerate(prompts)]
+
+
+def _check_exact(eng, requests, rounds=2):
+    """Runs each request alone on a cleared cache (no hits: the baseline), then all of them
+    `rounds` times through the cache; tokens equal, logits to fp32 rounding. Returns the
+    cached runs' completions."""
+    base = []
+    for r in requests:
+        eng.clear_prefix_cache()
+        base += eng.generate([r])
+    assert all(c.cached_tokens == 0 for c in base)
+    eng.clear_prefix_cache()
+    runs = [eng.generate(requests) for _ in range(rounds)]
+    for out in runs:
+        for want, got in zip(base, out):
+            assert got.tokens == want.tokens, got.id
+            np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
+    return runs
+
+
+def _load(name):
+    mod = test_qwen if name.startswith("qwen") else test_nemotron_h
+    return mod._load(name)[0].model
+
+
+@pytest.mark.parametrize("name,mode,num_draft", [("nemotron_h", "standard", 3),
+                                                 ("qwen3_next", "replay", 0)])
+def test_cache_changes_no_token(name, mode, num_draft):
+    """Hits restore whole blocks (the system prompt, then a request's own earlier prompt), the
+    pool of 5 entries evicts (least recently used leaves: the second round's r1 and r3 each
+    evict the other's last block), and nothing the requests get changes."""
+    model = _load(name)
+    eng = Engine(model, num_slots=2, max_len=64, window=4, ssm_mode=mode, num_draft=num_draft,
+                 return_logits=True, prefix_block=B, prefix_cache_gb=1e-3)   # sized below
+    one = eng.prefix_stats()["entry_bytes"]
+    eng = Engine(model, num_slots=2, max_len=64, window=4, ssm_mode=mode, num_draft=num_draft,
+                 return_logits=True, prefix_block=B, prefix_cache_gb=5.5 * one / 1e9)
+    first, second = _check_exact(eng, _workload(model.cfg.vocab_size))
+    assert [c.cached_tokens for c in first] == [0, 0, 3 * B, 3 * B]
+    assert [c.cached_tokens for c in second] == [3 * B, 3 * B, 4 * B, 4 * B]
+    stats = eng.prefix_stats()
+    assert stats["capacity"] == 5 and stats["entries"] == 5 and stats["evictions"] == 3
+    assert stats["hit_tokens"] == sum(c.cached_tokens for c in first + second)
+    assert stats["hit_rate"] == stats["hit_tokens"] / stats["lookup_tokens"]
+
+
+def test_mtp_drafts_unchanged(tmp_path):
+    """With an MTP drafter the head's KV is cached too, and its entry just before a hit is
+    recomputed (it depends on the token after the prefix): drafts equal a run without the
+    cache at every step."""
+    model = test_mtp._setup(tmp_path, "nemotron_h", "nemotron_h")[1]
+    reqs = _workload(model.cfg.vocab_size, seed=1)
+    outs = []
+    for gb in (0, 1e-3):
+        eng = Engine(model, num_slots=2, max_len=64, window=4, num_draft=2, drafter="mtp",
+                     prefix_block=B, prefix_cache_gb=gb)
+        eng.record_drafts = True
+        outs.append(eng.generate(reqs) + eng.generate(reqs))
+    assert sum(c.cached_tokens for c in outs[1]) > 0
+    for want, got in zip(*outs):
+        assert (got.tokens, got.drafts) == (want.tokens, want.drafts)
+
+
+def test_index_longest_chain_lru_leaves_pins():
+    """Hits are the longest cached chain (leaving a token to prefill); a prefill's rows store
+    each new block once; with the pool full the least recently used leaf goes first (a parent
+    is kept while it has children), and never an entry the planned prefill hits."""
+    idx = PrefixCache(capacity=3, block=2, entry_bytes=10)
+    (h, st), = idx.plan([[1, 2, 3, 4, 5]])
+    assert h == [] and sorted(st) == [0, 1]
+    (h, st), (h2, st2) = idx.plan([[1, 2, 3, 4, 9], [1, 2, 3, 4]])
+    assert h == [0, 1] and st == []
+    assert h2 == [0] and st2 == [-1]                # at most (len - 1) // B blocks hit
+    (h, st), = idx.plan([[1, 2, 7, 7, 7]])
+    assert h == [0] and st == [2]                   # the pool is full now
+    (h, st), = idx.plan([[5, 5, 6, 6, 0]])          # evicts [3, 4] (LRU leaf), then [7, 7]:
+    assert h == [] and sorted(st) == [1, 2]         # [1, 2] had a child when it was older
+    assert idx.stats.evictions == 2 and idx.stats.entries == 3
+    assert idx.plan([[1, 2, 7, 7, 0]])[0] == ([0], [2])    # evicts [6, 6], the LRU leaf
+    (h, st), (h2, st2) = idx.plan([[5, 5, 6, 6, 1], [9, 9, 9]])
+    assert (h, st) == ([1], [2])                    # [5, 5] is pinned: [7, 7] goes
+    assert (h2, st2) == ([], [0])                   # then [1, 2], a leaf again
+    assert idx.stats.evictions == 5
+    s = idx.stats
+    assert (s.lookups, s.hit_tokens) == (8, 2 * (2 + 1 + 1 + 1 + 1))
+    assert s.hit_rate == s.hit_tokens / s.lookup_tokens
+    idx.clear()
+    assert idx.stats.entries == 0 and idx.plan([[1, 2, 3]])[0][0] == []
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(prefix_cache_gb=-1), "prefix_cache_gb must be a finite number >= 0"),
+    (dict(prefix_cache_gb=float("nan")), "prefix_cache_gb must be a finite number"),
+    (dict(prefix_cache_gb=1e-12), "holds no entry: one block of 16 tokens takes"),
+    (dict(prefix_cache_gb=1, prefix_block=2), "prefix_block must be a power of two >= window"),
+    (dict(prefix_cache_gb=1, prefix_block=24), "prefix_block must be a power of two"),
+    (dict(prefix_cache_gb=1, prefix_block=128), "prefix_block = 128 exceeds max_len = 64"),
+])
+def test_bad_settings(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Engine(_load("nemotron_h"), num_slots=1, max_len=64, window=4, **dict(
+            dict(prefix_block=16), **kw))
