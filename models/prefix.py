@@ -8,8 +8,9 @@ state (the last K-1 pre-conv inputs); per attention layer (and MTP-head attentio
 of the block's `block` positions; for an MTP drafter the head's KV one position earlier (its
 entry at position p depends on token p + 1, which the block's key holds only from its first
 position minus one on) and the target's final-norm hidden state at the block's last token (from
-which the head's entry there is recomputed at a hit, with the token that follows then). A sequence of n cached blocks is the chain of n entries (which entries
-form a prefix is the host's business, `replayjax.prefix_cache`).
+which the head's entry there is recomputed at a hit, with the token that follows then). A
+sequence of n cached blocks is the chain of n entries (which entries form a prefix is the
+host's business, `replayjax.prefix_cache`).
 
     cache, prev = restore(pool, cache, slots, hits, starts)        # before a continuing prefill
     logits, hidden, cache, blocks = model.prefill_from(cache, tokens, lengths, slots, starts,
