@@ -34,7 +34,8 @@ Prefix caching: `Engine(model, prefix_cache_gb=X)` keeps a device pool of X GB o
 blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block,
 per attention layer its KV; `models.prefix`, indexed by `replayjax.prefix_cache`). A prompt that
 starts with cached blocks gets them copied into its slot and prefills only the rest; every block
-inside a prompt is cached after its prefill (LRU eviction). Tokens do not change (up to fp32
+inside a prompt is cached after its prefill, and the blocks a request decoded after it finishes
+(a re-prefill of them, so a next turn extending its completion hits them; LRU eviction). Tokens do not change (up to fp32
 rounding of the logits); `prefix_stats()` reports hits, `Completion.cached_tokens` per request.
 
 Tensor parallelism: `Engine(model, mesh=models.sharding.make_mesh(tp))`, or a model loaded onto
@@ -124,6 +125,7 @@ class _Entry:
     streamed: int = 0                                       # tokens reported in events
     drafts: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)  # [k, V] chunks, return_logits
+    capture: bool = False           # a re-prefill storing a finished request's decoded blocks
 
 
 class Engine:
@@ -452,7 +454,24 @@ class Engine:
         if self.return_logits:
             e.logits = [np.concatenate(e.logits)[:n]]
         del self._running[slot]
+        self._queue_capture(e)
         return [self._finish(e, "stop" if hit is not None and hit < n else "length", now)]
+
+    def _queue_capture(self, e: _Entry):
+        """With a prefix cache, queues (first) a re-prefill of e's prompt + tokens cut to whole
+        blocks when its decoding completed blocks: it hits the prompt's cached blocks, prefills
+        the rest and stores the new blocks (a next turn that extends this completion hits them),
+        and reports nothing. The cached states are a prefill's, as in a run without the cache."""
+        if self.prefix is None:
+            return
+        B = self.prefix.block
+        seq = list(e.req.prompt) + e.tokens
+        n = len(seq) // B * B
+        if n <= len(e.req.prompt) // B * B:
+            return
+        with self._lock:
+            self._queue.appendleft(_Entry(Request(seq[:n], 1, id=object()), e.submitted,
+                                          frozenset(), capture=True))
 
     def _slot_inputs(self):
         """SlotInputs and SamplingArrays [S] of the running requests (stop ids padded to a
@@ -475,7 +494,8 @@ class Engine:
     def _prefill_visit(self, batch):
         rows = self.prefill_rows
         prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
-        plans = self.prefix.plan(prompts) if self.prefix is not None else None
+        plans = (self.prefix.plan(prompts, [not e.capture for e, _ in batch])
+                 if self.prefix is not None else None)
         B = self.prefix.block if plans else 1
         starts = np.zeros(rows, np.int32)
         for r, (hits, _) in enumerate(plans or ()):
@@ -501,6 +521,8 @@ class Engine:
         self.visits.append(("prefill", 1, now - start))
         events = []
         for r, (e, s) in enumerate(batch):
+            if e.capture:                   # its slot stays free
+                continue
             e.tokens, e.ttft = [int(first[r])], now - e.submitted
             if last is not None:
                 e.logits.append(last[r:r + 1])

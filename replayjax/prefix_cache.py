@@ -65,18 +65,20 @@ class PrefixCache:
         self.stats = PrefixStats(capacity=self.capacity, block=self.block,
                                  entry_bytes=self.entry_bytes)
 
-    def plan(self, prompts: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
+    def plan(self, prompts: Sequence[Sequence[int]],
+             counted: Sequence[bool] | None = None) -> list[tuple[list[int], list[int]]]:
         """For the prompts of one prefill: per prompt (hits, stores). hits: the pool entries of
         its longest cached chain of blocks (at most (len - 1) // B of them); stores: one per
         block of the prompt after those, the entry to write it to, or -1 (another prompt of
         this prefill stores it, or the pool has no room). Lookups see only entries stored by
-        earlier prefills."""
+        earlier prefills. counted[i] False leaves prompt i out of the lookup counters (the
+        engine's re-prefills of decoded blocks)."""
         B = self.block
         blocks = [[tuple(int(t) for t in p[i:i + B]) for i in range(0, len(p) - B + 1, B)]
                   for p in prompts]
         pinned = set()
         hits = []
-        for p, bl in zip(prompts, blocks):
+        for i, (p, bl) in enumerate(zip(prompts, blocks)):
             chain, key = [], None
             for tokens in bl[:(len(p) - 1) // B]:
                 node = self._nodes.get((key, tokens))
@@ -87,6 +89,8 @@ class PrefixCache:
                 key = node.key
             pinned.update(chain)
             hits.append(chain)
+            if counted is not None and not counted[i]:
+                continue
             self.stats.lookups += 1
             self.stats.lookup_tokens += len(p)
             self.stats.hit_tokens += len(chain) * B

@@ -5,6 +5,8 @@ with concurrent requests that share and extend a prefix and with evictions under
 the host index hits the longest cached chain, evicts least recently used leaves first and never
 an entry the planned prefill uses; bad settings are refused in one line."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -12,62 +14,91 @@ from replayjax.engine import Engine, Request
 from replayjax.prefix_cache import PrefixCache
 from tests.models import test_mtp, test_nemotron_h, test_qwen
 
-B = 8                                                   # tokens per block in these tests
+B = 4                                                   # tokens per block in these tests
 
 
-def _workload(vocab, seed=0):
-    """Agents sharing a 3-block system prompt: r2 extends r0's prompt and r3 extends r2's (r2 and
-    r3 are admitted together, so r3 hits blocks r2 is storing only in the second round)."""
-    rng = np.random.default_rng(seed)
-    ids = lambda n: rng.integers(1, vocab, n).tolist()
-    system, a, c = ids(3 * B), ids(5), ids(10)
-    prompts = [system + a, system + ids(11), system + a + c, system + a + c + ids(4)]
-    return [Request(prompt=p, max_new_tokens=5, id=i) for i, p in enumerate(prompts)]
-
-
-def _check_exact(eng, requests, rounds=2):
-    """Runs each request alone on a cleared cache (no hits: the baseline), then all of them
-    `rounds` times through the cache; tokens and recorded drafts equal, logits to fp32
-    rounding. Returns the cached runs' completions."""
-    base = []
-    for r in requests:
-        eng.clear_prefix_cache()
-        base += eng.generate([r])
-    assert all(c.cached_tokens == 0 for c in base)
-    eng.clear_prefix_cache()
-    runs = [eng.generate(requests) for _ in range(rounds)]
-    for out in runs:
-        for want, got in zip(base, out):
-            assert (got.tokens, got.drafts) == (want.tokens, want.drafts), got.id
-            if want.logits is not None:
-                np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
-    return runs
-
-
+@functools.cache
 def _load(name):
     mod = test_qwen if name.startswith("qwen") else test_nemotron_h
     return mod._load(name)[0].model
 
 
+def _engine(model, entries, **kw):
+    """An engine whose pool holds `entries` blocks (2 slots, max_len 32, window 4)."""
+    kw = dict(num_slots=2, max_len=32, window=4, prefix_block=B, **kw)
+    one = Engine(model, prefix_cache_gb=1e-3, **kw).prefix_stats()["entry_bytes"]
+    return Engine(model, prefix_cache_gb=(entries + 0.5) * one / 1e9, **kw)
+
+
+def _workload(vocab, seed=0):
+    """Agents sharing a 2-block system prompt: r2 extends r0's prompt and r3 extends r2's (r2 and
+    r3 are admitted together, so r3 hits blocks r2 is storing only in the second round)."""
+    rng = np.random.default_rng(seed)
+    ids = lambda n: rng.integers(1, vocab, n).tolist()
+    system, a, c = ids(2 * B), ids(3), ids(3)
+    prompts = [system + a, system + ids(5), system + a + c, system + a + c + ids(2)]
+    return [Request(prompt=p, max_new_tokens=4, id=i) for i, p in enumerate(prompts)]
+
+
+def _cold(eng, requests):
+    """Each request alone on a cleared cache (no hits): the baseline."""
+    base = []
+    for r in requests:
+        eng.clear_prefix_cache()
+        base += eng.generate([r])
+    assert all(c.cached_tokens == 0 for c in base)
+    return base
+
+
+def _same(base, out):
+    """Tokens and recorded drafts equal, logits to fp32 rounding."""
+    for want, got in zip(base, out):
+        assert (got.tokens, got.drafts) == (want.tokens, want.drafts), got.id
+        if want.logits is not None:
+            np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
+
+
+def _check_exact(eng, requests, rounds=2):
+    """The cold baseline, then all the requests `rounds` times through the cache, each round
+    equal to it. Returns the cached runs' completions."""
+    base = _cold(eng, requests)
+    eng.clear_prefix_cache()
+    runs = [eng.generate(requests) for _ in range(rounds)]
+    for out in runs:
+        _same(base, out)
+    return runs
+
+
+def _next_turn(eng, vocab):
+    """A multi-turn agent: turn 2's prompt is turn 1's prompt + its completion + a new message;
+    it hits the block turn 1 decoded (stored after it finished), past its prompt's blocks, and
+    gets what a cold run gets."""
+    rng = np.random.default_rng(7)
+    first = Request(prompt=rng.integers(1, vocab, 2 * B + 1).tolist(), max_new_tokens=4, id=0)
+    eng.clear_prefix_cache()
+    done, = eng.generate([first])
+    second = Request(prompt=first.prompt + done.tokens + [5, 6], max_new_tokens=4, id=1)
+    got, = eng.generate([second])
+    assert got.cached_tokens == 3 * B > len(first.prompt) // B * B
+    _same(_cold(eng, [second]), [got])
+
+
 @pytest.mark.parametrize("name,mode,num_draft", [("nemotron_h", "standard", 3),
                                                  ("qwen3_next", "replay", 0)])
 def test_cache_changes_no_token(name, mode, num_draft):
-    """Hits restore whole blocks (the system prompt, then a request's own earlier prompt), the
-    pool of 5 entries evicts (least recently used leaves: the second round's r1 and r3 each
-    evict the other's last block), and nothing the requests get changes."""
+    """Hits restore whole blocks (the system prompt, then a request's own earlier prompt or
+    decoded blocks), the pool of 5 entries evicts least recently used leaves, and nothing the
+    requests get changes."""
     model = _load(name)
-    eng = Engine(model, num_slots=2, max_len=64, window=4, ssm_mode=mode, num_draft=num_draft,
-                 return_logits=True, prefix_block=B, prefix_cache_gb=1e-3)   # sized below
-    one = eng.prefix_stats()["entry_bytes"]
-    eng = Engine(model, num_slots=2, max_len=64, window=4, ssm_mode=mode, num_draft=num_draft,
-                 return_logits=True, prefix_block=B, prefix_cache_gb=5.5 * one / 1e9)
+    eng = _engine(model, 6, ssm_mode=mode, num_draft=num_draft, return_logits=True)
     first, second = _check_exact(eng, _workload(model.cfg.vocab_size))
-    assert [c.cached_tokens for c in first] == [0, 0, 3 * B, 3 * B]
-    assert [c.cached_tokens for c in second] == [3 * B, 3 * B, 4 * B, 4 * B]
+    assert [c.cached_tokens for c in first] == [0, 0, 2 * B, 2 * B]
+    assert [c.cached_tokens for c in second] == [2 * B, 2 * B, 3 * B, 3 * B]
     stats = eng.prefix_stats()
-    assert stats["capacity"] == 5 and stats["entries"] == 5 and stats["evictions"] == 3
+    assert stats["capacity"] == 6 and stats["entries"] == 6 and stats["evictions"] > 0
     assert stats["hit_tokens"] == sum(c.cached_tokens for c in first + second)
     assert stats["hit_rate"] == stats["hit_tokens"] / stats["lookup_tokens"]
+    _next_turn(eng, model.cfg.vocab_size)
 
 
 def test_mtp_drafts_unchanged(tmp_path):
@@ -75,11 +106,11 @@ def test_mtp_drafts_unchanged(tmp_path):
     recomputed (it depends on the token after the prefix): drafts equal a run without the
     cache at every step."""
     model = test_mtp._setup(tmp_path, "nemotron_h", "nemotron_h")[1]
-    eng = Engine(model, num_slots=2, max_len=64, window=4, num_draft=2, drafter="mtp",
-                 prefix_block=B, prefix_cache_gb=1e-3)
+    eng = _engine(model, 64, num_draft=2, drafter="mtp")
     eng.record_drafts = True
     first, second = _check_exact(eng, _workload(model.cfg.vocab_size, seed=1))
-    assert [c.cached_tokens for c in second] == [3 * B, 4 * B, 4 * B, 5 * B]
+    assert [c.cached_tokens for c in second] == [2 * B, 3 * B, 3 * B, 3 * B]
+    _next_turn(eng, model.cfg.vocab_size)
 
 
 def test_index_longest_chain_lru_leaves_pins():
