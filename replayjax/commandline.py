@@ -316,8 +316,8 @@ def require_gpu():
 
 
 def add_prefix_arguments(ap):
-    """--prefix-cache-gb / --prefix-block: the engine's prefix cache (`Engine(prefix_cache_gb=,
-    prefix_block=)`)."""
+    """--prefix-cache-gb / --prefix-block / --prefix-cache-host-gb: the engine's prefix cache
+    (`Engine(prefix_cache_gb=, prefix_block=, prefix_host_gb=)`)."""
     ap.add_argument("--prefix-cache-gb", type=number(0, note=" (0 = off)"), default=0.0,
                     metavar="GB", help="device memory for cached prompt prefixes: requests that "
                                        "start with a cached prefix prefill only the rest "
@@ -325,6 +325,9 @@ def add_prefix_arguments(ap):
     ap.add_argument("--prefix-block", type=window_multiple, default=64, metavar="B",
                     help="tokens per prefix-cache entry, a power of two >= --window; hits are "
                          "whole blocks (default 64)")
+    ap.add_argument("--prefix-cache-host-gb", type=number(0, note=" (0 = off)"), default=0.0,
+                    metavar="GB", help="host memory the prefix cache spills evicted entries to "
+                                       "(a later hit copies them back; default 0: dropped)")
 
 
 def window_multiple(text):

@@ -35,7 +35,9 @@ blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state 
 per attention layer its KV; `models.prefix`, indexed by `replayjax.prefix_cache`). A prompt that
 starts with cached blocks gets them copied into its slot and prefills only the rest; every block
 inside a prompt is cached after its prefill, and the blocks a request decoded after it finishes
-(a re-prefill of them, so a next turn extending its completion hits them; LRU eviction). Tokens do not change (up to fp32
+(a re-prefill of them, so a next turn extending its completion hits them; LRU eviction).
+`prefix_host_gb=Y` spills evicted entries to Y GB of host memory (numpy) instead of dropping
+them; a hit copies them back. Tokens do not change (up to fp32
 rounding of the logits); `prefix_stats()` reports hits, `Completion.cached_tokens` per request.
 
 Tensor parallelism: `Engine(model, mesh=models.sharding.make_mesh(tp))`, or a model loaded onto
@@ -81,7 +83,7 @@ def _bucket(n, minimum=16):
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
-                    prefill_rows, prefix_cache_gb, prefix_block):
+                    prefill_rows, prefix_cache_gb, prefix_block, prefix_host_gb):
     """ValueError naming the first invalid engine setting and its rule."""
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
                         ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows)):
@@ -101,10 +103,13 @@ def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, nu
                          f"{window}, at most {MAX_VERIFY_TOKENS} verify tokens)")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    if not (isinstance(prefix_cache_gb, (int, float)) and not isinstance(prefix_cache_gb, bool)
-            and math.isfinite(prefix_cache_gb) and prefix_cache_gb >= 0):
-        raise ValueError(f"prefix_cache_gb must be a finite number >= 0 (0: no prefix cache), "
-                         f"got {prefix_cache_gb!r}")
+    for name, gb in (("prefix_cache_gb", prefix_cache_gb), ("prefix_host_gb", prefix_host_gb)):
+        if not (isinstance(gb, (int, float)) and not isinstance(gb, bool) and math.isfinite(gb)
+                and gb >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0 (0: off), got {gb!r}")
+    if prefix_host_gb and not prefix_cache_gb:
+        raise ValueError("prefix_host_gb needs prefix_cache_gb > 0 (it holds the entries the "
+                         "device pool evicts)")
     if not (is_int(prefix_block) and prefix_block >= window
             and prefix_block & (prefix_block - 1) == 0):
         raise ValueError(f"prefix_block must be a power of two >= window = {window} (blocks end "
@@ -135,18 +140,20 @@ class Engine:
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
-                 mesh=None, prefix_cache_gb: float = 0.0, prefix_block: int = 64):
+                 mesh=None, prefix_cache_gb: float = 0.0, prefix_block: int = 64,
+                 prefix_host_gb: float = 0.0):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
         device are laid out and placed on it (`models.sharding.shard_model`). None: where the
         model's params are (a model loaded onto a mesh runs on that mesh).
         prefix_cache_gb: device memory for the prefix cache (0: off), in entries of
-        prefix_block tokens (a power of two >= window; hits are whole blocks)."""
+        prefix_block tokens (a power of two >= window; hits are whole blocks). prefix_host_gb:
+        host memory the entries the device pool evicts are spilled to (0: dropped)."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows, prefix_cache_gb=prefix_cache_gb,
-                        prefix_block=prefix_block)
+                        prefix_block=prefix_block, prefix_host_gb=prefix_host_gb)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -169,7 +176,7 @@ class Engine:
         if prefix_cache_gb:
             self.prefix = self._prefix_index(
                 model, jax.eval_shape(lambda: init_cache(model, ssm_mode)), prefix_cache_gb,
-                prefix_block)
+                prefix_block, prefix_host_gb)
 
         # speculation in standard mode is the state-per-draft baseline (T states per slot)
         def init_state():
@@ -212,9 +219,9 @@ class Engine:
         """The target model's cache."""
         return self.state.cache
 
-    def _prefix_index(self, model, cache, gb, block) -> PrefixCache:
-        """The host index of a prefix pool of `gb` GB (ValueError when no entry fits or the
-        setup cannot cache prefixes)."""
+    def _prefix_index(self, model, cache, gb, block, host_gb) -> PrefixCache:
+        """The host index of a prefix pool of `gb` GB and a host pool of `host_gb` GB
+        (ValueError when no entry fits or the setup cannot cache prefixes)."""
         if sharding.mesh_tp(self.runner.mesh) > 1:
             raise ValueError("prefix_cache_gb is not supported with tensor parallelism yet")
         if self.drafter.models:
@@ -232,7 +239,28 @@ class Engine:
         if n < 1:
             raise ValueError(f"prefix_cache_gb = {gb} holds no entry: one block of {block} "
                              f"tokens takes {one / 1e6:.2f} MB")
-        return PrefixCache(n, block, one)
+        host = int(host_gb * 1e9 // one)
+        if host_gb and host < 1:
+            raise ValueError(f"prefix_host_gb = {host_gb} holds no entry: one block of {block} "
+                             f"tokens takes {one / 1e6:.2f} MB")
+        self._host_pool = None         # numpy leaves [host, ...] of the pool's, made at need
+        return PrefixCache(n, block, one, host)
+
+    def _move_entries(self):
+        """Copies the entries the last plan spilled to the host pool or loaded back from it,
+        in the index's order (a slot or entry freed by one move may be reused by a later one).
+        """
+        for kind, src, dst in self.prefix.take_moves():
+            leaves, tree = jax.tree.flatten(self.state.prefix)
+            if self._host_pool is None:
+                self._host_pool = [np.zeros((self.prefix.host_capacity,) + a.shape[1:], a.dtype)
+                                   for a in leaves]
+            if kind == "spill":
+                for h, a in zip(self._host_pool, leaves):
+                    h[dst] = np.asarray(a[src])
+            else:
+                rows = [h[src] for h in self._host_pool]
+                self.state = _load_entry(self.state, tree, jnp.int32(dst), rows)
 
     def prefix_stats(self) -> dict:
         """Prefix-cache counters: lookups, lookup_tokens, hit_tokens (prompt tokens restored
@@ -496,6 +524,8 @@ class Engine:
         prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
         plans = (self.prefix.plan(prompts, [not e.capture for e, _ in batch])
                  if self.prefix is not None else None)
+        if plans is not None:
+            self._move_entries()
         B = self.prefix.block if plans else 1
         starts = np.zeros(rows, np.int32)
         for r, (hits, _) in enumerate(plans or ()):
@@ -582,6 +612,13 @@ class Engine:
             e.accepted += int(n_acc[s]) - 1
             events += self._settle(s, e, now)
         return events
+
+
+@functools.partial(jax.jit, static_argnums=1, donate_argnums=0)
+def _load_entry(state: EngineState, tree, entry, rows):
+    """The state with prefix pool entry `entry` set to rows (one per pool leaf)."""
+    leaves = [a.at[entry].set(r) for a, r in zip(jax.tree.leaves(state.prefix), rows)]
+    return state.replace(prefix=jax.tree.unflatten(tree, leaves))
 
 
 def _on_mesh(model, mesh, what: str):

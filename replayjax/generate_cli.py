@@ -300,7 +300,8 @@ def generate(args, tok, model_dir, prompts):
                                 drafter=args.drafter, draft_model=draft_model,
                                 return_logits=bool(args.save_logits),
                                 prefix_cache_gb=args.prefix_cache_gb,
-                                prefix_block=args.prefix_block)
+                                prefix_block=args.prefix_block,
+                                prefix_host_gb=args.prefix_cache_host_gb)
             except MemoryError as e:
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None

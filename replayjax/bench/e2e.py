@@ -205,7 +205,8 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             state_dtype=jnp.dtype(args.state_dtype),
                             steps_per_visit=args.steps_per_visit, num_draft=K,
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
-                            prefix_block=args.prefix_block)
+                            prefix_block=args.prefix_block,
+                            prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):

@@ -137,7 +137,8 @@ def build_engine(args, model_dir: str):
                         state_dtype=jnp.dtype(args.state_dtype),
                         steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
                         drafter=args.drafter, draft_model=draft,
-                        prefix_cache_gb=args.prefix_cache_gb, prefix_block=args.prefix_block)
+                        prefix_cache_gb=args.prefix_cache_gb, prefix_block=args.prefix_block,
+                        prefix_host_gb=args.prefix_cache_host_gb)
     except ValueError as e:
         raise ServeError(str(e)) from None
     engine.generate([Request(prompt=[0], max_new_tokens=2)])     # compile before serving

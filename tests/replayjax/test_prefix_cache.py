@@ -23,11 +23,13 @@ def _load(name):
     return mod._load(name)[0].model
 
 
-def _engine(model, entries, **kw):
-    """An engine whose pool holds `entries` blocks (2 slots, max_len 32, window 4)."""
+def _engine(model, entries, host=0, **kw):
+    """An engine whose pool holds `entries` blocks and its host pool `host` (2 slots, max_len
+    32, window 4)."""
     kw = dict(num_slots=2, max_len=32, window=4, prefix_block=B, **kw)
-    one = Engine(model, prefix_cache_gb=1e-3, **kw).prefix_stats()["entry_bytes"]
-    return Engine(model, prefix_cache_gb=(entries + 0.5) * one / 1e9, **kw)
+    one = Engine(model, prefix_cache_gb=1e-3, **kw).prefix_stats()["entry_bytes"] / 1e9
+    return Engine(model, prefix_cache_gb=(entries + 0.5) * one,
+                  prefix_host_gb=(host + 0.5) * one if host else 0, **kw)
 
 
 def _workload(vocab, seed=0):
@@ -83,19 +85,26 @@ def _next_turn(eng, vocab):
     _same(_cold(eng, [second]), [got])
 
 
-@pytest.mark.parametrize("name,mode,num_draft", [("nemotron_h", "standard", 3),
-                                                 ("qwen3_next", "replay", 0)])
-def test_cache_changes_no_token(name, mode, num_draft):
+@pytest.mark.parametrize("name,mode,num_draft,host", [("nemotron_h", "standard", 3, 0),
+                                                      ("qwen3_next", "replay", 0, 16)])
+def test_cache_changes_no_token(name, mode, num_draft, host):
     """Hits restore whole blocks (the system prompt, then a request's own earlier prompt or
-    decoded blocks), the pool of 5 entries evicts least recently used leaves, and nothing the
-    requests get changes."""
+    decoded blocks), the pool of 5 entries evicts least recently used leaves (or spills them
+    to the host pool, from which hits load them back), and nothing the requests get
+    changes; a next turn hits the blocks its previous turn decoded."""
     model = _load(name)
-    eng = _engine(model, 6, ssm_mode=mode, num_draft=num_draft, return_logits=True)
+    eng = _engine(model, 5, host, ssm_mode=mode, num_draft=num_draft, return_logits=True)
     first, second = _check_exact(eng, _workload(model.cfg.vocab_size))
-    assert [c.cached_tokens for c in first] == [0, 0, 2 * B, 2 * B]
-    assert [c.cached_tokens for c in second] == [2 * B, 2 * B, 3 * B, 3 * B]
     stats = eng.prefix_stats()
-    assert stats["capacity"] == 6 and stats["entries"] == 6 and stats["evictions"] > 0
+    assert [c.cached_tokens for c in first] == [0, 0, 2 * B, 2 * B]
+    # without a host pool each request's own block is gone; with it, every full block hits
+    want = [2 * B, 3 * B, 3 * B, 3 * B] if host else [2 * B] * 4
+    assert [c.cached_tokens for c in second] == want
+    assert stats["capacity"] == 5 and stats["entries"] == 5
+    if host:
+        assert stats["evictions"] == 0 and stats["spills"] > 0 and stats["loads"] > 0
+    else:
+        assert stats["evictions"] > 0 and stats["spills"] == stats["loads"] == 0
     assert stats["hit_tokens"] == sum(c.cached_tokens for c in first + second)
     assert stats["hit_rate"] == stats["hit_tokens"] / stats["lookup_tokens"]
     _next_turn(eng, model.cfg.vocab_size)
@@ -140,10 +149,28 @@ def test_index_longest_chain_lru_leaves_pins():
     assert idx.stats.entries == 0 and idx.plan([[1, 2, 3]])[0][0] == []
 
 
+def test_index_host_spills_and_loads():
+    """With a host pool the LRU device leaf is spilled instead of dropped and a hit loads it
+    back (the moves in order); a full host pool drops its LRU leaf, never one being loaded."""
+    idx = PrefixCache(capacity=2, block=2, entry_bytes=10, host_capacity=1)
+    assert idx.plan([[1, 2, 3, 4, 5]]) == [([], [0, 1])] and idx.take_moves() == []
+    assert idx.plan([[7, 7, 0]]) == [([], [1])]
+    assert idx.take_moves() == [("spill", 1, 0)]               # [3, 4] to the host
+    assert idx.plan([[1, 2, 3, 4, 9]]) == [([0, 1], [])]       # [3, 4] back on entry 1
+    assert idx.take_moves() == [("load", 0, 1)]                # [7, 7] dropped: host is full
+    assert idx.plan([[8, 8, 0]]) == [([], [1])]
+    assert idx.take_moves() == [("spill", 1, 0)]
+    s = idx.stats
+    assert (s.spills, s.loads, s.evictions, s.entries, s.host_entries) == (2, 1, 1, 2, 1)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(prefix_cache_gb=-1), "prefix_cache_gb must be a finite number >= 0"),
     (dict(prefix_cache_gb=float("nan")), "prefix_cache_gb must be a finite number"),
     (dict(prefix_cache_gb=1e-12), "holds no entry: one block of 16 tokens takes"),
+    (dict(prefix_cache_gb=1, prefix_host_gb=-2), "prefix_host_gb must be a finite number >= 0"),
+    (dict(prefix_host_gb=1), "prefix_host_gb needs prefix_cache_gb > 0"),
+    (dict(prefix_cache_gb=1, prefix_host_gb=1e-12), "prefix_host_gb = 1e-12 holds no entry"),
     (dict(prefix_cache_gb=1, prefix_block=2), "prefix_block must be a power of two >= window"),
     (dict(prefix_cache_gb=1, prefix_block=24), "prefix_block must be a power of two"),
     (dict(prefix_cache_gb=1, prefix_block=128), "prefix_block = 128 exceeds max_len = 64"),
