@@ -40,6 +40,27 @@ from pallas_kernels.ring import (
 
 SSM_KINDS = ("mamba", "gdn")
 SSM_MODES = ("replay", "standard")
+PREFILL_CHUNK = 64      # chunk length of the chunked prefill scans
+
+
+def prefill_chunk(block: int) -> int:
+    """The prefill scans' chunk length: PREFILL_CHUNK, or a smaller block (a power of two, so
+    chunks and blocks nest and block ends are chunk ends)."""
+    return min(PREFILL_CHUNK, block) if block else PREFILL_CHUNK
+
+
+def resume_state(cache: SSMCache, slots, starts):
+    """What a prefill continuing sequences of starts [b] tokens starts from: (state [b, ...]
+    fp32, conv state [b, K-1, C]) read from each slot (the checkpoint at the first row of its
+    group, which a prefix-cache restore writes, and the conv state); zeros for rows with
+    start 0. starts None: (None, None), a fresh start for every row (the scans' own zeros)."""
+    if starts is None:
+        return None, None
+    go = starts > 0
+    ck = cache.buffers.checkpoint
+    state = ck[base_rows(slots, cache.num_drafts)].astype(jnp.float32)
+    state = jnp.where(go.reshape((-1,) + (1,) * (state.ndim - 1)), state, 0)
+    return state, jnp.where(go[:, None, None], cache.conv[slots], 0)
 
 
 def token_validity(slots, window_len: int, lengths=None):
@@ -134,12 +155,30 @@ class HybridLM(nnx.Module):
     def prefill_hidden(self, cache: ModelCache, tokens, lengths, slots, *, last_only=False):
         """`prefill` that also returns the final-norm hidden states [b, T, D] (what an MTP head
         drafts from): (logits, hidden, cache)."""
-        zeros = jnp.zeros_like(slots)
+        logits, hidden, cache, _ = self.prefill_from(cache, tokens, lengths, slots,
+                                                     last_only=last_only)
+        return logits, hidden, cache
+
+    def prefill_from(self, cache: ModelCache, tokens, lengths, slots, starts=None, *,
+                     last_only=False, block=0):
+        """`prefill_hidden` continuing sequences: row i's tokens [b, T] sit at positions
+        starts[i] + t after a prefix the slot already holds (attention KV at [0, starts), SSM
+        state and conv state after it in the checkpoint row and conv state, ring count 0: what
+        `models.prefix.restore` leaves); starts None is a fresh start (prefill_hidden's
+        computation). lengths [b] counts the new tokens; the slot ends with starts + lengths.
+        block > 0 (a power of two): the SSM scans run in chunks of min(64, block) and return
+        the state after every block of the window. Returns (logits, hidden, cache, blocks):
+        blocks per layer (state [b, T // block, ...] fp32, conv state [b, T // block, K-1, C])
+        for SSM layers, None for others (all None without block)."""
+        begin = jnp.zeros_like(slots) if starts is None else starts
+        blocks = {}
 
         def mixer(layer, x, lc):
             if layer.kind in SSM_KINDS:
-                return layer.mixer.prefill(x, lengths, lc, slots)
-            return layer.mixer(x, lc, slots, zeros)
+                out, lc, blocks[id(layer)] = layer.mixer.prefill(x, lengths, lc, slots, starts,
+                                                                 block)
+                return out, lc
+            return layer.mixer(x, lc, slots, begin)
 
         valid = token_validity(slots, tokens.shape[1], lengths)
         hidden, layers = self._run(tokens, cache, mixer, valid)
@@ -147,11 +186,11 @@ class HybridLM(nnx.Module):
         logits = self._logits(last if last_only else hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         rows = base_rows(slots, self._num_drafts(cache))
-        return logits, hidden, cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
-                                             lengths=cache.lengths.at[i].set(lengths, mode="drop"),
-                                             state_rows=cache.state_rows.at[i].set(rows,
-                                                                                   mode="drop"),
-                                             layers=layers)
+        cache = cache.replace(counts=cache.counts.at[i].set(0, mode="drop"),
+                              lengths=cache.lengths.at[i].set(begin + lengths, mode="drop"),
+                              state_rows=cache.state_rows.at[i].set(rows, mode="drop"),
+                              layers=layers)
+        return logits, hidden, cache, tuple(blocks.get(id(layer)) for layer in self.layers)
 
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits

@@ -24,6 +24,8 @@ from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_at
 from models.config import NemotronHConfig
 from models.hybrid import (
     HybridLM,
+    prefill_chunk,
+    resume_state,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -94,16 +96,22 @@ class Mamba2Mixer(nnx.Module):
     def A(self):
         return -jnp.exp(self.A_log[...])
 
-    def prefill(self, h, lengths, cache: SSMCache, slots):
-        """h [b, T, D] right-padded prompts of `lengths`; starts every slot from a zero state.
-        Returns out [b, T, D] and the cache with checkpoint = state after the prompt, conv state =
-        its last K-1 pre-conv inputs."""
+    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0):
+        """h [b, T, D] right-padded prompts of `lengths`, continuing each slot's sequence of
+        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state). Returns
+        out [b, T, D], the cache with checkpoint = state after the prompt, conv state = its
+        last K-1 pre-conv inputs, and with block > 0 the (state, conv state) after every block
+        of the window ([b, T // block, H, P, N] fp32, [b, T // block, K-1, C]; else None)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        conv, conv_state = conv_prefill(xbc, self.conv_weight[...], self._conv_bias(), lengths)
+        state0, conv0 = resume_state(cache, slots, starts)
+        conv, conv_state, *conv_blocks = conv_prefill(xbc, self.conv_weight[...],
+                                                      self._conv_bias(), lengths, conv0, block)
         x, B, C, dt = self._ssm_inputs(conv, dt_raw)
-        y, state = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths)
+        y, state, *blocks = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths, state0,
+                                        chunk=prefill_chunk(block), block=block)
         out = self._output(y.reshape(y.shape[:2] + (-1,)), z)
-        return out, store_prefill(cache, slots, state, conv_state)
+        return (out, store_prefill(cache, slots, state, conv_state),
+                (blocks[0], conv_blocks[0]) if block else None)
 
     def _conv_bias(self):
         return None if self.conv_bias is None else self.conv_bias[...]

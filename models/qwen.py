@@ -30,6 +30,8 @@ from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_at
 from models.config import QwenHybridConfig
 from models.hybrid import (
     HybridLM,
+    prefill_chunk,
+    resume_state,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -94,15 +96,22 @@ class GatedDeltaNet(nnx.Module):
         y = y.reshape(y.shape[:-2] + (-1,))
         return tp_sum(self.out_proj(y.astype(self.out_proj.kernel[...].dtype)))
 
-    def prefill(self, h, lengths, cache: SSMCache, slots):
-        """h [b, T, D] right-padded prompts of `lengths`; starts every slot from a zero state.
-        Returns out [b, T, D] and the cache with checkpoint = state after the prompt [Hv, dv, dk],
-        conv state = its last K-1 pre-conv inputs."""
+    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0):
+        """h [b, T, D] right-padded prompts of `lengths`, continuing each slot's sequence of
+        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state). Returns
+        out [b, T, D], the cache with checkpoint = state after the prompt [Hv, dv, dk], conv
+        state = its last K-1 pre-conv inputs, and with block > 0 the (state, conv state) after
+        every block of the window ([b, T // block, Hv, dv, dk] fp32, [b, T // block, K-1, C];
+        else None)."""
         qkv, z, g, beta = self._split(self.in_proj(h))
-        conv, conv_state = conv_prefill(qkv, self.conv_weight[...], None, lengths)
+        state0, conv0 = resume_state(cache, slots, starts)
+        conv, conv_state, *conv_blocks = conv_prefill(qkv, self.conv_weight[...], None, lengths,
+                                                      conv0, block)
         q, k, v = self._qkv(conv)
-        o, state = chunk_gated_delta_rule(q, k, v, g, beta, lengths)          # o [b, T, Hv, dv]
-        return self._output(o, z), store_prefill(cache, slots, state, conv_state)
+        o, state, *blocks = chunk_gated_delta_rule(q, k, v, g, beta, lengths, state0,
+                                                   chunk=prefill_chunk(block), block=block)
+        return (self._output(o, z), store_prefill(cache, slots, state, conv_state),
+                (blocks[0], conv_blocks[0]) if block else None)
 
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are

@@ -98,19 +98,28 @@ def advance_counts(counts, slots, window: int):
     return commit_counts(counts, slots, jnp.ones_like(slots), 1, window)
 
 
-def conv_prefill(xbc, weight, bias, lengths):
-    """Causal depthwise conv over right-padded prompts from a zero state.
+def conv_prefill(xbc, weight, bias, lengths, state=None, block=0):
+    """Causal depthwise conv over right-padded prompts.
 
-    xbc [b, T, C] pre-conv inputs; weight [C, K]; bias [C] or None; lengths [b]. Returns the
-    pre-activation outputs [b, T, C] and the conv state [b, K-1, C] (the last K-1 inputs of each
-    prompt)."""
+    xbc [b, T, C] pre-conv inputs; weight [C, K]; bias [C] or None; lengths [b]; state
+    [b, K-1, C] the inputs before the prompts (a prefill continuing a sequence; None: zeros, a
+    fresh start). Returns the pre-activation outputs [b, T, C] and the conv state [b, K-1, C]
+    (the last K-1 inputs of each prompt); block > 0: also the conv states after block,
+    2 block, ... tokens [b, T // block, K-1, C]."""
     K, T = weight.shape[1], xbc.shape[1]
-    pad = jnp.concatenate([jnp.zeros_like(xbc[:, :K - 1]), xbc], axis=1)      # [b, K-1+T, C]
+    left = (jnp.zeros_like(xbc[:, :K - 1]) if state is None
+            else state.astype(xbc.dtype))
+    pad = jnp.concatenate([left, xbc], axis=1)                              # [b, K-1+T, C]
     out = sum(pad[:, k:k + T] * weight[:, k] for k in range(K))
     if bias is not None:
         out = out + bias
-    idx = lengths[:, None] + jnp.arange(K - 1)[None, :]
-    return out, jnp.take_along_axis(pad, idx[:, :, None], axis=1)
+    tail = lambda ends: jnp.take_along_axis(     # the K-1 inputs before each end [b, n, K-1, C]
+        pad[:, None], (ends[:, :, None] + jnp.arange(K - 1))[..., None], axis=2)
+    final = tail(lengths[:, None])[:, 0]
+    if not block:
+        return out, final
+    ends = jnp.broadcast_to(jnp.arange(1, T // block + 1) * block, (xbc.shape[0], T // block))
+    return out, final, tail(ends)
 
 
 def conv_window(conv_state, window, weight, bias, slots):

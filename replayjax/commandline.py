@@ -315,6 +315,30 @@ def require_gpu():
         raise UserError(f"needs a CUDA GPU (jax.default_backend() is {jax.default_backend()!r})")
 
 
+def add_prefix_arguments(ap):
+    """--prefix-cache-gb / --prefix-block / --prefix-cache-host-gb: the engine's prefix cache
+    (`Engine(prefix_cache_gb=, prefix_block=, prefix_host_gb=)`)."""
+    ap.add_argument("--prefix-cache-gb", type=number(0, note=" (0 = off)"), default=0.0,
+                    metavar="GB", help="device memory for cached prompt prefixes: requests that "
+                                       "start with a cached prefix prefill only the rest "
+                                       "(default 0: off)")
+    ap.add_argument("--prefix-block", type=window_multiple, default=64, metavar="B",
+                    help="tokens per prefix-cache entry, a power of two >= --window; hits are "
+                         "whole blocks (default 64)")
+    ap.add_argument("--prefix-cache-host-gb", type=number(0, note=" (0 = off)"), default=0.0,
+                    metavar="GB", help="host memory the prefix cache spills evicted entries to "
+                                       "(a later hit copies them back; default 0: dropped)")
+
+
+def window_multiple(text):
+    """argparse type: a power of two >= 1 (a prefix-cache block; >= the window is the
+    engine's check)."""
+    v = _int(text)
+    if v < 1 or v & (v - 1) or v > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {v}")
+    return v
+
+
 def add_tp_argument(ap):
     """--tp N: the tensor-parallel degree (`tp_mesh`)."""
     ap.add_argument("--tp", type=at_least(1), default=1, metavar="N",

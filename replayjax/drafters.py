@@ -45,6 +45,9 @@ class Prefilled:
     slots: jax.Array        # [b] int32, NULL_SLOT = unused row
     hidden: jax.Array       # [b, T, D] the target's final-norm hidden states
     first: jax.Array        # [b] int32 each row's first sampled token
+    starts: jax.Array | None = None   # [b] int32 tokens before the window (a prefix-cache hit)
+    prev_hidden: jax.Array | None = None  # [b, D] the target's hidden state at position
+                                          # starts - 1 (prefix cache with an MTP head)
 
 
 @struct.dataclass
@@ -245,12 +248,22 @@ def _mtp_chain(model, cache, hidden, next_tokens, slots, starts, idx, K):
 def _mtp_seed(model, cache, p: Prefilled, drafts):
     """After prefill: the MTP cache gets (hidden_j, prompt_{j+1}) for j < n-1 and (hidden_{n-1},
     first token) at n-1 (positions past that are scratch); the first K drafts of each admitted
-    slot go into `drafts` [S, K]. Returns the cache and drafts."""
+    slot go into `drafts` [S, K]. A window continuing a cached prefix (p.starts > 0) also
+    rewrites the entry before it, (p.prev_hidden, prompt_0) at starts - 1: the cached one was
+    made with whatever token followed the prefix then. Returns the cache and drafts."""
     rows = jnp.arange(p.tokens.shape[0])
     nxt = jnp.concatenate([p.tokens[:, 1:], jnp.zeros_like(p.tokens[:, :1])], axis=1)
     nxt = nxt.at[rows, p.lengths - 1].set(p.first)
-    new, cache = _mtp_chain(model, cache, p.hidden, nxt, p.slots, jnp.zeros_like(p.slots),
-                            p.lengths - 1, drafts.shape[1])
+    hidden, starts, idx = p.hidden, jnp.zeros_like(p.slots), p.lengths - 1
+    if p.prev_hidden is not None:           # one more position in front where continuing
+        back = p.starts > 0
+        pad = lambda a, front: jnp.where(
+            back.reshape((-1,) + (1,) * (a.ndim - 1)),
+            jnp.concatenate([front[:, None].astype(a.dtype), a], axis=1),
+            jnp.concatenate([a, jnp.zeros_like(a[:, :1])], axis=1))
+        hidden, nxt = pad(hidden, p.prev_hidden), pad(nxt, p.tokens[:, 0])
+        starts, idx = p.starts - back, idx + back
+    new, cache = _mtp_chain(model, cache, hidden, nxt, p.slots, starts, idx, drafts.shape[1])
     i = jnp.where(p.slots != NULL_SLOT, p.slots, drafts.shape[0])
     return cache, drafts.at[i].set(new, mode="drop")
 

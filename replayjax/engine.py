@@ -30,6 +30,16 @@ measured against (`replayjax bench --variants replay+mtp standard+mtp`).
 With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
 
+Prefix caching: `Engine(model, prefix_cache_gb=X)` keeps a device pool of X GB of cached prompt
+blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block,
+per attention layer its KV; `models.prefix`, indexed by `replayjax.prefix_cache`). A prompt that
+starts with cached blocks gets them copied into its slot and prefills only the rest; every block
+inside a prompt is cached after its prefill, and the blocks a request decoded after it finishes
+(a re-prefill of them, so a next turn extending its completion hits them; LRU eviction).
+`prefix_host_gb=Y` spills evicted entries to Y GB of host memory (numpy) instead of dropping
+them; a hit copies them back. Tokens do not change (up to fp32
+rounding of the logits); `prefix_stats()` reports hits, `Completion.cached_tokens` per request.
+
 Tensor parallelism: `Engine(model, mesh=models.sharding.make_mesh(tp))`, or a model loaded onto
 such a mesh (`replayjax.loading.load_model(path, mesh=...)`). Every step then runs under
 `shard_map` over the mesh with the state sharded on heads (donated, the same shardings in and
@@ -51,16 +61,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import prefix as pool_ops
 from models import sharding
 from models.hybrid import SSM_MODES
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
 from replayjax import memory, steps
-from replayjax.drafters import make_drafter
+from replayjax.drafters import MTPDrafter, make_drafter
+from replayjax.prefix_cache import PrefixCache
 from replayjax.requests import Completion, Event, Request, RequestError, check_request, is_int
 from replayjax.sampling import SamplingArrays, SamplingParams
-from replayjax.steps import EngineState, SlotInputs
+from replayjax.steps import EngineState, PrefixRows, SlotInputs
 
 __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "SamplingParams"]
 
@@ -70,7 +82,7 @@ def _bucket(n, minimum=16):
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
-                    prefill_rows):
+                    prefill_rows, prefix_cache_gb, prefix_block, prefix_host_gb):
     """ValueError naming the first invalid engine setting and its rule."""
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
                         ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows)):
@@ -90,6 +102,17 @@ def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, nu
                          f"{window}, at most {MAX_VERIFY_TOKENS} verify tokens)")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    for name, gb in (("prefix_cache_gb", prefix_cache_gb), ("prefix_host_gb", prefix_host_gb)):
+        if not (isinstance(gb, (int, float)) and not isinstance(gb, bool) and math.isfinite(gb)
+                and gb >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0 (0: off), got {gb!r}")
+    if prefix_host_gb and not prefix_cache_gb:
+        raise ValueError("prefix_host_gb needs prefix_cache_gb > 0 (it holds the entries the "
+                         "device pool evicts)")
+    if not (is_int(prefix_block) and prefix_block >= window
+            and prefix_block & (prefix_block - 1) == 0):
+        raise ValueError(f"prefix_block must be a power of two >= window = {window} (blocks end "
+                         f"on ring folds), got {prefix_block!r}")
 
 
 @dataclasses.dataclass
@@ -100,11 +123,13 @@ class _Entry:
     stops: frozenset
     tokens: list = dataclasses.field(default_factory=list)
     ttft: float = math.nan
+    cached: int = 0                                         # prompt tokens from the prefix cache
     verify_steps: int = 0
     accepted: int = 0
     streamed: int = 0                                       # tokens reported in events
     drafts: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)  # [k, V] chunks, return_logits
+    capture: bool = False           # a re-prefill storing a finished request's decoded blocks
 
 
 class Engine:
@@ -114,15 +139,20 @@ class Engine:
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
-                 mesh=None):
+                 mesh=None, prefix_cache_gb: float = 0.0, prefix_block: int = 64,
+                 prefix_host_gb: float = 0.0):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
         device are laid out and placed on it (`models.sharding.shard_model`). None: where the
-        model's params are (a model loaded onto a mesh runs on that mesh)."""
+        model's params are (a model loaded onto a mesh runs on that mesh).
+        prefix_cache_gb: device memory for the prefix cache (0: off), in entries of
+        prefix_block tokens (a power of two >= window; hits are whole blocks). prefix_host_gb:
+        host memory the entries the device pool evicts are spilled to (0: dropped)."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
-                        prefill_rows=prefill_rows)
+                        prefill_rows=prefill_rows, prefix_cache_gb=prefix_cache_gb,
+                        prefix_block=prefix_block, prefix_host_gb=prefix_host_gb)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -141,10 +171,18 @@ class Engine:
             return m.init_cache(self.S, max_len, window=window, max_verify=num_draft + 1,
                                 state_dtype=state_dtype, ssm_mode=mode)
 
+        self.prefix = None
+        if prefix_cache_gb:
+            self.prefix = self._prefix_index(
+                model, jax.eval_shape(lambda: init_cache(model, ssm_mode)), prefix_cache_gb,
+                prefix_block, prefix_host_gb)
+
         # speculation in standard mode is the state-per-draft baseline (T states per slot)
         def init_state():
-            return EngineState(init_cache(model, ssm_mode),
-                               self.drafter.init_state(self.S, init_cache))
+            cache = init_cache(model, ssm_mode)
+            pool = (None if self.prefix is None else pool_ops.init_pool(
+                cache, self.prefix.capacity, prefix_block, self._pool_hidden))
+            return EngineState(cache, self.drafter.init_state(self.S, init_cache), pool)
 
         # refused before allocating: a cache past the host's memory gets the process killed;
         # on a mesh each device allocates only its shards (heads split tp ways)
@@ -179,6 +217,60 @@ class Engine:
     def cache(self):
         """The target model's cache."""
         return self.state.cache
+
+    def _prefix_index(self, model, cache, gb, block, host_gb) -> PrefixCache:
+        """The host index of a prefix pool of `gb` GB and a host pool of `host_gb` GB
+        (ValueError when no entry fits or the setup cannot cache prefixes)."""
+        if sharding.mesh_tp(self.runner.mesh) > 1:
+            raise ValueError("prefix_cache_gb is not supported with tensor parallelism yet")
+        if self.drafter.models:
+            raise ValueError(f"prefix_cache_gb is not supported with drafter="
+                             f"{self.drafter.name!r} (its own cache is not cached)")
+        if block > self.max_len:
+            raise ValueError(f"prefix_block = {block} exceeds max_len = {self.max_len}: no "
+                             f"prompt fills a block")
+        # an MTP drafter re-seeds the head's entry before a hit from the target's hidden there
+        self._pool_hidden = ((model.cfg.hidden_size, jnp.float32)
+                             if isinstance(self.drafter, MTPDrafter) else None)
+        one = memory.tree_bytes(jax.eval_shape(
+            lambda: pool_ops.init_pool(cache, 1, block, self._pool_hidden)))
+        n = int(gb * 1e9 // one)
+        if n < 1:
+            raise ValueError(f"prefix_cache_gb = {gb} holds no entry: one block of {block} "
+                             f"tokens takes {one / 1e6:.2f} MB")
+        host = int(host_gb * 1e9 // one)
+        if host_gb and host < 1:
+            raise ValueError(f"prefix_host_gb = {host_gb} holds no entry: one block of {block} "
+                             f"tokens takes {one / 1e6:.2f} MB")
+        self._host_pool = None         # numpy leaves [host, ...] of the pool's, made at need
+        return PrefixCache(n, block, one, host)
+
+    def _move_entries(self):
+        """Copies the entries the last plan spilled to the host pool or loaded back from it,
+        in the index's order (a slot or entry freed by one move may be reused by a later one).
+        """
+        for kind, src, dst in self.prefix.take_moves():
+            leaves, tree = jax.tree.flatten(self.state.prefix)
+            if self._host_pool is None:
+                self._host_pool = [np.zeros((self.prefix.host_capacity,) + a.shape[1:], a.dtype)
+                                   for a in leaves]
+            if kind == "spill":
+                for h, a in zip(self._host_pool, leaves):
+                    h[dst] = np.asarray(a[src])
+            else:
+                rows = [h[src] for h in self._host_pool]
+                self.state = _load_entry(self.state, tree, jnp.int32(dst), rows)
+
+    def prefix_stats(self) -> dict:
+        """Prefix-cache counters: lookups, lookup_tokens, hit_tokens (prompt tokens restored
+        instead of prefilled), hit_rate, evictions, entries, capacity, block, entry_bytes,
+        bytes. {} without a prefix cache."""
+        return {} if self.prefix is None else self.prefix.stats.as_dict()
+
+    def clear_prefix_cache(self):
+        """Forgets every cached prefix and resets `prefix_stats` (e.g. after a warm-up)."""
+        if self.prefix is not None:
+            self.prefix.clear()
 
     # ------------------------------------------------------------------ live serving
     def submit(self, request: Request) -> Hashable:
@@ -366,7 +458,7 @@ class Engine:
         logits = (np.concatenate(e.logits or [np.zeros((0, self.vocab), np.float32)])
                   if self.return_logits else None)
         c = Completion(e.req.id, e.tokens, reason, e.ttft, now - e.submitted, e.verify_steps,
-                       e.accepted, e.drafts, logits)
+                       e.accepted, e.drafts, logits, e.cached)
         with self._lock:
             self._ids.discard(e.req.id)
             self._cancel.discard(e.req.id)
@@ -389,7 +481,24 @@ class Engine:
         if self.return_logits:
             e.logits = [np.concatenate(e.logits)[:n]]
         del self._running[slot]
+        self._queue_capture(e)
         return [self._finish(e, "stop" if hit is not None and hit < n else "length", now)]
+
+    def _queue_capture(self, e: _Entry):
+        """With a prefix cache, queues (first) a re-prefill of e's prompt + tokens cut to whole
+        blocks when its decoding completed blocks: it hits the prompt's cached blocks, prefills
+        the rest and stores the new blocks (a next turn that extends this completion hits them),
+        and reports nothing. The cached states are a prefill's, as in a run without the cache."""
+        if self.prefix is None:
+            return
+        B = self.prefix.block
+        seq = list(e.req.prompt) + e.tokens
+        n = len(seq) // B * B
+        if n <= len(e.req.prompt) // B * B:
+            return
+        with self._lock:
+            self._queue.appendleft(_Entry(Request(seq[:n], 1, id=object()), e.submitted,
+                                          frozenset(), capture=True))
 
     def _slot_inputs(self):
         """SlotInputs and SamplingArrays [S] of the running requests (stop ids padded to a
@@ -411,30 +520,57 @@ class Engine:
 
     def _prefill_visit(self, batch):
         rows = self.prefill_rows
-        T = _bucket(max(len(e.req.prompt) for e, _ in batch))
+        prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
+        plans = (self.prefix.plan(prompts, [not e.capture for e, _ in batch])
+                 if self.prefix is not None else None)
+        if plans is not None:
+            self._move_entries()
+        B = self.prefix.block if plans else 1
+        starts = np.zeros(rows, np.int32)
+        for r, (hits, _) in enumerate(plans or ()):
+            starts[r] = len(hits) * B
+        T = _bucket(max(len(p) - int(starts[r]) for r, p in enumerate(prompts)))
         tokens = np.zeros((rows, T), np.int32)
         lengths = np.ones(rows, np.int32)
         slots = np.full(rows, NULL_SLOT, np.int32)
-        for r, (e, s) in enumerate(batch):
-            p = np.asarray(e.req.prompt, np.int32)
-            tokens[r, :len(p)], lengths[r], slots[r] = p, len(p), s
+        for r, ((e, s), p) in enumerate(zip(batch, prompts)):
+            rest = p[starts[r]:]
+            tokens[r, :len(rest)], lengths[r], slots[r] = rest, len(rest), s
+            e.cached = int(starts[r])
         sp = SamplingArrays.of([e.req.sampling for e, _ in batch]
                                + [SamplingParams()] * (rows - len(batch)))
+        args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
+        if plans is not None:
+            args.append(self._prefix_rows(plans, starts, T))
         start = time.perf_counter()
-        self.state, first, last = self._prefill(self.state, jnp.asarray(tokens),
-                                                jnp.asarray(lengths), jnp.asarray(slots), sp)
+        self.state, first, last = self._prefill(self.state, *args)
         first = np.asarray(first)
         last = np.asarray(last) if self.return_logits else None
         now = time.perf_counter()
         self.visits.append(("prefill", 1, now - start))
         events = []
         for r, (e, s) in enumerate(batch):
+            if e.capture:                   # its slot stays free
+                continue
             e.tokens, e.ttft = [int(first[r])], now - e.submitted
             if last is not None:
                 e.logits.append(last[r:r + 1])
             self._running[s] = e
             events += self._settle(s, e, now)
         return events
+
+    def _prefix_rows(self, plans, starts, T) -> PrefixRows:
+        """The prefill's PrefixRows: hit entries padded to a power of two (0 without hits, one
+        compilation per size), store entries per block of the T-token window."""
+        rows, B = self.prefill_rows, self.prefix.block
+        most = max(len(h) for h, _ in plans)
+        hits = np.zeros((rows, _bucket(most, 1) if most else 0), np.int32)
+        stores = np.full((rows, T // B), -1, np.int32)
+        for r, (h, st) in enumerate(plans):
+            hits[r, :len(h)] = h
+            st = st[:T // B]
+            stores[r, :len(st)] = st
+        return PrefixRows(*(jnp.asarray(a) for a in (starts, hits, stores)))
 
     def _decode_visit(self):
         inp, sp = self._slot_inputs()
@@ -475,6 +611,13 @@ class Engine:
             e.accepted += int(n_acc[s]) - 1
             events += self._settle(s, e, now)
         return events
+
+
+@functools.partial(jax.jit, static_argnums=1, donate_argnums=0)
+def _load_entry(state: EngineState, tree, entry, rows):
+    """The state with prefix pool entry `entry` set to rows (one per pool leaf)."""
+    leaves = [a.at[entry].set(r) for a, r in zip(jax.tree.leaves(state.prefix), rows)]
+    return state.replace(prefix=jax.tree.unflatten(tree, leaves))
 
 
 def _on_mesh(model, mesh, what: str):

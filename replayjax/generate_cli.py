@@ -114,6 +114,7 @@ def build_parser():
                    help="cache length per slot: prompt + new tokens (+ drafts) must fit")
     d.add_argument("--steps-per-visit", type=cli.at_least(1), default=8, metavar="N",
                    help="decode steps run on the device between two host visits")
+    cli.add_prefix_arguments(d)
     cli.add_tp_argument(d)
     o = ap.add_argument_group("output")
     o.add_argument("--stream", action="store_true",
@@ -300,7 +301,10 @@ def generate(args, tok, model_dir, prompts):
                                 state_dtype=jnp.dtype(args.state_dtype),
                                 steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
                                 drafter=args.drafter, draft_model=draft_model,
-                                return_logits=bool(args.save_logits))
+                                return_logits=bool(args.save_logits),
+                                prefix_cache_gb=args.prefix_cache_gb,
+                                prefix_block=args.prefix_block,
+                                prefix_host_gb=args.prefix_cache_host_gb)
             except MemoryError as e:
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None
@@ -313,6 +317,7 @@ def generate(args, tok, model_dir, prompts):
                     for i, p in enumerate(prompts)]
         with progress.stage("compiling (warm-up)"):
             compile_s = engine.warm_up(requests)
+        engine.clear_prefix_cache()         # what the warm-up cached would flatter the run
         t0 = time.perf_counter()
         if args.stream:
             progress.close()
@@ -337,7 +342,7 @@ def _row(i, p, ids, c, tok):
     row = dict(index=i, prompt=p.text, prompt_ids=list(ids), tokens=c.tokens,
                finish_reason=c.finish_reason, ttft_s=round(c.ttft_s, 4),
                completion_s=round(c.completion_s, 4), tpot_s=round(c.tpot_s, 5),
-               accepted_drafts=c.accepted_drafts)
+               accepted_drafts=c.accepted_drafts, cached_tokens=c.cached_tokens)
     if tok:
         row["text"] = tok.decode(c.tokens)
     return row
@@ -367,7 +372,8 @@ def _main(args):
                               generate_s=round(times["generate_s"], 3),
                               compile_s=round(times["compile_s"], 3),
                               load_s=round(times["load_s"], 3),
-                              peak_device_mem_gb=_peak_memory_gb())))
+                              peak_device_mem_gb=_peak_memory_gb(),
+                              prefix_cache=engine.prefix_stats() or None)))
         return
     if args.jsonl:
         for r in rows:

@@ -34,6 +34,7 @@ class Completion:
     drafts: list = dataclasses.field(default_factory=list)  # (cache length, drafts) per spec
                                                             # step, with Engine.record_drafts
     logits: np.ndarray | None = None  # [len(tokens), V] fp32, with Engine(return_logits=True)
+    cached_tokens: int = 0          # prompt tokens restored from the prefix cache (not prefilled)
 
     @property
     def tpot_s(self):

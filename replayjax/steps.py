@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from models import prefix as pool_ops
 from models.cache import ModelCache
 from pallas_kernels.ring import NULL_SLOT
 from replayjax.drafters import Drafter, Prefilled, Verified
@@ -21,6 +22,15 @@ class EngineState:
     """The device state donated to every step."""
     cache: ModelCache       # the target model's cache
     drafter: Any = None     # the drafter's own pytree (`Drafter.init_state`), or None
+    prefix: Any = None      # the prefix cache's `models.prefix.PrefixPool`, or None (off)
+
+
+@struct.dataclass
+class PrefixRows:
+    """A prefill's prefix-cache work per row (see `models.prefix`)."""
+    starts: jax.Array       # [b] int32 cached tokens restored before the row's prompt remainder
+    hits: jax.Array         # [b, nh] int32 pool entries of those tokens' blocks (nh may be 0)
+    stores: jax.Array       # [b, T // block] int32 pool entry for each block of the window, -1
 
 
 @struct.dataclass
@@ -33,20 +43,33 @@ class SlotInputs:
     stops: jax.Array        # [S, W] int32 stop ids, -1 padded
 
 
-def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArrays, *,
-            drafter: Drafter, keep_logits: bool):
+def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArrays,
+            rows: PrefixRows | None = None, *, drafter: Drafter, keep_logits: bool):
     """Admits prompts: tokens [b, T] right-padded, lengths [b], slots [b] (NULL_SLOT = unused
-    row), sp [b]. Prefills the target, hands the rows to the drafter and samples each row's
-    first token. Returns the state, the first tokens [b] and their logits [b, V] fp32 (None
-    unless keep_logits)."""
+    row), sp [b]. With a prefix cache (`state.prefix` and `rows`), each row first gets its
+    cached prefix of rows.starts tokens restored, tokens are the prompt past it, and the
+    window's blocks named in rows.stores go into the pool after. Prefills the target, hands the
+    rows to the drafter and samples each row's first token. Returns the state, the first tokens
+    [b] and their logits [b, V] fp32 (None unless keep_logits)."""
     target, own = models[0], models[1:]
-    logits, hidden, cache = target.prefill_hidden(state.cache, tokens, lengths, slots,
-                                                  last_only=True)
+    cache, pool, starts, prev = state.cache, state.prefix, None, None
+    if pool is not None and rows.hits.shape[1]:
+        starts = rows.starts
+        cache, prev = pool_ops.restore(pool, cache, slots, rows.hits, starts)
+    if pool is not None and prev is None and pool.hidden is not None:
+        prev = jnp.zeros((tokens.shape[0], pool.hidden.shape[1]), pool.hidden.dtype)
+    logits, hidden, cache, blocks = target.prefill_from(
+        cache, tokens, lengths, slots, starts, last_only=True,
+        block=0 if pool is None else pool.block)
     last = logits[:, 0]
     first = sp.sample(last, jnp.zeros_like(lengths))
+    begin = jnp.zeros_like(lengths) if starts is None else starts
     cache, dstate = drafter.prefill(target, own, cache, state.drafter,
-                                    Prefilled(tokens, lengths, slots, hidden, first))
-    return EngineState(cache, dstate), first, last if keep_logits else None
+                                    Prefilled(tokens, lengths, slots, hidden, first, begin, prev))
+    if pool is not None:
+        pool = pool_ops.capture(pool, cache, hidden, blocks, slots, begin, rows.stores)
+    return (state.replace(cache=cache, drafter=dstate, prefix=pool), first,
+            last if keep_logits else None)
 
 
 def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, *, mode: str,
@@ -104,5 +127,5 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
     emitted = emitted.at[jnp.arange(S), n_acc - 1].set(new)
     cache, dstate = drafter.commit(target, own, cache, state.drafter, Verified(
         inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
-    return (EngineState(cache, dstate), emitted, jnp.where(inp.active, n_acc, 0), drafts,
-            logits if keep_logits else None)
+    return (state.replace(cache=cache, drafter=dstate), emitted, jnp.where(inp.active, n_acc, 0),
+            drafts, logits if keep_logits else None)

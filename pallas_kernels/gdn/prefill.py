@@ -36,8 +36,8 @@ def _ein(spec, *ops):
     return jnp.einsum(spec, *ops, precision=_HI)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk",))
-def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chunk=64):
+@functools.partial(jax.jit, static_argnames=("chunk", "block"))
+def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chunk=64, block=0):
     """Chunked gated delta rule prefill for a batch of right-padded prompts.
 
     q, k [b, T, Hk, K] (from `prepare_qk`: L2-normalised, q scaled by K^-1/2); v [b, T, Hv, V]
@@ -47,6 +47,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chu
 
     Returns o [b, T, Hv, V] float32 (exactly 0 at t >= lengths) and the final state
     [b, Hv, V, K] float32 after exactly lengths[i] tokens. All math in float32, HIGHEST dots.
+    block > 0 (a multiple of chunk): also the states after block, 2 block, ... tokens
+    [b, T // block, Hv, V, K] float32 (past a prompt's length they equal its final state).
     """
     b, T, Hk, K = k.shape
     Hv, V = v.shape[2:]
@@ -99,12 +101,18 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chu
         last = Gc[..., -1:]
         s = (jnp.exp(last)[..., None] * s
              + _ein("bhrjv,bhjk->bhrvk", d * jnp.exp(last - Gc)[..., None], kc))
-        return s, o
+        return s, (o, s) if block else o
 
     to_scan = lambda t: jnp.moveaxis(t, 1, 0)
     final, o = lax.scan(step, s0, tuple(map(to_scan, (
         u, w, jnp.moveaxis(q, 2, -2), jnp.moveaxis(k, 2, -2), G, attn))))
+    if block:
+        o, after = o                                        # after: the state after each chunk
     # o [nc, b, Hk, R, Q, V] -> [b, T, Hv, V]
     o = jnp.transpose(o, (1, 0, 4, 2, 3, 5)).reshape(b, Tp, Hv, V)[:, :T]
     o = jnp.where(valid[:, :, None, None], o, 0)
-    return o, final.reshape(b, Hv, V, K)
+    if not block:
+        return o, final.reshape(b, Hv, V, K)
+    per = block // Q
+    blocks = jnp.moveaxis(after[per - 1::per][:T // block], 0, 1)
+    return o, final.reshape(b, Hv, V, K), blocks.reshape(b, -1, Hv, V, K)

@@ -35,8 +35,8 @@ def _ein(spec, *ops):
     return jnp.einsum(spec, *ops, precision=_HI)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk",))
-def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64):
+@functools.partial(jax.jit, static_argnames=("chunk", "block"))
+def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64, block=0):
     """Chunked SSD prefill for a batch of right-padded prompts.
 
     x [b, T, H, P] any float dtype; B, C [b, T, G, N]; dt [b, T, H] float32 (after dt_bias and
@@ -45,6 +45,9 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64):
 
     Returns y [b, T, H, P] float32 (exactly 0 at t >= lengths) and the final state
     [b, H, P, N] float32 after exactly lengths[i] tokens. All math in float32, HIGHEST dots.
+    block > 0 (a multiple of chunk): also the states after block, 2 block, ... tokens
+    [b, T // block, H, P, N] float32 (the chunk states the scan computes anyway; past a
+    prompt's length they equal its final state).
     """
     b, T, H, P = x.shape
     G, N = B.shape[2:]
@@ -98,4 +101,9 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64):
 
     y = y.reshape(b, Tp, H, P)[:, :T]
     y = jnp.where(valid[:, :, None, None], y, 0)
-    return y, final.reshape(b, H, P, N)
+    if not block:
+        return y, final.reshape(b, H, P, N)
+    after = jnp.concatenate([s_in[1:], final[None]])        # the state after each chunk
+    per = block // Q
+    blocks = jnp.moveaxis(after[per - 1::per][:T // block], 0, 1)
+    return y, final.reshape(b, H, P, N), blocks.reshape(b, -1, H, P, N)

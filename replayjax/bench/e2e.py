@@ -12,6 +12,10 @@ continuous batching when there are more):
   * --workload mixed (default): --batch random prompts of log-uniform lengths in
     [--prompt-len / 4, 4 x --prompt-len], seeded, each generating --new-tokens;
   * --workload sync: all prompts --prompt-len long (the synchronous equal-length case);
+  * --workload agents: --batch requests of agents in multi-turn conversations sharing a system
+    prompt of --prompt-len tokens (`workload.agent_requests`), later turns arriving later;
+    with --prefix-cache-gb X every variant also runs with X GB of prefix cache (a row
+    VARIANT+prefix: its TTFT beside the row without, and the cache's hit rate);
   * --trace FILE.jsonl: one request per line, e.g.
         {"prompt_ids": [1, 5, 9], "max_new_tokens": 64}
         {"prompt": "text", "max_new_tokens": 64, "temperature": 0.7, "top_k": 50, "top_p": 0.9,
@@ -47,6 +51,7 @@ from replayjax.bench.roofline import decode_step_bytes
 from replayjax.bench.synthetic import SYNTHETIC, build
 from replayjax.bench.timing import copy_bandwidth, percentile
 from replayjax.bench.workload import (
+    AGENT_TURNS,
     ARRIVALS,
     WORKLOADS,
     Workload,
@@ -94,6 +99,11 @@ def make_workload(args, vocab) -> Workload:
     # staggered: arrivals spread over the visits one request's generation takes
     span = -(-max(r.max_new_tokens for r in reqs) // args.steps_per_visit)
     arrivals = arrival_times(len(reqs), args.rate, args.arrivals, args.seed, span)
+    if not args.trace and args.workload == "agents":     # turn-major: later turns later
+        arrivals = np.sort(arrivals)
+        if arrival_unit(args.arrivals) == "visit":          # a turn after the previous one's
+            turn = np.arange(len(reqs)) // -(-len(reqs) // AGENT_TURNS)
+            arrivals = arrivals + turn * span
     what += f", {args.arrivals} arrivals" + (f" ({args.rate:g}/s)" if args.rate else "")
     return Workload(tuple(reqs), tuple(arrivals), what, arrival_unit(args.arrivals))
 
@@ -176,14 +186,15 @@ def acceptance_histogram(completions, num_draft):
     return np.bincount(np.asarray(steps, int), minlength=num_draft + 1).tolist()
 
 
-def run_variant(model, variant, args, workload, progress):
-    """Serves the workload with one engine configuration. Returns (row, completions or None)."""
+def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
+    """Serves the workload with one engine configuration (with a prefix cache of
+    prefix_cache_gb: a row named VARIANT+prefix). Returns (row, completions or None)."""
     import jax
     import jax.numpy as jnp
 
     from replayjax.engine import Engine
     mode, drafter = variant
-    name = variant_name(variant)
+    name = variant_name(variant) + ("+prefix" if prefix_cache_gb else "")
     K = args.num_draft if drafter else 0
     n = len(workload.requests)
     try:        # a variant the engine refuses or that crashes is a result, not an abort
@@ -193,12 +204,15 @@ def run_variant(model, variant, args, workload, progress):
                             ssm_mode=mode, window=args.window,
                             state_dtype=jnp.dtype(args.state_dtype),
                             steps_per_visit=args.steps_per_visit, num_draft=K,
-                            drafter=drafter)
+                            drafter=drafter, prefix_cache_gb=prefix_cache_gb,
+                            prefix_block=args.prefix_block,
+                            prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
             compile_s = engine.warm_up([r.request() for r in workload.requests])
         engine.visits.clear()
+        engine.clear_prefix_cache()     # what the warm-up cached would flatter the run
         engine.record_drafts = bool(K)  # per-step cache lengths: the acceptance histogram
         with progress.stage(f"{name}: serving {n} requests"):
             t0 = time.perf_counter()
@@ -224,6 +238,10 @@ def run_variant(model, variant, args, workload, progress):
         accepted_per_verify=None, accept_hist=None,
         peak_mem_gb=mem.get("peak_bytes_in_use", 0) / 1e9 or None,
         peak_mem_scope="process", failures=0)
+    if prefix_cache_gb:
+        stats = engine.prefix_stats()
+        row.update(prefix_hit_rate=stats["hit_rate"], prefix_hit_tokens=stats["hit_tokens"],
+                   prefix_evictions=stats["evictions"])
     if K:
         hist = acceptance_histogram(out, K)
         row.update(accept_hist=hist, accepted_per_verify=(
@@ -280,9 +298,10 @@ def run_in_process(args, progress):
     workload = make_workload(args, model.cfg.vocab_size)
     rows, outputs = [], {}
     for v in args.variants:
-        row, out = run_variant(model, v, args, workload, progress)
-        rows.append(row)
-        outputs[row["variant"]] = out
+        for gb in (0.0, args.prefix_cache_gb) if args.prefix_cache_gb else (0.0,):
+            row, out = run_variant(model, v, args, workload, progress, gb)
+            rows.append(row)
+            outputs[row["variant"]] = out
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth()
     for row in rows:
@@ -307,9 +326,10 @@ def run_isolated(args, argv, progress):
                 raise cli.UserError(last[-1].removeprefix(f"{PROG}: error: "))
             with open(result) as f:
                 got = json.load(f)
-        got["row"]["peak_mem_scope"] = "variant"
-        rows.append(got["row"])
-        tokens[name] = got["tokens"]
+        for row in got["rows"]:
+            row["peak_mem_scope"] = "variant"
+        rows += got["rows"]
+        tokens.update(got["tokens"])
         what = got["workload"]
     return rows, tokens, what
 
@@ -319,7 +339,8 @@ def run(args, argv=()):
     workload description)."""
     isolated = args.isolate == "process" or (args.isolate == "auto" and
                                              cli.gpu_plugin_installed())
-    stages = len(args.variants) if isolated else 2 + 2 * len(args.variants)
+    runs = len(args.variants) * (2 if args.prefix_cache_gb else 1)
+    stages = len(args.variants) if isolated else 2 + 2 * runs
     progress = cli.Progress(stages, cli.interactive(args) and not args.result_file)
     try:
         if isolated:
@@ -385,6 +406,7 @@ def build_parser():
                     help="SSM state (checkpoint) dtype")
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16, metavar="N",
                     help="decode steps per host visit (non-speculative variants)")
+    cli.add_prefix_arguments(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
     cli.add_tp_argument(ap)
@@ -470,6 +492,8 @@ def print_table(args, rows, what):
         if "step_ms" not in r:
             print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11 + f" {r['failures']} |")
             continue
+        if "prefix_hit_rate" in r:
+            r = dict(r, variant=f"{r['variant']} (hit {r['prefix_hit_rate']:.0%})")
         hist = r["accept_hist"]
         share = "/".join(f"{100 * c / max(sum(hist), 1):.0f}" for c in hist) + "%" if hist else "-"
         ideal = (f"{r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%})" if "ideal_step_ms" in r
@@ -488,10 +512,10 @@ def _main(args, argv):
     check_inputs(args)
     rows, outputs, what = run(args, argv)
     if args.result_file:                         # a child of --isolate process: hand back
-        (name, out), = outputs.items()
         with open(args.result_file, "w") as f:
-            json.dump(dict(row=rows[0], workload=what,
-                           tokens=[c.tokens for c in out] if out else None), f, default=str)
+            json.dump(dict(rows=rows, workload=what, tokens={
+                name: [c.tokens for c in out] if out else None
+                for name, out in outputs.items()}), f, default=str)
     elif args.json:
         config = {k: v for k, v in vars(args).items()
                   if k not in ("requests", "only_variant", "result_file", "debug")}

@@ -22,8 +22,10 @@ from replayjax.commandline import UserError
 
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
-WORKLOADS = ("mixed", "sync")
+WORKLOADS = ("mixed", "sync", "agents")
 MIXED_SPREAD = 4        # mixed prompt lengths are log-uniform in [P / 4, 4 P] (geometric mean P)
+AGENT_TURNS = 4         # agents workload: turns per agent
+AGENT_MESSAGE = 8       # agents workload: a user message is prompt_len / 8 tokens
 ARRIVALS = ("staggered", "burst", "poisson", "uniform")
 HOST_BYTES_PER_TOKEN = 80   # a prompt token on the host: its int object, tuple and list slots
 
@@ -190,8 +192,10 @@ def synthetic_requests(n: int, prompt_len: int, new_tokens: int, vocab: int, *, 
     `new_tokens` each. workload "mixed": prompt lengths log-uniform in
     [prompt_len / MIXED_SPREAD, prompt_len * MIXED_SPREAD] (seeded; a serving mix of short and long
     prompts, so prefill buckets, KV lengths and finishing times differ across rows); "sync": all
-    `prompt_len` long (the synchronous equal-length case). UserError if they would not fit in
-    the host's memory."""
+    `prompt_len` long (the synchronous equal-length case); "agents": `agent_requests` (shared
+    prefixes, for the prefix cache). UserError if they would not fit in the host's memory."""
+    if workload == "agents":
+        return agent_requests(n, prompt_len, new_tokens, vocab, seed=seed)
     longest = prompt_len if workload == "sync" else prompt_len * MIXED_SPREAD
     if why := memory.shortfall(n * longest * HOST_BYTES_PER_TOKEN, host=True):
         raise UserError(f"{n} synthetic prompts of up to {longest} tokens {why}")
@@ -203,6 +207,33 @@ def synthetic_requests(n: int, prompt_len: int, new_tokens: int, vocab: int, *, 
         lengths = np.rint(np.exp(rng.uniform(np.log(lo), np.log(hi), n))).astype(int)
     return [TraceRequest("synthetic", tuple(rng.integers(3, vocab, int(m)).tolist()), new_tokens,
                          id=i) for i, m in enumerate(lengths)]
+
+
+def agent_requests(n: int, system_len: int, new_tokens: int, vocab: int, *, seed: int = 0,
+                   turns: int = AGENT_TURNS) -> list[TraceRequest]:
+    """`n` requests of ceil(n / turns) agents in multi-turn conversations, turn-major (every
+    agent's turn 0, then turn 1, ...; give them increasing arrival times): all share a system
+    prompt of `system_len` tokens; turn t's prompt is the system prompt, then per earlier turn
+    a user message (system_len / AGENT_MESSAGE tokens, >= 1) and a reply of `new_tokens`
+    tokens (random, standing for that turn's completion), then turn t's user message. So a
+    turn's prompt extends the agent's previous one, and every prompt starts with the system
+    prompt. Deterministic in `seed`; UserError if it would not fit in the host's memory."""
+    agents, msg = -(-n // turns), max(1, system_len // AGENT_MESSAGE)
+    longest = system_len + turns * (msg + new_tokens)
+    if why := memory.shortfall(n * longest * HOST_BYTES_PER_TOKEN, host=True):
+        raise UserError(f"{n} agent prompts of up to {longest} tokens {why}")
+    rng = np.random.default_rng(seed)
+    ids = lambda k: tuple(rng.integers(3, vocab, k).tolist())
+    system = ids(system_len)
+    history = [system] * agents
+    out = []
+    for i in range(n):
+        t, a = divmod(i, agents)
+        if t:
+            history[a] += ids(new_tokens)        # the previous turn's reply
+        history[a] += ids(msg)
+        out.append(TraceRequest("synthetic", history[a], new_tokens, id=i))
+    return out
 
 
 def arrival_times(n: int, rate: float | None = None, pattern: str = "burst", seed: int = 0,

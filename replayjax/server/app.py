@@ -152,7 +152,7 @@ class EventStream:
 
 
 def _usage(gen: Generation) -> dict:
-    return protocol.usage(gen.prompt_tokens, gen.completion_tokens)
+    return protocol.usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
 
 
 async def _chunks(st: ServerState, gen: Generation, reply: Reply, disconnected):

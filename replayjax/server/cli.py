@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=8,
                     help="decode steps run on device between two host visits (streaming and "
                          "admission happen between visits)")
+    cli.add_prefix_arguments(ap)
     cli.add_tp_argument(ap)
     ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
@@ -136,10 +137,13 @@ def build_engine(args, model_dir: str):
                         ssm_mode=args.ssm_mode, window=args.window,
                         state_dtype=jnp.dtype(args.state_dtype),
                         steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
-                        drafter=args.drafter, draft_model=draft)
+                        drafter=args.drafter, draft_model=draft,
+                        prefix_cache_gb=args.prefix_cache_gb, prefix_block=args.prefix_block,
+                        prefix_host_gb=args.prefix_cache_host_gb)
     except ValueError as e:
         raise ServeError(str(e)) from None
     engine.generate([Request(prompt=[0], max_new_tokens=2)])     # compile before serving
+    engine.clear_prefix_cache()
     return engine
 
 

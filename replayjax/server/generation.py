@@ -26,6 +26,7 @@ class Generation:
         self.stops = StopStrings(params.stop)
         self.prompt_tokens = len(params.prompt)
         self.completion_tokens = 0
+        self.cached_tokens = 0                  # prompt tokens the prefix cache restored
         self.finish_reason: str | None = None
         self.aborted = False                    # the server cancelled it (shutdown)
         self._engine_done = False               # the engine reported its completion
@@ -103,6 +104,9 @@ class Generation:
                 return "".join(text)
             text.append(self.stops.flush())
             c = ev.completion
+            if c.ttft_s == c.ttft_s:            # prefilled (nan: cancelled while queued)
+                self.cached_tokens = c.cached_tokens
+                self.metrics.prefix(self.prompt_tokens, c.cached_tokens)
             if c.verify_steps:
                 self.metrics.speculation(c.verify_steps, c.accepted_drafts)
             reason = c.finish_reason

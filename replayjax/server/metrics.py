@@ -56,9 +56,17 @@ class Metrics:
                                 "went away)", ["finish_reason"], registry=r)
         self.rejected = Counter("replayjax_rejected_requests", "Requests refused, by reason "
                                 "(an OpenAI error code or type)", ["reason"], registry=r)
+        self.prefix_lookup = Counter("replayjax_prefix_cache_lookup_tokens", "Prompt tokens "
+                                     "of prefilled requests (looked up in the prefix cache)",
+                                     registry=r)
+        self.prefix_hit = Counter("replayjax_prefix_cache_hit_tokens", "Prompt tokens restored "
+                                  "from the prefix cache instead of prefilled", registry=r)
+        Gauge("replayjax_prefix_cache_hit_rate", "Prefix-cache hit tokens / lookup tokens so "
+              "far", registry=r).set_function(self._hit_rate)
         self._lock = threading.Lock()
         self._recent = deque()            # (time, tokens) of the last RATE_WINDOW_S
         self._proposed = self._accepted = 0
+        self._looked = self._hit = 0
 
     def tokens(self, n: int, now: float) -> None:
         """`n` tokens of a request arrived at `now` (time.monotonic())."""
@@ -73,6 +81,18 @@ class Metrics:
             self._accepted += accepted
         self.drafts.inc(verify_steps * self.num_draft)
         self.accepted.inc(accepted)
+
+    def prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A prefilled request's prompt tokens and those the prefix cache restored."""
+        with self._lock:
+            self._looked += prompt_tokens
+            self._hit += cached_tokens
+        self.prefix_lookup.inc(prompt_tokens)
+        self.prefix_hit.inc(cached_tokens)
+
+    def _hit_rate(self) -> float:
+        with self._lock:
+            return self._hit / self._looked if self._looked else 0.0
 
     def _rate(self) -> float:
         now = time.monotonic()

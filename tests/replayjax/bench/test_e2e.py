@@ -313,3 +313,33 @@ def test_acceptance_per_step_from_recorded_cache_lengths():
     c.drafts = [(10, []), (9, [])]                # bookkeeping that does not add up
     assert e2e.acceptance_histogram([c], 3) is None
 
+
+
+def test_agents_workload_shares_and_extends_prefixes():
+    """Turn-major requests of ceil(n / turns) agents: every prompt starts with the shared system
+    prompt, an agent's turn extends its previous turn's prompt by a reply and a new message;
+    deterministic in the seed."""
+    reqs = workload.synthetic_requests(10, 32, 6, 1000, seed=2, workload="agents")
+    agents, msg = 3, 32 // workload.AGENT_MESSAGE
+    system = reqs[0].prompt[:32]
+    assert all(r.prompt[:32] == system and r.max_new_tokens == 6 for r in reqs)
+    for i in range(agents, len(reqs)):
+        prev = reqs[i - agents].prompt
+        assert reqs[i].prompt[:len(prev)] == prev and len(reqs[i].prompt) == len(prev) + 6 + msg
+    assert len({r.prompt[32:] for r in reqs[:agents]}) == agents
+    again = workload.synthetic_requests(10, 32, 6, 1000, seed=2, workload="agents")
+    assert [r.prompt for r in again] == [r.prompt for r in reqs]
+
+
+def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
+    """--workload agents --prefix-cache-gb: each variant runs without and with the cache (rows
+    VARIANT and VARIANT+prefix, TTFT in both), with the same greedy tokens; the cached row
+    reports its hit rate."""
+    assert e2e.main(["--model", NEMOTRON, "--batch", "6", "--prompt-len", "16", "--new-tokens",
+                     "3", "--window", "4", "--steps-per-visit", "4", "--workload", "agents",
+                     "--prefix-cache-gb", "0.001", "--prefix-block", "8", "--variants",
+                     "standard", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["variant"] for r in rows] == ["standard", "standard+prefix"]
+    assert all(r["failures"] == 0 and r["ttft_p50_s"] > 0 for r in rows)
+    assert rows[1]["prefix_hit_rate"] > 0.3 and rows[1]["greedy_match_vs_standard"] == 1.0

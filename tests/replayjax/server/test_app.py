@@ -26,7 +26,8 @@ class StubWorker:
 
     def submit(self, request, deliver):
         tokens = list(reversed(request.prompt))[:request.max_new_tokens]
-        deliver(Event(request.id, tokens, Completion(request.id, tokens, "length", 0.0, 0.0)))
+        deliver(Event(request.id, tokens, Completion(request.id, tokens, "length", 0.0, 0.0,
+                                                     cached_tokens=len(request.prompt) // 2)))
 
     def cancel(self, request_id):
         pass
@@ -80,8 +81,26 @@ def test_served_then_503_while_draining():
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["choices"][0]["text"] == "cb" and out["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1}}
     asyncio.run(state.drain(timeout=0))
     err = error(c.post("/v1/completions", json=body), 503)
     assert err["code"] == "shutting_down"
     assert c.get("/health").status_code == 503
+
+
+def test_prefix_cache_usage_and_metrics():
+    """A completion's cached prompt tokens reach usage.prompt_tokens_details (also streamed)
+    and the prefix-cache counters and hit rate at /metrics."""
+    c, _ = client(StubWorker())
+    body = {"model": "stub", "prompt": "abcd", "max_tokens": 2}
+    assert c.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 2}
+    r = c.post("/v1/completions", json=dict(body, prompt="abcdef", stream=True,
+                                            stream_options={"include_usage": True}))
+    assert '"prompt_tokens_details":{"cached_tokens":3}' in r.text
+    text = c.get("/metrics").text
+    for line in ("replayjax_prefix_cache_lookup_tokens_total 10.0",
+                 "replayjax_prefix_cache_hit_tokens_total 5.0",
+                 "replayjax_prefix_cache_hit_rate 0.5"):
+        assert line in text.splitlines(), line

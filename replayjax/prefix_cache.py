@@ -1,0 +1,199 @@
+"""The host side of prefix caching: which device pool entry (`models.prefix.PrefixPool`) holds
+which block of which prefix.
+
+Prompts are cut into blocks of B tokens. A block's key is (its parent's key, its tokens), so a
+key names the whole prefix up to the block's end (a radix tree over blocks; keys are compared
+exactly, no hash collisions). A prompt hits the longest chain of cached blocks it starts with,
+leaving at least one token to prefill (its logits give the first sampled token); the blocks of
+its remainder that lie inside the prompt become new entries. Entries are evicted least recently
+used first, leaves first (a parent outlives its children, so every cached block's chain is
+cached), never one in use by the prefill being planned.
+
+With a host pool (host_capacity > 0), a device entry evicted goes to a host slot instead (a spill)
+and comes back to a device entry when a prompt hits it (a load); the host pool evicts least
+recently used leaves for good. Device entries form the top of the tree (an entry is spilled only
+when its children are on the host), so a chain is device entries then host slots.
+
+    plan = cache.plan(prompts)        # per prompt: (hit entries, entries to store or -1)
+    moves = cache.take_moves()        # then, in order: ("spill", entry, slot), ("load", slot,
+                                      # entry): copy the pool entry / host slot before prefilling
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(eq=False)
+class _Node:
+    key: tuple                  # (parent key or None, block tokens)
+    parent: _Node | None
+    entry: int                  # pool index, -1 while on the host
+    children: int = 0
+    host: int = -1              # host slot, -1 while on the device
+    device_children: int = 0
+
+
+@dataclasses.dataclass
+class PrefixStats:
+    """Counters since the engine started (or `PrefixCache.clear`)."""
+    lookups: int = 0            # prompts looked up
+    lookup_tokens: int = 0      # their tokens
+    hit_tokens: int = 0         # tokens restored from the cache (prefill skipped them)
+    evictions: int = 0          # entries forgotten
+    spills: int = 0             # entries moved to the host pool
+    loads: int = 0              # entries brought back from it
+    host_entries: int = 0
+    host_capacity: int = 0
+    entries: int = 0            # blocks cached now
+    capacity: int = 0           # entries the pool holds
+    block: int = 0              # tokens per entry
+    entry_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens over looked-up tokens (0 before any lookup)."""
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), hit_rate=self.hit_rate,
+                    bytes=self.entries * self.entry_bytes)
+
+
+class PrefixCache:
+    """Index of a pool of `capacity` entries of `block` tokens (see the module docstring)."""
+
+    def __init__(self, capacity: int, block: int, entry_bytes: int, host_capacity: int = 0):
+        self.block = block
+        self.capacity = capacity
+        self.host_capacity = host_capacity
+        self.entry_bytes = entry_bytes
+        self.clear()
+
+    def clear(self):
+        """Forgets every entry and resets the counters (the pool's contents become garbage)."""
+        self._nodes: OrderedDict[tuple, _Node] = OrderedDict()    # least recently used first
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._host_free = list(range(self.host_capacity - 1, -1, -1))
+        self._moves = []
+        self.stats = PrefixStats(capacity=self.capacity, block=self.block,
+                                 entry_bytes=self.entry_bytes,
+                                 host_capacity=self.host_capacity)
+
+    def take_moves(self) -> list[tuple[str, int, int]]:
+        """The spills and loads the plans since the last call need, in order: ("spill", pool
+        entry, host slot) copies the entry to the slot, ("load", host slot, pool entry) back."""
+        moves, self._moves = self._moves, []
+        return moves
+
+    def plan(self, prompts: Sequence[Sequence[int]],
+             counted: Sequence[bool] | None = None) -> list[tuple[list[int], list[int]]]:
+        """For the prompts of one prefill: per prompt (hits, stores). hits: the pool entries of
+        its longest cached chain of blocks (at most (len - 1) // B of them); stores: one per
+        block of the prompt after those, the entry to write it to, or -1 (another prompt of
+        this prefill stores it, or the pool has no room). Lookups see only entries stored by
+        earlier prefills. counted[i] False leaves prompt i out of the lookup counters (the
+        engine's re-prefills of decoded blocks)."""
+        B = self.block
+        blocks = [[tuple(int(t) for t in p[i:i + B]) for i in range(0, len(p) - B + 1, B)]
+                  for p in prompts]
+        pinned = set()
+        hits = []
+        for i, (p, bl) in enumerate(zip(prompts, blocks)):
+            chain, key = [], None
+            for tokens in bl[:(len(p) - 1) // B]:
+                node = self._nodes.get((key, tokens))
+                if node is None or (node.host >= 0
+                                    and not self._load(node, pinned.union(chain, [node]))):
+                    break
+                self._nodes.move_to_end(node.key)
+                chain.append(node)
+                key = node.key
+            pinned.update(chain)
+            hits.append(chain)
+            if counted is not None and not counted[i]:
+                continue
+            self.stats.lookups += 1
+            self.stats.lookup_tokens += len(p)
+            self.stats.hit_tokens += len(chain) * B
+        out = []
+        for chain, bl in zip(hits, blocks):
+            parent = chain[-1] if chain else None
+            stores = []
+            for tokens in bl[len(chain):]:
+                key = (parent and parent.key, tokens)
+                node = self._nodes.get(key)
+                if node is None:
+                    node = self._insert(key, parent, pinned)
+                    if node is None:
+                        break
+                    stores.append(node.entry)
+                else:                               # stored by an earlier row of this prefill
+                    stores.append(-1)
+                pinned.add(node)
+                parent = node
+            out.append(([n.entry for n in chain], stores + [-1] * (len(bl) - len(chain)
+                                                                    - len(stores))))
+        self.stats.host_entries = self.host_capacity - len(self._host_free)
+        self.stats.entries = len(self._nodes) - self.stats.host_entries
+        return out
+
+    def _load(self, node, pinned) -> bool:
+        """Brings a host node back onto a pool entry (False without room)."""
+        entry = self._device_entry(pinned)
+        if entry is None:
+            return False
+        self._moves.append(("load", node.host, entry))
+        self._host_free.append(node.host)
+        node.entry, node.host = entry, -1
+        if node.parent is not None:
+            node.parent.device_children += 1
+        self.stats.loads += 1
+        return True
+
+    def _device_entry(self, pinned) -> int | None:
+        """A free pool entry, spilling (or evicting) the least recently used unpinned device
+        node without device children if none is free; None without room."""
+        if self._free:
+            return self._free.pop()
+        victim = next((n for n in self._nodes.values() if n.host < 0 and n.device_children == 0
+                       and n not in pinned), None)
+        if victim is None:
+            return None
+        entry = victim.entry
+        if victim.parent is not None:
+            victim.parent.device_children -= 1
+        if self.host_capacity and not self._host_free:
+            leaf = next((n for n in self._nodes.values()     # the host's LRU unpinned leaf
+                         if n.host >= 0 and n.children == 0 and n not in pinned), None)
+            if leaf is not None:
+                self._host_free.append(self._forget(leaf))
+        if self._host_free:
+            victim.entry, victim.host = -1, self._host_free.pop()
+            self._moves.append(("spill", entry, victim.host))
+            self.stats.spills += 1
+        else:
+            self._forget(victim)
+        return entry
+
+    def _forget(self, node) -> int:
+        """Drops a leaf; returns its pool entry or host slot (for the caller to reuse)."""
+        del self._nodes[node.key]
+        if node.parent is not None:
+            node.parent.children -= 1
+        self.stats.evictions += 1
+        return node.entry if node.host < 0 else node.host
+
+    def _insert(self, key, parent, pinned) -> _Node | None:
+        """A new node for key on a pool entry (`_device_entry`), or None without room."""
+        entry = self._device_entry(pinned)
+        if entry is None:
+            return None
+        node = _Node(key, parent, entry)
+        if parent is not None:
+            parent.children += 1
+            parent.device_children += 1
+        self._nodes[key] = node
+        return node
