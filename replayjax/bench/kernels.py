@@ -199,7 +199,6 @@ def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --family mamba2 --batches 1 32 256",
         f"{PROG} --family mamba2 --batches 256 --impls pallas pallas_mosaic_gpu",
-        f"{PROG} --family gdn --json gdn.json",
         f"{PROG} --family mamba2 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2",
                     help="kernel family")

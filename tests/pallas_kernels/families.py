@@ -261,12 +261,12 @@ def impl_dims(family, dims, impl):
     return {**dims, **family.MOSAIC_DIMS} if impl == MOSAIC else dims
 
 
-def long_run(family, impl_kw, ring_dtype, L=16):
-    """LONG_STEPS steps of replay decode (one scan) against the f64 recurrence; returns the worst
-    relative deviation of the outputs over all steps and of the checkpoint after every fold, and
-    the final counts of the two rows' slots."""
+def long_run(family, impl_kw, ring_dtype, L=16, n_steps=None):
+    """n_steps (default LONG_STEPS) steps of replay decode (one scan) against the f64 recurrence;
+    returns the worst relative deviation of the outputs over all steps and of the checkpoint after
+    every fold, and the final counts of the two rows' slots."""
     pb = family(7, batch=2, num_slots=3, **family.LONG_DIMS)
-    n_steps = family.LONG_STEPS
+    n_steps = n_steps or family.LONG_STEPS
     bufs = pb.init_buffers(L, ring_dtype)
     counts = jnp.zeros((pb.S,), jnp.int32)
     slots = jnp.asarray([1, 2], jnp.int32)

@@ -158,9 +158,12 @@ def test_window_one_is_the_standard_step(family, impl, interpret):
 @each_family
 def test_long_run_stays_within_tolerance(family, impl, interpret):
     """LONG_STEPS steps (2048 for Mamba-2, 4096 for GDN: 128 / 256 folds at L = 16), fp32 state
-    and ring, against the f64 recurrence: outputs and every folded checkpoint within 5e-5."""
-    worst_out, worst_ck, counts = long_run(family, impl_kw(impl, interpret), F32)
-    print(f"\n{family.name} {family.LONG_STEPS}-step max relative deviation ({impl}): "
+    and ring, against the f64 recurrence: outputs and every folded checkpoint within 5e-5.
+    Kernels in interpret mode (CPU) run a quarter of them: the interpreter is ~50x slower than
+    the XLA path, which runs them all; compiled on a GPU every implementation runs them all."""
+    steps = family.LONG_STEPS // (4 if impl != "xla" and interpret else 1)
+    worst_out, worst_ck, counts = long_run(family, impl_kw(impl, interpret), F32, n_steps=steps)
+    print(f"\n{family.name} {steps}-step max relative deviation ({impl}): "
           f"out {worst_out:.2e}, checkpoint {worst_ck:.2e}")
     assert worst_out < 5e-5 and worst_ck < 5e-5
     assert (counts == 0).all()                      # a whole number of fold cycles

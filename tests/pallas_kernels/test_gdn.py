@@ -17,8 +17,11 @@ from tests.pallas_kernels.helpers import impl_kw
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_bf16_ring_drift_is_bounded(impl, interpret):
-    worst_out, worst_ck, _ = long_run(GDN, impl_kw(impl, interpret), BF16)
-    print(f"\nGDN {GDN.LONG_STEPS}-step max relative deviation, bf16 ring ({impl}): "
+    """The drift the bf16 ring's documented bound covers (4096 steps; a quarter of them for
+    kernels in interpret mode, as in test_decode's long run)."""
+    steps = GDN.LONG_STEPS // (4 if impl != "xla" and interpret else 1)
+    worst_out, worst_ck, _ = long_run(GDN, impl_kw(impl, interpret), BF16, n_steps=steps)
+    print(f"\nGDN {steps}-step max relative deviation, bf16 ring ({impl}): "
           f"o {worst_out:.2e}, checkpoint {worst_ck:.2e}")
     assert worst_out < 3e-2 and worst_ck < 3e-2
 

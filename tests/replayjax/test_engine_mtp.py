@@ -106,11 +106,12 @@ def test_exact_head_accepts_every_draft(tmp_path, variant):
         assert c.accepted_drafts == K * c.verify_steps > 0
 
 
-@pytest.mark.parametrize("K", [1, 3])
-def test_mtp_speculative_matches_greedy(fixture, K):
+def test_mtp_speculative_matches_greedy(fixture):
     """Six requests through two slots: HF's greedy tokens, the plain engine's tokens for two
-    extra prompts, and at every step the drafts of the from-scratch MTP reference."""
+    extra prompts, and at every step the drafts of the from-scratch MTP reference. K = 1 on
+    Nemotron-H, K = 3 on Qwen3-Next (a chained draft; the pairs repeat the same code paths)."""
     model, _, prompts, want = fixture
+    K = 1 if model.cfg.family == "nemotron_h" else 3
     order = [0, 1, 2, 2, 0, 1]
     lengths = [40, 7, 23, 30, 3, 20]
     extra = [prompts[0][::-1] + prompts[1], prompts[2][:5]]

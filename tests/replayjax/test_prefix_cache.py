@@ -12,15 +12,14 @@ import pytest
 
 from replayjax.engine import Engine, Request
 from replayjax.prefix_cache import PrefixCache
-from tests.models import test_mtp, test_nemotron_h, test_qwen
+from tests.models import hf_checks, test_mtp
 
 B = 4                                                   # tokens per block in these tests
 
 
 @functools.cache
 def _load(name):
-    mod = test_qwen if name.startswith("qwen") else test_nemotron_h
-    return mod._load(name)[0].model
+    return hf_checks.load(name)[0].model
 
 
 def _engine(model, entries, host=0, **kw):
