@@ -42,7 +42,8 @@ def _one_line(excinfo):
     (dict(window=4, num_draft=2, drafter="eagle"),
      "drafter must be one of 'none', 'ngram', 'mtp', 'draft', got 'eagle'"),
     (dict(ssm_mode="fast"), "ssm_mode must be 'replay' or 'standard', got 'fast'"),
-    (dict(impl="cuda"), "impl must be one of 'auto', 'pallas', 'xla', 'pallas_triton', 'pallas_mosaic_gpu', got 'cuda'"),
+    (dict(impl="cuda"), "impl must be one of 'auto', 'pallas', 'xla', 'pallas_triton', "
+                        "'pallas_mosaic_gpu', got 'cuda'"),
 ])
 def test_bad_settings(model, kw, match):
     with pytest.raises(ValueError, match=match) as e:
