@@ -13,8 +13,9 @@ if os.environ.get("REPLAYJAX_TEST_BACKEND", "cpu") == "cpu":
     # Tests compile many small programs and run them briefly: LLVM at -O0 compiles ~30% faster
     # and the numerics do not change (XLA:CPU does not use fast-math either way). Child
     # processes (the CLI tests) inherit it.
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_backend_optimization_level=0").strip()
+    if os.environ.get("REPLAYJAX_TEST_FAST_COMPILE", "1") == "1":
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_backend_optimization_level=0").strip()
 
 import jax
 import pytest

@@ -45,7 +45,7 @@ def fixtures():
 
 @pytest.mark.parametrize("target,draft,K", [
     ("nemotron_h", "qwen3_5", 1), ("qwen3_5", "nemotron_h", 3),        # other family
-    ("nemotron_h", "noisy", 3), ("qwen3_5", "noisy", 1),               # partial acceptance
+    ("nemotron_h", "noisy", 3),                                        # partial acceptance
     ("qwen3_5", "self", 3),                                            # everything accepted
 ])
 def test_draft_model_speculative_matches_greedy(fixtures, target, draft, K):

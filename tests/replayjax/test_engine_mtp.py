@@ -92,7 +92,7 @@ def _bigram_with_exact_head(tmp_path, family, variant):
     return model
 
 
-@pytest.mark.parametrize("variant", ["nemotron_h", "qwen3_next"])
+@pytest.mark.parametrize("variant", ["qwen3_next"])     # Nemotron-H's head: the test below
 def test_exact_head_accepts_every_draft(tmp_path, variant):
     model = _bigram_with_exact_head(tmp_path, FAMILY[variant], variant)
     reqs = lambda: [Request(prompt=[3, 9, 27, 81][:i + 1], max_new_tokens=n) for i, n in

@@ -28,8 +28,12 @@ def free_port() -> int:
 
 
 def env(cache_dir) -> dict:
-    """The environment of a test subprocess: CPU, a shared persistent compilation cache."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+    """The environment of a test subprocess: CPU, a shared persistent compilation cache, XLA's
+    default optimisation level (the server tests compare greedy text across batch placements:
+    the tests' -O0 changes how rows at different batch positions round)."""
+    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_backend_optimization_level=0", "")
+    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                XLA_FLAGS=flags.strip())
 
 
 class ServerProcess:
