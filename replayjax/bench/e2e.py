@@ -48,7 +48,7 @@ import numpy as np
 
 from replayjax import commandline as cli
 from replayjax.bench.roofline import decode_step_bytes
-from replayjax.bench.synthetic import SYNTHETIC, build
+from replayjax.bench.synthetic import add_model_source, build
 from replayjax.bench.timing import copy_bandwidth, percentile
 from replayjax.bench.workload import (
     AGENT_TURNS,
@@ -367,13 +367,7 @@ def build_parser():
                         f"{PROG} --synthetic qwen3.5-9b --batch 64 --workload sync --variants "
                         "replay+mtp standard+mtp",
                         f"{PROG} --model DIR --trace requests.jsonl --batch 64 --json"])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", type=cli.nonempty,
-                     help="checkpoint directory (HF or converted)")
-    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
-                     help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
-                    help="--synthetic models' weights (default: bfloat16)")
+    add_model_source(ap)
     ap.add_argument("--batch", type=cli.at_least(1), default=32, metavar="N",
                     help="engine slots (concurrent requests); synthetic: also the request count")
     ap.add_argument("--workload", choices=WORKLOADS,

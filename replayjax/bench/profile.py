@@ -20,7 +20,7 @@ import time
 
 from replayjax import commandline as cli
 from replayjax.bench.roofline import CLASSES, decode_step_bytes, table
-from replayjax.bench.synthetic import SYNTHETIC, build
+from replayjax.bench.synthetic import add_model_source, build
 from replayjax.bench.timing import copy_bandwidth
 from replayjax.bench.trace import kernel_table
 
@@ -32,13 +32,7 @@ def build_parser():
         f"{PROG} --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --steps 16",
         f"{PROG} --synthetic qwen3.5-9b --batch 32 --mode standard --top 40",
         f"{PROG} --model DIR --batch 8 --trace-dir traces/run1 --json"])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", type=cli.nonempty,
-                     help="checkpoint directory (HF or converted)")
-    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
-                     help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
-                    help="--synthetic models' weights (default: bfloat16)")
+    add_model_source(ap)
     ap.add_argument("--batch", type=cli.at_least(1), default=8, metavar="N",
                     help="requests decoded together")
     ap.add_argument("--prompt-len", type=cli.at_least(1), default=64, metavar="P",

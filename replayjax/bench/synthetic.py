@@ -94,6 +94,18 @@ def param_bytes(cfg, dtype, mtp: bool = False) -> tuple[int, int]:
     return sum(n * size for n, size in shapes), max(n for n, _ in shapes)
 
 
+def add_model_source(ap):
+    """--model DIR | --synthetic NAME (one of them), and --dtype for the synthetic weights."""
+    from replayjax.commandline import nonempty
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="DIR", type=nonempty,
+                     help="checkpoint directory (HF or converted)")
+    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
+                     help=f"real dimensions, random weights: {', '.join(sorted(SYNTHETIC))}")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
+                    help="--synthetic models' weights (default: bfloat16)")
+
+
 def check_fits(name: str, cfg, dtype, mtp: bool = False, tp: int = 1):
     """UserError (one line) unless 1/tp of the weights of preset `name` -- plus the largest one
     in fp32, which `randomize` draws before casting -- fit in free memory (of one device)."""
