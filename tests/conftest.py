@@ -33,26 +33,11 @@ jax.config.update("jax_compilation_cache_dir", os.environ.get(
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-# The modules that take longest on CPU (minutes each), run first: pytest-xdist hands modules to
-# workers in collection order, so long ones at the end would leave one core idle meanwhile.
-SLOW_FIRST = ("tests/replayjax/test_engine", "tests/replayjax/bench/test_e2e.py",
-              "tests/models/test_tp.py", "tests/pallas_kernels/test_decode.py",
-              "tests/pallas_kernels/test_verify.py", "tests/replayjax/test_prefix_cache.py",
-              "tests/models/test_hf_parity.py")
-
-
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (REPLAYJAX_TEST_BACKEND=gpu)")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
-    rank = {p: i for i, p in enumerate(SLOW_FIRST)}
-
-    def slow_rank(item):
-        path = item.nodeid.split("::")[0]
-        return min((i for p, i in rank.items() if path.startswith(p)), default=len(rank))
-
-    items.sort(key=slow_rank)           # stable: each module keeps its order
 
 
 @pytest.fixture(scope="session")
