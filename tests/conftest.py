@@ -11,8 +11,8 @@ import tempfile
 if os.environ.get("REPLAYJAX_TEST_BACKEND", "cpu") == "cpu":
     os.environ["JAX_PLATFORMS"] = "cpu"
     # Tests compile many small programs and run them briefly: LLVM at -O0 compiles ~30% faster
-    # and the numerics do not change (XLA:CPU does not use fast-math either way). Child
-    # processes (the CLI tests) inherit it.
+    # (XLA:CPU uses no fast-math at either level; last-bit rounding may differ from -O2, inside
+    # every tolerance). Child processes inherit it, except the server tests' (helpers.env).
     if os.environ.get("REPLAYJAX_TEST_FAST_COMPILE", "1") == "1":
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_backend_optimization_level=0").strip()
