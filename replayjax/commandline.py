@@ -315,6 +315,18 @@ def require_gpu():
         raise UserError(f"needs a CUDA GPU (jax.default_backend() is {jax.default_backend()!r})")
 
 
+def engine_settings(args) -> dict:
+    """The `Engine(...)` keyword arguments of the engine flags `generate` and `serve` share
+    (--num-slots, --max-len, --ssm-mode, --window, --state-dtype, --steps-per-visit, the
+    speculation and prefix-cache flags)."""
+    import jax.numpy as jnp
+    return dict(num_slots=args.num_slots, max_len=args.max_len, ssm_mode=args.ssm_mode,
+                window=args.window, state_dtype=jnp.dtype(args.state_dtype),
+                steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
+                drafter=args.drafter, prefix_cache_gb=args.prefix_cache_gb,
+                prefix_block=args.prefix_block, prefix_host_gb=args.prefix_cache_host_gb)
+
+
 def add_prefix_arguments(ap):
     """--prefix-cache-gb / --prefix-block / --prefix-cache-host-gb: the engine's prefix cache
     (`Engine(prefix_cache_gb=, prefix_block=, prefix_host_gb=)`)."""

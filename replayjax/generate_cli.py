@@ -281,7 +281,6 @@ def _logits_array(results, max_new_tokens, vocab):
 def generate(args, tok, model_dir, prompts):
     """Loads, builds the engine, warms up (compiles), generates. Returns (completions, engine,
     timings {load_s, compile_s, generate_s})."""
-    import jax.numpy as jnp
 
     from replayjax.engine import Engine, Request, SamplingParams
     progress = cli.Progress(3 + bool(args.draft_dir) + (not args.stream), cli.interactive(args))
@@ -296,15 +295,8 @@ def generate(args, tok, model_dir, prompts):
                 draft_model = _load("--speculative draft:DIR", args.draft_dir, mesh)
         with progress.stage("allocating the cache"):
             try:
-                engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
-                                ssm_mode=args.ssm_mode, window=args.window,
-                                state_dtype=jnp.dtype(args.state_dtype),
-                                steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
-                                drafter=args.drafter, draft_model=draft_model,
-                                return_logits=bool(args.save_logits),
-                                prefix_cache_gb=args.prefix_cache_gb,
-                                prefix_block=args.prefix_block,
-                                prefix_host_gb=args.prefix_cache_host_gb)
+                engine = Engine(model, draft_model=draft_model,
+                                return_logits=bool(args.save_logits), **cli.engine_settings(args))
             except MemoryError as e:
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None

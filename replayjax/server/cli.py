@@ -118,7 +118,6 @@ def build_engine(args, model_dir: str):
     over --tp devices of this process (one process drives them all: the HTTP loop is not
     replicated across `replayjax launch` processes)."""
     import jax
-    import jax.numpy as jnp
 
     from convert import ConvertError
     from replayjax.engine import Engine, Request
@@ -133,13 +132,7 @@ def build_engine(args, model_dir: str):
     except ConvertError as e:
         raise ServeError(f"--speculative draft: {e}") from None
     try:
-        engine = Engine(model, num_slots=args.num_slots, max_len=args.max_len,
-                        ssm_mode=args.ssm_mode, window=args.window,
-                        state_dtype=jnp.dtype(args.state_dtype),
-                        steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
-                        drafter=args.drafter, draft_model=draft,
-                        prefix_cache_gb=args.prefix_cache_gb, prefix_block=args.prefix_block,
-                        prefix_host_gb=args.prefix_cache_host_gb)
+        engine = Engine(model, draft_model=draft, **cli.engine_settings(args))
     except ValueError as e:
         raise ServeError(str(e)) from None
     engine.generate([Request(prompt=[0], max_new_tokens=2)])     # compile before serving
