@@ -8,6 +8,11 @@
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
+#   serve    - latency-throughput curves over HTTP: two `replayjax serve --synthetic nemotron-h-8b`
+#              servers side by side (ReplaySSM, standard; 256 slots), `replayjax bench serve
+#              --compare` at concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels)
+#   prefix   - prefix cache on the agents trace (shared system prompt, multi-turn histories):
+#              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
 #   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
 #              check), then Mamba-2 at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
@@ -133,6 +138,33 @@ case $stage in
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
       --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
+  serve)
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45      # two servers share the GPU
+    common="--synthetic nemotron-h-8b --num-slots 256 --max-len 1024 --max-queue 1024"
+    python3 -m replayjax.cli serve $common --ssm-mode replay --port 8001 \
+      --log-level warning 2>>"$out/serve_replay.log" & a=$!
+    python3 -m replayjax.cli serve $common --ssm-mode standard --port 8002 \
+      --log-level warning 2>>"$out/serve_standard.log" & b=$!
+    trap 'kill $a $b 2>/dev/null || true' EXIT
+    for port in 8001 8002; do      # each server binds its port at once, answers when warmed up
+      timeout 300 bash -c "until python3 -c \"import httpx; httpx.get('http://127.0.0.1:$port/health').raise_for_status()\" 2>/dev/null; do sleep 3; done"
+    done
+    bench="python3 -m replayjax.cli bench serve --compare http://127.0.0.1:8001
+      http://127.0.0.1:8002 --labels replay standard --prompt-len 128 --max-tokens 128
+      --vocab 131072 --ignore-eos"
+    # warm-up (each prefill bucket compiles once), then the sweep
+    timeout 200 $bench --concurrency 64 --num-requests 128 --plot "$out/serve_warm.png" \
+      --markdown "$out/serve_warm.md" > /dev/null 2>>"$out/serve_bench.log"
+    timeout 300 $bench --concurrency 1 16 64 256 --num-requests 16 64 256 512 --json \
+      --plot "$out/serve.png" --markdown "$out/serve.md" > "$out/serve.json" \
+      2>>"$out/serve_bench.log"
+    cat "$out/serve.md"
+    kill -TERM $a $b; wait $a $b || true ;;
+  prefix)
+    for m in nemotron-h-8b qwen3.5-9b; do
+      e2e 280 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
+        --prefix-cache-gb 16 --variants replay
+    done ;;
   profile)
     python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
       --steps 16 --mode replay --top 30 --trace-dir "$out/trace" 2>>"$out/profile.log" ;;

@@ -184,8 +184,8 @@ def requests_of(args) -> list:
     """The TraceRequests of a run, from --trace or synthetic."""
     if args.trace:
         return load_trace(cli.existing_file("--trace", args.trace), encode=_keep_text)
-    return synthetic_requests(args.num_requests, args.prompt_len, args.max_tokens, args.vocab,
-                              seed=args.seed, workload=args.workload)
+    return synthetic_requests(max(args.num_requests or [64]), args.prompt_len, args.max_tokens,
+                              args.vocab, seed=args.seed, workload=args.workload)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -251,8 +251,10 @@ def build_parser():
     load.add_argument("--concurrency", type=cli.at_least(1), nargs="+",
                       help="closed loop: this many clients at once (a sweep)")
     ap.add_argument("--trace", help="JSONL requests (as for `replayjax bench --trace`)")
-    ap.add_argument("--num-requests", type=cli.at_least(1), default=64,
-                    help="synthetic requests per point")
+    ap.add_argument("--num-requests", type=cli.at_least(1), nargs="+",
+                    help="requests per point: one number, or one per --rate / --concurrency "
+                         "value (the first N of the same requests; default: 64 synthetic, "
+                         "or the whole --trace)")
     ap.add_argument("--prompt-len", type=cli.at_least(1), default=64,
                     help="synthetic prompt length (geometric mean with --workload mixed)")
     ap.add_argument("--max-tokens", type=cli.at_least(1), default=64,
@@ -295,15 +297,20 @@ def _body(args) -> int:
         args.markdown = args.markdown or "bench_serve.md"
     cli.output_path("--plot", args.plot)
     cli.output_path("--markdown", args.markdown)
+    kind, points = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency)
+    counts = args.num_requests or [None]
+    if len(counts) not in (1, len(points)):
+        raise cli.UserError(f"--num-requests: give one number or one per --{kind} value "
+                            f"({len(points)}), got {len(counts)}")
+    counts = counts * len(points) if len(counts) == 1 else counts
     reqs = requests_of(args)
     urls = [(label, base_url(url)) for label, url in servers]
     models = {url: args.model or served_model(url) for _, url in urls}
-    kind, points = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency)
     progress = cli.Progress(len(points) * len(urls), cli.interactive(args))
     rows = []
-    for point in points:
+    for point, count in zip(points, counts):
         for label, url in urls:
-            bodies = [_payload(r, models[url], args.ignore_eos) for r in reqs]
+            bodies = [_payload(r, models[url], args.ignore_eos) for r in reqs[:count]]
             with progress.stage(f"{label} {kind}={point}"):
                 results, duration = asyncio.run(run_point(
                     url, bodies, rate=point if kind == "rate" else None,

@@ -20,6 +20,7 @@ import time
 import uvicorn
 
 from replayjax import commandline as cli
+from replayjax.bench.synthetic import SYNTHETIC
 from replayjax.commandline import MAX_VERIFY_TOKENS
 
 PROG = "replayjax serve"
@@ -51,9 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "\"prompt\": \"This program\", \"max_tokens\": 32}'", [
                               f"{PROG}                     # the demo model on 127.0.0.1:8000",
                               f"{PROG} --model DIR --port 8001 --speculative mtp --num-slots 64"])
-    ap.add_argument("--model", type=cli.nonempty,
-                    help="Hugging Face checkpoint dir or a `replayjax convert` output dir, with "
-                         "tokenizer.json (default: the demo model shipped with the package)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", type=cli.nonempty,
+                     help="Hugging Face checkpoint dir or a `replayjax convert` output dir, with "
+                          "tokenizer.json (default: the demo model shipped with the package)")
+    src.add_argument("--synthetic", choices=sorted(SYNTHETIC), metavar="NAME",
+                     help="a model of real dimensions with random weights, for load tests: "
+                          f"{', '.join(sorted(SYNTHETIC))} (with an MTP head for --speculative "
+                          "mtp; its tokenizer spells token i as ' <i>'; no chat template "
+                          "unless --chat-template)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
+                    help="--synthetic weights (default: bfloat16)")
     ap.add_argument("--served-model-name", type=cli.nonempty,
                     help="the model name requests give (default: the model dir's name; "
                          f"{DEMO_NAME} for the demo model)")
@@ -97,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
     args.drafter, args.draft_dir = args.speculative
+    if args.dtype and not args.synthetic:
+        ap.error("argument --dtype: only with --synthetic (a checkpoint has its own dtype)")
     if args.drafter is None:
         if args.num_draft is not None:
             ap.error("argument --num-draft: needs --speculative ngram, mtp or draft:DIR")
@@ -113,20 +124,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_engine(args, model_dir: str):
+def build_engine(args, model_dir: str | None):
     """The engine the flags describe, warmed up (prefill and decode / verify compiled), split
     over --tp devices of this process (one process drives them all: the HTTP loop is not
-    replicated across `replayjax launch` processes)."""
+    replicated across `replayjax launch` processes). model_dir None: --synthetic."""
     import jax
+    import jax.numpy as jnp
 
     from convert import ConvertError
+    from replayjax.bench.synthetic import build
     from replayjax.engine import Engine, Request
     from replayjax.loading import load_model
     if jax.process_count() > 1:
         raise ServeError("serve drives its GPUs from one process: run it with --tp N, not under "
                          "`replayjax launch`")
     mesh = cli.tp_mesh(args.tp)
-    model = load_model(model_dir, mesh=mesh)
+    model = (build(args.synthetic, jnp.dtype(args.dtype or "bfloat16"),
+                   mtp=args.drafter == "mtp", mesh=mesh)
+             if model_dir is None else load_model(model_dir, mesh=mesh))
     try:
         draft = load_model(args.draft_dir, mesh=mesh) if args.draft_dir else None
     except ConvertError as e:
@@ -144,25 +159,38 @@ def build_state(args):
     """Everything the app serves, from the flags: model, tokenizer, chat template, engine thread
     (not started), metrics."""
     from replayjax import demo
+    from replayjax.sampling import SamplingParams
     from replayjax.server.app import ServerState
     from replayjax.server.chat import load_chat_template
     from replayjax.server.metrics import Metrics
-    from replayjax.server.model_files import generation_settings, load_tokenizer
+    from replayjax.server.model_files import (
+        generation_settings,
+        load_tokenizer,
+        synthetic_tokenizer,
+    )
     from replayjax.server.protocol import ServedModel
     from replayjax.server.worker import EngineWorker
 
-    model_dir = args.model or demo.model_dir()
-    if not os.path.isdir(model_dir):
-        raise ServeError(f"--model {model_dir}: no such directory")
-    tokenizer = load_tokenizer(model_dir)
-    template = load_chat_template(model_dir, args.chat_template)
-    eos, defaults = generation_settings(model_dir)
-    engine = build_engine(args, model_dir)
-    if bad := [t for t in eos if not 0 <= t < engine.vocab]:
-        raise ServeError(f"{model_dir}: eos_token_id {bad} outside the vocabulary "
-                         f"[0, {engine.vocab})")
-    name = args.served_model_name or (
-        DEMO_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
+    if args.synthetic:
+        engine = build_engine(args, None)
+        tokenizer = synthetic_tokenizer(engine.vocab)
+        template = (load_chat_template(os.path.dirname(args.chat_template), args.chat_template)
+                    if args.chat_template else None)
+        eos, defaults = (), SamplingParams()
+        name = args.served_model_name or args.synthetic
+    else:
+        model_dir = args.model or demo.model_dir()
+        if not os.path.isdir(model_dir):
+            raise ServeError(f"--model {model_dir}: no such directory")
+        tokenizer = load_tokenizer(model_dir)
+        template = load_chat_template(model_dir, args.chat_template)
+        eos, defaults = generation_settings(model_dir)
+        engine = build_engine(args, model_dir)
+        if bad := [t for t in eos if not 0 <= t < engine.vocab]:
+            raise ServeError(f"{model_dir}: eos_token_id {bad} outside the vocabulary "
+                             f"[0, {engine.vocab})")
+        name = args.served_model_name or (
+            DEMO_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     served = ServedModel(name=name, vocab=engine.vocab, max_len=args.max_len,
                          num_draft=args.num_draft, eos_ids=eos, defaults=defaults)
     worker = EngineWorker(engine)

@@ -28,6 +28,17 @@ def load_tokenizer(model_dir: str):
         raise ModelFilesError(f"{path}: cannot load it ({e})") from None
 
 
+def synthetic_tokenizer(vocab: int):
+    """A `tokenizers.Tokenizer` for models with random weights (`serve --synthetic`): token i is
+    the word '<i>' (decoded with spaces between), so every id of a vocabulary of `vocab` has text
+    and a streamed token is always a visible chunk."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab)}, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return tok
+
+
 def _json(path) -> dict:
     if not os.path.isfile(path):
         return {}

@@ -21,15 +21,16 @@ def test_closed_loop_table(demo_server, capsys):
 
 
 def test_compare_writes_plot_and_table(demo_server, tmp_path, capsys):
+    """--compare runs both servers at every point; --num-requests per point (6, then 8)."""
     png, md = tmp_path / "cmp.png", tmp_path / "cmp.md"
     assert serve.main(["--compare", demo_server.url, demo_server.url, "--labels", "a", "b",
-                       "--rate", "20", "200", *COMMON, "--json", "--plot", str(png),
-                       "--markdown", str(md)]) == 0
+                       "--rate", "20", "200", *COMMON, "--num-requests", "6", "8", "--json",
+                       "--plot", str(png), "--markdown", str(md)]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["server"], r["load"]) for r in rows] == [
-        ("a", "rate=20"), ("b", "rate=20"), ("a", "rate=200"), ("b", "rate=200")]
+    assert [(r["server"], r["load"], r["requests"]) for r in rows] == [
+        ("a", "rate=20", 6), ("b", "rate=20", 6), ("a", "rate=200", 8), ("b", "rate=200", 8)]
     for r in rows:
-        assert r["failed"] == 0 and r["requests"] == 8 and r["output_tokens_per_s"] > 0
+        assert r["failed"] == 0 and r["output_tokens_per_s"] > 0
         assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p90"] <= r["ttft_ms_p99"]
         assert 0 < r["itl_ms_p50"] and 0 < r["latency_s_p50"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -58,6 +59,8 @@ def test_trace_and_failures(demo_server, tmp_path, capsys):
      "--labels names the two --compare servers"),
     (["--url", "http://127.0.0.1:9", "--concurrency", "1", "--trace", "/nonexistent"],
      "--trace /nonexistent: no such file"),
+    (["--url", "http://127.0.0.1:9", "--concurrency", "1", "2", "--num-requests", "1", "2", "3"],
+     "--num-requests: give one number or one per --concurrency value (2), got 3"),
 ])
 def test_bad_input_is_one_line(argv, msg, capsys):
     try:

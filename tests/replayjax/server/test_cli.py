@@ -27,6 +27,9 @@ from replayjax.server import cli
     (["--shutdown-timeout", "inf"], "--shutdown-timeout: must be a finite number >= 0"),
     (["--served-model-name", " "], "--served-model-name: must not be empty"),
     (["--ssm-mode", "fast"], "argument --ssm-mode: invalid choice"),
+    (["--synthetic", "gpt-9"], "argument --synthetic: invalid choice"),
+    (["--synthetic", "nemotron-h-8b", "--model", "m"], "not allowed with argument --synthetic"),
+    (["--dtype", "float32"], "argument --dtype: only with --synthetic"),
 ])
 def test_bad_flags_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -69,3 +72,24 @@ def test_a_taken_port_exits_1(capsys):
         assert cli.main(["--port", str(s.getsockname()[1])]) == 1
     err = capsys.readouterr().err
     assert "cannot listen on 127.0.0.1:" in err and "Traceback" not in err
+
+
+def test_synthetic_model_serves_every_token_as_text(monkeypatch):
+    """--synthetic builds a random model of the preset's dimensions (a tiny preset here) whose
+    tokenizer gives every id of its vocabulary a visible text, so load tests see each token."""
+    from replayjax.bench import synthetic
+    from replayjax.engine import Request
+    tiny = dict(model_type="nemotron_h", vocab_size=300, hidden_size=32,
+                hybrid_override_pattern="M*-", num_attention_heads=2, num_key_value_heads=1,
+                head_dim=16, mamba_num_heads=4, mamba_head_dim=8, n_groups=1, ssm_state_size=8,
+                conv_kernel=4, intermediate_size=64, layer_norm_epsilon=1e-5)
+    monkeypatch.setitem(synthetic.SYNTHETIC, "tiny", tiny)
+    monkeypatch.setattr(cli, "SYNTHETIC", synthetic.SYNTHETIC)
+    args = cli.parse_args(["--synthetic", "tiny", "--dtype", "float32", "--num-slots", "2",
+                           "--max-len", "64"])
+    state = cli.build_state(args)
+    assert state.served.name == "tiny" and state.served.vocab == 300
+    assert state.chat_template is None and state.served.eos_ids == ()
+    out = state.worker.engine.generate([Request(prompt=[5, 299, 7], max_new_tokens=4)])[0]
+    text = state.tokenizer.decode(out.tokens)
+    assert text.split() == [f"<{t}>" for t in out.tokens]
