@@ -8,9 +8,9 @@
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
-#   serve    - latency-throughput curves over HTTP: two `replayjax serve --synthetic nemotron-h-8b`
-#              servers side by side (ReplaySSM, standard; 256 slots), `replayjax bench serve
-#              --compare` at concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels)
+#   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
+#              (256 slots), ReplaySSM then standard, each loaded by `replayjax bench serve` at
+#              concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels on the GPU machine)
 #   prefix   - prefix cache on the agents trace (shared system prompt, multi-turn histories):
 #              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
 #   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
@@ -139,27 +139,34 @@ case $stage in
       --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   serve)
-    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45      # two servers share the GPU
-    common="--synthetic nemotron-h-8b --num-slots 256 --max-len 1024 --max-queue 1024"
-    python3 -m replayjax.cli serve $common --ssm-mode replay --port 8001 \
-      --log-level warning 2>>"$out/serve_replay.log" & a=$!
-    python3 -m replayjax.cli serve $common --ssm-mode standard --port 8002 \
-      --log-level warning 2>>"$out/serve_standard.log" & b=$!
-    trap 'kill $a $b 2>/dev/null || true' EXIT
-    for port in 8001 8002; do      # each server binds its port at once, answers when warmed up
-      timeout 300 bash -c "until python3 -c \"import httpx; httpx.get('http://127.0.0.1:$port/health').raise_for_status()\" 2>/dev/null; do sleep 3; done"
+    # one server at a time on the whole GPU (two side by side ran out of memory in prefill),
+    # the same requests against each; then one table and plot
+    for mode in replay standard; do
+      python3 -m replayjax.cli serve --synthetic nemotron-h-8b --num-slots 256 --max-len 1024 \
+        --max-queue 1024 --ssm-mode $mode --port 8001 --log-level warning \
+        2>>"$out/serve_$mode.log" & pid=$!
+      timeout 200 bash -c "until python3 -c \"import httpx; httpx.get('http://127.0.0.1:8001/health').raise_for_status()\" 2>/dev/null; do sleep 3; done"
+      bench="python3 -m replayjax.cli bench serve --url http://127.0.0.1:8001 --max-tokens 64
+        --vocab 131072 --ignore-eos --json"
+      # warm-up: every prefill length bucket compiles once (one prompt per bucket, then a
+      # crowd), so the sweep times no compilation
+      for p in 32 64 128 256 512; do
+        timeout 60 $bench --concurrency 1 --num-requests 1 --workload sync --prompt-len $p \
+          > /dev/null 2>>"$out/serve_bench.log" || true
+      done
+      timeout 60 $bench --concurrency 64 --num-requests 64 --prompt-len 128 > /dev/null \
+        2>>"$out/serve_bench.log" || true
+      timeout 150 $bench --concurrency 1 16 64 256 --num-requests 8 64 256 512 --prompt-len 128 \
+        > "$out/serve_$mode.json" 2>>"$out/serve_bench.log" || true
+      kill -TERM $pid; wait $pid || true
     done
-    bench="python3 -m replayjax.cli bench serve --compare http://127.0.0.1:8001
-      http://127.0.0.1:8002 --labels replay standard --prompt-len 128 --max-tokens 128
-      --vocab 131072 --ignore-eos"
-    # warm-up (each prefill bucket compiles once), then the sweep
-    timeout 200 $bench --concurrency 64 --num-requests 128 --plot "$out/serve_warm.png" \
-      --markdown "$out/serve_warm.md" > /dev/null 2>>"$out/serve_bench.log"
-    timeout 300 $bench --concurrency 1 16 64 256 --num-requests 16 64 256 512 --json \
-      --plot "$out/serve.png" --markdown "$out/serve.md" > "$out/serve.json" \
-      2>>"$out/serve_bench.log"
-    cat "$out/serve.md"
-    kill -TERM $a $b; wait $a $b || true ;;
+    python3 -c "import json, sys; from replayjax.bench import serve
+rows = [dict(r, server=m) for m in ('replay', 'standard')
+        for r in json.load(open(f'{sys.argv[1]}/serve_{m}.json'))]
+rows.sort(key=lambda r: int(r['load'].split('=')[1]))
+open(f'{sys.argv[1]}/serve.md', 'w').write(serve.markdown(rows))
+serve.plot(rows, f'{sys.argv[1]}/serve.png')
+print(serve.markdown(rows))" "$out" ;;
   prefix)
     for m in nemotron-h-8b qwen3.5-9b; do
       e2e 280 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
