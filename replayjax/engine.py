@@ -10,9 +10,10 @@ speculative decoding, live admission and cancellation.
             ...
 
 Each `step` is one host visit: queued requests are admitted into free slots (prefill of up to
-`prefill_rows` prompts, padded to a fixed batch and a power-of-two length bucket, so shapes --
-and compilations -- stay fixed), or up to `steps_per_visit` decode steps run on device in one
-`lax.while_loop` over all slots (or one speculative step), with the device state donated.
+`prefill_rows` prompts and `prefill_tokens` padded positions, padded to a power-of-two length
+bucket and a batch fixed per bucket, so shapes -- and compilations -- stay few), or up to
+`steps_per_visit` decode steps run on device in one `lax.while_loop` over all slots (or one
+speculative step), with the device state donated.
 Admission goes in rounds: a round admits min(free slots, queued) requests, then one decode or
 verify visit runs before the next round, so a stream of arrivals cannot starve running requests.
 Finished slots are freed and reused (prefill resets a slot's state). Sampling keys depend only
@@ -82,10 +83,11 @@ def _bucket(n, minimum=16):
 
 
 def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
-                    prefill_rows, prefix_cache_gb, prefix_block, prefix_host_gb):
+                    prefill_rows, prefill_tokens, prefix_cache_gb, prefix_block, prefix_host_gb):
     """ValueError naming the first invalid engine setting and its rule."""
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
-                        ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows)):
+                        ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows),
+                        ("prefill_tokens", prefill_tokens)):
         if not is_int(value):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         if value < 1:
@@ -139,8 +141,8 @@ class Engine:
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
-                 mesh=None, prefix_cache_gb: float = 0.0, prefix_block: int = 64,
-                 prefix_host_gb: float = 0.0):
+                 prefill_tokens: int = 16384, mesh=None, prefix_cache_gb: float = 0.0,
+                 prefix_block: int = 64, prefix_host_gb: float = 0.0):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
@@ -148,11 +150,15 @@ class Engine:
         model's params are (a model loaded onto a mesh runs on that mesh).
         prefix_cache_gb: device memory for the prefix cache (0: off), in entries of
         prefix_block tokens (a power of two >= window; hits are whole blocks). prefix_host_gb:
-        host memory the entries the device pool evicts are spilled to (0: dropped)."""
+        host memory the entries the device pool evicts are spilled to (0: dropped).
+        prefill_rows, prefill_tokens: a prefill call takes at most prefill_rows prompts and
+        rows x length bucket <= prefill_tokens padded positions (at least one prompt): its
+        activations grow with the positions, so long prompts are prefilled fewer at a time."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
-                        prefill_rows=prefill_rows, prefix_cache_gb=prefix_cache_gb,
-                        prefix_block=prefix_block, prefix_host_gb=prefix_host_gb)
+                        prefill_rows=prefill_rows, prefill_tokens=prefill_tokens,
+                        prefix_cache_gb=prefix_cache_gb, prefix_block=prefix_block,
+                        prefix_host_gb=prefix_host_gb)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -162,9 +168,11 @@ class Engine:
         self.vocab = model.cfg.vocab_size
         self.S = num_slots + 1                        # + the null slot
         self.max_len = max_len
-        # prompts prefilled per call: bounds prefill memory (activations and logits of rows x
-        # bucket positions) however many slots free up at once; a fixed shape, one compile
+        # prompts prefilled per call: bounds prefill memory (activations of rows x bucket
+        # positions: the SSM scans alone keep ~2 MB per position of an 8B model) however many
+        # slots free up at once and however long the prompts; a fixed batch per length bucket
         self.prefill_rows = min(prefill_rows, num_slots)
+        self.prefill_tokens = prefill_tokens
         self.return_logits = return_logits
 
         def init_cache(m, mode="replay"):
@@ -431,9 +439,14 @@ class Engine:
             # a round's size is fixed when it starts; cancellations may shrink the queue
             self._round = min(self._round or len(free), len(self._queue))
             take = min(self.prefill_rows, self._round)
-            batch = [(self._queue.popleft(), s) for s in free[:take]]
+            batch, longest = [], 0
+            for s in free[:take]:            # while the batch fits the positions budget
+                longest = max(longest, len(self._queue[0].req.prompt))
+                if batch and len(batch) >= self._prefill_batch(_bucket(longest)):
+                    break
+                batch.append((self._queue.popleft(), s))
         if batch:
-            self._round -= take
+            self._round -= len(batch)
             self._decode_due = not self._round
             return "prefill", batch
         return (self._visit_kind if self._running else None), None
@@ -518,18 +531,21 @@ class Engine:
         inp = SlotInputs(*(jnp.asarray(a) for a in (last, active, remaining, gen_pos, stops)))
         return inp, SamplingArrays.of(params)
 
+    def _prefill_batch(self, T: int) -> int:
+        """Rows of a prefill call whose prompts' bucket is T (>= 1; fixed per T: one compile)."""
+        return max(1, min(self.prefill_rows, self.prefill_tokens // T))
+
     def _prefill_visit(self, batch):
-        rows = self.prefill_rows
         prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
         plans = (self.prefix.plan(prompts, [not e.capture for e, _ in batch])
                  if self.prefix is not None else None)
         if plans is not None:
             self._move_entries()
         B = self.prefix.block if plans else 1
-        starts = np.zeros(rows, np.int32)
-        for r, (hits, _) in enumerate(plans or ()):
-            starts[r] = len(hits) * B
-        T = _bucket(max(len(p) - int(starts[r]) for r, p in enumerate(prompts)))
+        cached = [len(hits) * B for hits, _ in plans] if plans else [0] * len(prompts)
+        T = _bucket(max(len(p) - c for p, c in zip(prompts, cached)))
+        rows = self._prefill_batch(T)
+        starts = np.array(cached + [0] * (rows - len(cached)), np.int32)
         tokens = np.zeros((rows, T), np.int32)
         lengths = np.ones(rows, np.int32)
         slots = np.full(rows, NULL_SLOT, np.int32)
@@ -541,7 +557,7 @@ class Engine:
                                + [SamplingParams()] * (rows - len(batch)))
         args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
         if plans is not None:
-            args.append(self._prefix_rows(plans, starts, T))
+            args.append(self._prefix_rows(plans, starts, rows, T))
         start = time.perf_counter()
         self.state, first, last = self._prefill(self.state, *args)
         first = np.asarray(first)
@@ -559,10 +575,10 @@ class Engine:
             events += self._settle(s, e, now)
         return events
 
-    def _prefix_rows(self, plans, starts, T) -> PrefixRows:
+    def _prefix_rows(self, plans, starts, rows, T) -> PrefixRows:
         """The prefill's PrefixRows: hit entries padded to a power of two (0 without hits, one
         compilation per size), store entries per block of the T-token window."""
-        rows, B = self.prefill_rows, self.prefix.block
+        B = self.prefix.block
         most = max(len(h) for h, _ in plans)
         hits = np.zeros((rows, _bucket(most, 1) if most else 0), np.int32)
         stores = np.full((rows, T // B), -1, np.int32)

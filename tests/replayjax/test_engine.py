@@ -42,15 +42,18 @@ def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft):
             assert sum(c.accepted_drafts for c in out) > 0     # fixture's does not)
 
 
-def test_prefill_in_row_chunks(fixture):
-    """Five requests admitted at once into five slots but prefilled two rows per call (bounded
-    prefill memory): outputs still equal HF's greedy continuations."""
+@pytest.mark.parametrize("limits,calls", [(dict(prefill_rows=2), 3),
+                                          (dict(prefill_tokens=1), 5)])
+def test_prefill_in_row_chunks(fixture, limits, calls):
+    """Five requests admitted at once into five slots but prefilled two rows per call, or one
+    per call when a row's length bucket alone exceeds the positions budget (bounded prefill
+    memory): outputs still equal HF's greedy continuations."""
     model, prompts, want = fixture
     order, lengths = [0, 1, 2, 1, 0], [9, 5, 12, 3, 7]
-    eng = Engine(model, num_slots=5, max_len=128, window=4, prefill_rows=2)
+    eng = Engine(model, num_slots=5, max_len=128, window=4, **limits)
     out = eng.generate(_greedy_requests([prompts[i] for i in order], lengths))
     assert [c.tokens for c in out] == [list(want[i, :n]) for i, n in zip(order, lengths)]
-    assert sum(kind == "prefill" for kind, *_ in eng.visits) == 3
+    assert sum(kind == "prefill" for kind, *_ in eng.visits) == calls
 
 
 def test_serve_yields_each_visit_before_running_it(fixture):

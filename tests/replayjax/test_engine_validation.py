@@ -31,6 +31,7 @@ def _one_line(excinfo):
     (dict(max_len=0), "max_len must be >= 1, got 0"),
     (dict(steps_per_visit=0), "steps_per_visit must be >= 1, got 0"),
     (dict(prefill_rows=0), "prefill_rows must be >= 1, got 0"),
+    (dict(prefill_tokens=0), "prefill_tokens must be >= 1, got 0"),
     (dict(window=6), r"window must be a power of two in \[1, 64\]"),
     (dict(window=128), r"window must be a power of two in \[1, 64\]"),
     (dict(window=16, num_draft=8), r"num_draft = 8 must be in \[0, 7\]"),
