@@ -161,8 +161,6 @@ def capture(pool: PrefixPool, cache: ModelCache, hidden, kept, slots, base, idx,
     states; ring: the prefill's `Ring` or None. Call it after the drafter's prefill (an MTP
     head's KV is read from the cache). Returns the pool."""
     b, nb = idx.shape
-    if nb == 0:
-        return pool
     B = pool.block
     pos = base[:, None, None] + (jnp.arange(nb) * B)[None, :, None] + jnp.arange(B)
     put = lambda dst, src: _put(dst, src, idx)

@@ -494,7 +494,7 @@ class Engine:
         prompt, prefills the rest and stores its blocks (a next turn that extends this
         completion hits all of it), and reports nothing. The cached states are a prefill's, as
         in a run without the cache."""
-        if self.prefix is None or not e.tokens:
+        if self.prefix is None:
             return
         seq = list(e.req.prompt) + e.tokens
         with self._lock:

@@ -154,9 +154,9 @@ def test_hits_inside_blocks(name, mode, num_draft):
 
 
 def test_mtp_drafts_unchanged(tmp_path):
-    """With an MTP drafter the head's KV is cached too, and its entry just before a hit is
-    recomputed (it depends on the token after the prefix): drafts equal a run without the
-    cache at every step."""
+    """With an MTP drafter the head's KV and the target's hidden states are cached too, and
+    the head's entry just before a hit is recomputed (it depends on the token after the
+    prefix): with hits inside blocks, drafts equal a run without the cache at every step."""
     model = test_mtp._setup(tmp_path, "nemotron_h", "nemotron_h")[1]
     eng = _engine(model, 64, num_draft=2, drafter="mtp")
     eng.record_drafts = True
