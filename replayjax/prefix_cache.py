@@ -30,12 +30,39 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 
+class _Children:
+    """A node's children by first token, then tokens: the children sharing a prefix with a
+    prompt are one bucket, however many the node has."""
+
+    def __init__(self):
+        self._by_first: dict[int, dict[tuple, _Node]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_first)
+
+    def get(self, tokens: tuple) -> _Node | None:
+        return self._by_first.get(tokens[0], {}).get(tokens)
+
+    def starting(self, token: int) -> dict[tuple, _Node]:
+        """tokens -> child, for the children whose tokens start with `token`."""
+        return self._by_first.get(token, {})
+
+    def add(self, tokens: tuple, node: _Node):
+        self._by_first.setdefault(tokens[0], {})[tokens] = node
+
+    def remove(self, tokens: tuple):
+        bucket = self._by_first[tokens[0]]
+        del bucket[tokens]
+        if not bucket:
+            del self._by_first[tokens[0]]
+
+
 @dataclasses.dataclass(eq=False)
 class _Node:
     key: tuple                  # (parent key or None, block tokens: B, fewer when partial)
     parent: _Node | None
     entry: int                  # pool index, -1 while on the host
-    kids: dict = dataclasses.field(default_factory=dict)     # tokens -> child node
+    kids: _Children = dataclasses.field(default_factory=_Children)
     host: int = -1              # host slot, -1 while on the device
     device_children: int = 0
 
@@ -90,7 +117,7 @@ class PrefixCache:
     def clear(self):
         """Forgets every entry and resets the counters (the pool's contents become garbage)."""
         self._nodes: OrderedDict[tuple, _Node] = OrderedDict()    # least recently used first
-        self._root: dict[tuple, _Node] = {}                         # tokens -> first blocks
+        self._root = _Children()                                    # the first blocks
         self._free = list(range(self.capacity - 1, -1, -1))
         self._host_free = list(range(self.host_capacity - 1, -1, -1))
         self._moves = []
@@ -144,7 +171,8 @@ class PrefixCache:
             for s in range(n * B, len(p), B):
                 tokens = p[s:s + B]
                 kids = self._root if parent is None else parent.kids
-                if len(tokens) < B and any(k[:len(tokens)] == tokens for k in kids):
+                if len(tokens) < B and any(k[:len(tokens)] == tokens
+                                           for k in kids.starting(tokens[0])):
                     break                           # a partial block inside a cached one
                 node = kids.get(tokens)
                 if node is None:
@@ -170,7 +198,7 @@ class PrefixCache:
         """The child sharing the longest token prefix with rest, and its length (None, 0 when
         none shares a token)."""
         best, most = None, 0
-        for tokens, node in kids.items():
+        for tokens, node in kids.starting(rest[0]).items() if rest else ():
             k = next((j for j, (a, b) in enumerate(zip(tokens, rest)) if a != b),
                      min(len(tokens), len(rest)))
             if k > most:
@@ -226,7 +254,7 @@ class PrefixCache:
     def _forget(self, node) -> int:
         """Drops a leaf; returns its pool entry or host slot (for the caller to reuse)."""
         del self._nodes[node.key]
-        del (self._root if node.parent is None else node.parent.kids)[node.key[1]]
+        (self._root if node.parent is None else node.parent.kids).remove(node.key[1])
         self.stats.evictions += 1
         return node.entry if node.host < 0 else node.host
 
@@ -236,7 +264,7 @@ class PrefixCache:
         if entry is None:
             return None
         node = _Node(key, parent, entry)
-        (self._root if parent is None else parent.kids)[key[1]] = node
+        (self._root if parent is None else parent.kids).add(key[1], node)
         if parent is not None:
             parent.device_children += 1
         self._nodes[key] = node
