@@ -4,7 +4,7 @@ A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `
 implements `_run(tokens, cache, mixer_fn, valid) -> (final-normed hidden, layer caches)` (valid
 [b, T] bool marks the real tokens, see `token_validity`: MoE layers give the others no experts)
 and `_logits(hidden) -> fp32 logits`. SSM
-mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots)`,
+mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots, starts, block, ring)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
 
@@ -23,8 +23,10 @@ last accepted draft (a remap, as a tuned engine does it: no state is copied).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from models.cache import ModelCache, SSMCache
 from pallas_kernels.ring import (
@@ -47,6 +49,38 @@ def prefill_chunk(block: int) -> int:
     """The prefill scans' chunk length: PREFILL_CHUNK, or a smaller block (a power of two, so
     chunks and blocks nest and block ends are chunk ends)."""
     return min(PREFILL_CHUNK, block) if block else PREFILL_CHUNK
+
+
+def ring_blocks(T: int, block: int, ring: bool) -> int:
+    """Blocks of the SSM scan of a T-token prefill window (`ring_window`): ceil(T / block), one
+    more when the window continues a ring (its r replayed tokens come first)."""
+    return -(-T // block) + ring
+
+
+def ring_window(u, block: int, ring=None):
+    """What an SSM prefill with block > 0 scans: u [b, T, Cu] the window's per-token inputs
+    (the in-projection outputs the conv and scan consume, see the mixers' `prefill`); ring
+    (prior [b, block, Cu], r [b]) or None. Row i gets its first r[i] prior inputs (the tokens
+    since its last whole block, replayed), then u, zero padded to `ring_blocks` whole blocks:
+    [b, n * block, Cu]. The scan then starts at a block boundary, so its blocks are the
+    prefix cache's."""
+    b, T = u.shape[:2]
+    n = ring_blocks(T, block, ring is not None) * block
+    if ring is None:
+        return jnp.pad(u, ((0, 0), (0, n - T), (0, 0)))
+    prior, r = ring
+    padded = jnp.pad(u, ((0, 0), (block, n - T), (0, 0)))
+    shifted = jax.vmap(lambda a, s: lax.dynamic_slice_in_dim(a, s, n))(padded, block - r)
+    prior = jnp.pad(prior.astype(u.dtype), ((0, 0), (0, n - block), (0, 0)))
+    return jnp.where((jnp.arange(n)[None, :] < r[:, None])[..., None], prior, shifted)
+
+
+def ring_output(y, T: int, ring=None):
+    """The window's part [b, T, ...] of a `ring_window` scan's per-token output y [b, n, ...]
+    (row i's from r[i] on)."""
+    if ring is None:
+        return y[:, :T]
+    return jax.vmap(lambda a, s: lax.dynamic_slice_in_dim(a, s, T))(y, ring[1])
 
 
 def resume_state(cache: SSMCache, slots, starts):
@@ -160,23 +194,33 @@ class HybridLM(nnx.Module):
         return logits, hidden, cache
 
     def prefill_from(self, cache: ModelCache, tokens, lengths, slots, starts=None, *,
-                     last_only=False, block=0):
+                     last_only=False, block=0, ring=None, keep=None):
         """`prefill_hidden` continuing sequences: row i's tokens [b, T] sit at positions
         starts[i] + t after a prefix the slot already holds (attention KV at [0, starts), SSM
-        state and conv state after it in the checkpoint row and conv state, ring count 0: what
-        `models.prefix.restore` leaves); starts None is a fresh start (prefill_hidden's
-        computation). lengths [b] counts the new tokens; the slot ends with starts + lengths.
-        block > 0 (a power of two): the SSM scans run in chunks of min(64, block) and return
-        the state after every block of the window. Returns (logits, hidden, cache, blocks):
-        blocks per layer (state [b, T // block, ...] fp32, conv state [b, T // block, K-1, C])
-        for SSM layers, None for others (all None without block)."""
+        state and conv state after position base = starts - r in the checkpoint row and conv
+        state, ring count 0: what `models.prefix.restore` leaves); starts None is a fresh start
+        (prefill_hidden's computation). lengths [b] counts the new tokens; the slot ends with
+        starts + lengths. ring (block > 0): a `models.prefix.Ring`, the r [b] tokens in
+        [0, block) between base and starts, replayed from their per-layer inputs; None: r = 0.
+
+        block > 0 (a power of two): the SSM scans run in chunks of min(64, block) from base
+        (`ring_window`) and each SSM layer i hands its scan's blocks to keep(i, blocks) inside
+        the layer (only what keep returns outlives it; None: the blocks themselves): the state
+        after each block [b, n, ...] fp32, the conv state [b, n, K-1, C] and the per-token
+        inputs [b, n, block, Cu] (the mixer's `replay_width` Cu, the activation dtype) of the
+        n = `ring_blocks` blocks from base. Returns (logits, hidden, cache, kept): kept per
+        layer, None for non-SSM layers (all None without block)."""
         begin = jnp.zeros_like(slots) if starts is None else starts
-        blocks = {}
+        base = starts if ring is None else starts - ring.r
+        index = {id(layer): i for i, layer in enumerate(self.layers)}
+        kept = {}
 
         def mixer(layer, x, lc):
             if layer.kind in SSM_KINDS:
-                out, lc, blocks[id(layer)] = layer.mixer.prefill(x, lengths, lc, slots, starts,
-                                                                 block)
+                i = index[id(layer)]
+                prior = None if ring is None else (ring.inputs[i], ring.r)
+                out, lc, blocks = layer.mixer.prefill(x, lengths, lc, slots, base, block, prior)
+                kept[i] = blocks if keep is None or blocks is None else keep(i, blocks)
                 return out, lc
             return layer.mixer(x, lc, slots, begin)
 
@@ -190,7 +234,13 @@ class HybridLM(nnx.Module):
                               lengths=cache.lengths.at[i].set(begin + lengths, mode="drop"),
                               state_rows=cache.state_rows.at[i].set(rows, mode="drop"),
                               layers=layers)
-        return logits, hidden, cache, tuple(blocks.get(id(layer)) for layer in self.layers)
+        return logits, hidden, cache, tuple(kept.get(i) for i in range(len(self.layers)))
+
+    def replay_widths(self) -> tuple[int, ...]:
+        """Per layer the SSM mixer's `replay_width` (0 for other layers): the per-token inputs
+        a prefix-cache entry keeps (`models.prefix.init_pool`)."""
+        return tuple(layer.mixer.replay_width if layer.kind in SSM_KINDS else 0
+                     for layer in self.layers)
 
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits

@@ -26,6 +26,8 @@ from models.hybrid import (
     HybridLM,
     prefill_chunk,
     resume_state,
+    ring_output,
+    ring_window,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -96,22 +98,36 @@ class Mamba2Mixer(nnx.Module):
     def A(self):
         return -jnp.exp(self.A_log[...])
 
-    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0):
+    @property
+    def replay_width(self) -> int:
+        """Channels of the per-token inputs a prefill scans: pre-conv xBC, then raw dt."""
+        return self.cfg.mamba_conv_dim + self.cfg.mamba_num_heads
+
+    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0, ring=None):
         """h [b, T, D] right-padded prompts of `lengths`, continuing each slot's sequence of
-        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state). Returns
-        out [b, T, D], the cache with checkpoint = state after the prompt, conv state = its
-        last K-1 pre-conv inputs, and with block > 0 the (state, conv state) after every block
-        of the window ([b, T // block, H, P, N] fp32, [b, T // block, K-1, C]; else None)."""
+        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state), after
+        which ring (prior inputs [b, block, Cu], r [b]) replays r more (see
+        `models.hybrid.ring_window`; block > 0 only). Returns out [b, T, D], the cache with
+        checkpoint = state after the prompt, conv state = its last K-1 pre-conv inputs, and
+        with block > 0 the (state, conv state, inputs) of every block of the scan ([b, n, H,
+        P, N] fp32, [b, n, K-1, C], [b, n, block, Cu] with Cu = `replay_width`; else None)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
+        nc, T = xbc.shape[-1], h.shape[1]
+        u = jnp.concatenate([xbc, dt_raw], axis=-1)
+        if block:
+            u = ring_window(u, block, ring)
+            lengths = lengths if ring is None else lengths + ring[1]
         state0, conv0 = resume_state(cache, slots, starts)
-        conv, conv_state, *conv_blocks = conv_prefill(xbc, self.conv_weight[...],
+        conv, conv_state, *conv_blocks = conv_prefill(u[..., :nc], self.conv_weight[...],
                                                       self._conv_bias(), lengths, conv0, block)
-        x, B, C, dt = self._ssm_inputs(conv, dt_raw)
+        x, B, C, dt = self._ssm_inputs(conv, u[..., nc:])
         y, state, *blocks = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths, state0,
                                         chunk=prefill_chunk(block), block=block)
+        y = ring_output(y, T, ring)
         out = self._output(y.reshape(y.shape[:2] + (-1,)), z)
         return (out, store_prefill(cache, slots, state, conv_state),
-                (blocks[0], conv_blocks[0]) if block else None)
+                (blocks[0], conv_blocks[0], u.reshape(u.shape[0], -1, block, u.shape[-1]))
+                if block else None)
 
     def _conv_bias(self):
         return None if self.conv_bias is None else self.conv_bias[...]

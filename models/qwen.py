@@ -32,6 +32,8 @@ from models.hybrid import (
     HybridLM,
     prefill_chunk,
     resume_state,
+    ring_output,
+    ring_window,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -67,14 +69,23 @@ class GatedDeltaNet(nnx.Module):
 
     def _split(self, proj):
         """in_proj output [.., C + Hv dv + 2 Hv] -> pre-conv qkv [.., C] (device-major blocks,
-        as the conv weights and states), z [.., Hv, dv], and g, beta [.., Hv] fp32 (from a, b)
-        (this device's C and Hv)."""
+        as the conv weights and states), z [.., Hv, dv], and the raw gate inputs ba [.., 2 Hv]
+        (b then a; see `_gates`) (this device's C and Hv)."""
         blocks, c, d = fused_view(self.cfg, self.tp_layout)
         Hv = c.linear_num_value_heads
         qkv, z, b, a = split_fused(proj, (c.gdn_conv_dim, c.gdn_value_dim, Hv, Hv), blocks)
         z = z.reshape(z.shape[:-1] + (d.linear_num_value_heads, d.linear_value_head_dim))
-        g, beta = gdn.gates(a, b, self.A_log[...], self.dt_bias[...])
-        return qkv, z, g, beta
+        return qkv, z, jnp.concatenate([b, a], axis=-1)
+
+    def _gates(self, ba):
+        """ba [.., 2 Hv] -> g, beta [.., Hv] fp32 (`gdn.gates` of a, b)."""
+        b, a = jnp.split(ba, 2, axis=-1)
+        return gdn.gates(a, b, self.A_log[...], self.dt_bias[...])
+
+    @property
+    def replay_width(self) -> int:
+        """Channels of the per-token inputs a prefill scans: pre-conv qkv, then raw b, a."""
+        return self.cfg.gdn_conv_dim + 2 * self.cfg.linear_num_value_heads
 
     def _qkv(self, conv_out):
         """Post-conv [.., C] -> q, k [.., Hk, dk] prepared fp32, v [.., Hv, dv]."""
@@ -96,27 +107,38 @@ class GatedDeltaNet(nnx.Module):
         y = y.reshape(y.shape[:-2] + (-1,))
         return tp_sum(self.out_proj(y.astype(self.out_proj.kernel[...].dtype)))
 
-    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0):
+    def prefill(self, h, lengths, cache: SSMCache, slots, starts=None, block=0, ring=None):
         """h [b, T, D] right-padded prompts of `lengths`, continuing each slot's sequence of
-        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state). Returns
-        out [b, T, D], the cache with checkpoint = state after the prompt [Hv, dv, dk], conv
-        state = its last K-1 pre-conv inputs, and with block > 0 the (state, conv state) after
-        every block of the window ([b, T // block, Hv, dv, dk] fp32, [b, T // block, K-1, C];
-        else None)."""
-        qkv, z, g, beta = self._split(self.in_proj(h))
+        starts[i] tokens (see `models.hybrid.resume_state`; None: from a zero state), after
+        which ring (prior inputs [b, block, Cu], r [b]) replays r more (see
+        `models.hybrid.ring_window`; block > 0 only). Returns out [b, T, D], the cache with
+        checkpoint = state after the prompt [Hv, dv, dk], conv state = its last K-1 pre-conv
+        inputs, and with block > 0 the (state, conv state, inputs) of every block of the scan
+        ([b, n, Hv, dv, dk] fp32, [b, n, K-1, C], [b, n, block, Cu] with Cu =
+        `replay_width`; else None)."""
+        qkv, z, ba = self._split(self.in_proj(h))
+        nc, T = qkv.shape[-1], h.shape[1]
+        u = jnp.concatenate([qkv, ba], axis=-1)
+        if block:
+            u = ring_window(u, block, ring)
+            lengths = lengths if ring is None else lengths + ring[1]
         state0, conv0 = resume_state(cache, slots, starts)
-        conv, conv_state, *conv_blocks = conv_prefill(qkv, self.conv_weight[...], None, lengths,
-                                                      conv0, block)
+        conv, conv_state, *conv_blocks = conv_prefill(u[..., :nc], self.conv_weight[...], None,
+                                                      lengths, conv0, block)
         q, k, v = self._qkv(conv)
+        g, beta = self._gates(u[..., nc:])
         o, state, *blocks = chunk_gated_delta_rule(q, k, v, g, beta, lengths, state0,
                                                    chunk=prefill_chunk(block), block=block)
-        return (self._output(o, z), store_prefill(cache, slots, state, conv_state),
-                (blocks[0], conv_blocks[0]) if block else None)
+        return (self._output(ring_output(o, T, ring), z),
+                store_prefill(cache, slots, state, conv_state),
+                (blocks[0], conv_blocks[0], u.reshape(u.shape[0], -1, block, u.shape[-1]))
+                if block else None)
 
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step)."""
-        qkv, z, g, beta = self._split(self.in_proj(h))
+        qkv, z, ba = self._split(self.in_proj(h))
+        g, beta = self._gates(ba)
         conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, 1, C] f32
         q, k, v = self._qkv(conv[:, 0].astype(h.dtype))
         if mode == "replay":
@@ -134,7 +156,8 @@ class GatedDeltaNet(nnx.Module):
         """A speculative window of T tokens per row: h [b, T, D]; the window's (k, d, g) go into
         the rings (replay) or the states after each token into the slots' draft rows
         (standard), its pre-conv inputs into `pending`, uncommitted."""
-        qkv, z, g, beta = self._split(self.in_proj(h))
+        qkv, z, ba = self._split(self.in_proj(h))
+        g, beta = self._gates(ba)
         conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, T, C] f32
         q, k, v = self._qkv(conv.astype(h.dtype))
         if mode == "replay":

@@ -335,8 +335,9 @@ def add_prefix_arguments(ap):
                                        "start with a cached prefix prefill only the rest "
                                        "(default 0: off)")
     ap.add_argument("--prefix-block", type=window_multiple, default=64, metavar="B",
-                    help="tokens per prefix-cache entry, a power of two >= --window; hits are "
-                         "whole blocks (default 64)")
+                    help="tokens per prefix-cache entry, a power of two >= --window; a hit "
+                         "takes every shared token, whole blocks copied and the rest replayed "
+                         "(default 64)")
     ap.add_argument("--prefix-cache-host-gb", type=number(0, note=" (0 = off)"), default=0.0,
                     metavar="GB", help="host memory the prefix cache spills evicted entries to "
                                        "(a later hit copies them back; default 0: dropped)")

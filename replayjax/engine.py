@@ -32,11 +32,13 @@ With `return_logits=True` every Completion carries the fp32 logits each of its t
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
 
 Prefix caching: `Engine(model, prefix_cache_gb=X)` keeps a device pool of X GB of cached prompt
-blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block,
-per attention layer its KV; `models.prefix`, indexed by `replayjax.prefix_cache`). A prompt that
-starts with cached blocks gets them copied into its slot and prefills only the rest; every block
-inside a prompt is cached after its prefill, and the blocks a request decoded after it finishes
-(a re-prefill of them, so a next turn extending its completion hits them; LRU eviction).
+blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block
+and its tokens' inputs, per attention layer its KV; `models.prefix`, indexed by
+`replayjax.prefix_cache`). A prompt gets every token it shares with a cached one restored into
+its slot -- whole blocks copied, the tokens past them replayed from their inputs -- and
+prefills only the rest; a prompt's blocks (its last partial one too) are cached after its
+prefill, and a finished request's whole sequence after it finishes (a re-prefill, so a next
+turn extending its completion hits all of it; LRU eviction).
 `prefix_host_gb=Y` spills evicted entries to Y GB of host memory (numpy) instead of dropping
 them; a hit copies them back. Tokens do not change (up to fp32
 rounding of the logits); `prefix_stats()` reports hits, `Completion.cached_tokens` per request.
@@ -64,7 +66,7 @@ from flax import nnx
 
 from models import prefix as pool_ops
 from models import sharding
-from models.hybrid import SSM_MODES
+from models.hybrid import SSM_MODES, ring_blocks
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
@@ -149,8 +151,9 @@ class Engine:
         device are laid out and placed on it (`models.sharding.shard_model`). None: where the
         model's params are (a model loaded onto a mesh runs on that mesh).
         prefix_cache_gb: device memory for the prefix cache (0: off), in entries of
-        prefix_block tokens (a power of two >= window; hits are whole blocks). prefix_host_gb:
-        host memory the entries the device pool evicts are spilled to (0: dropped).
+        prefix_block tokens (a power of two >= window; a prompt hits every token it shares
+        with a cached one). prefix_host_gb: host memory the entries the device pool evicts are
+        spilled to (0: dropped).
         prefill_rows, prefill_tokens: a prefill call takes at most prefill_rows prompts and
         rows x length bucket <= prefill_tokens padded positions (at least one prompt): its
         activations grow with the positions, so long prompts are prefilled fewer at a time."""
@@ -189,7 +192,8 @@ class Engine:
         def init_state():
             cache = init_cache(model, ssm_mode)
             pool = (None if self.prefix is None else pool_ops.init_pool(
-                cache, self.prefix.capacity, prefix_block, self._pool_hidden))
+                cache, self.prefix.capacity, prefix_block, model.replay_widths(),
+                self._pool_hidden))
             return EngineState(cache, self.drafter.init_state(self.S, init_cache), pool)
 
         # refused before allocating: a cache past the host's memory gets the process killed;
@@ -241,7 +245,8 @@ class Engine:
         self._pool_hidden = ((model.cfg.hidden_size, jnp.float32)
                              if isinstance(self.drafter, MTPDrafter) else None)
         one = memory.tree_bytes(jax.eval_shape(
-            lambda: pool_ops.init_pool(cache, 1, block, self._pool_hidden)))
+            lambda: pool_ops.init_pool(cache, 1, block, model.replay_widths(),
+                                       self._pool_hidden)))
         n = int(gb * 1e9 // one)
         if n < 1:
             raise ValueError(f"prefix_cache_gb = {gb} holds no entry: one block of {block} "
@@ -498,19 +503,15 @@ class Engine:
         return [self._finish(e, "stop" if hit is not None and hit < n else "length", now)]
 
     def _queue_capture(self, e: _Entry):
-        """With a prefix cache, queues (first) a re-prefill of e's prompt + tokens cut to whole
-        blocks when its decoding completed blocks: it hits the prompt's cached blocks, prefills
-        the rest and stores the new blocks (a next turn that extends this completion hits them),
-        and reports nothing. The cached states are a prefill's, as in a run without the cache."""
+        """With a prefix cache, queues (first) a re-prefill of e's prompt + tokens: it hits the
+        prompt, prefills the rest and stores its blocks (a next turn that extends this
+        completion hits all of it), and reports nothing. The cached states are a prefill's, as
+        in a run without the cache."""
         if self.prefix is None:
             return
-        B = self.prefix.block
         seq = list(e.req.prompt) + e.tokens
-        n = len(seq) // B * B
-        if n <= len(e.req.prompt) // B * B:
-            return
         with self._lock:
-            self._queue.appendleft(_Entry(Request(seq[:n], 1, id=object()), e.submitted,
+            self._queue.appendleft(_Entry(Request(seq, 1, id=object()), e.submitted,
                                           frozenset(), capture=True))
 
     def _slot_inputs(self):
@@ -541,8 +542,7 @@ class Engine:
                  if self.prefix is not None else None)
         if plans is not None:
             self._move_entries()
-        B = self.prefix.block if plans else 1
-        cached = [len(hits) * B for hits, _ in plans] if plans else [0] * len(prompts)
+        cached = [plan.cached for plan in plans] if plans else [0] * len(prompts)
         T = _bucket(max(len(p) - c for p, c in zip(prompts, cached)))
         rows = self._prefill_batch(T)
         starts = np.array(cached + [0] * (rows - len(cached)), np.int32)
@@ -577,15 +577,14 @@ class Engine:
 
     def _prefix_rows(self, plans, starts, rows, T) -> PrefixRows:
         """The prefill's PrefixRows: hit entries padded to a power of two (0 without hits, one
-        compilation per size), store entries per block of the T-token window."""
+        compilation per size), store entries per block of the rows' SSM scans."""
         B = self.prefix.block
-        most = max(len(h) for h, _ in plans)
+        most = max(len(p.hits) for p in plans)
         hits = np.zeros((rows, _bucket(most, 1) if most else 0), np.int32)
-        stores = np.full((rows, T // B), -1, np.int32)
-        for r, (h, st) in enumerate(plans):
-            hits[r, :len(h)] = h
-            st = st[:T // B]
-            stores[r, :len(st)] = st
+        stores = np.full((rows, ring_blocks(T, B, most > 0)), -1, np.int32)
+        for r, p in enumerate(plans):
+            hits[r, :len(p.hits)] = p.hits
+            stores[r, :len(p.stores)] = p.stores
         return PrefixRows(*(jnp.asarray(a) for a in (starts, hits, stores)))
 
     def _decode_visit(self):

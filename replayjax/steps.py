@@ -30,7 +30,8 @@ class PrefixRows:
     """A prefill's prefix-cache work per row (see `models.prefix`)."""
     starts: jax.Array       # [b] int32 cached tokens restored before the row's prompt remainder
     hits: jax.Array         # [b, nh] int32 pool entries of those tokens' blocks (nh may be 0)
-    stores: jax.Array       # [b, T // block] int32 pool entry for each block of the window, -1
+    stores: jax.Array       # [b, n] int32 pool entry for each block of the SSM scan from the
+                            # row's last whole cached block (`models.hybrid.ring_blocks`), -1
 
 
 @struct.dataclass
@@ -47,27 +48,32 @@ def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArra
             rows: PrefixRows | None = None, *, drafter: Drafter, keep_logits: bool):
     """Admits prompts: tokens [b, T] right-padded, lengths [b], slots [b] (NULL_SLOT = unused
     row), sp [b]. With a prefix cache (`state.prefix` and `rows`), each row first gets its
-    cached prefix of rows.starts tokens restored, tokens are the prompt past it, and the
-    window's blocks named in rows.stores go into the pool after. Prefills the target, hands the
-    rows to the drafter and samples each row's first token. Returns the state, the first tokens
-    [b] and their logits [b, V] fp32 (None unless keep_logits)."""
+    cached prefix of rows.starts tokens restored (the tokens past its last whole block are
+    replayed by the prefill), tokens are the prompt past it, and the blocks named in
+    rows.stores go into the pool (the SSM layers' inside the prefill). Prefills the target,
+    hands the rows to the drafter and samples each row's first token. Returns the state, the
+    first tokens [b] and their logits [b, V] fp32 (None unless keep_logits)."""
     target, own = models[0], models[1:]
-    cache, pool, starts, prev = state.cache, state.prefix, None, None
-    if pool is not None and rows.hits.shape[1]:
-        starts = rows.starts
-        cache, prev = pool_ops.restore(pool, cache, slots, rows.hits, starts)
-    if pool is not None and prev is None and pool.hidden is not None:
-        prev = jnp.zeros((tokens.shape[0], pool.hidden.shape[1]), pool.hidden.dtype)
-    logits, hidden, cache, blocks = target.prefill_from(
+    cache, pool, starts, prev, ring, keep = state.cache, state.prefix, None, None, None, None
+    if pool is not None:
+        if rows.hits.shape[1]:
+            starts = rows.starts
+            cache, prev, ring = pool_ops.restore(pool, cache, slots, rows.hits, starts)
+        idx = pool_ops.store_index(pool, slots, rows.stores)
+        keep = lambda i, blocks: pool_ops.store_ssm(pool.layers[i], blocks, idx)
+        if prev is None and pool.hidden is not None:
+            prev = jnp.zeros((tokens.shape[0], pool.hidden.shape[-1]), pool.hidden.dtype)
+    logits, hidden, cache, kept = target.prefill_from(
         cache, tokens, lengths, slots, starts, last_only=True,
-        block=0 if pool is None else pool.block)
+        block=0 if pool is None else pool.block, ring=ring, keep=keep)
     last = logits[:, 0]
     first = sp.sample(last, jnp.zeros_like(lengths))
     begin = jnp.zeros_like(lengths) if starts is None else starts
     cache, dstate = drafter.prefill(target, own, cache, state.drafter,
                                     Prefilled(tokens, lengths, slots, hidden, first, begin, prev))
     if pool is not None:
-        pool = pool_ops.capture(pool, cache, hidden, blocks, slots, begin, rows.stores)
+        base = begin if ring is None else begin - ring.r
+        pool = pool_ops.capture(pool, cache, hidden, kept, slots, base, idx, ring)
     return (state.replace(cache=cache, drafter=dstate, prefix=pool), first,
             last if keep_logits else None)
 
