@@ -576,12 +576,12 @@ class Engine:
         return events
 
     def _prefix_rows(self, plans, starts, rows, T) -> PrefixRows:
-        """The prefill's PrefixRows: hit entries padded to a power of two (0 without hits, one
-        compilation per size), store entries per block of the rows' SSM scans."""
+        """The prefill's PrefixRows: hit entries padded to the most a slot can hold (a fixed
+        width: a width per chain length multiplied the prefill's compilations, which cost
+        seconds each on an 8B model), store entries per block of the rows' SSM scans."""
         B = self.prefix.block
-        most = max(len(p.hits) for p in plans)
-        hits = np.zeros((rows, _bucket(most, 1) if most else 0), np.int32)
-        stores = np.full((rows, ring_blocks(T, B, most > 0)), -1, np.int32)
+        hits = np.zeros((rows, -(-self.max_len // B)), np.int32)
+        stores = np.full((rows, ring_blocks(T, B, True)), -1, np.int32)
         for r, p in enumerate(plans):
             hits[r, :len(p.hits)] = p.hits
             stores[r, :len(p.stores)] = p.stores
