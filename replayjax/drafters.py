@@ -52,15 +52,15 @@ class Prefilled:
 
 @struct.dataclass
 class Verified:
-    """A speculative step's outcome over all slots, after the target's verify + commit."""
-    last: jax.Array         # [S] int32 the window's first token (sampled by the previous step)
-    drafts: jax.Array       # [S, K] int32 the proposals verified
-    emitted: jax.Array      # [S, T] int32 accepted drafts, then the new token
-    n_acc: jax.Array        # [S] int32 in 1..T: window tokens committed
-    hidden: jax.Array       # [S, T, D] the target's final-norm hidden states over the window
-    starts: jax.Array       # [S] int32 the window's first position
-    slots: jax.Array        # [S] int32, NULL_SLOT where inactive
-    active: jax.Array       # [S] bool
+    """A speculative step's outcome over its b rows, after the target's verify + commit."""
+    last: jax.Array         # [b] int32 the window's first token (sampled by the previous step)
+    drafts: jax.Array       # [b, K] int32 the proposals verified
+    emitted: jax.Array      # [b, T] int32 accepted drafts, then the new token
+    n_acc: jax.Array        # [b] int32 in 1..T: window tokens committed
+    hidden: jax.Array       # [b, T, D] the target's final-norm hidden states over the window
+    starts: jax.Array       # [b] int32 the window's first position
+    slots: jax.Array        # [b] int32 each row's slot, NULL_SLOT where inactive
+    active: jax.Array       # [b] bool
 
 
 class Drafter(abc.ABC):
@@ -91,9 +91,10 @@ class Drafter(abc.ABC):
         target's."""
         return None
 
-    def host_drafts(self, num_slots: int, histories: Mapping[int, tuple]) -> jax.Array | None:
-        """Proposals computed on the host before a step: [S, K] int32, or None (device
-        drafters). histories: slot -> (prompt, generated tokens) of every active slot."""
+    def host_drafts(self, num_rows: int, histories: Mapping[int, tuple]) -> jax.Array | None:
+        """Proposals computed on the host before a step: [b, K] int32 for the step's b rows,
+        or None (device drafters). histories: row -> (prompt, generated tokens) of every
+        active row."""
         return None
 
     def prefill(self, target, own, cache, state, p: Prefilled):
@@ -102,8 +103,9 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, target, own, cache, state, last, slots, host):
-        """The drafts [S, K] int32 of this step. last [S] int32 (each slot's last token, the
-        window's first), slots [S] (NULL_SLOT where inactive), host: `host_drafts`' output."""
+        """The drafts [b, K] int32 of this step's rows. last [b] int32 (each row's last token,
+        the window's first), slots [b] the rows' slots (NULL_SLOT where inactive), host:
+        `host_drafts`' output."""
 
     def commit(self, target, own, cache, state, v: Verified):
         """After the target's verify + commit of a step: returns (cache, state)."""
@@ -139,8 +141,8 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def host_drafts(self, num_slots, histories):
-        out = np.zeros((num_slots, self.num_draft), np.int32)
+    def host_drafts(self, num_rows, histories):
+        out = np.zeros((num_rows, self.num_draft), np.int32)
         for s, (prompt, tokens) in histories.items():
             out[s] = ngram_drafts(list(prompt) + list(tokens), self.num_draft)
         return jnp.asarray(out)
@@ -150,8 +152,8 @@ class NgramDrafter(Drafter):
 
 
 class MTPDrafter(Drafter):
-    """The target's MTP head; state: the next drafts [S, K] int32, chained after each commit
-    (and at prefill) from the head's KV cache, which lives in the target cache."""
+    """The target's MTP head; state: each slot's next drafts [S, K] int32, chained after each
+    commit (and at prefill) from the head's KV cache, which lives in the target cache."""
 
     name = "mtp"
 
@@ -168,12 +170,13 @@ class MTPDrafter(Drafter):
         return _mtp_seed(target, cache, p, state)
 
     def propose(self, target, own, cache, state, last, slots, host):
-        return state
+        return state[slots]
 
     def commit(self, target, own, cache, state, v):
         nxt, cache = _mtp_chain(target, cache, v.hidden, v.emitted, v.slots, v.starts,
                                 v.n_acc - 1, self.num_draft)
-        return cache, jnp.where(v.active[:, None], nxt, v.drafts)
+        rows = jnp.where(v.active, v.slots, state.shape[0])        # inactive rows: dropped
+        return cache, state.at[rows].set(nxt, mode="drop")
 
 
 class DraftModelDrafter(Drafter):
@@ -272,7 +275,7 @@ def _mtp_seed(model, cache, p: Prefilled, drafts):
 
 def _draft_chain(draft, dcache, last, slots, K, impl):
     """K greedy draft-model decodes (a scan: one compiled decode) from its committed cache, fed
-    last [S] then its own argmax: returns the drafts [S, K]. The decoded cache is dropped --
+    last [b] then its own argmax: returns the drafts [b, K]. The decoded cache is dropped --
     `_draft_sync` rewrites the same positions from the committed state -- so the step's donated
     draft cache must survive the chain: XLA copies its pools once per step, which is cheap for a
     small draft model."""
@@ -287,8 +290,8 @@ def _draft_chain(draft, dcache, last, slots, K, impl):
 
 
 def _draft_sync(draft, dcache, last, drafts, slots, n_acc, impl):
-    """Brings the draft cache level with the target's: verify the window [last, drafts] [S, K+1]
-    and commit its first n_acc [S] tokens, so it holds every emitted token but the newest (the
+    """Brings the draft cache level with the target's: verify the window [last, drafts] [b, K+1]
+    and commit its first n_acc [b] tokens, so it holds every emitted token but the newest (the
     next step's `last`), exactly as the target's cache does."""
     window = jnp.concatenate([last[:, None], drafts], axis=1)
     _, _, dcache = draft.verify(dcache, window, slots, impl=impl)

@@ -80,6 +80,9 @@ from replayjax.steps import EngineState, PrefixRows, SlotInputs
 __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "SamplingParams"]
 
 
+MIN_DECODE_ROWS = 8          # the smallest decode batch (fewer compilations below it)
+
+
 def _bucket(n, minimum=16):
     return max(minimum, 1 << (n - 1).bit_length())
 
@@ -515,26 +518,41 @@ class Engine:
                                           frozenset(), capture=True))
 
     def _slot_inputs(self):
-        """SlotInputs and SamplingArrays [S] of the running requests (stop ids padded to a
-        power of two >= 8, so their number only recompiles past that)."""
-        S = self.S
+        """(row slots [b], SlotInputs, SamplingArrays) of the running requests: one row per
+        running request (in slot order), padded with null-slot rows to a power of two >=
+        MIN_DECODE_ROWS (at most S), so a step's cost follows the occupied slots, not the pool
+        (a few compilations, one per size). Stop ids are padded to a power of two >= 8, so
+        their number only recompiles past that."""
+        order = sorted(self._running)
+        rows = min(self.S, _bucket(len(order), MIN_DECODE_ROWS))
+        slots = np.array(order + [NULL_SLOT] * (rows - len(order)), np.int32)
         width = _bucket(max((len(e.stops) for e in self._running.values()), default=0), 8)
-        last, remaining, gen_pos = (np.zeros(S, np.int32) for _ in range(3))
-        active = np.zeros(S, bool)
-        stops = np.full((S, width), -1, np.int32)
-        params = [SamplingParams()] * S
-        for s, e in self._running.items():
-            last[s], active[s] = e.tokens[-1], True
-            remaining[s] = e.req.max_new_tokens - len(e.tokens)
-            gen_pos[s] = len(e.tokens)
-            stops[s, :len(e.stops)] = sorted(e.stops)
-            params[s] = e.req.sampling
-        inp = SlotInputs(*(jnp.asarray(a) for a in (last, active, remaining, gen_pos, stops)))
-        return inp, SamplingArrays.of(params)
+        last, remaining, gen_pos = (np.zeros(rows, np.int32) for _ in range(3))
+        active = np.zeros(rows, bool)
+        stops = np.full((rows, width), -1, np.int32)
+        params = [SamplingParams()] * rows
+        for r, s in enumerate(order):
+            e = self._running[s]
+            last[r], active[r] = e.tokens[-1], True
+            remaining[r] = e.req.max_new_tokens - len(e.tokens)
+            gen_pos[r] = len(e.tokens)
+            stops[r, :len(e.stops)] = sorted(e.stops)
+            params[r] = e.req.sampling
+        inp = SlotInputs(*(jnp.asarray(a) for a in (slots, last, active, remaining, gen_pos,
+                                                      stops)))
+        return slots, inp, SamplingArrays.of(params)
 
-    def _prefill_batch(self, T: int) -> int:
-        """Rows of a prefill call whose prompts' bucket is T (>= 1; fixed per T: one compile)."""
-        return max(1, min(self.prefill_rows, self.prefill_tokens // T))
+    def _prefill_batch(self, T: int, n: int | None = None) -> int:
+        """Rows of a prefill call of n prompts (None: the most it may take) whose bucket is T:
+        at most the budget's, else the power of four >= n (a lone prompt is one row, not
+        prefill_rows: a few compilations per T instead of padding every call)."""
+        most = max(1, min(self.prefill_rows, self.prefill_tokens // T))
+        if n is None:
+            return most
+        rows = 1
+        while rows < n:
+            rows *= 4
+        return min(most, rows)
 
     def _prefill_visit(self, batch):
         prompts = [np.asarray(e.req.prompt, np.int32) for e, _ in batch]
@@ -544,7 +562,7 @@ class Engine:
             self._move_entries()
         cached = [plan.cached for plan in plans] if plans else [0] * len(prompts)
         T = _bucket(max(len(p) - c for p, c in zip(prompts, cached)))
-        rows = self._prefill_batch(T)
+        rows = self._prefill_batch(T, len(batch))
         starts = np.array(cached + [0] * (rows - len(cached)), np.int32)
         tokens = np.zeros((rows, T), np.int32)
         lengths = np.ones(rows, np.int32)
@@ -588,26 +606,29 @@ class Engine:
         return PrefixRows(*(jnp.asarray(a) for a in (starts, hits, stores)))
 
     def _decode_visit(self):
-        inp, sp = self._slot_inputs()
+        slots, inp, sp = self._slot_inputs()
         start = time.perf_counter()
         self.state, out, logits = self._decode(self.state, inp, sp)
-        out = np.asarray(out)                                      # [S, steps], -1 = none
+        out = np.asarray(out)                                   # [rows, steps], -1 = none
         logits = np.asarray(logits) if self.return_logits else None
         now = time.perf_counter()
         self.visits.append(("decode", int((out >= 0).any(0).sum()), now - start))
         events = []
-        for s, e in list(self._running.items()):
-            ok = out[s] >= 0
-            e.tokens += out[s, ok].tolist()
+        for r, s in enumerate(slots[:len(self._running)].tolist()):
+            e = self._running[s]
+            ok = out[r] >= 0
+            e.tokens += out[r, ok].tolist()
             if logits is not None:
-                e.logits.append(logits[s, ok])
+                e.logits.append(logits[r, ok])
             events += self._settle(s, e, now)
         return events
 
     def _spec_visit(self):
-        inp, sp = self._slot_inputs()
-        host = self.drafter.host_drafts(
-            self.S, {s: (e.req.prompt, e.tokens) for s, e in self._running.items()})
+        slots, inp, sp = self._slot_inputs()
+        order = slots[:len(self._running)].tolist()
+        host = self.drafter.host_drafts(len(slots), {
+            r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in
+            enumerate(order)})
         start = time.perf_counter()
         self.state, emitted, n_acc, drafts, logits = self._speculate(self.state, inp, sp, host)
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
@@ -616,14 +637,15 @@ class Engine:
         now = time.perf_counter()
         self.visits.append(("verify", 1, now - start))
         events = []
-        for s, e in list(self._running.items()):
+        for r, s in enumerate(order):
+            e = self._running[s]
             if drafts is not None:
-                e.drafts.append((len(e.req.prompt) + len(e.tokens) - 1, drafts[s].tolist()))
-            e.tokens += emitted[s, :n_acc[s]].tolist()
+                e.drafts.append((len(e.req.prompt) + len(e.tokens) - 1, drafts[r].tolist()))
+            e.tokens += emitted[r, :n_acc[r]].tolist()
             if logits is not None:
-                e.logits.append(logits[s, :n_acc[s]])
+                e.logits.append(logits[r, :n_acc[r]])
             e.verify_steps += 1
-            e.accepted += int(n_acc[s]) - 1
+            e.accepted += int(n_acc[r]) - 1
             events += self._settle(s, e, now)
         return events
 

@@ -36,12 +36,14 @@ class PrefixRows:
 
 @struct.dataclass
 class SlotInputs:
-    """Per-slot decode inputs of one host visit ([S]; inactive slots run as null-slot rows)."""
-    last: jax.Array         # [S] int32 each slot's last token (the next step's input)
-    active: jax.Array       # [S] bool
-    remaining: jax.Array    # [S] int32 tokens a slot may still generate
-    gen_pos: jax.Array      # [S] int32 tokens generated so far (the next one's sampling position)
-    stops: jax.Array        # [S, W] int32 stop ids, -1 padded
+    """Per-row decode inputs of one host visit ([b]: a row per running slot, padded, or every
+    slot; inactive rows run as null-slot rows)."""
+    slots: jax.Array        # [b] int32 the slot each row decodes (NULL_SLOT: padding)
+    last: jax.Array         # [b] int32 each row's last token (the next step's input)
+    active: jax.Array       # [b] bool
+    remaining: jax.Array    # [b] int32 tokens a row may still generate
+    gen_pos: jax.Array      # [b] int32 tokens generated so far (the next one's sampling position)
+    stops: jax.Array        # [b, W] int32 stop ids, -1 padded
 
 
 def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArrays,
@@ -80,12 +82,13 @@ def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArra
 
 def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, *, mode: str,
                 impl: str, n: int, keep_logits: bool):
-    """Up to n decode steps over all slots, stopping early once no slot is active. Returns the
-    state, the sampled tokens [S, n] (-1 where a row was inactive) and, with keep_logits, the
-    logits they were sampled from [S, n, V] fp32 (else None)."""
+    """Up to n decode steps over the rows of `inp` (each decoding its slot), stopping early
+    once no row is active. Returns the state, the sampled tokens [b, n] (-1 where a row was
+    inactive) and, with keep_logits, the logits they were sampled from [b, n, V] fp32 (else
+    None)."""
     model = models[0]
     S = inp.last.shape[0]
-    ids = jnp.arange(S, dtype=jnp.int32)
+    ids = inp.slots
 
     def cond(c):
         return (c[0] < n) & jnp.any(c[2].active)
@@ -113,15 +116,15 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
 
 def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, host, *,
               drafter: Drafter, mode: str, impl: str, keep_logits: bool):
-    """One speculative step over all slots: the drafter proposes K drafts (host: its
-    `host_drafts`, or None), the target verifies [last, drafts], `SamplingArrays.verify` accepts
-    a prefix, the target commits it and the drafter follows. Returns the state, the emitted
-    tokens [S, T], n_acc [S] (valid emitted tokens; 0 for inactive rows), the drafts verified
-    [S, K] and, with keep_logits, the verify logits [S, T, V] fp32 (rows 0..n_acc-1 are the
-    emitted tokens' logits; else None)."""
+    """One speculative step over the rows of `inp` (each its slot's): the drafter proposes K
+    drafts (host: its `host_drafts`, or None), the target verifies [last, drafts],
+    `SamplingArrays.verify` accepts a prefix, the target commits it and the drafter follows.
+    Returns the state, the emitted tokens [b, T], n_acc [b] (valid emitted tokens; 0 for
+    inactive rows), the drafts verified [b, K] and, with keep_logits, the verify logits
+    [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None)."""
     target, own = models[0], models[1:]
     S = inp.last.shape[0]
-    slots = jnp.where(inp.active, jnp.arange(S, dtype=jnp.int32), NULL_SLOT)
+    slots = jnp.where(inp.active, inp.slots, NULL_SLOT)
     drafts = drafter.propose(target, own, state.cache, state.drafter, inp.last, slots, host)
     K = drafts.shape[1]
     starts = state.cache.lengths[slots]

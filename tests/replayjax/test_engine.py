@@ -169,3 +169,26 @@ def test_ngram_drafter():
     assert ngram_drafts([5, 6, 7, 9, 5, 6], 3) == [7, 9, 5]
     assert ngram_drafts([1, 2, 3], 2) == [3, 3]
     assert ngram_drafts([4], 2) == [4, 4]
+
+
+def test_step_batches_follow_the_load(fixture):
+    """A decode step runs one row per running request (padded to a power of two >= 8) and a
+    prefill call one row per prompt (padded to a power of four), not the whole slot pool or
+    prefill_rows, so their cost follows the load; outputs are HF's greedy continuations."""
+    model, prompts, want = fixture
+    eng = Engine(model, num_slots=40, max_len=128, window=4, steps_per_visit=4)
+    rows = {"decode": [], "prefill": []}
+    for kind in rows:
+        def spy(state, *args, f=getattr(eng, f"_{kind}"), kind=kind):
+            rows[kind].append(args[0].shape[0] if kind == "prefill" else args[0].last.shape[0])
+            return f(state, *args)
+        setattr(eng, f"_{kind}", spy)
+    out = eng.generate(_greedy_requests(prompts[:1], [6]))
+    assert out[0].tokens == list(want[0, :6])
+    assert set(rows["decode"]) == {8} and rows["prefill"] == [1]
+    rows["decode"].clear()
+    lengths = [30] + [5] * 11                # the long one ends alone: the batch shrinks back
+    out = eng.generate(_greedy_requests([prompts[i % 3] for i in range(12)], lengths))
+    assert [c.tokens for c in out] == [list(want[i % 3, :n]) for i, n in enumerate(lengths)]
+    assert rows["decode"][0] == 16 and rows["decode"][-1] == 8
+    assert rows["prefill"][1:] == [16]        # 12 prompts, one call (prefill_rows 32)
