@@ -318,13 +318,24 @@ def require_gpu():
 def engine_settings(args) -> dict:
     """The `Engine(...)` keyword arguments of the engine flags `generate` and `serve` share
     (--num-slots, --max-len, --ssm-mode, --window, --state-dtype, --steps-per-visit, the
-    speculation and prefix-cache flags)."""
+    speculation and prefix-cache flags, --dynamic-batch)."""
     import jax.numpy as jnp
     return dict(num_slots=args.num_slots, max_len=args.max_len, ssm_mode=args.ssm_mode,
                 window=args.window, state_dtype=jnp.dtype(args.state_dtype),
                 steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
                 drafter=args.drafter, prefix_cache_gb=args.prefix_cache_gb,
-                prefix_block=args.prefix_block, prefix_host_gb=args.prefix_cache_host_gb)
+                prefix_block=args.prefix_block, prefix_host_gb=args.prefix_cache_host_gb,
+                batch_invariant=not args.dynamic_batch)
+
+
+def add_batching_argument(ap):
+    """--dynamic-batch: `Engine(batch_invariant=False)`."""
+    ap.add_argument("--dynamic-batch", action="store_true",
+                    help="steps run only the occupied slots and prefill only the prompts that "
+                         "arrived (much faster at low load); by default every step has the same "
+                         "shapes at any load, so outputs are bit-identical whatever else runs "
+                         "(with --dynamic-batch rounding depends on the batch size and greedy "
+                         "near-ties may differ between loads)")
 
 
 def add_prefix_arguments(ap):

@@ -146,8 +146,9 @@ class Engine:
                  window: int = 16, state_dtype=jnp.float32, steps_per_visit: int = 8,
                  num_draft: int = 0, impl: str = "auto", drafter: str | None = None,
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
-                 prefill_tokens: int = 16384, mesh=None, prefix_cache_gb: float = 0.0,
-                 prefix_block: int = 64, prefix_host_gb: float = 0.0):
+                 prefill_tokens: int = 16384, batch_invariant: bool = True, mesh=None,
+                 prefix_cache_gb: float = 0.0, prefix_block: int = 64,
+                 prefix_host_gb: float = 0.0):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
@@ -159,7 +160,12 @@ class Engine:
         spilled to (0: dropped).
         prefill_rows, prefill_tokens: a prefill call takes at most prefill_rows prompts and
         rows x length bucket <= prefill_tokens padded positions (at least one prompt): its
-        activations grow with the positions, so long prompts are prefilled fewer at a time."""
+        activations grow with the positions, so long prompts are prefilled fewer at a time.
+        batch_invariant: every step has the same shapes whatever the load (decode over all
+        slots, prefill over the budget's rows), so a request's logits are bit-identical at any
+        load; False: steps run only the occupied slots and prefill only the arrived prompts
+        (padded to a few sizes), much faster at low load, but rounding then depends on the
+        batch size and greedy near-ties may flip between loads."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows, prefill_tokens=prefill_tokens,
@@ -179,6 +185,7 @@ class Engine:
         # slots free up at once and however long the prompts; a fixed batch per length bucket
         self.prefill_rows = min(prefill_rows, num_slots)
         self.prefill_tokens = prefill_tokens
+        self.batch_invariant = bool(batch_invariant)
         self.return_logits = return_logits
 
         def init_cache(m, mode="replay"):
@@ -518,20 +525,25 @@ class Engine:
                                           frozenset(), capture=True))
 
     def _slot_inputs(self):
-        """(row slots [b], SlotInputs, SamplingArrays) of the running requests: one row per
-        running request (in slot order), padded with null-slot rows to a power of two >=
+        """([(row, slot)] of the running requests, SlotInputs, SamplingArrays) of a decode or
+        speculative step. batch_invariant: row s is slot s, S rows (fixed shapes); else one row
+        per running request (in slot order), padded with null-slot rows to a power of two >=
         MIN_DECODE_ROWS (at most S), so a step's cost follows the occupied slots, not the pool
         (a few compilations, one per size). Stop ids are padded to a power of two >= 8, so
         their number only recompiles past that."""
         order = sorted(self._running)
-        rows = min(self.S, _bucket(len(order), MIN_DECODE_ROWS))
-        slots = np.array(order + [NULL_SLOT] * (rows - len(order)), np.int32)
+        if self.batch_invariant:
+            rows, slots, pairs = self.S, np.arange(self.S, dtype=np.int32), list(zip(order, order))
+        else:
+            rows = min(self.S, _bucket(len(order), MIN_DECODE_ROWS))
+            slots = np.array(order + [NULL_SLOT] * (rows - len(order)), np.int32)
+            pairs = list(enumerate(order))
         width = _bucket(max((len(e.stops) for e in self._running.values()), default=0), 8)
         last, remaining, gen_pos = (np.zeros(rows, np.int32) for _ in range(3))
         active = np.zeros(rows, bool)
         stops = np.full((rows, width), -1, np.int32)
         params = [SamplingParams()] * rows
-        for r, s in enumerate(order):
+        for r, s in pairs:
             e = self._running[s]
             last[r], active[r] = e.tokens[-1], True
             remaining[r] = e.req.max_new_tokens - len(e.tokens)
@@ -540,14 +552,15 @@ class Engine:
             params[r] = e.req.sampling
         inp = SlotInputs(*(jnp.asarray(a) for a in (slots, last, active, remaining, gen_pos,
                                                       stops)))
-        return slots, inp, SamplingArrays.of(params)
+        return pairs, inp, SamplingArrays.of(params)
 
     def _prefill_batch(self, T: int, n: int | None = None) -> int:
         """Rows of a prefill call of n prompts (None: the most it may take) whose bucket is T:
-        at most the budget's, else the power of four >= n (a lone prompt is one row, not
-        prefill_rows: a few compilations per T instead of padding every call)."""
+        the budget's (batch_invariant), else at most that, the power of four >= n (a lone
+        prompt is one row, not prefill_rows: a few compilations per T instead of padding every
+        call)."""
         most = max(1, min(self.prefill_rows, self.prefill_tokens // T))
-        if n is None:
+        if n is None or self.batch_invariant:
             return most
         rows = 1
         while rows < n:
@@ -606,7 +619,7 @@ class Engine:
         return PrefixRows(*(jnp.asarray(a) for a in (starts, hits, stores)))
 
     def _decode_visit(self):
-        slots, inp, sp = self._slot_inputs()
+        pairs, inp, sp = self._slot_inputs()
         start = time.perf_counter()
         self.state, out, logits = self._decode(self.state, inp, sp)
         out = np.asarray(out)                                   # [rows, steps], -1 = none
@@ -614,7 +627,7 @@ class Engine:
         now = time.perf_counter()
         self.visits.append(("decode", int((out >= 0).any(0).sum()), now - start))
         events = []
-        for r, s in enumerate(slots[:len(self._running)].tolist()):
+        for r, s in pairs:
             e = self._running[s]
             ok = out[r] >= 0
             e.tokens += out[r, ok].tolist()
@@ -624,11 +637,9 @@ class Engine:
         return events
 
     def _spec_visit(self):
-        slots, inp, sp = self._slot_inputs()
-        order = slots[:len(self._running)].tolist()
-        host = self.drafter.host_drafts(len(slots), {
-            r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in
-            enumerate(order)})
+        pairs, inp, sp = self._slot_inputs()
+        host = self.drafter.host_drafts(inp.last.shape[0], {
+            r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in pairs})
         start = time.perf_counter()
         self.state, emitted, n_acc, drafts, logits = self._speculate(self.state, inp, sp, host)
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
@@ -637,7 +648,7 @@ class Engine:
         now = time.perf_counter()
         self.visits.append(("verify", 1, now - start))
         events = []
-        for r, s in enumerate(order):
+        for r, s in pairs:
             e = self._running[s]
             if drafts is not None:
                 e.drafts.append((len(e.req.prompt) + len(e.tokens) - 1, drafts[r].tolist()))

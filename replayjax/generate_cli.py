@@ -115,6 +115,7 @@ def build_parser():
     d.add_argument("--steps-per-visit", type=cli.at_least(1), default=8, metavar="N",
                    help="decode steps run on the device between two host visits")
     cli.add_prefix_arguments(d)
+    cli.add_batching_argument(d)
     cli.add_tp_argument(d)
     o = ap.add_argument_group("output")
     o.add_argument("--stream", action="store_true",

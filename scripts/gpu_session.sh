@@ -10,7 +10,8 @@
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
 #              (256 slots), ReplaySSM then standard, each loaded by `replayjax bench serve` at
-#              concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels on the GPU machine)
+#              concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels on the GPU machine);
+#              SERVE_FLAGS=--dynamic-batch: steps over the occupied slots only
 #   prefix   - prefix cache on the agents trace (shared system prompt, multi-turn histories):
 #              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
 #   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
@@ -143,7 +144,7 @@ case $stage in
     # the same requests against each; then one table and plot
     for mode in replay standard; do
       python3 -m replayjax.cli serve --synthetic nemotron-h-8b --num-slots 256 --max-len 1024 \
-        --max-queue 1024 --ssm-mode $mode --port 8001 --log-level warning \
+        --max-queue 1024 --ssm-mode $mode --port 8001 --log-level warning ${SERVE_FLAGS:-} \
         2>>"$out/serve_$mode.log" & pid=$!
       timeout 200 bash -c "until python3 -c \"import httpx; httpx.get('http://127.0.0.1:8001/health').raise_for_status()\" 2>/dev/null; do sleep 3; done"
       bench="python3 -m replayjax.cli bench serve --url http://127.0.0.1:8001 --max-tokens 64

@@ -206,7 +206,8 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             steps_per_visit=args.steps_per_visit, num_draft=K,
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
                             prefix_block=args.prefix_block,
-                            prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0)
+                            prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0,
+                            batch_invariant=not args.dynamic_batch)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
@@ -401,6 +402,7 @@ def build_parser():
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16, metavar="N",
                     help="decode steps per host visit (non-speculative variants)")
     cli.add_prefix_arguments(ap)
+    cli.add_batching_argument(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
     cli.add_tp_argument(ap)

@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="decode steps run on device between two host visits (streaming and "
                          "admission happen between visits)")
     cli.add_prefix_arguments(ap)
+    cli.add_batching_argument(ap)
     cli.add_tp_argument(ap)
     ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")

@@ -22,16 +22,18 @@ def _greedy_requests(prompts, lengths):
             enumerate(zip(prompts, lengths))]
 
 
-@pytest.mark.parametrize("mode,num_draft", [("replay", 0), ("standard", 0), ("replay", 3),
-                                            ("standard", 3)])
-def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft):
+@pytest.mark.parametrize("mode,num_draft,invariant", [
+    ("replay", 0, True), ("standard", 0, True), ("replay", 3, True), ("standard", 3, True),
+    ("standard", 3, False)])
+def test_continuous_batching_reproduces_hf_greedy(fixture, mode, num_draft, invariant):
     """Six requests through two slots (admitted as others finish), different lengths: every
-    output is HF's greedy continuation of its prompt."""
+    output is HF's greedy continuation of its prompt (also with rows = running slots, row !=
+    slot, in the state-per-draft baseline's remapped rows)."""
     model, prompts, want = fixture
     order = [0, 1, 2, 2, 0, 1]
     lengths = [40, 7, 23, 40, 3, 31]
     eng = Engine(model, num_slots=2, max_len=128, ssm_mode=mode, window=4, steps_per_visit=5,
-                 num_draft=num_draft)
+                 num_draft=num_draft, batch_invariant=invariant)
     out = eng.generate(_greedy_requests([prompts[i] for i in order], lengths))
     for c, i, n in zip(out, order, lengths):
         assert c.tokens == list(want[i, :n]) and c.finish_reason == "length"
@@ -171,18 +173,30 @@ def test_ngram_drafter():
     assert ngram_drafts([4], 2) == [4, 4]
 
 
-def test_step_batches_follow_the_load(fixture):
-    """A decode step runs one row per running request (padded to a power of two >= 8) and a
-    prefill call one row per prompt (padded to a power of four), not the whole slot pool or
-    prefill_rows, so their cost follows the load; outputs are HF's greedy continuations."""
-    model, prompts, want = fixture
-    eng = Engine(model, num_slots=40, max_len=128, window=4, steps_per_visit=4)
+def _spy_rows(eng):
+    """Records the row count of every decode and prefill call of `eng`."""
     rows = {"decode": [], "prefill": []}
-    for kind in rows:
-        def spy(state, *args, f=getattr(eng, f"_{kind}"), kind=kind):
+
+    def spy(kind, f):
+        def call(state, *args):
             rows[kind].append(args[0].shape[0] if kind == "prefill" else args[0].last.shape[0])
             return f(state, *args)
-        setattr(eng, f"_{kind}", spy)
+        return call
+
+    for kind in rows:
+        setattr(eng, f"_{kind}", spy(kind, getattr(eng, f"_{kind}")))
+    return rows
+
+
+def test_dynamic_batch_steps_follow_the_load(fixture):
+    """batch_invariant=False: a decode step runs one row per running request (padded to a
+    power of two >= 8) and a prefill call one row per prompt (padded to a power of four), not
+    the whole slot pool or prefill_rows, so their cost follows the load; outputs are HF's
+    greedy continuations. By default every step has the pool's shape."""
+    model, prompts, want = fixture
+    eng = Engine(model, num_slots=40, max_len=128, window=4, steps_per_visit=4,
+                 batch_invariant=False)
+    rows = _spy_rows(eng)
     out = eng.generate(_greedy_requests(prompts[:1], [6]))
     assert out[0].tokens == list(want[0, :6])
     assert set(rows["decode"]) == {8} and rows["prefill"] == [1]
@@ -192,3 +206,7 @@ def test_step_batches_follow_the_load(fixture):
     assert [c.tokens for c in out] == [list(want[i % 3, :n]) for i, n in enumerate(lengths)]
     assert rows["decode"][0] == 16 and rows["decode"][-1] == 8
     assert rows["prefill"][1:] == [16]        # 12 prompts, one call (prefill_rows 32)
+    fixed = Engine(model, num_slots=40, max_len=128, window=4, steps_per_visit=4)
+    rows = _spy_rows(fixed)
+    assert fixed.generate(_greedy_requests(prompts[:1], [6]))[0].tokens == list(want[0, :6])
+    assert set(rows["decode"]) == {fixed.S} and rows["prefill"] == [32]

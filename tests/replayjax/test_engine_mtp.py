@@ -106,10 +106,13 @@ def test_exact_head_accepts_every_draft(tmp_path, variant):
         assert c.accepted_drafts == K * c.verify_steps > 0
 
 
-def test_mtp_speculative_matches_greedy(fixture):
+@pytest.mark.parametrize("invariant", [True, False])
+def test_mtp_speculative_matches_greedy(fixture, invariant):
     """Six requests through two slots: HF's greedy tokens, the plain engine's tokens for two
     extra prompts, and at every step the drafts of the from-scratch MTP reference. K = 1 on
-    Nemotron-H, K = 3 on Qwen3-Next (a chained draft; the pairs repeat the same code paths)."""
+    Nemotron-H, K = 3 on Qwen3-Next (a chained draft; the pairs repeat the same code paths).
+    batch_invariant=False: rows are the running slots in order (row != slot), so the drafts
+    kept per slot are gathered and scattered by slot."""
     model, _, prompts, want = fixture
     K = 1 if model.cfg.family == "nemotron_h" else 3
     order = [0, 1, 2, 2, 0, 1]
@@ -117,7 +120,8 @@ def test_mtp_speculative_matches_greedy(fixture):
     extra = [prompts[0][::-1] + prompts[1], prompts[2][:5]]
     reqs = [Request(prompt=prompts[i], max_new_tokens=n) for i, n in zip(order, lengths)]
     reqs += [Request(prompt=p, max_new_tokens=25) for p in extra]
-    eng = Engine(model, num_slots=2, max_len=128, window=4, num_draft=K, drafter="mtp")
+    eng = Engine(model, num_slots=2, max_len=128, window=4, num_draft=K, drafter="mtp",
+                 batch_invariant=invariant)
     eng.record_drafts = True
     out = eng.generate(reqs)
     for c, i, n in zip(out, order, lengths):
