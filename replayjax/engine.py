@@ -181,8 +181,7 @@ class Engine:
         self.S = num_slots + 1                        # + the null slot
         self.max_len = max_len
         # prompts prefilled per call: bounds prefill memory (activations of rows x bucket
-        # positions: the SSM scans alone keep ~2 MB per position of an 8B model) however many
-        # slots free up at once and however long the prompts; a fixed batch per length bucket
+        # positions) however many slots free up at once and however long the prompts
         self.prefill_rows = min(prefill_rows, num_slots)
         self.prefill_tokens = prefill_tokens
         self.batch_invariant = bool(batch_invariant)
