@@ -362,7 +362,7 @@ def _main(args):
     if args.json:
         print(json.dumps(dict(results=rows, tokens=total,
                               tokens_per_s=round(rate, 2) if rate else None,
-                              generate_s=round(times["generate_s"], 3),
+                              generate_s=round(times["generate_s"], 4),
                               compile_s=round(times["compile_s"], 3),
                               load_s=round(times["load_s"], 3),
                               peak_device_mem_gb=_peak_memory_gb(),
