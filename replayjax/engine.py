@@ -294,6 +294,22 @@ class Engine:
         if self.prefix is not None:
             self.prefix.clear()
 
+    def warm_up_buckets(self, every_bucket: bool = True) -> float:
+        """`warm_up` for a server that does not know its requests: one short prompt per
+        prompt-length bucket up to max_len (every_bucket False: the smallest bucket only), so a
+        prefill of a new length never stalls every running stream behind a compilation
+        (seconds on an 8B model); then forgets what the warm-up cached. Returns its seconds."""
+        limit = self.max_len - 2 - self.drafter.num_draft       # prompt + 2 new + drafts
+        lengths, T = [], _bucket(1)
+        while limit >= 1:
+            lengths.append(min(T, limit))
+            if T >= limit or not every_bucket:
+                break
+            T *= 2
+        took = self.warm_up([Request(prompt=[0] * n, max_new_tokens=2) for n in lengths])
+        self.clear_prefix_cache()
+        return took
+
     # ------------------------------------------------------------------ live serving
     def submit(self, request: Request) -> Hashable:
         """Checks `request` (RequestError naming the field and the rule) and queues it; returns

@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_prefix_arguments(ap)
     cli.add_batching_argument(ap)
     cli.add_tp_argument(ap)
+    ap.add_argument("--warmup", choices=["all", "first"], default="all",
+                    help="compile before serving: every prompt-length bucket up to --max-len "
+                         "(no request ever waits for a compilation), or the first only (faster "
+                         "start; a new length compiles when it first arrives, stalling the "
+                         "running streams meanwhile)")
     ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -134,7 +139,7 @@ def build_engine(args, model_dir: str | None):
 
     from convert import ConvertError
     from replayjax.bench.synthetic import build
-    from replayjax.engine import Engine, Request
+    from replayjax.engine import Engine
     from replayjax.loading import load_model
     if jax.process_count() > 1:
         raise ServeError("serve drives its GPUs from one process: run it with --tp N, not under "
@@ -151,8 +156,7 @@ def build_engine(args, model_dir: str | None):
         engine = Engine(model, draft_model=draft, **cli.engine_settings(args))
     except ValueError as e:
         raise ServeError(str(e)) from None
-    engine.generate([Request(prompt=[0], max_new_tokens=2)])     # compile before serving
-    engine.clear_prefix_cache()
+    engine.warm_up_buckets(every_bucket=args.warmup == "all")     # compile before serving
     return engine
 
 

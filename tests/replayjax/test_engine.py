@@ -210,3 +210,25 @@ def test_dynamic_batch_steps_follow_the_load(fixture):
     rows = _spy_rows(fixed)
     assert fixed.generate(_greedy_requests(prompts[:1], [6]))[0].tokens == list(want[0, :6])
     assert set(rows["decode"]) == {fixed.S} and rows["prefill"] == [32]
+
+
+def test_warm_up_buckets_compiles_every_prompt_length(fixture):
+    """After `warm_up_buckets` (what `serve` runs before it listens), prompts of any length up
+    to max_len compile nothing: no request stalls the running streams behind a compilation."""
+    import jax
+    model, _, _ = fixture
+    eng = Engine(model, num_slots=2, max_len=128, window=4, steps_per_visit=4)
+    eng.warm_up_buckets()
+    compiles = []
+
+    def listen(name, secs, **kw):
+        if "backend_compile" in name:
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for n in (3, 17, 40, 90, 125):
+            eng.generate([Request(prompt=[1] * n, max_new_tokens=3)])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []

@@ -30,6 +30,7 @@ from replayjax.server import cli
     (["--synthetic", "gpt-9"], "argument --synthetic: invalid choice"),
     (["--synthetic", "nemotron-h-8b", "--model", "m"], "not allowed with argument --synthetic"),
     (["--dtype", "float32"], "argument --dtype: only with --synthetic"),
+    (["--warmup", "none"], "argument --warmup: invalid choice"),
 ])
 def test_bad_flags_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
