@@ -94,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_prefix_arguments(ap)
     cli.add_batching_argument(ap)
     cli.add_tp_argument(ap)
-    ap.add_argument("--warmup", choices=["all", "first"], default="all",
-                    help="compile before serving: every prompt-length bucket up to --max-len "
-                         "(no request ever waits for a compilation), or the first only (faster "
-                         "start; a new length compiles when it first arrives, stalling the "
-                         "running streams meanwhile)")
+    ap.add_argument("--warmup", choices=["first", "all"], default="first",
+                    help="compile before serving the first prompt-length bucket (a new length "
+                         "compiles when it first arrives, stalling the running streams "
+                         "meanwhile: seconds on an 8B model), or every bucket up to --max-len "
+                         "(a longer start; no request then waits for a compilation)")
     ap.add_argument("--shutdown-timeout", type=cli.number(0), default=30.0,
                     help="on SIGTERM / SIGINT: seconds for requests in flight to finish")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],

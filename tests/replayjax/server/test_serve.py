@@ -255,12 +255,13 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, reference):
 
 def test_soak_500_requests_random_arrivals_and_cancellations(server, reference):
     """500 requests over ~10 s (streaming or not, greedy or sampled, 1..N_NEW tokens); a fifth
-    are cancelled by their client at a random moment. Every other one returns all its tokens
+    are cancelled by their client at a random moment (within 0.2 s: most before they finish,
+    even on a fast machine). Every other one returns all its tokens
     (greedy ones: generate's text), and afterwards no slot, queue entry or request is left."""
     rng = random.Random(1)
     plan = [dict(prompt=rng.choice(PROMPTS), n=rng.randint(1, N_NEW), stream=rng.random() < 0.5,
                  sampled=rng.random() < 0.2, at=rng.uniform(0, 10),
-                 cancel=rng.uniform(0, 0.5) if rng.random() < 0.2 else None)
+                 cancel=rng.uniform(0, 0.2) if rng.random() < 0.2 else None)
             for _ in range(500)]
 
     async def one(http, i, p):
@@ -301,7 +302,7 @@ def test_soak_500_requests_random_arrivals_and_cancellations(server, reference):
     results = asyncio.run(run())
     completed = [res for res in results if res is not None]
     assert len(completed) >= sum(p["cancel"] is None for p in plan)
-    assert len(completed) <= len(plan) - 50                         # many were cancelled
+    assert len(completed) <= len(plan) - 40                         # many were cancelled
     for p, res in zip(plan, results):
         if res is None:
             continue
