@@ -332,10 +332,10 @@ def add_batching_argument(ap):
     """--dynamic-batch: `Engine(batch_invariant=False)`."""
     ap.add_argument("--dynamic-batch", action="store_true",
                     help="steps run only the occupied slots and prefill only the prompts that "
-                         "arrived (much faster at low load); by default every step has the same "
-                         "shapes at any load, so outputs are bit-identical whatever else runs "
-                         "(with --dynamic-batch rounding depends on the batch size and greedy "
-                         "near-ties may differ between loads)")
+                         "arrived (much faster at low load); by default decode steps have the "
+                         "same shapes at any load and round the same (with --dynamic-batch "
+                         "rounding also depends on the batch size, so greedy near-ties differ "
+                         "between loads more often)")
 
 
 def add_prefix_arguments(ap):

@@ -161,11 +161,13 @@ class Engine:
         prefill_rows, prefill_tokens: a prefill call takes at most prefill_rows prompts and
         rows x length bucket <= prefill_tokens padded positions (at least one prompt): its
         activations grow with the positions, so long prompts are prefilled fewer at a time.
-        batch_invariant: every step has the same shapes whatever the load (decode over all
-        slots, prefill over the budget's rows), so a request's logits are bit-identical at any
-        load; False: steps run only the occupied slots and prefill only the arrived prompts
-        (padded to a few sizes), much faster at low load, but rounding then depends on the
-        batch size and greedy near-ties may flip between loads."""
+        batch_invariant: decode and verify steps have the same shapes whatever the load (all
+        slots) and a prefill call the budget's rows, so a decode step rounds the same at any
+        load (a prefill still pads to the length bucket of the prompts it takes together, so a
+        prompt can round differently with different company); False: steps run only the
+        occupied slots and prefill only the arrived prompts (padded to a few sizes), much
+        faster at low load, but rounding then also depends on the batch size, so greedy
+        near-ties flip between loads more often."""
         _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows, prefill_tokens=prefill_tokens,
