@@ -23,6 +23,8 @@ last accepted draft (a remap, as a tuned engine does it: no state is copied).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,6 +37,7 @@ from pallas_kernels.ring import (
     base_rows,
     commit_counts,
     conv_commit,
+    conv_prefill,
     draft_pool_size,
     draft_rows,
     row_index,
@@ -81,6 +84,45 @@ def ring_output(y, T: int, ring=None):
     if ring is None:
         return y[:, :T]
     return jax.vmap(lambda a, s: lax.dynamic_slice_in_dim(a, s, T))(y, ring[1])
+
+
+class PrefillInputs(NamedTuple):
+    """What both SSM mixers' prefill scans (`prefill_inputs`): conv [b, n, C] fp32 (the causal
+    conv's output), extra [b, n, E] (the scan's other per-token inputs), lengths [b] (+ the
+    ring's r), the resumed state0, the conv state after the prompt, the conv states at block
+    ends (block > 0, else None) and u [b, n, C + E] (the inputs, as the prefix cache keeps
+    them)."""
+    conv: jax.Array
+    extra: jax.Array
+    lengths: jax.Array
+    state0: jax.Array | None
+    conv_state: jax.Array
+    conv_blocks: jax.Array | None
+    u: jax.Array
+
+    def kept(self, state_blocks, block: int):
+        """The (state, conv state, inputs) of every block of the scan, or None (block 0)."""
+        if not block:
+            return None
+        u = self.u
+        return state_blocks, self.conv_blocks, u.reshape(u.shape[0], -1, block, u.shape[-1])
+
+
+def prefill_inputs(pre, extra, lengths, cache: SSMCache, slots, starts, weight, bias, block,
+                   ring) -> PrefillInputs:
+    """The front both SSM mixers' prefill share: the per-token inputs u = [pre, extra] (pre
+    [b, T, C] pre-conv channels, extra [b, T, E]), with block > 0 laid out for a block-aligned
+    scan after the ring's replayed inputs (`ring_window`), through the causal conv from each
+    slot's resumed conv state (`resume_state`)."""
+    C = pre.shape[-1]
+    u = jnp.concatenate([pre, extra], axis=-1)
+    if block:
+        u = ring_window(u, block, ring)
+        lengths = lengths if ring is None else lengths + ring[1]
+    state0, conv0 = resume_state(cache, slots, starts)
+    conv, conv_state, *conv_blocks = conv_prefill(u[..., :C], weight, bias, lengths, conv0, block)
+    return PrefillInputs(conv, u[..., C:], lengths, state0, conv_state,
+                         conv_blocks[0] if block else None, u)
 
 
 def resume_state(cache: SSMCache, slots, starts):

@@ -25,9 +25,8 @@ from models.config import NemotronHConfig
 from models.hybrid import (
     HybridLM,
     prefill_chunk,
-    resume_state,
+    prefill_inputs,
     ring_output,
-    ring_window,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -38,7 +37,7 @@ from models.hybrid import (
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill
-from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
+from pallas_kernels.ring import conv_commit, conv_window
 
 
 class Mamba2Mixer(nnx.Module):
@@ -112,22 +111,15 @@ class Mamba2Mixer(nnx.Module):
         with block > 0 the (state, conv state, inputs) of every block of the scan ([b, n, H,
         P, N] fp32, [b, n, K-1, C], [b, n, block, Cu] with Cu = `replay_width`; else None)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        nc, T = xbc.shape[-1], h.shape[1]
-        u = jnp.concatenate([xbc, dt_raw], axis=-1)
-        if block:
-            u = ring_window(u, block, ring)
-            lengths = lengths if ring is None else lengths + ring[1]
-        state0, conv0 = resume_state(cache, slots, starts)
-        conv, conv_state, *conv_blocks = conv_prefill(u[..., :nc], self.conv_weight[...],
-                                                      self._conv_bias(), lengths, conv0, block)
-        x, B, C, dt = self._ssm_inputs(conv, u[..., nc:])
-        y, state, *blocks = ssd_prefill(x, B, C, dt, self.A, self.D[...], lengths, state0,
+        p = prefill_inputs(xbc, dt_raw, lengths, cache, slots, starts, self.conv_weight[...],
+                           self._conv_bias(), block, ring)
+        x, B, C, dt = self._ssm_inputs(p.conv, p.extra)
+        y, state, *blocks = ssd_prefill(x, B, C, dt, self.A, self.D[...], p.lengths, p.state0,
                                         chunk=prefill_chunk(block), block=block)
-        y = ring_output(y, T, ring)
+        y = ring_output(y, h.shape[1], ring)
         out = self._output(y.reshape(y.shape[:2] + (-1,)), z)
-        return (out, store_prefill(cache, slots, state, conv_state),
-                (blocks[0], conv_blocks[0], u.reshape(u.shape[0], -1, block, u.shape[-1]))
-                if block else None)
+        return (out, store_prefill(cache, slots, state, p.conv_state),
+                p.kept(blocks[0] if block else None, block))
 
     def _conv_bias(self):
         return None if self.conv_bias is None else self.conv_bias[...]

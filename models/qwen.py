@@ -31,9 +31,8 @@ from models.config import QwenHybridConfig
 from models.hybrid import (
     HybridLM,
     prefill_chunk,
-    resume_state,
+    prefill_inputs,
     ring_output,
-    ring_window,
     ssm_buffers,
     ssm_cache,
     store_pending,
@@ -44,7 +43,7 @@ from models.hybrid import (
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
-from pallas_kernels.ring import conv_commit, conv_prefill, conv_window
+from pallas_kernels.ring import conv_commit, conv_window
 
 _HI = lax.Precision.HIGHEST
 
@@ -117,22 +116,15 @@ class GatedDeltaNet(nnx.Module):
         ([b, n, Hv, dv, dk] fp32, [b, n, K-1, C], [b, n, block, Cu] with Cu =
         `replay_width`; else None)."""
         qkv, z, ba = self._split(self.in_proj(h))
-        nc, T = qkv.shape[-1], h.shape[1]
-        u = jnp.concatenate([qkv, ba], axis=-1)
-        if block:
-            u = ring_window(u, block, ring)
-            lengths = lengths if ring is None else lengths + ring[1]
-        state0, conv0 = resume_state(cache, slots, starts)
-        conv, conv_state, *conv_blocks = conv_prefill(u[..., :nc], self.conv_weight[...], None,
-                                                      lengths, conv0, block)
-        q, k, v = self._qkv(conv)
-        g, beta = self._gates(u[..., nc:])
-        o, state, *blocks = chunk_gated_delta_rule(q, k, v, g, beta, lengths, state0,
+        p = prefill_inputs(qkv, ba, lengths, cache, slots, starts, self.conv_weight[...], None,
+                           block, ring)
+        q, k, v = self._qkv(p.conv)
+        g, beta = self._gates(p.extra)
+        o, state, *blocks = chunk_gated_delta_rule(q, k, v, g, beta, p.lengths, p.state0,
                                                    chunk=prefill_chunk(block), block=block)
-        return (self._output(ring_output(o, T, ring), z),
-                store_prefill(cache, slots, state, conv_state),
-                (blocks[0], conv_blocks[0], u.reshape(u.shape[0], -1, block, u.shape[-1]))
-                if block else None)
+        return (self._output(ring_output(o, h.shape[1], ring), z),
+                store_prefill(cache, slots, state, p.conv_state),
+                p.kept(blocks[0] if block else None, block))
 
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
