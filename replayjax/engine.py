@@ -549,8 +549,9 @@ class Engine:
         (a few compilations, one per size). Stop ids are padded to a power of two >= 8, so
         their number only recompiles past that."""
         order = sorted(self._running)
-        if self.batch_invariant:
-            rows, slots, pairs = self.S, np.arange(self.S, dtype=np.int32), list(zip(order, order))
+        if self.batch_invariant:            # row s is slot s
+            rows, pairs = self.S, list(zip(order, order))
+            slots = np.arange(rows, dtype=np.int32)
         else:
             rows = min(self.S, _bucket(len(order), MIN_DECODE_ROWS))
             slots = np.array(order + [NULL_SLOT] * (rows - len(order)), np.int32)
@@ -605,7 +606,7 @@ class Engine:
                                + [SamplingParams()] * (rows - len(batch)))
         args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
         if plans is not None:
-            args.append(self._prefix_rows(plans, starts, rows, T))
+            args.append(self._prefix_rows(plans, starts, T))
         start = time.perf_counter()
         self.state, first, last = self._prefill(self.state, *args)
         first = np.asarray(first)
@@ -623,11 +624,11 @@ class Engine:
             events += self._settle(s, e, now)
         return events
 
-    def _prefix_rows(self, plans, starts, rows, T) -> PrefixRows:
+    def _prefix_rows(self, plans, starts, T) -> PrefixRows:
         """The prefill's PrefixRows: hit entries padded to the most a slot can hold (a fixed
         width: a width per chain length multiplied the prefill's compilations, which cost
         seconds each on an 8B model), store entries per block of the rows' SSM scans."""
-        B = self.prefix.block
+        B, rows = self.prefix.block, len(starts)
         hits = np.zeros((rows, -(-self.max_len // B)), np.int32)
         stores = np.full((rows, ring_blocks(T, B, True)), -1, np.int32)
         for r, p in enumerate(plans):

@@ -87,15 +87,14 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
     inactive) and, with keep_logits, the logits they were sampled from [b, n, V] fp32 (else
     None)."""
     model = models[0]
-    S = inp.last.shape[0]
-    ids = inp.slots
+    b = inp.last.shape[0]
 
     def cond(c):
         return (c[0] < n) & jnp.any(c[2].active)
 
     def body(c):
         i, cache, s, out, lg = c
-        slots = jnp.where(s.active, ids, NULL_SLOT)
+        slots = jnp.where(s.active, inp.slots, NULL_SLOT)
         logits, cache = model.decode(cache, s.last[:, None], slots, mode=mode, impl=impl)
         tok = sp.sample(logits[:, 0], s.gen_pos)
         out = out.at[:, i].set(jnp.where(s.active, tok, -1))
@@ -108,8 +107,8 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
                       remaining=remaining, gen_pos=s.gen_pos + s.active)
         return i + 1, cache, s, out, lg
 
-    out = jnp.full((S, n), -1, jnp.int32)
-    lg = jnp.zeros((S, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
+    out = jnp.full((b, n), -1, jnp.int32)
+    lg = jnp.zeros((b, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
     _, cache, _, out, lg = jax.lax.while_loop(cond, body, (0, state.cache, inp, out, lg))
     return state.replace(cache=cache), out, lg
 
@@ -123,7 +122,7 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
     inactive rows), the drafts verified [b, K] and, with keep_logits, the verify logits
     [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None)."""
     target, own = models[0], models[1:]
-    S = inp.last.shape[0]
+    b = inp.last.shape[0]
     slots = jnp.where(inp.active, inp.slots, NULL_SLOT)
     drafts = drafter.propose(target, own, state.cache, state.drafter, inp.last, slots, host)
     K = drafts.shape[1]
@@ -132,8 +131,8 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
     logits, hidden, cache = target.verify(state.cache, window, slots, mode=mode, impl=impl)
     n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
     cache = target.commit(cache, slots, n_acc, K + 1, mode=mode)
-    emitted = jnp.concatenate([drafts, jnp.zeros((S, 1), jnp.int32)], axis=1)
-    emitted = emitted.at[jnp.arange(S), n_acc - 1].set(new)
+    emitted = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    emitted = emitted.at[jnp.arange(b), n_acc - 1].set(new)
     cache, dstate = drafter.commit(target, own, cache, state.drafter, Verified(
         inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
     return (state.replace(cache=cache, drafter=dstate), emitted, jnp.where(inp.active, n_acc, 0),
