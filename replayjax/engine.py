@@ -396,14 +396,23 @@ class Engine:
     def warm_up(self, requests: Sequence[Request]) -> float:
         """Compiles what serving `requests` will run -- a prefill per prompt-length bucket and
         the decode or verify step -- with one two-token copy of a request per bucket (same stop
-        ids and sampling), so a timed run after it excludes compilation. Returns its seconds."""
+        ids and sampling), so a timed run after it excludes compilation. With a prefix cache,
+        every bucket up to the longest prompt's (a hit leaves any remainder), each from an
+        empty cache. Returns its seconds."""
         first = {}
         for r in requests:
             first.setdefault(_bucket(len(r.prompt)), r)
+        if self.prefix is not None and first:
+            # a hit prefills only the rest of its prompt, of any length: every bucket below too
+            top, T = max(first), _bucket(1)
+            while T < top:
+                first.setdefault(T, dataclasses.replace(first[top], prompt=first[top].prompt[:T]))
+                T *= 2
         warm = [dataclasses.replace(r, id=None, max_new_tokens=min(r.max_new_tokens, 2))
                 for r in first.values()]
         t0 = time.perf_counter()
         for r in warm:
+            self.clear_prefix_cache()       # a hit would shorten the prefill it is here to compile
             self.generate([r])
         return time.perf_counter() - t0
 

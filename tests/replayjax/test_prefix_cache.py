@@ -27,7 +27,7 @@ def _load(name):
 def _engine(model, entries, host=0, block=B, **kw):
     """An engine whose pool holds `entries` blocks and its host pool `host` (2 slots, max_len
     32, window 4)."""
-    kw = dict(num_slots=2, max_len=32, window=4, prefix_block=block, **kw)
+    kw = {**dict(num_slots=2, max_len=32, window=4, prefix_block=block), **kw}
     one = Engine(model, prefix_cache_gb=1e-3, **kw).prefix_stats()["entry_bytes"] / 1e9
     return Engine(model, prefix_cache_gb=(entries + 0.5) * one,
                   prefix_host_gb=(host + 0.5) * one if host else 0, **kw)
@@ -151,6 +151,31 @@ def test_hits_inside_blocks(name, mode, num_draft):
     assert [c.cached_tokens for c in alone] == want
     assert (want[1], want[3], want[4], want[6]) == (8 + 3, 5, 15, 3) and want[2] >= 8 + 5
     _check_exact(eng, requests)
+
+
+def test_warm_up_leaves_nothing_to_compile():
+    """With a prefix cache, `warm_up` compiles a prefill for every length bucket up to the
+    longest prompt's: hits leave remainders of any length (and a finished sequence is
+    re-prefilled to be cached), and none of them may compile while requests wait (seconds
+    each on a real model, in some request's TTFT)."""
+    import jax
+    model = _load("nemotron_h")
+    eng = _engine(model, 64, block=8, max_len=128)
+    rng = np.random.default_rng(5)
+    system = rng.integers(1, model.cfg.vocab_size, 70).tolist()
+    requests = [Request(prompt=system + rng.integers(1, 99, n).tolist(), max_new_tokens=4)
+                for n in (0, 5, 20, 40)]
+    eng.warm_up(requests)
+    compiles = []
+    listen = lambda name, secs, **kw: compiles.append(name) if "backend_compile" in name else 0
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for r in requests:                  # remainders 70 (cold), then 5, 20, 40
+            eng.generate([r])
+        eng.generate(requests)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert eng.prefix_stats()["hit_tokens"] > 0 and compiles == []
 
 
 def test_mtp_drafts_unchanged(tmp_path):
