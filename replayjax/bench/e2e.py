@@ -242,7 +242,9 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
     if prefix_cache_gb:
         stats = engine.prefix_stats()
         row.update(prefix_hit_rate=stats["hit_rate"], prefix_hit_tokens=stats["hit_tokens"],
-                   prefix_evictions=stats["evictions"])
+                   prefix_evictions=stats["evictions"],
+                   prefix_pool_gb=stats["capacity"] * stats["entry_bytes"] / 1e9,
+                   prefix_used_gb=stats["bytes"] / 1e9)
     if K:
         hist = acceptance_histogram(out, K)
         row.update(accept_hist=hist, accepted_per_verify=(
@@ -489,7 +491,8 @@ def print_table(args, rows, what):
             print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11 + f" {r['failures']} |")
             continue
         if "prefix_hit_rate" in r:
-            r = dict(r, variant=f"{r['variant']} (hit {r['prefix_hit_rate']:.0%})")
+            r = dict(r, variant=f"{r['variant']} (hit {r['prefix_hit_rate']:.0%}, cache "
+                     f"{r['prefix_used_gb']:.1f} of {r['prefix_pool_gb']:.1f} GB)")
         hist = r["accept_hist"]
         share = "/".join(f"{100 * c / max(sum(hist), 1):.0f}" for c in hist) + "%" if hist else "-"
         ideal = (f"{r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%})" if "ideal_step_ms" in r

@@ -334,7 +334,7 @@ def test_agents_workload_shares_and_extends_prefixes():
 def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
     """--workload agents --prefix-cache-gb: each variant runs without and with the cache (rows
     VARIANT and VARIANT+prefix, TTFT in both), with the same greedy tokens; the cached row
-    reports its hit rate."""
+    reports its hit rate and the memory its pool takes (within --prefix-cache-gb)."""
     assert e2e.main(["--model", NEMOTRON, "--batch", "6", "--prompt-len", "16", "--new-tokens",
                      "3", "--window", "4", "--steps-per-visit", "4", "--workload", "agents",
                      "--prefix-cache-gb", "0.001", "--prefix-block", "8", "--variants",
@@ -343,3 +343,4 @@ def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
     assert [r["variant"] for r in rows] == ["standard", "standard+prefix"]
     assert all(r["failures"] == 0 and r["ttft_p50_s"] > 0 for r in rows)
     assert rows[1]["prefix_hit_rate"] > 0.3 and rows[1]["greedy_match_vs_standard"] == 1.0
+    assert 0 < rows[1]["prefix_used_gb"] <= rows[1]["prefix_pool_gb"] <= 0.001
