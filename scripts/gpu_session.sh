@@ -14,6 +14,7 @@
 #              SERVE_FLAGS=--dynamic-batch: steps over the occupied slots only
 #   prefix   - prefix cache on the agents trace (shared system prompt, multi-turn histories):
 #              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
+#              (PREFIX_MODELS="..." picks some: one per GPU side by side on a 2-GPU machine)
 #   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
 #              check), then Mamba-2 at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
@@ -23,11 +24,12 @@
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
-#   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on a
-#              fixture with speculation; the two-process run (`replayjax launch`) = one process
+#   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
+#              every fixture with speculation; the two-process run (`replayjax launch`) = one
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
 #              standard at batch 64;  tp-80b-256 - the same at batch 256
+# DEADLINE=EPOCH_SECONDS cuts every timeout to what is left of a device call (see `limit`).
 # Each e2e variant runs in its own process (peak memory per variant); rows go to OUT/e2e.jsonl,
 # stderr (XLA warnings) to OUT/e2e.log, so the JSONL stays valid.
 set -euo pipefail
@@ -36,8 +38,15 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0     # never NVLink multicast (multimem): plain NCCL all-reduce
 stage=$1 out=${2:-gpu-out}
 mkdir -p "$out"
+limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $DEADLINE (epoch
+           # seconds, optional: a device call's end); skipped when under 20 s are left
+  local t=$1
+  if [ -n "${DEADLINE:-}" ] && (( DEADLINE - $(date +%s) < t )); then t=$((DEADLINE - $(date +%s))); fi
+  if (( t < 20 )); then echo "skipped (deadline): ${*:2}" >&2; return 124; fi
+  timeout "$t" "${@:2}"
+}
 e2e() {   # e2e SECONDS ARGS...: one JSON object per run appended to OUT/e2e.jsonl
-  timeout "$1" python3 -m replayjax.bench.e2e "${@:2}" --new-tokens 64 --json \
+  limit "$1" python3 -m replayjax.bench.e2e "${@:2}" --new-tokens 64 --json \
     2>>"$out/e2e.log" | tee -a "$out/e2e.jsonl" | tail -c 1500
 }
 case $stage in
@@ -104,15 +113,20 @@ case $stage in
       tests/models/test_tp.py 2>&1 | tail -8 ;;
   tp-check)
     for m in nemotron-h-8b qwen3.5-9b; do
-      timeout 150 python3 scripts/tp_check.py --synthetic $m --dtype float32 --tp 2 --batch 8 \
-        --new-tokens 32 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
+      limit 150 python3 scripts/tp_check.py --synthetic $m --dtype float32 --tp 2 --batch 8 \
+        --new-tokens 32 2>>"$out/tp.log" | tee -a "$out/tp.jsonl" || true
     done
-    timeout 90 python3 scripts/tp_check.py --model tests/fixtures/hf/qwen3_next --tp 2 \
-      --num-draft 3 2>>"$out/tp.log" | tee -a "$out/tp.jsonl"
+    # every HF fixture with n-gram speculation (rollbacks), the modes alternating
+    mode=standard
+    for f in tests/fixtures/hf/*/; do
+      mode=$([ $mode = replay ] && echo standard || echo replay)
+      limit 60 python3 scripts/tp_check.py --model "$f" --tp 2 --num-draft 3 --mode $mode \
+        2>>"$out/tp.log" | tee -a "$out/tp.jsonl" || true
+    done
     gen="generate --model tests/fixtures/hf/nemotron_h --max-new-tokens 24 --json \
       --prompt-ids 62,24,25,9,11 --prompt-ids 7,8,9,10,11,12,13"
-    timeout 60 python3 -m replayjax.cli $gen --tp 1 2>>"$out/tp.log" > "$out/tp_one.json"
-    timeout 90 python3 -m replayjax.cli launch --nproc 2 -- $gen --tp 2 2>>"$out/tp.log" \
+    limit 60 python3 -m replayjax.cli $gen --tp 1 2>>"$out/tp.log" > "$out/tp_one.json"
+    limit 90 python3 -m replayjax.cli launch --nproc 2 -- $gen --tp 2 2>>"$out/tp.log" \
       > "$out/tp_two.json"
     python3 -c "import json, sys; t = [[r['tokens'] for r in json.load(open(f))['results']]
       for f in sys.argv[1:]]; print('two-process tokens == one-process:', t[0] == t[1])" \
@@ -169,8 +183,8 @@ open(f'{sys.argv[1]}/serve.md', 'w').write(serve.markdown(rows))
 serve.plot(rows, f'{sys.argv[1]}/serve.png')
 print(serve.markdown(rows))" "$out" ;;
   prefix)
-    for m in nemotron-h-8b qwen3.5-9b; do
-      e2e 280 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
+    for m in ${PREFIX_MODELS:-nemotron-h-8b qwen3.5-9b}; do
+      e2e 420 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
         --prefix-cache-gb 16 --variants replay
     done ;;
   profile)
