@@ -166,10 +166,7 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
 
     def relayout(kp, a):        # fused params: device-major on the devices, in place
         path = _path(kp)
-        if not rules.fused(path):
-            return a
-        return jax.jit(lambda x: rules.layout(path, x), out_shardings=a.sharding,
-                       donate_argnums=0)(a)
+        return rules.placer(path, a.shape, donate=True)(a) if rules.fused(path) else a
 
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(relayout, restored))
     return cfg, set_layout(nnx.merge(graphdef, state), rules.tp)

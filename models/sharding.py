@@ -34,6 +34,7 @@ on every device).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -187,6 +188,14 @@ class TPRules:
         """Whether `layout` permutes this param (a fused projection, tp > 1)."""
         return self.tp > 1 and self._fused(path) is not None
 
+    def placer(self, path, shape, donate: bool = False):
+        """A jitted function: this param in natural order -> laid out (`layout`) and placed in
+        its sharding. Shared by every param with the same layout and sharding (one program per
+        shape for all the layers: a jit per param compiled ~1000 times on an 80B MoE model,
+        minutes on a GPU)."""
+        return _placer(self._fused(path) if self.fused(path) else None,
+                       self.sharding(path, shape), donate)
+
     def layout(self, path, a):
         """a (numpy or jax, natural order) -> device-major for this tp (fused params only)."""
         if not self.fused(path):
@@ -195,6 +204,16 @@ class TPRules:
         idx = device_major(sizes, self.tp)
         return np.take(a, idx, axis) if isinstance(a, np.ndarray) else \
             jnp.take(a, jnp.asarray(idx), axis=axis)
+
+
+@functools.cache
+def _placer(fused, sharding: NamedSharding, donate: bool):
+    def place(a):
+        if fused is None:
+            return a
+        axis, sizes = fused
+        return jnp.take(a, jnp.asarray(device_major(sizes, mesh_tp(sharding.mesh))), axis=axis)
+    return jax.jit(place, out_shardings=sharding, donate_argnums=(0,) if donate else ())
 
 
 def param_path(kp) -> tuple:

@@ -19,6 +19,7 @@ import pkgutil
 import re
 import sys
 import threading
+import time
 
 # pallas_kernels.ring's limits, repeated so that parsing a flag does not import jax (a test checks
 # they agree)
@@ -401,13 +402,20 @@ def interactive(args) -> bool:
         and sys.stderr.isatty()
 
 
+def log_stages() -> bool:
+    """REPLAYJAX_LOG_STAGES=1: a batch job's log gets a plain line per stage (`Progress`)."""
+    return os.environ.get("REPLAYJAX_LOG_STAGES") == "1"
+
+
 class Progress:
     """A terminal progress line over named stages (tqdm, on stderr, cleared when closed); silent
     unless `enabled`. While a stage runs, the elapsed time keeps ticking (a compile can take
-    minutes) and `note` shows how far the stage is."""
+    minutes) and `note` shows how far the stage is. Not enabled, with REPLAYJAX_LOG_STAGES=1
+    set (a batch job's log), each stage writes plain lines on stderr as it starts and ends."""
 
     def __init__(self, total: int, enabled: bool):
         from tqdm import tqdm
+        self._log = not enabled and log_stages()
         self.bar = tqdm(total=total, disable=not enabled, file=sys.stderr, leave=False,
                         bar_format="{desc} [{n_fmt}/{total_fmt}, {elapsed}]{postfix}")
         self._stop = threading.Event()
@@ -425,8 +433,13 @@ class Progress:
         self.bar.set_description_str(text, refresh=False)
         self.bar.set_postfix_str("", refresh=False)
         self.bar.refresh()
+        start = time.perf_counter()
+        if self._log:
+            print(f"{text} ...", file=sys.stderr, flush=True)
         yield
         self.bar.update(1)
+        if self._log:
+            print(f"{text}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
     def note(self, text: str):
         self.bar.set_postfix_str(text)

@@ -27,6 +27,7 @@
 #   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
 #              every fixture with speculation; the two-process run (`replayjax launch`) = one
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
+#   tp-profile - `profile` at TP = 2: where the step's time goes, collectives (NCCL) included
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
 #              standard at batch 64;  tp-80b-256 - the same at batch 256
 # DEADLINE=EPOCH_SECONDS cuts every timeout to what is left of a device call (see `limit`).
@@ -36,6 +37,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0     # never NVLink multicast (multimem): plain NCCL all-reduce
+export REPLAYJAX_LOG_STAGES=1  # the benchmarks log each stage's seconds (where did a timeout go?)
 stage=$1 out=${2:-gpu-out}
 mkdir -p "$out"
 limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $DEADLINE (epoch
@@ -187,8 +189,10 @@ print(serve.markdown(rows))" "$out" ;;
       e2e 420 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
         --prefix-cache-gb 16 --variants replay
     done ;;
-  profile)
-    python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
-      --steps 16 --mode replay --top 30 --trace-dir "$out/trace" 2>>"$out/profile.log" ;;
+  profile|tp-profile)
+    tp=$([ $stage = tp-profile ] && echo 2 || echo 1)
+    limit 300 python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 \
+      --prompt-len 128 --steps 16 --mode replay --top 30 --tp $tp --trace-dir "$out/trace$tp" \
+      2>>"$out/profile.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -321,11 +321,18 @@ def run_isolated(args, argv, progress):
         with progress.stage(f"{name}: fresh process"), \
                 tempfile.TemporaryDirectory(prefix="replayjax-bench-") as tmp:
             result = os.path.join(tmp, "result.json")
-            proc = subprocess.run(
-                [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
-                 "--result-file", result], capture_output=True, text=True)
+            with subprocess.Popen(
+                    [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
+                     "--result-file", result], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE, text=True) as proc:
+                last = deque(maxlen=1)
+                for line in proc.stderr:          # the child's stage lines pass through
+                    if line.strip():
+                        last.append(line.strip())
+                    if cli.log_stages():
+                        sys.stderr.write(line)
             if not os.path.exists(result):   # the child refused the whole run (or crashed)
-                last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])
+                last = last or [f"exit status {proc.returncode}"]
                 raise cli.UserError(last[-1].removeprefix(f"{PROG}: error: "))
             with open(result) as f:
                 got = json.load(f)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-CLASSES = ("ssm", "gemm", "attention", "moe", "sampling", "other")
+CLASSES = ("ssm", "gemm", "attention", "moe", "sampling", "collective", "other")
 _SSM_MIXERS = ("Mamba2Mixer", "GatedDeltaNet")
 
 

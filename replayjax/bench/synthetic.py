@@ -202,8 +202,7 @@ def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
     key = jax.random.key(seed)
     for p, a in shapes.items():
         if p not in values:
-            values[p] = jax.jit(lambda v, p=p: rules.layout(p, v),
-                                out_shardings=rules.sharding(p, a.shape))(
+            values[p] = rules.placer(p, a.shape)(
                 random_param(p, a.shape, a.dtype, key))
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
         lambda kp, _: values[sharding.param_path(kp)], nnx.to_pure_dict(state)))

@@ -1,11 +1,12 @@
 """Profiler traces: per-kernel device times, each kernel classed (ssm, gemm, attention, moe,
-sampling, other) by the HLO instruction it comes from.
+sampling, collective, other) by the HLO instruction it comes from.
 
 A `jax.profiler` trace (XSpace, `*.xplane.pb`) holds the device events, each carrying the
 `hlo_module` / `hlo_op` it executes, and, in its metadata plane, the HloProto of every compiled
 module. The HLO text of those modules carries each instruction's `op_name` (with any
 `jax.named_scope` names) and its Python stack frames. A kernel's class is the first of
 `PRIORITY` among the classes of the instructions it runs (a fusion runs its fused computation):
+  * a collective (all-reduce, all-gather, ...: tensor parallelism's NCCL kernels) -> collective;
   * the innermost named scope equal to a class name ("ssm", "gemm", "attention", "moe",
     "sampling");
   * else its stack: `cached_attention` -> attention; a MoE module's methods -> moe;
@@ -31,7 +32,8 @@ import warnings
 from replayjax.bench.roofline import CLASSES
 from replayjax.commandline import UserError
 
-PRIORITY = ("attention", "moe", "sampling", "gemm", "ssm", "other")
+PRIORITY = ("collective", "attention", "moe", "sampling", "gemm", "ssm", "other")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Name Scope", "Framework Ops",
                   "Source code", "XLA TraceMe")
 
@@ -190,6 +192,8 @@ def _stack_tables(text):
 
 def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> str:
     """The class of one HLO instruction (rules in the module docstring)."""
+    if opcode.startswith(_COLLECTIVES):     # tensor parallelism's all-reduces, in any scope
+        return "collective"
     for scope in reversed(op_name.split("/")):       # the innermost named scope decides
         if scope in CLASSES:
             return scope
@@ -249,6 +253,8 @@ def _fallback_class(ev: Event) -> str:
         return "ssm"
     if any(s in k for s in ("gemm", "nvjet", "cublas", "cutlass", "matmul")):
         return "gemm"
+    if "nccl" in k:
+        return "collective"
     return "other"
 
 

@@ -33,7 +33,8 @@ def test_ab_bench_runs_every_variant_with_its_roofline(capsys):
         assert r["ideal_step_ms"] == pytest.approx(r["min_mb_per_step"] * 1e6 /
                                                    (r["copy_gbs"] * 1e9) * 1e3)
         assert r["of_roofline"] == pytest.approx(r["ideal_step_ms"] / r["step_ms"])
-        assert set(r["roofline_mb"]) == {"ssm", "gemm", "attention", "moe", "sampling", "other"}
+        assert set(r["roofline_mb"]) == {"ssm", "gemm", "attention", "moe", "sampling",
+                                          "collective", "other"}
     # ReplaySSM reads the state once and writes it once per L steps: less SSM traffic
     assert rows["replay"]["roofline_mb"]["ssm"] < rows["standard"]["roofline_mb"]["ssm"]
     assert rows["replay"]["roofline_mb"]["gemm"] == rows["standard"]["roofline_mb"]["gemm"]

@@ -70,6 +70,8 @@ def test_classes_come_from_scopes_stacks_and_opcodes():
      "__gpu$xla.gpu.triton", "ssm"),
     ("multiply", "jit(f)/mul", [("/x/models/qwen.py", "GatedDeltaNet._split")], "", "ssm"),
     ("add", "jit(f)/add", [("/x/models/common.py", "rms_norm")], "", "other"),
+    ("all-reduce-start", "jit(f)/ssm/psum", [("/x/models/parallel.py", "tp_sum")], "",
+     "collective"),                                                 # whatever its scope
 ])
 def test_instruction_class(opcode, op_name, frames, target, cls):
     assert trace.instruction_class(opcode, op_name, frames, target) == cls
@@ -80,6 +82,7 @@ def test_instruction_class(opcode, op_name, frames, target, cls):
     ("mamba2_replay_decode", "", "ssm"),
     ("nvjet_sm90_tss_128x136", "jit(f)", "gemm"),
     ("loop_add_fusion", "jit(f)/add", "other"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "", "collective"),
 ])
 def test_kernels_without_hlo_fall_back_to_scope_then_name(name, op_name, cls):
     ev = trace.Event(name, 1.0, "jit_missing", 7, "op.1", op_name)
