@@ -58,7 +58,7 @@ def load_config_of(out_dir):
         raise ConvertError(f"{path}: cannot read the config: {e}") from None
 
 
-def _placement(where, cfg, mesh, partition):
+def _placement(where, cfg, mesh, partition, experts="width"):
     """The rules that place each param: a `models.sharding.TPRules`, given or (partition None
     on a mesh whose "tp" axis is > 1) the family's; or any `partition` (path, shape) ->
     PartitionSpec, default P(), with no layout. Neither mesh nor partition: the first device
@@ -76,7 +76,7 @@ def _placement(where, cfg, mesh, partition):
         mesh = Mesh(np.array(jax.devices()[:1]), ("replica",))
     if partition is None and sharding.mesh_tp(mesh) > 1:
         try:
-            partition = sharding.TPRules(cfg, mesh)
+            partition = sharding.TPRules(cfg, mesh, experts)
         except ValueError as e:
             raise ConvertError(f"{where}: {e}") from None
     if isinstance(partition, sharding.TPRules):
@@ -103,7 +103,8 @@ def _path(kp) -> tuple:
     return tuple(k.key for k in kp)
 
 
-def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
+def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None,
+         experts: str = "width"):
     """Restore a converted checkpoint. Returns (config, model).
 
     mesh: a `jax.sharding.Mesh`; None = `jax.devices()[0]`.
@@ -111,6 +112,8 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
         fp32 stay fp32, the others are cast while restoring.
     partition: a `models.sharding.TPRules`, or `(path, shape) -> PartitionSpec` per param;
         default: the family's TP rules on a mesh with a "tp" axis > 1, else replicated (`P()`).
+    experts: how the default TP rules split the routed experts: "width" (tensor parallel inside
+        each expert) or "experts" (expert parallel), see `models.sharding.TPRules`.
     Raises ConvertError (one line naming the checkpoint), also for a damaged `params/` or a
     model the mesh cannot split.
     """
@@ -128,7 +131,7 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None):
     model = mappings.abstract_model(cfg, dtype, bool(meta.get("mtp")))
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)
-    rules = _placement(out_dir, cfg, mesh, partition)
+    rules = _placement(out_dir, cfg, mesh, partition, experts)
 
     ckptr = ocp.StandardCheckpointer()
     params_dir = os.path.join(out_dir, meta.get("params_dir", PARAMS_DIR))
@@ -181,14 +184,14 @@ def _damaged(out_dir: str, e: Exception) -> ConvertError:
 
 
 def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
-            partition: Partition | None = None):
+            partition: Partition | None = None, experts: str = "width"):
     """Load a Hugging Face checkpoint directory straight into the model. Returns (config, model).
 
     dtype: the model dtype; None = the checkpoint's (bfloat16 if it is mostly 16-bit, else
         float32), as `convert` chooses; params the model keeps in fp32 stay fp32.
     mtp: build the MTP head; None = when the checkpoint ships `mtp.*` tensors (see
         `convert.plan.plan`).
-    mesh, partition: as for `load`.
+    mesh, partition, experts: as for `load`.
     Raises ConvertError (one line) for everything `replayjax convert` refuses, and for a model
     the mesh cannot split.
     """
@@ -203,7 +206,7 @@ def load_hf(hf_dir, *, dtype=None, mtp: bool | None = None, mesh=None,
     p = plan(hf_dir, dtype=dtype, mtp=mtp)
     graphdef, state = nnx.split(mappings.abstract_model(p.cfg, p.dtype, p.mtp))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
-    rules = _placement(hf_dir, p.cfg, mesh, partition)
+    rules = _placement(hf_dir, p.cfg, mesh, partition, experts)
     tensors = p.checkpoint.tensors
     placed = {}
     reader = Reader()

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from models.parallel import tp_index
 from pallas_kernels import moe as moe_ops
 
 _HI = lax.Precision.HIGHEST
@@ -58,14 +59,29 @@ def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool):
 
 
 def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
-                   activation: str):
+                   activation: str, num_experts: int):
     """The routed part of a MoE layer over any leading shape: u [..., din] is what the experts
-    see (x, or its latent projection), expert_ids / weights [..., k] the routing, valid [...]
-    bool the real tokens (None: all); the others own no (token, expert) pairs and come out
-    zero. Returns [..., din] in u.dtype (`pallas_kernels.moe.expert_ffn`, impl "auto")."""
+    see (x, or its latent projection), expert_ids / weights [..., k] the routing over
+    `num_experts`, valid [...] bool the real tokens (None: all); the others own no (token,
+    expert) pairs and come out zero. Returns [..., din] in u.dtype
+    (`pallas_kernels.moe.expert_ffn`, impl "auto").
+
+    Expert parallel (`models.sharding`, experts "experts"): under shard_map w_up holds this
+    device's E / tp experts, the r-th slice; only the pairs routed to them are computed (the
+    others are invalid pairs: no rows), and the psum after the layer adds the devices' parts."""
     lead, k = u.shape[:-1], expert_ids.shape[-1]
-    flat_valid = None if valid is None else jnp.broadcast_to(valid, lead).reshape(-1)
-    y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), expert_ids.reshape(-1, k),
-                           weights.reshape(-1, k), w_up, w_down, w_gate=w_gate,
-                           valid=flat_valid, activation=activation)
+    ids = expert_ids.reshape(-1, k)
+    pair_valid = (jnp.ones(ids.shape[:1], bool) if valid is None
+                  else jnp.broadcast_to(valid, lead).reshape(-1))
+    local, block_m = w_up.shape[0], None
+    if local < num_experts:                 # this device's slice of the experts
+        ids = ids - tp_index() * local
+        pair_valid = pair_valid[:, None] & (ids >= 0) & (ids < local)
+        ids = jnp.clip(ids, 0, local - 1)
+        block_m = moe_ops.default_block_m(ids.size * local // num_experts, local)
+    elif valid is None:
+        pair_valid = None
+    y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), ids, weights.reshape(-1, k), w_up,
+                           w_down, w_gate=w_gate, valid=pair_valid, activation=activation,
+                           block_m=block_m)
     return y.reshape(u.shape)

@@ -233,7 +233,7 @@ class MoE(nnx.Module):
         ids, weights = self.route(x)
         u = self.fc1_latent(x) if self.cfg.moe_latent_size else x
         y = moe.routed_experts(u, ids, weights, valid, self.up[...], self.down[...],
-                               activation="relu2")
+                               activation="relu2", num_experts=self.cfg.n_routed_experts)
         if self.cfg.moe_latent_size:
             y = self.fc2_latent(y)          # linear: applied to the partial sum
         return tp_sum((y + self.shared.partial(x)) if self.shared is not None else y)

@@ -253,7 +253,8 @@ class MoE(nnx.Module):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts)."""
         ids, weights = self.route(x)
         y = moe.routed_experts(x, ids, weights, valid, self.up[...], self.down[...],
-                               w_gate=self.gate_w[...], activation="swiglu")
+                               w_gate=self.gate_w[...], activation="swiglu",
+                               num_experts=self.cfg.num_experts)
         if self.shared is not None:     # a replicated gate times a partial sum
             y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared.partial(x)
         return tp_sum(y)

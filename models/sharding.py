@@ -10,8 +10,9 @@ Megatron style. Each device holds 1/tp of the heads of every mixer and of every 
   KV heads too when tp divides their count, else (tp a multiple of it) replicated: every device
   keeps all KV heads and attends with the one its query heads share;
 * MoE experts tensor-parallel inside (each device 1/tp of every expert's width; routing is
-  replicated), so any expert count works. Expert parallelism would shard E instead (see
-  docs/multi_host.md for the design);
+  replicated), so any expert count works; or (`experts="experts"`) expert-parallel: each device
+  holds E / tp whole experts and computes only the (token, expert) pairs routed to them, and the
+  same one psum sums the devices' parts;
 * embedding, LM head, norms, routers, MTP projections replicated: sampling needs the full-vocab
   logits on every device, and all-gathering fp32 logits [b, V] each step (134 MB at b = 256,
   V = 131k) costs more than reading a replicated LM head.
@@ -70,27 +71,34 @@ def mesh_tp(mesh) -> int:
 
 # ---------------------------------------------------------------------- configs and layouts
 
-def check_tp(cfg, tp: int):
+EXPERT_SPLITS = ("width", "experts")     # tensor parallel inside every expert | expert parallel
+
+
+def check_tp(cfg, tp: int, experts: str = "width"):
     """ValueError (one line) unless tp divides every count the rules split: query heads, Mamba
-    heads and groups, GDN key and value heads, MLP and expert widths; KV heads must divide or
-    be divided by tp (replicated when fewer)."""
+    heads and groups, GDN key and value heads, MLP widths, and the expert width (experts
+    "width") or the expert count ("experts"); KV heads must divide or be divided by tp
+    (replicated when fewer)."""
+    if experts not in EXPERT_SPLITS:
+        raise ValueError(f"experts must be one of {EXPERT_SPLITS}, got {experts!r}")
     if tp == 1:
         return
     if isinstance(cfg, NemotronHConfig):
         kinds = set(cfg.layer_kinds) | set(cfg.mtp_layer_kinds)
+        routed = "n_routed_experts" if experts == "experts" else "moe_intermediate_size"
         need = {"mamba": ("mamba_num_heads", "n_groups"), "attention": ("num_attention_heads",),
                 "mlp": ("intermediate_size",),
-                "moe": ("moe_intermediate_size",) + (("moe_shared_expert_intermediate_size",)
-                                                     if cfg.n_shared_experts else ())}
+                "moe": (routed,) + (("moe_shared_expert_intermediate_size",)
+                                    if cfg.n_shared_experts else ())}
     else:
         kinds = set(cfg.layer_kinds) | set(cfg.ffn_kinds) | {"attention"}
         if cfg.num_mtp_layers:
             kinds.add(cfg.mtp_ffn_kind)
+        routed = "num_experts" if experts == "experts" else "moe_intermediate_size"
         need = {"gdn": ("linear_num_key_heads", "linear_num_value_heads"),
                 "attention": ("num_attention_heads",), "mlp": ("intermediate_size",),
-                "moe": ("moe_intermediate_size",) + (("shared_expert_intermediate_size",)
-                                                     if cfg.shared_expert_intermediate_size
-                                                     else ())}
+                "moe": (routed,) + (("shared_expert_intermediate_size",)
+                                    if cfg.shared_expert_intermediate_size else ())}
     for kind in sorted(kinds & set(need)):
         for name in need[kind]:
             if getattr(cfg, name) % tp:
@@ -127,6 +135,10 @@ def device_major(sizes, tp: int) -> np.ndarray:
 
 _COL, _ROW, _VEC = P(None, TP), P(TP, None), P(TP)
 _KV = "kv"              # column-parallel when tp divides the KV heads, else replicated
+# routed experts [E, din, F] / [E, F, din]: split on F (experts "width"), or on E ("experts")
+_EXPERT_IN, _EXPERT_OUT = "expert_in", "expert_out"
+_EXPERT_SPECS = {"width": {_EXPERT_IN: P(None, None, TP), _EXPERT_OUT: P(None, TP, None)},
+                 "experts": {_EXPERT_IN: P(TP, None, None), _EXPERT_OUT: P(TP, None, None)}}
 
 # (param path regex, spec), first match wins; paths are the "/"-joined keys of the model's
 # pure-dict state; whatever matches nothing is replicated (embeddings, LM head, norms, routers,
@@ -138,7 +150,7 @@ NEMOTRON_H_RULES = (
     (r"mixer/q_proj/kernel$", _COL), (r"mixer/q_proj/bias$", _VEC),
     (r"mixer/[kv]_proj/(kernel|bias)$", _KV), (r"mixer/o_proj/kernel$", _ROW),
     (r"up_proj/kernel$", _COL), (r"up_proj/bias$", _VEC), (r"down_proj/kernel$", _ROW),
-    (r"mixer/up$", P(None, None, TP)), (r"mixer/down$", P(None, TP, None)),
+    (r"mixer/up$", _EXPERT_IN), (r"mixer/down$", _EXPERT_OUT),
 )
 QWEN_RULES = (
     (r"mixer/in_proj/kernel$", _COL), (r"mixer/conv_weight$", _ROW),
@@ -146,18 +158,21 @@ QWEN_RULES = (
     (r"mixer/q_proj/kernel$", _COL), (r"mixer/q_proj/bias$", _VEC),
     (r"mixer/[kv]_proj/(kernel|bias)$", _KV), (r"mixer/o_proj/kernel$", _ROW),
     (r"(gate|up)_proj/kernel$", _COL), (r"down_proj/kernel$", _ROW),
-    (r"mlp/(gate_w|up)$", P(None, None, TP)), (r"mlp/down$", P(None, TP, None)),
+    (r"mlp/(gate_w|up)$", _EXPERT_IN), (r"mlp/down$", _EXPERT_OUT),
 )
 
 
 class TPRules:
     """A family's partition rules on a mesh: `spec(path, shape)` -> PartitionSpec and
     `layout(path, array)` -> the array laid out device-major (fused params; others as given).
-    Loaders take it as `partition=` (`convert.load`, `convert.load_hf`)."""
+    Loaders take it as `partition=` (`convert.load`, `convert.load_hf`). experts: "width"
+    (each device 1/tp of every routed expert's width) or "experts" (1/tp of the experts, whole;
+    `models.moe.routed_experts` sees the local stack and dispatches only its own pairs)."""
 
-    def __init__(self, cfg, mesh: Mesh):
+    def __init__(self, cfg, mesh: Mesh, experts: str = "width"):
         self.cfg, self.mesh, self.tp = cfg, mesh, mesh_tp(mesh)
-        check_tp(cfg, self.tp)
+        check_tp(cfg, self.tp, experts)
+        self.experts = experts
         self.rules = NEMOTRON_H_RULES if isinstance(cfg, NemotronHConfig) else QWEN_RULES
         self.segments = _segments(cfg)
 
@@ -169,6 +184,8 @@ class TPRules:
         if spec == _KV:
             kv = self.cfg.num_key_value_heads
             spec = P() if kv % self.tp else (_COL if len(shape) == 2 else _VEC)
+        elif spec in (_EXPERT_IN, _EXPERT_OUT):
+            spec = _EXPERT_SPECS[self.experts][spec]
         for axis, ax in enumerate(spec):
             if ax == TP and shape[axis] % self.tp:
                 raise ValueError(f"param {name} {list(shape)}: axis {axis} is not divisible "
@@ -231,12 +248,12 @@ def set_layout(model, tp: int):
     return model
 
 
-def shard_model(model, mesh: Mesh):
+def shard_model(model, mesh: Mesh, experts: str = "width"):
     """A model whose params sit on one device (natural layout), laid out and placed on `mesh`
-    with its family's rules, one param at a time. Returns the new model (the old one keeps its
-    arrays until dropped)."""
+    with its family's rules (`TPRules`), one param at a time. Returns the new model (the old
+    one keeps its arrays until dropped)."""
     from flax import nnx
-    rules = TPRules(model.cfg, mesh)
+    rules = TPRules(model.cfg, mesh, experts)
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)
 

@@ -365,19 +365,33 @@ def window_multiple(text):
 
 
 def add_tp_argument(ap):
-    """--tp N: the tensor-parallel degree (`tp_mesh`)."""
+    """--tp N: the tensor-parallel degree, --expert-parallel: how MoE experts split
+    (`tp_placement`)."""
     ap.add_argument("--tp", type=at_least(1), default=1, metavar="N",
                     help="tensor-parallel degree: the model split over N devices (this host's "
                          "GPUs, or one per process under `replayjax launch`; default 1)")
+    ap.add_argument("--expert-parallel", action="store_true",
+                    help="with --tp N: each device holds 1/N of a MoE layer's experts, whole, "
+                         "and runs only the tokens routed to them (default: 1/N of every "
+                         "expert's width)")
 
 
-def check_tp(flag: str, tp: int, cfg):
+def tp_placement(args):
+    """(mesh, experts) of --tp and --expert-parallel: the `tp_mesh` and the
+    `models.sharding.TPRules` expert split ("width" or "experts")."""
+    if getattr(args, "expert_parallel", False) and args.tp == 1:
+        raise UserError("--expert-parallel: needs --tp N > 1 (the experts split over N devices)")
+    return tp_mesh(args.tp), ("experts" if getattr(args, "expert_parallel", False) else "width")
+
+
+def check_tp(flag: str, tp: int, cfg, experts: str = "width"):
     """UserError naming `flag` unless tp devices are visible and tp divides the model's head
-    counts (cheap: before loading anything)."""
+    counts (and expert count or width, as `experts` splits them; cheap: before loading
+    anything)."""
     from models.sharding import check_tp as check_counts
     tp_mesh(tp)
     try:
-        check_counts(cfg, tp)
+        check_counts(cfg, tp, experts)
     except ValueError as e:
         raise UserError(f"{flag} {tp}: {e}") from None
 

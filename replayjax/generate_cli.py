@@ -227,8 +227,9 @@ def check_inputs(args):
             raise cli.UserError(f"--speculative draft:{args.draft_dir}: vocabulary of "
                                 f"{draft_cfg.vocab_size} tokens, the model's has "
                                 f"{cfg.vocab_size}")
+    _, experts = cli.tp_placement(args)
     if args.tp > 1:
-        cli.check_tp("--tp", args.tp, cfg)
+        cli.check_tp("--tp", args.tp, cfg, experts)
     tok = _tokenizer(model_dir, required=any(p.text is not None for p in args.prompts))
     prompts = _token_lists(args, tok, cfg.vocab_size)
     cli.output_path("--save-logits", args.save_logits)
@@ -237,11 +238,11 @@ def check_inputs(args):
 
 # ---------------------------------------------------------------------- running
 
-def _load(flag, path, mesh=None):
+def _load(flag, path, mesh=None, experts="width"):
     from convert import ConvertError
     from replayjax.loading import load_model
     try:
-        return load_model(path, mesh=mesh)
+        return load_model(path, mesh=mesh, experts=experts)
     except ConvertError as e:
         raise cli.UserError(f"{flag}: {e}") from None
 
@@ -287,13 +288,13 @@ def generate(args, tok, model_dir, prompts):
     progress = cli.Progress(3 + bool(args.draft_dir) + (not args.stream), cli.interactive(args))
     try:
         t0 = time.perf_counter()
-        mesh = cli.tp_mesh(args.tp)
+        mesh, experts = cli.tp_placement(args)
         with progress.stage("loading the model"):
-            model = _load("--model", model_dir, mesh)
+            model = _load("--model", model_dir, mesh, experts)
         draft_model = None
         if args.draft_dir:
             with progress.stage("loading the draft model"):
-                draft_model = _load("--speculative draft:DIR", args.draft_dir, mesh)
+                draft_model = _load("--speculative draft:DIR", args.draft_dir, mesh, experts)
         with progress.stage("allocating the cache"):
             try:
                 engine = Engine(model, draft_model=draft_model,

@@ -52,14 +52,15 @@ def describe_model(path):
     return cfg, bool(meta.get("mtp"))
 
 
-def load_model(path, *, dtype=None, mesh=None):
+def load_model(path, *, dtype=None, mesh=None, experts: str = "width"):
     """The NNX model stored at `path` (HF or converted directory), in the checkpoint's dtype
     unless `dtype` is given, placed on `mesh` (None: the first device; a tensor-parallel mesh,
     `models.sharding.make_mesh`: each param laid out and split by the family's rules, every
-    device receiving only its shard). HF checkpoints get their MTP head when they ship `mtp.*`
+    device receiving only its shard; `experts` "width" or "experts": how the routed experts
+    split, `models.sharding.TPRules`). HF checkpoints get their MTP head when they ship `mtp.*`
     tensors. Raises ConvertError with a one-line message (also for a model the mesh cannot
     split)."""
     path = os.fspath(path)
     if _kind(path) == "converted":
-        return load(path, mesh=mesh, dtype=dtype)[1]
-    return load_hf(path, dtype=dtype, mesh=mesh)[1]
+        return load(path, mesh=mesh, dtype=dtype, experts=experts)[1]
+    return load_hf(path, dtype=dtype, mesh=mesh, experts=experts)[1]

@@ -29,7 +29,8 @@
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
 #   tp-profile - `profile` at TP = 2: where the step's time goes, collectives (NCCL) included
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
-#              standard at batch 64;  tp-80b-256 - the same at batch 256
+#              standard at batch 64;  tp-80b-256 - the same at batch 256;  tp-80b-ep - replay
+#              with --expert-parallel at batch 64 and 256 (experts split by count, not width)
 # DEADLINE=EPOCH_SECONDS cuts every timeout to what is left of a device call (see `limit`).
 # Each e2e variant runs in its own process (peak memory per variant); rows go to OUT/e2e.jsonl,
 # stderr (XLA warnings) to OUT/e2e.log, so the JSONL stays valid.
@@ -140,6 +141,12 @@ case $stage in
   tp-80b)
     e2e 560 --synthetic qwen3-next-80b-a3b --batch 64 --prompt-len 128 --tp 2 \
       --variants replay standard ;;
+  tp-80b-ep)
+    # expert parallel vs the width split (tp-80b's replay rows), batch 64 then 256
+    for b in 64 256; do
+      e2e 280 --synthetic qwen3-next-80b-a3b --batch $b --prompt-len 128 --tp 2 \
+        --expert-parallel --variants replay
+    done ;;
   tp-80b-256)
     e2e 560 --synthetic qwen3-next-80b-a3b --batch 256 --prompt-len 128 --tp 2 \
       --variants replay standard ;;

@@ -6,6 +6,7 @@
 Shapes: n tokens of width din, E experts of width F, k experts per token.
     x [n, din] float; expert_ids [n, k] int32 in [0, E) (distinct per row, as top-k gives);
     weights [n, k] float32 (the routing weights, applied here); valid [n] bool (None: all rows)
+    or [n, k] bool (which pairs to compute: an expert-parallel shard's own; top_k may exceed E)
     w_up [E, din, F], w_gate [E, din, F] (SwiGLU only), w_down [E, F, din]; one float dtype.
     activation: "relu2" (relu(x W_up)^2, Nemotron-H) or "swiglu" (silu(x W_gate) * x W_up, Qwen).
 Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x.dtype; rows that
@@ -52,7 +53,8 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
     check(expert_ids.ndim == 2 and expert_ids.shape[0] == n,
           f"expert_ids must be [tokens = {n}, top_k], got shape {tuple(expert_ids.shape)}")
     k = expert_ids.shape[1]
-    check(1 <= k <= E, f"top_k = {k} must be in [1, experts = {E}]")
+    pairs = valid is not None and valid.ndim == 2
+    check(1 <= k and (pairs or k <= E), f"top_k = {k} must be in [1, experts = {E}]")
     check_shape("w_up", w_up, (E, din, F))
     check_shape("w_down", w_down, (E, F, din))
     check_shape("weights", weights, (n, k))
@@ -62,7 +64,7 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
         check_shape("w_gate", w_gate, (E, din, F))
         check_dtype("w_gate", w_gate, (w_up.dtype,))
     if valid is not None:
-        check_shape("valid", valid, (n,))
+        check_shape("valid", valid, (n, k) if pairs else (n,))
         check_dtype("valid", valid, (jnp.bool_,))
     check_dtype("x", x, FLOAT_DTYPES)
     check_dtype("w_up", w_up, FLOAT_DTYPES)

@@ -1,10 +1,11 @@
 """Dispatch plan of a sparse MoE layer: (token, expert) pairs sorted by expert into row tiles.
 
-n tokens each routed to k experts give P = n k pairs. Pairs of invalid tokens (padding rows) get
-the key E and sort past every group, so they own no rows and no group counts them. Each expert's
-pairs are a group; every group is padded to a multiple of m = block_m rows, so a tile of m rows
-belongs to exactly one expert and a grouped GEMM is one dense [m, din] x [din, F] product per tile
-with that expert's weights (megablox layout). The number of tiles is static,
+n tokens each routed to k experts give P = n k pairs. Invalid pairs (of padding rows, or routed to
+another device's experts) get the key E and sort past every group, so they own no rows and no group
+counts them. Each expert's pairs are a group; every group is padded to a multiple of m = block_m
+rows, so a tile of m rows belongs to exactly one expert and a grouped GEMM is one dense [m, din] x
+[din, F] product per tile with that expert's weights (megablox layout).
+The number of tiles is static,
 
     num_tiles = ceil(P / m) + min(E, P)      (>= sum over non-empty groups of ceil(size / m)),
 
@@ -36,11 +37,12 @@ def num_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> DispatchPlan:
-    """expert_ids [n, k] int32 in [0, E); weights [n, k] float32; valid [n] bool."""
+    """expert_ids [n, k] int32 in [0, E); weights [n, k] float32; valid [n] bool (tokens) or
+    [n, k] bool (pairs: an expert-parallel shard's own pairs)."""
     n, k = expert_ids.shape
     P, E, m = n * k, num_experts, block_m
     R = num_tiles(P, E, m) * m
-    keys = jnp.where(valid[:, None], expert_ids, E).reshape(P)
+    keys = jnp.where(valid if valid.ndim == 2 else valid[:, None], expert_ids, E).reshape(P)
     order = jnp.argsort(keys, stable=True)          # by expert, then token; invalid pairs last
     sorted_keys = keys[order]
     group_sizes = jnp.zeros((E + 1,), jnp.int32).at[keys].add(1)[:E]

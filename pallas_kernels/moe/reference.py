@@ -34,8 +34,8 @@ def activate(up, gate, activation: str):
 
 
 def dense_weights(expert_ids, weights, valid, num_experts: int):
-    """Routing as a dense [n, E] float32 matrix (rows of invalid tokens are zero)."""
-    w = jnp.where(valid[:, None], weights.astype(F32), 0.0)
+    """Routing as a dense [n, E] float32 matrix (invalid tokens' rows and pairs are zero)."""
+    w = jnp.where(valid if valid.ndim == 2 else valid[:, None], weights.astype(F32), 0.0)
     rows = jnp.arange(expert_ids.shape[0])[:, None]
     return jnp.zeros((expert_ids.shape[0], num_experts), F32).at[rows, expert_ids].add(w)
 
@@ -53,4 +53,5 @@ def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
     hid = hid * dense_weights(expert_ids, weights, valid, E)[:, :, None]
     y = jnp.einsum("nef,efd->nd", hid.astype(dt), w_down, precision=hi,
                    preferred_element_type=F32)
-    return jnp.where(valid[:, None], y, 0.0).astype(x.dtype)
+    tokens = valid if valid.ndim == 1 else valid.any(-1)
+    return jnp.where(tokens[:, None], y, 0.0).astype(x.dtype)

@@ -114,10 +114,11 @@ def build_model(args, mtp=False):
     import jax.numpy as jnp
 
     from replayjax.loading import load_model
-    mesh = cli.tp_mesh(args.tp)
+    mesh, experts = cli.tp_placement(args)
     if args.model:
-        return load_model(args.model, mesh=mesh)
-    return build(args.synthetic, jnp.dtype(args.dtype), args.seed, mtp, mesh=mesh)
+        return load_model(args.model, mesh=mesh, experts=experts)
+    return build(args.synthetic, jnp.dtype(args.dtype), args.seed, mtp, mesh=mesh,
+                 experts=experts)
 
 
 # ---------------------------------------------------------------------- serving

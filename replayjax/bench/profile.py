@@ -74,9 +74,10 @@ def profile(args, progress):
     from replayjax.loading import load_model
 
     with progress.stage("building the model"):
-        mesh = cli.tp_mesh(args.tp)
-        model = (load_model(args.model, mesh=mesh) if args.model else
-                 build(args.synthetic, jnp.dtype(args.dtype), args.seed, mesh=mesh))
+        mesh, experts = cli.tp_placement(args)
+        model = (load_model(args.model, mesh=mesh, experts=experts) if args.model else
+                 build(args.synthetic, jnp.dtype(args.dtype), args.seed, mesh=mesh,
+                       experts=experts))
     try:        # before the prompts: the cache check bounds --batch x --prompt-len
         engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
                         ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)

@@ -176,7 +176,8 @@ def randomize(model, seed: int = 0):
     return model
 
 
-def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None,
+                 experts: str = "width"):
     """The model of `cfg` with `randomize`'s weights in `dtype`. On a tensor-parallel mesh
     (`models.sharding`) the params are made in place: the constructor's values of the params
     that keep them, in their shardings, then one at a time each random one drawn (the same bits
@@ -190,7 +191,7 @@ def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
     make = lambda: model_class(cfg)(cfg, dtype=dtype, mtp=mtp)     # noqa: E731
     if sharding.mesh_tp(mesh) == 1:
         return randomize(make(), seed)
-    rules = sharding.TPRules(cfg, mesh)
+    rules = sharding.TPRules(cfg, mesh, experts)
     graphdef, state = nnx.split(nnx.eval_shape(make))
     flat = lambda tree: {sharding.param_path(kp): a for kp, a in     # noqa: E731
                          jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -209,15 +210,17 @@ def random_model(cfg, dtype, seed: int = 0, mtp: bool = False, mesh=None):
     return sharding.set_layout(nnx.merge(graphdef, state), rules.tp)
 
 
-def build(name: str, dtype, seed: int = 0, mtp: bool = False, mesh=None):
+def build(name: str, dtype, seed: int = 0, mtp: bool = False, mesh=None,
+          experts: str = "width"):
     """Preset `name` with random weights in `dtype` (and an MTP head when `mtp`), after checking
-    that it fits; on `mesh` (tensor parallel) each device holds its share (`random_model`)."""
+    that it fits; on `mesh` (tensor parallel) each device holds its share (`random_model`;
+    experts: how the routed experts split, `models.sharding.TPRules`)."""
     from models import sharding
     cfg = synthetic_config(name, mtp)
     tp = sharding.mesh_tp(mesh)
     try:
-        sharding.check_tp(cfg, tp)
+        sharding.check_tp(cfg, tp, experts)
     except ValueError as e:
         raise UserError(f"--synthetic {name}: {e}") from None
     check_fits(name, cfg, dtype, mtp, tp)
-    return random_model(cfg, dtype, seed, mtp, mesh)
+    return random_model(cfg, dtype, seed, mtp, mesh, experts)

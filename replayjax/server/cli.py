@@ -144,12 +144,13 @@ def build_engine(args, model_dir: str | None):
     if jax.process_count() > 1:
         raise ServeError("serve drives its GPUs from one process: run it with --tp N, not under "
                          "`replayjax launch`")
-    mesh = cli.tp_mesh(args.tp)
+    mesh, experts = cli.tp_placement(args)
     model = (build(args.synthetic, jnp.dtype(args.dtype or "bfloat16"),
-                   mtp=args.drafter == "mtp", mesh=mesh)
-             if model_dir is None else load_model(model_dir, mesh=mesh))
+                   mtp=args.drafter == "mtp", mesh=mesh, experts=experts)
+             if model_dir is None else load_model(model_dir, mesh=mesh, experts=experts))
     try:
-        draft = load_model(args.draft_dir, mesh=mesh) if args.draft_dir else None
+        draft = (load_model(args.draft_dir, mesh=mesh, experts=experts) if args.draft_dir
+                 else None)
     except ConvertError as e:
         raise ServeError(f"--speculative draft: {e}") from None
     try:

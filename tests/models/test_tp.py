@@ -3,8 +3,9 @@ both SSM modes, through the engine with speculative decoding (drafts accepted in
 and not at all, so rings, conv states and KV lengths roll back), gives HF's greedy tokens and
 logits within 1e-4 -- the oracle the single-device model is held to (tests/models/test_*.py).
 The fixtures' head counts divide 4; their KV heads (2 for Nemotron, 1 for Qwen) are sharded at
-tp = 2 (Nemotron) and replicated otherwise. Plain decode in both modes, the Pallas kernels under
-shard_map, MTP drafting, the loaders' device-major layout and the rules are checked alongside.
+tp = 2 (Nemotron) and replicated otherwise. Plain decode in both modes, expert parallelism, the
+Pallas kernels under shard_map, MTP drafting, the loaders' device-major layout and the rules are
+checked alongside.
 
 Cost: each (fixture, tp, mode) compiles two steps (prefill, speculative step); models and meshes
 are loaded once per module."""
@@ -54,9 +55,11 @@ def _ref(variant):
 
 
 @functools.cache
-def _model(variant, tp=1):
-    """The fixture loaded onto a tp mesh (tp = 1: one device, natural layout)."""
-    return load_hf(_dir(variant), mesh=sharding.make_mesh(tp) if tp > 1 else None)[1]
+def _model(variant, tp=1, experts="width"):
+    """The fixture loaded onto a tp mesh (tp = 1: one device, natural layout), its routed
+    experts split by `experts`."""
+    return load_hf(_dir(variant), mesh=sharding.make_mesh(tp) if tp > 1 else None,
+                   experts=experts)[1]
 
 
 def _params(model):
@@ -130,6 +133,18 @@ def test_greedy_decode_both_modes(variant, tp):
     check_greedy(runner, _ref(variant))
 
 
+@pytest.mark.parametrize("variant,tp", [("nemotron_h_latent_moe", 4), ("qwen3_5_moe", 2)])
+def test_expert_parallel_greedy_decode(variant, tp):
+    """Expert parallel (each device tp / E whole experts, its own (token, expert) pairs only):
+    greedy tokens in both modes equal HF's, logits within 1e-4, as with the experts split on
+    their width."""
+    _devices(tp)
+    model = _model(variant, tp, "experts")
+    up = next(v for p, v in nnx.iter_graph(model) if p[-1] == "up" and isinstance(v, nnx.Param))
+    assert up.get_value().sharding.spec == P("tp", None, None)
+    check_greedy(Runner(model), _ref(variant))
+
+
 @pytest.mark.parametrize("variant", ["nemotron_h", "qwen3_next"])
 def test_pallas_kernels_under_shard_map(variant):
     """The Pallas replay-decode kernels (interpret mode) run per device on local heads."""
@@ -177,6 +192,11 @@ def test_rules():
     assert rq.spec(("layers", 0, "mixer", "norm"), (16,)) == P()     # per value head, shared
     assert rq.spec(("layers", 0, "mlp", "gate"), (8, 32)) == P()      # the router
     assert rq.spec(("layers", 0, "mlp", "gate_w"), (8, 32, 32)) == P(None, None, "tp")
+    ep = sharding.TPRules(qwen, jax.sharding.AbstractMesh((4,), ("tp",)), experts="experts")
+    assert ep.spec(("layers", 0, "mlp", "gate_w"), (8, 32, 32)) == P("tp", None, None)
+    assert ep.spec(("layers", 0, "mlp", "down"), (8, 32, 32)) == P("tp", None, None)
+    assert ep.spec(("layers", 0, "mlp", "shared", "up_proj", "kernel"), (32, 32)) == \
+        P(None, "tp")                                          # the shared expert: its width
 
 
 def test_counts_the_mesh_cannot_split():
@@ -189,6 +209,10 @@ def test_counts_the_mesh_cannot_split():
                                          r"divide one another"):
         sharding.check_tp(dataclasses.replace(nemo, num_attention_heads=12,
                                               num_key_value_heads=3), 4)
+    moe = load_config(_dir("qwen3_5_moe"))
+    sharding.check_tp(dataclasses.replace(moe, num_experts=6), 2, experts="experts")
+    with pytest.raises(ValueError, match=r"tp = 4 does not divide the model's num_experts \(6\)"):
+        sharding.check_tp(dataclasses.replace(moe, num_experts=6), 4, experts="experts")
     n = len(jax.devices())
     with pytest.raises(ValueError, match=f"tp = {n + 1} exceeds the {n} visible"):
         sharding.make_mesh(n + 1)

@@ -115,6 +115,28 @@ def test_several_tiles_per_expert_and_tilings(impl, interpret):
     check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_expert_shards_with_pair_validity_sum_to_the_whole(impl, interpret):
+    """Expert parallelism's split: each of 3 shards holds 2 of the 6 experts and gets every
+    pair, valid only where routed to its own (ids shifted into [0, 2), the others clipped);
+    the shards' outputs sum to the whole layer's, padding rows stay zero, and k = 2 may equal
+    a shard's expert count."""
+    pb = Problem(4, n=12, E=6, k=2, activation="swiglu", kind="padding")
+    ids, parts = np.asarray(pb.ids), []
+    for r in range(3):
+        local = ids - 2 * r
+        mine = np.asarray(pb.valid)[:, None] & (local >= 0) & (local < 2)
+        kw = dict(w_gate=pb.w_gate[2 * r:2 * r + 2], valid=jnp.asarray(mine),
+                  activation=pb.activation)
+        args = (pb.x, jnp.asarray(np.clip(local, 0, 1), jnp.int32), pb.weights,
+                pb.w_up[2 * r:2 * r + 2], pb.w_down[2 * r:2 * r + 2])
+        if impl == "pallas":
+            kw["interpret"] = interpret
+        ffn = moe.reference.expert_ffn if impl == "reference" else moe.expert_ffn
+        parts.append(ffn(*args, **kw) if impl == "reference" else ffn(*args, impl=impl, **kw))
+    check(pb, sum(parts), 1e-5)
+
+
 def test_padding_rows_own_no_pairs():
     pb = Problem(4, n=12, E=6, k=2, kind="padding")
     plan = moe.make_plan(pb.ids, pb.weights, pb.valid, 6, 16)

@@ -76,14 +76,20 @@ def test_tp_errors_are_one_line(capsys):
     assert e2e.main(["--synthetic", "nemotron-h-8b", "--tp", str(n + 1), "--isolate",
                      "none"]) == 1
     assert f"--tp {n + 1}: tp = {n + 1} exceeds" in capsys.readouterr().err
+    assert generate_cli.main(["--prompt-ids", "1,2", "--expert-parallel"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "replayjax generate: error: --expert-parallel: needs --tp N > 1 (the experts split "
+        "over N devices)")
 
 
-def test_bench_splits_the_model(capsys):
-    """`replayjax bench --tp 2`: a decode row with its roofline per device."""
+@pytest.mark.parametrize("split", [[], ["--expert-parallel"]])
+def test_bench_splits_the_model(capsys, split):
+    """`replayjax bench --tp 2 [--expert-parallel]`: a decode row with its roofline per
+    device."""
     assert e2e.main(["--model", "tests/fixtures/hf/nemotron_h_p80", "--tp", "2", "--batch", "2",
                      "--prompt-len", "6", "--new-tokens", "6", "--window", "4",
                      "--steps-per-visit", "4", "--variants", "replay", "--isolate", "none",
-                     "--json"]) == 0
+                     "--json", *split]) == 0
     out = json.loads(capsys.readouterr().out)
     row, = out["rows"]
     assert out["config"]["tp"] == 2 and row["failures"] == 0
