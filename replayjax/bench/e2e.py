@@ -53,6 +53,7 @@ from replayjax.bench.timing import copy_bandwidth, percentile
 from replayjax.bench.workload import (
     AGENT_TURNS,
     ARRIVALS,
+    WORKLOAD_HELP,
     WORKLOADS,
     Workload,
     arrival_times,
@@ -382,8 +383,7 @@ def build_parser():
     ap.add_argument("--batch", type=cli.at_least(1), default=32, metavar="N",
                     help="engine slots (concurrent requests); synthetic: also the request count")
     ap.add_argument("--workload", choices=WORKLOADS,
-                    help="synthetic prompt lengths: mixed (log-uniform in [P/4, 4P]) or sync "
-                         "(all P) (default: mixed)")
+                    help=WORKLOAD_HELP + " (default: mixed)")
     ap.add_argument("--arrivals", choices=ARRIVALS, default="staggered",
                     help="when requests arrive: staggered (each at a random host visit within "
                          "one generation's length: rows start and fold at different steps), "

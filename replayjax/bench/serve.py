@@ -27,7 +27,13 @@ import time
 
 from replayjax import commandline as cli
 from replayjax.bench.timing import percentile
-from replayjax.bench.workload import WORKLOADS, arrival_times, load_trace, synthetic_requests
+from replayjax.bench.workload import (
+    WORKLOAD_HELP,
+    WORKLOADS,
+    arrival_times,
+    load_trace,
+    synthetic_requests,
+)
 
 PROG = "replayjax bench serve"
 QUANTILES = (50, 90, 99)
@@ -259,7 +265,7 @@ def build_parser():
                     help="synthetic prompt length (geometric mean with --workload mixed)")
     ap.add_argument("--max-tokens", type=cli.at_least(1), default=64,
                     help="synthetic tokens to generate per request")
-    ap.add_argument("--workload", choices=WORKLOADS, default="mixed")
+    ap.add_argument("--workload", choices=WORKLOADS, default="mixed", help=WORKLOAD_HELP)
     ap.add_argument("--vocab", type=cli.at_least(4), default=256,
                     help="synthetic prompt ids are drawn from [3, VOCAB): valid for any model "
                          "with at least this many tokens")

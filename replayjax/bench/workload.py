@@ -23,6 +23,9 @@ from replayjax.commandline import UserError
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
 WORKLOADS = ("mixed", "sync", "agents")
+WORKLOAD_HELP = ("synthetic prompts: mixed (lengths log-uniform in [P/4, 4P]), sync (all P) or "
+                 "agents (turns of agents sharing a system prompt of P tokens, each turn "
+                 "extending its agent's history: what a prefix cache saves)")
 MIXED_SPREAD = 4        # mixed prompt lengths are log-uniform in [P / 4, 4 P] (geometric mean P)
 AGENT_TURNS = 4         # agents workload: turns per agent
 AGENT_MESSAGE = 8       # agents workload: a user message is prompt_len / 8 tokens
