@@ -99,6 +99,8 @@ def check_tp(cfg, tp: int, experts: str = "width"):
                 "attention": ("num_attention_heads",), "mlp": ("intermediate_size",),
                 "moe": (routed,) + (("shared_expert_intermediate_size",)
                                     if cfg.shared_expert_intermediate_size else ())}
+    if experts == "experts" and "moe" not in kinds:
+        raise ValueError("expert parallelism splits MoE experts; the model has no MoE layers")
     for kind in sorted(kinds & set(need)):
         for name in need[kind]:
             if getattr(cfg, name) % tp:

@@ -80,13 +80,19 @@ def test_tp_errors_are_one_line(capsys):
     assert capsys.readouterr().err.strip() == (
         "replayjax generate: error: --expert-parallel: needs --tp N > 1 (the experts split "
         "over N devices)")
+    assert generate_cli.main(["--model", "tests/fixtures/hf/qwen3_5", "--prompt-ids", "1,2",
+                              "--tp", "2", "--expert-parallel"]) == 1   # a dense model
+    assert capsys.readouterr().err.strip() == (
+        "replayjax generate: error: --tp 2: expert parallelism splits MoE experts; the model "
+        "has no MoE layers")
 
 
-@pytest.mark.parametrize("split", [[], ["--expert-parallel"]])
-def test_bench_splits_the_model(capsys, split):
+@pytest.mark.parametrize("model,split", [("nemotron_h_p80", []),
+                                         ("nemotron_h_latent_moe", ["--expert-parallel"])])
+def test_bench_splits_the_model(capsys, model, split):
     """`replayjax bench --tp 2 [--expert-parallel]`: a decode row with its roofline per
     device."""
-    assert e2e.main(["--model", "tests/fixtures/hf/nemotron_h_p80", "--tp", "2", "--batch", "2",
+    assert e2e.main(["--model", f"tests/fixtures/hf/{model}", "--tp", "2", "--batch", "2",
                      "--prompt-len", "6", "--new-tokens", "6", "--window", "4",
                      "--steps-per-visit", "4", "--variants", "replay", "--isolate", "none",
                      "--json", *split]) == 0
