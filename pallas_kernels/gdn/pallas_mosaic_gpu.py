@@ -9,7 +9,7 @@ computed on in registers (WGMMA layout, see `_mosaic_utils`). Updated chunks go 
 live rows only (the null slot is never written).
 
 Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once
-(64 K x 4 bytes of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
+(64 x K state elements of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
 they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces o = S q.
 
 Replay: the per-key-head products k_j . k, k_j . q (ring x current) and k . q are computed by
@@ -136,7 +136,7 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     sk = zeros_row()
     for n in range(n_chunks):
         plgpu.barrier_wait(bars.at[n])
-        s = s_smem.at[n][...].astype(F32)                                     # [64, bk]
+        s = s_smem.at[n][...].astype(F32)                             # [64, bk]
         sk = sk + jnp.sum(s * cols(chunk_vec(k_smem, n), s.shape), axis=1)
     d = beta * (v - alpha * sk)                                       # [64]
     # Pass 2: S <- alpha S + d k^T in each chunk's buffer, copied out for live rows; o = S q.
