@@ -18,6 +18,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 F32 = jnp.float32
@@ -58,6 +59,53 @@ def store_async(value, smem, dst):
     smem[...] = value.astype(smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(smem, dst)
+
+
+def write_out(value, live, smem, dst):
+    """An output vector through `smem` to `dst` (see `store_async`): zeros for padding rows."""
+    store_async(select(live, value, jnp.zeros_like(value)), smem, dst)
+
+
+def state_layout(block, dtype):
+    """SMEM transforms of a state chunk [64, block]: 8-row tiles, swizzled as wide as the rows
+    allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
+    bits = jnp.dtype(dtype).itemsize * 8
+    swizzle = plgpu.find_swizzle(block * bits, "the state chunk")
+    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+def chunk_specs(state_dtype, *leads, block):
+    """BlockSpecs of one chunk of the state's last axis per pipeline step, for each lead given:
+    "state" (a swizzled [64, block] state tile), an int (a [lead, block] tile) or None (a
+    [block] vector)."""
+    def spec(lead):
+        if lead is None:
+            return plgpu.BlockSpec((block,), lambda n: (n,))
+        if lead == "state":
+            return plgpu.BlockSpec((TILE_ROWS, block), lambda n: (0, n),
+                                   transforms=state_layout(block, state_dtype))
+        return plgpu.BlockSpec((lead, block), lambda n: (0, n))
+    return [spec(lead) for lead in leads]
+
+
+def staging_smem(block, dtype):
+    """The double-buffered staging area of state chunk writes (see `write_chunk`)."""
+    return plgpu.SMEM((2, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))
+
+
+def write_chunk(value, n, out_smem, tile, block, live):
+    """Writes state chunk n ([64, block]) of `tile` (GMEM [64, N]) if `live`, through a
+    double-buffered SMEM staging area out_smem [2, 64, block] (`staging_smem`): the copy issued
+    two chunks ago has left the buffer when at most one copy is still reading. The kernels'
+    pipelines have inputs only: their output copies would write rows of the null slot too."""
+    buf = out_smem.at[n % 2]
+    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+    buf[...] = value.astype(buf.dtype)
+    plgpu.commit_smem()
+
+    @pl.when(live)
+    def _():
+        plgpu.copy_smem_to_gmem(buf, tile.at[:, pl.ds(n * block, block)])
 
 
 def interpret_params(interpret: bool):

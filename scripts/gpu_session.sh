@@ -16,7 +16,7 @@
 #              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
 #              (PREFIX_MODELS="..." picks some: one per GPU side by side on a 2-GPU machine)
 #   mosaic   - the Mosaic GPU decode kernels: their tests compiled (and the sm90 lowering
-#              check), then Mamba-2 at batch 1 / 32 / 256 beside the Triton kernels, then a
+#              check), then Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
 #              staggered within 5%, standard <= 530 us)
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
@@ -158,6 +158,9 @@ case $stage in
     timeout 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu --json "$out/kernels_mosaic.json" \
       2>>"$out/mosaic.log" | grep "^|"
+    timeout 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 1 32 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/kernels_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
     timeout 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
       --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \

@@ -12,15 +12,17 @@ j // (Hv / Hk)), key dim K, value dim V, pool of S slots (slot 0 = null slot), w
     `GDNBuffers`.
 Rows must name distinct slots. The ring contract is `pallas_kernels.ring`.
 
-impl: as in `pallas_kernels.mamba2.api`. tiling: the Pallas launch configuration (`GDNTiling`,
-`GDNReplayTiling`, `GDNVerifyTiling`), None for the measured one (`STANDARD_TILING`,
-`REPLAY_TILING`, `VERIFY_TILING`). Donate the pools at your jit boundary.
+impl: as in `pallas_kernels.mamba2.api` ("pallas_mosaic_gpu": standard and replay decode only,
+V a multiple of 64, K <= 256). tiling: the Pallas launch configuration (`GDNTiling`,
+`GDNReplayTiling`, `GDNVerifyTiling`; `GDNMosaicTiling` for Mosaic GPU), None for the measured
+one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate the pools
+at your jit boundary.
 """
 
 from __future__ import annotations
 
 from pallas_kernels.dispatch import family_ops
-from pallas_kernels.gdn import pallas_triton, xla
+from pallas_kernels.gdn import pallas_mosaic_gpu, pallas_triton, xla
 from pallas_kernels.gdn.buffers import FIELDS, GDNBuffers
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
 from pallas_kernels.validation import (
@@ -45,7 +47,8 @@ _STEP_FIELDS = (
     Field("slots", ("b",), INT32_ONLY),
 )
 _OPS = family_ops("gdn", ("standard_decode", "replay_decode", "replay_verify",
-                          "standard_verify"), xla=xla, pallas_triton=pallas_triton)
+                          "standard_verify"), xla=xla, pallas_triton=pallas_triton,
+                  pallas_mosaic_gpu=pallas_mosaic_gpu)
 
 
 def _check_step_inputs(q, k, v, g, beta, slots) -> dict[str, int]:

@@ -38,12 +38,15 @@ from pallas_kernels._mosaic_utils import (
     F32,
     ROW,
     TILE_ROWS,
+    chunk_specs,
     cols,
     load_wait,
     mosaic_call,
     rows,
-    select,
+    staging_smem,
     store_async,
+    write_chunk,
+    write_out,
     zeros_row,
 )
 from pallas_kernels.ring import NULL_SLOT
@@ -92,52 +95,6 @@ def _position(heads_per_group):
     return b, h, h // heads_per_group, pl.ds(t * TILE_ROWS, TILE_ROWS)
 
 
-def _state_layout(block_n, dtype):
-    """SMEM transforms of a state chunk [64, block_n]: 8-row tiles, swizzled as wide as the rows
-    allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
-    bits = jnp.dtype(dtype).itemsize * 8
-    swizzle = plgpu.find_swizzle(block_n * bits, "the state chunk")
-    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
-
-
-def _chunk_specs(state_dtype, *leads, block_n):
-    """BlockSpecs of one d_state chunk per pipeline step, for each lead given: "state" (a
-    swizzled [64, block_n] state tile), an int (a [lead, block_n] tile) or None (a [block_n]
-    vector)."""
-    def spec(lead):
-        if lead is None:
-            return plgpu.BlockSpec((block_n,), lambda n: (n,))
-        if lead == "state":
-            return plgpu.BlockSpec((TILE_ROWS, block_n), lambda n: (0, n),
-                                   transforms=_state_layout(block_n, state_dtype))
-        return plgpu.BlockSpec((lead, block_n), lambda n: (0, n))
-    return [spec(lead) for lead in leads]
-
-
-def _out_smem(block_n, dtype):
-    """The double-buffered staging area of state chunk writes (see `_write_chunk`)."""
-    return plgpu.SMEM((2, TILE_ROWS, block_n), dtype, transforms=_state_layout(block_n, dtype))
-
-
-def _write_chunk(value, n, out_smem, tile, block_n, live):
-    """Writes state chunk n ([64, block_n]) of `tile` (GMEM [64, N]) if `live`, through a
-    double-buffered SMEM staging area out_smem [2, 64, block_n]: the copy issued two chunks ago
-    has left the buffer when at most one copy is still reading. The pipelines here have inputs
-    only: their output copies would write rows of the null slot too."""
-    buf = out_smem.at[n % 2]
-    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-    buf[...] = value.astype(buf.dtype)
-    plgpu.commit_smem()
-
-    @pl.when(live)
-    def _():
-        plgpu.copy_smem_to_gmem(buf, tile.at[:, pl.ds(n * block_n, block_n)])
-
-
-def _write_y(y, live, y_smem, dst):
-    store_async(select(live, y, jnp.zeros_like(y)), y_smem, dst)
-
-
 # --------------------------------------------------------------------------------------------
 # Standard decode: reads and writes the state of every live row every step.
 # --------------------------------------------------------------------------------------------
@@ -159,15 +116,15 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state
         bv = plgpu.load(bv_smem, layout=COL).astype(F32)
         cv = plgpu.load(cv_smem, layout=COL).astype(F32)
         s = da * s + rows(dtx, s.shape) * cols(bv, s.shape)
-        _write_chunk(s, n, out_smem, tile, block_n, live)     # the null slot is never written
+        write_chunk(s, n, out_smem, tile, block_n, live)     # the null slot is never written
         return y + jnp.sum(s * cols(cv, s.shape), axis=1)
 
     y = plgpu.emit_pipeline(
         chunk, grid=(N // block_n,),
-        in_specs=_chunk_specs(state_ref.dtype, "state", None, None, block_n=block_n),
+        in_specs=chunk_specs(state_ref.dtype, "state", None, None, block=block_n),
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile, b_ref.at[b, g], c_ref.at[b, g])
-    _write_y(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
+    write_out(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -185,7 +142,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
         outputs=dict(y_ref=like(x)),
         inplace=("state_ref",),
         scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
-                     out_smem=_out_smem(block_n, state.dtype),
+                     out_smem=staging_smem(block_n, state.dtype),
                      bar=plgpu.Barrier()),
         interpret=interpret)
     return y, state
@@ -240,10 +197,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
     s0c = plgpu.emit_pipeline(
         readout, grid=(N // block_n,),
-        in_specs=_chunk_specs(s_ref.dtype, "state", None, block_n=block_n),
+        in_specs=chunk_specs(s_ref.dtype, "state", None, block=block_n),
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile, c_ref.at[b, g])
-    _write_y(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
+    write_out(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
     fold = c == L - 1
@@ -259,11 +216,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             def entry(j, sj, acc):
                 bj = plgpu.load(rb_smem.at[j], layout=COL).astype(F32)
                 return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
-            _write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_n, live)
+            write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_n, live)
 
         plgpu.emit_pipeline(
             fold_chunk, grid=(N // block_n,),
-            in_specs=_chunk_specs(s_ref.dtype, "state", L, None, block_n=block_n),
+            in_specs=chunk_specs(s_ref.dtype, "state", L, None, block=block_n),
             max_concurrent_steps=num_stages,
         )(tile, rb_ref.at[slot, g], b_ref.at[b, g])
 
@@ -313,7 +270,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                      xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      bv_smem=plgpu.SMEM((N,), B.dtype),
                      br_smem=plgpu.SMEM((N,), ring_dtype),
-                     out_smem=_out_smem(block_n, buffers.checkpoint.dtype),
+                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=3)),
         interpret=interpret)
     return y, type(buffers)(*new)

@@ -175,9 +175,12 @@ class GDN(Problem):
     SMALL_DIMS = LONG_DIMS = dict(Hk=1, Hv=2, K=16, V=16)
     LONG_STEPS = 4096
     REAL_CASES = [("qwen3-next", dict(Hk=16, Hv=32, K=128, V=128))]
-    MOSAIC_DIMS = None
-    MOSAIC_CHUNK = None
-    MOSAIC_REAL_CASES = []
+    # One warpgroup tile of V, few CTAs (the interpreter is slow), two value heads on one key
+    # head (the key append is the group's), and K in four chunks of MOSAIC_CHUNK: the replay
+    # fold's double-buffered write-back reuses its buffers (race detection sees it).
+    MOSAIC_DIMS = dict(Hk=1, Hv=2, K=64, V=64)
+    MOSAIC_CHUNK = 16
+    MOSAIC_REAL_CASES = REAL_CASES
 
     @property
     def state_shape(self):

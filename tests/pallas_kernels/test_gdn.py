@@ -62,3 +62,29 @@ def test_bad_tiles_are_named():
     with pytest.raises(ValueError, match=r"fold=.dot. needs L and the tiles >= 16"):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", block_k=8, fold="dot"))
+
+
+@pytest.mark.parametrize("K,V,tiling,match", [
+    (16, 16, None, r"pallas_mosaic_gpu needs value dim V a multiple of 64, got V = 16"),
+    (512, 64, None, r"pallas_mosaic_gpu needs key dim K <= 256, got K = 512"),
+    (16, 64, gdn.GDNMosaicTiling(block_k=48), r"block_k = 48 must be a power of two"),
+    (4, 64, None, r"key dim K = 4 has no power-of-two tile >= 8"),
+    (16, 64, gdn.STANDARD_TILING, r"tiling must be a GDNMosaicTiling, got GDNTiling"),
+    (16, 64, gdn.GDNMosaicTiling(block_k=16, num_stages=0), r"num_stages = 0 must be >= 1"),
+])
+def test_mosaic_shapes_and_tilings_are_named(K, V, tiling, match):
+    pb = GDN(1, Hk=1, Hv=1, K=K, V=V)
+    args = _valid_args(pb)
+    with pytest.raises(ValueError, match=match):
+        gdn.standard_decode(pb.random_state(), *pb.step_inputs(2), args["slots"],
+                            impl="pallas_mosaic_gpu", tiling=tiling)
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_decode(**args, impl="pallas_mosaic_gpu", tiling=tiling)
+
+
+def test_an_op_without_mosaic_kernel_is_named():
+    pb = GDN(1, V=64)
+    with pytest.raises(ValueError, match=r"gdn.replay_verify has no pallas_mosaic_gpu"):
+        gdn.replay_verify(pb.init_buffers(4), jnp.zeros((pb.S,), jnp.int32),
+                          *pb.window_inputs(2, 2), jnp.asarray([1, 2], jnp.int32),
+                          impl="pallas_mosaic_gpu")

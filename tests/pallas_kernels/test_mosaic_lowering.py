@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import mamba2
+from pallas_kernels import gdn, mamba2
 
 try:
     from jax._src.lib import mosaic_gpu  # noqa: F401  (the bindings, from the CUDA plugin)
@@ -49,4 +49,28 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     kw = dict(impl="pallas_mosaic_gpu", tiling=tiling, interpret=False)
     for text in (_lower(functools.partial(mamba2.standard_decode, **kw), bufs.checkpoint, *step),
                  _lower(functools.partial(mamba2.replay_decode, **kw), bufs, counts, *step)):
+        assert "mosaic_gpu" in text
+
+
+def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
+    sds = jax.ShapeDtypeStruct
+    bufs = gdn.GDNBuffers(sds((S, Hv, V, K), state_dtype), sds((S, Hk, L, K), ring_dtype),
+                          sds((S, Hv, L, V), ring_dtype), sds((S, Hv, L), F32))
+    step = (sds((b, Hk, K), BF16), sds((b, Hk, K), BF16), sds((b, Hv, V), BF16),
+            sds((b, Hv), F32), sds((b, Hv), F32), sds((b,), jnp.int32))
+    return bufs, sds((S,), jnp.int32), step
+
+
+@pytest.mark.parametrize("tiling,state_dtype,ring_dtype", [
+    (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=128), F32, BF16),
+    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16)],
+    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16"])
+def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
+    """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
+    bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
+                                   state_dtype=state_dtype, ring_dtype=ring_dtype)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=tiling, interpret=False)
+    for text in (_lower(functools.partial(gdn.standard_decode, **kw), bufs.checkpoint, *step),
+                 _lower(functools.partial(gdn.replay_decode, **kw), bufs, counts, *step)):
         assert "mosaic_gpu" in text

@@ -1,0 +1,314 @@
+"""Mosaic GPU kernels for Gated DeltaNet decode (`impl="pallas_mosaic_gpu"`): the standard step
+and the ReplaySSM step with its fold (math: `pallas_kernels.gdn.reference`). Verify runs on the
+other backends.
+
+Grid (batch, Hv, V // 64): one CTA (one warpgroup) per (row, value head, 64-row V tile). The
+slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state
+tile [64, K] is copied into shared memory in key chunks of block_k (tiled and swizzled) and
+computed on in registers (WGMMA layout, see `_mosaic_utils`). Updated chunks go back by TMA, for
+live rows only (the null slot is never written).
+
+Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once
+(64 x K state elements of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
+they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces o = S q.
+
+Replay: the per-key-head products k_j . k, k_j . q (ring x current) and k . q are computed by
+XLA before the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the
+checkpoint read at Qwen3-Next shapes; the Triton kernel reads the same keys from every CTA), so
+the kernel needs no [L]-vectors: it walks the committed ring entries backwards (a loop of
+`count` steps; entries past the count are never read), carrying the suffix sum of g for
+e_j = exp(sum_{j<i<c} g_i). One pipelined read-only pass over the checkpoint gives S0 k and
+S0 q. The fold (one step in L) re-streams the checkpoint and adds sum_j w_j d_j k_j^T + d k^T as
+rank-1 updates on the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a
+3-pass tf32 split is not worth it for a pass that runs once every L steps. Non-fold steps append
+(k, d, g) to the ring (k from the key head's first value head, g from its first V tile).
+
+Requires V % 64 == 0 (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
+K % block_k == 0 with block_k % 8 == 0. The public entries take validated arguments (see
+`pallas_kernels.gdn.api`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels._kernel_utils import like
+from pallas_kernels._mosaic_utils import (
+    COL,
+    F32,
+    ROW,
+    TILE_ROWS,
+    chunk_specs,
+    cols,
+    load_wait,
+    mosaic_call,
+    rows,
+    staging_smem,
+    state_layout,
+    store_async,
+    write_chunk,
+    write_out,
+    zeros_row,
+)
+from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.validation import bounded_block, check, resolve_tiling
+
+GRID_NAMES = ("row", "head", "vtile")
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNMosaicTiling:
+    """Launch configuration of the Mosaic GPU kernels: block_k bounds the key chunk the state
+    tile is copied in (the largest power of two dividing K up to it, at least 8), num_stages the
+    replay pipelines' chunks in flight (the standard kernel has all of its tile in flight). The
+    V tile is one warpgroup's 64 rows."""
+    block_k: int
+    num_stages: int = 2
+
+
+# Not yet measured on the H200: the key chunk of the Triton replay kernel's best tiling.
+MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
+MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64)
+_MIN_BLOCK_K = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
+_MAX_K = 256                      # one TMA box per q / k vector
+
+
+def _tiles(tiling, default, V, K):
+    t = resolve_tiling(tiling, default)
+    check(V % TILE_ROWS == 0,
+          f"pallas_mosaic_gpu needs value dim V a multiple of {TILE_ROWS}, got V = {V}")
+    check(K <= _MAX_K, f"pallas_mosaic_gpu needs key dim K <= {_MAX_K}, got K = {K}")
+    check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
+    return dict(block_k=bounded_block("block_k", "key dim K", K, t.block_k, _MIN_BLOCK_K),
+                num_stages=t.num_stages)
+
+
+def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2])
+    return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
+                            block_k=tiles["block_k"])
+
+
+def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2]))
+
+
+def _position(heads_per_key_head):
+    """(row b, value head hv, key head hk, V tile index, V tile slice) of this CTA."""
+    b, hv, t = (lax.axis_index(n) for n in GRID_NAMES)
+    return b, hv, hv // heads_per_key_head, t, pl.ds(t * TILE_ROWS, TILE_ROWS)
+
+
+# --------------------------------------------------------------------------------------------
+# Standard decode: reads and writes the state of every live row every step.
+# --------------------------------------------------------------------------------------------
+def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
+                     k_smem, v_smem, s_smem, bars, *, heads_per_key_head, block_k):
+    b, hv, hk, _, vs = _position(heads_per_key_head)
+    n_chunks = s_smem.shape[0]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    tile = state_ref.at[slot, hv, vs]                                 # [64, K] in GMEM
+    # Every chunk of the tile in flight at once (barrier n), then the token's vectors.
+    for n in range(n_chunks):
+        plgpu.copy_gmem_to_smem(tile.at[:, pl.ds(n * block_k, block_k)], s_smem.at[n],
+                                bars.at[n])
+    for i, (src, dst) in enumerate(((q_ref.at[b, hk], q_smem), (k_ref.at[b, hk], k_smem),
+                                    (v_ref.at[b, hv, vs], v_smem))):
+        plgpu.copy_gmem_to_smem(src, dst, bars.at[n_chunks + i])
+    alpha, beta = jnp.exp(g_ref[b, hv]), beta_ref[b, hv]
+    for i in range(3):
+        plgpu.barrier_wait(bars.at[n_chunks + i])
+    v = plgpu.load(v_smem, layout=ROW).astype(F32)
+
+    def chunk_vec(ref, n):
+        return plgpu.load(ref.at[pl.ds(n * block_k, block_k)], layout=COL).astype(F32)
+
+    # Pass 1: S k of the old state, chunk by chunk as the copies land.
+    sk = zeros_row()
+    for n in range(n_chunks):
+        plgpu.barrier_wait(bars.at[n])
+        s = s_smem.at[n][...].astype(F32)                             # [64, bk]
+        sk = sk + jnp.sum(s * cols(chunk_vec(k_smem, n), s.shape), axis=1)
+    d = beta * (v - alpha * sk)                                       # [64]
+    # Pass 2: S <- alpha S + d k^T in each chunk's buffer, copied out for live rows; o = S q.
+    o = zeros_row()
+    for n in range(n_chunks):
+        s = s_smem.at[n][...].astype(F32)
+        s = alpha * s + rows(d, s.shape) * cols(chunk_vec(k_smem, n), s.shape)
+        o = o + jnp.sum(s * cols(chunk_vec(q_smem, n), s.shape), axis=1)
+        s_smem.at[n][...] = s.astype(s_smem.dtype)
+        plgpu.commit_smem()
+
+        @pl.when(live)
+        def _(n=n):
+            plgpu.copy_smem_to_gmem(s_smem.at[n], tile.at[:, pl.ds(n * block_k, block_k)])
+    write_out(o, live, v_smem, o_ref.at[b, hv, vs])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
+    batch, Hv, V = v.shape
+    Hk, K = q.shape[1:]
+    n_chunks = K // block_k
+    kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k)
+    (o,), (state,) = mosaic_call(
+        kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        grid_names=GRID_NAMES,
+        inputs=dict(slots_ref=slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g, beta_ref=beta,
+                    state_ref=state),
+        outputs=dict(o_ref=like(v)),
+        inplace=("state_ref",),
+        scratch=dict(q_smem=plgpu.SMEM((K,), q.dtype), k_smem=plgpu.SMEM((K,), k.dtype),
+                     v_smem=plgpu.SMEM((TILE_ROWS,), v.dtype),
+                     s_smem=plgpu.SMEM((n_chunks, TILE_ROWS, block_k), state.dtype,
+                                       transforms=state_layout(block_k, state.dtype)),
+                     bars=plgpu.Barrier(num_barriers=n_chunks + 3)),
+        interpret=interpret)
+    return o, state
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
+# --------------------------------------------------------------------------------------------
+def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
+                   rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, v_smem, rd_smem,
+                   d_smem, k_smem, kr_smem, out_smem, bars, *, heads_per_key_head, block_k,
+                   num_stages):
+    b, hv, hk, t, vs = _position(heads_per_key_head)
+    L, K = rd_ref.shape[2], k_ref.shape[-1]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    c = counts_ref[slot]                                   # committed ring entries, 0..L-1
+    # Both copies in flight at once: the current token's v and the ring's d rows.
+    plgpu.copy_gmem_to_smem(v_ref.at[b, hv, vs], v_smem, bars.at[0])
+    plgpu.copy_gmem_to_smem(rd_ref.at[slot, hv, :, vs], rd_smem, bars.at[1])
+    g, beta = g_ref[b, hv], beta_ref[b, hv]
+    alpha = jnp.exp(g)
+    plgpu.barrier_wait(bars.at[0])
+    plgpu.barrier_wait(bars.at[1])
+    v = plgpu.load(v_smem, layout=ROW).astype(F32)
+
+    def ring_d(j):
+        return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
+
+    def walk(body, init):
+        """Folds body(j, e_j, carry) over the committed entries j = c-1 .. 0 (newest first)
+        with e_j = exp(sum_{j<i<c} g_i). Returns (sum of the committed g, carry)."""
+        def step(i, carry):
+            suffix, acc = carry
+            j = c - 1 - i
+            return suffix + rg_ref[slot, hv, j], body(j, jnp.exp(suffix), acc)
+        return lax.fori_loop(0, c, step, (jnp.float32(0), init))
+
+    # The ring's parts of S k and S q: sum_j e_j (k_j . k) d_j, likewise with q.
+    def through_ring(j, ej, acc):
+        dj = ring_d(j)
+        return (acc[0] + (ej * rkk_ref[b, hk, j]) * dj, acc[1] + (ej * rkq_ref[b, hk, j]) * dj)
+    total, (sk_ring, sq_ring) = walk(through_ring, (zeros_row(), zeros_row()))
+    big_e = jnp.exp(total)
+    tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
+
+    def readout(idx, s_smem, kc_smem, qc_smem, acc):
+        s = s_smem[...].astype(F32)
+        kc = plgpu.load(kc_smem, layout=COL).astype(F32)
+        qc = plgpu.load(qc_smem, layout=COL).astype(F32)
+        # The pipeline's next TMA into this stage's buffers must follow these reads (an
+        # input-only pipeline has no fence of its own; the interpreter flags the race).
+        plgpu.commit_smem()
+        return (acc[0] + jnp.sum(s * cols(kc, s.shape), axis=1),
+                acc[1] + jnp.sum(s * cols(qc, s.shape), axis=1))
+
+    s0k, s0q = plgpu.emit_pipeline(
+        readout, grid=(K // block_k,),
+        in_specs=chunk_specs(s_ref.dtype, "state", None, None, block=block_k),
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(), zeros_row()),
+    )(tile, k_ref.at[b, hk], q_ref.at[b, hk])
+    sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
+    d = beta * (v - alpha * sk)                                       # [64]
+    write_out(alpha * sq + kq_ref[b, hk] * d, live, v_smem, o_ref.at[b, hv, vs])
+
+    # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
+    # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
+    fold = c == L - 1
+
+    @pl.when(live & fold)
+    def _fold():
+        def fold_chunk(idx, s_smem, rk_smem, kc_smem):
+            (n,) = idx
+            s = s_smem[...].astype(F32)
+            kc = plgpu.load(kc_smem, layout=COL).astype(F32)
+            upd = (big_e * alpha) * s + rows(d, s.shape) * cols(kc, s.shape)
+
+            def entry(j, ej, acc):
+                kj = plgpu.load(rk_smem.at[j], layout=COL).astype(F32)
+                return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
+            write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
+
+        plgpu.emit_pipeline(
+            fold_chunk, grid=(K // block_k,),
+            in_specs=chunk_specs(s_ref.dtype, "state", L, None, block=block_k),
+            max_concurrent_steps=num_stages,
+        )(tile, rk_ref.at[slot, hk], k_ref.at[b, hk])
+
+    # Otherwise append (k, d, g) at `c`. The fold's ring key tiles span all L rows, and no
+    # other CTA reads the ring's keys otherwise (their products come from XLA): no CTA writes a
+    # row another one reads.
+    @pl.when(live & ~fold)
+    def _append():
+        store_async(d, d_smem, rd_ref.at[slot, hv, c, vs])
+
+        @pl.when(t == 0)
+        def _():
+            rg_ref[slot, hv, c] = g
+
+            @pl.when(hv % heads_per_key_head == 0)
+            def _():
+                load_wait(k_ref.at[b, hk], k_smem, bars.at[2])
+                store_async(plgpu.load(k_smem, layout=COL), kr_smem, rk_ref.at[slot, hk, c])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "interpret"))
+def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages,
+                   interpret):
+    batch, Hv, V = v.shape
+    Hk, K = q.shape[1:]
+    L = buffers.window
+    hi = lax.Precision.HIGHEST
+    qf, kf = q.astype(F32), k.astype(F32)
+    # Per-key-head products (ring x current, current x current): small next to the state.
+    rk = buffers.ring_k[slots].astype(F32)                            # [b, Hk, L, K]
+    rkk = jnp.einsum("bhlk,bhk->bhl", rk, kf, precision=hi)
+    rkq = jnp.einsum("bhlk,bhk->bhl", rk, qf, precision=hi)
+    kq = jnp.einsum("bhk,bhk->bh", kf, qf, precision=hi)
+    kernel = functools.partial(_replay_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
+                               num_stages=num_stages)
+    ring_dtype = buffers.ring_k.dtype
+    (o,), new = mosaic_call(
+        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        grid_names=GRID_NAMES,
+        inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
+                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, kq_ref=kq,
+                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
+                    rg_ref=buffers.ring_g),
+        outputs=dict(o_ref=like(v)),
+        inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
+        scratch=dict(v_smem=plgpu.SMEM((TILE_ROWS,), v.dtype),
+                     rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
+                     d_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
+                     k_smem=plgpu.SMEM((K,), k.dtype),
+                     kr_smem=plgpu.SMEM((K,), ring_dtype),
+                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
+                     bars=plgpu.Barrier(num_barriers=3)),
+        interpret=interpret)
+    return o, type(buffers)(*new)
