@@ -28,6 +28,7 @@
 #              every fixture with speculation; the two-process run (`replayjax launch`) = one
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
 #   tp-profile - `profile` at TP = 2: where the step's time goes, collectives (NCCL) included
+#   tp-lm-head - the LM head replicated vs vocab-parallel (scripts/tp_lm_head.py), three shapes
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
 #              standard at batch 64;  tp-80b-256 - the same at batch 256;  tp-80b-ep - replay
 #              with --expert-parallel at batch 64 and 256 (experts split by count, not width)
@@ -141,6 +142,9 @@ case $stage in
   tp-80b)
     e2e 560 --synthetic qwen3-next-80b-a3b --batch 64 --prompt-len 128 --tp 2 \
       --variants replay standard ;;
+  tp-lm-head)
+    # replicated vs vocab-parallel LM head (gathering logits or only argmaxes), per step
+    limit 200 python3 scripts/tp_lm_head.py --tp 2 --batches 1 64 256 2>>"$out/tp.log" ;;
   tp-80b-ep)
     # expert parallel vs the width split (tp-80b's replay rows), batch 64 then 256
     for b in 64 256; do

@@ -107,3 +107,18 @@ def test_launch_reports_a_failing_command(capfd):
     assert launch.main(["--nproc", "2", "--cpu", "--", "generate", "--model", "no/such/dir",
                         "--prompt-ids", "1"]) == 1
     assert "model directory 'no/such/dir' does not exist" in capfd.readouterr().err
+
+
+def test_lm_head_measurement_runs(capsys):
+    """scripts/tp_lm_head.py (the replicated vs vocab-parallel LM head measurement for the GPU
+    session) runs on a mesh and its three variants pick the same greedy tokens."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tp_lm_head", "scripts/tp_lm_head.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--tp", "2", "--batches", "3", "--shapes", "nemotron-h-8b", "--scale",
+                        "256", "--steps", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["variant"] for r in rows] == list(script.variants(2))
+    assert all(r["greedy_equal"] and r["us"] > 0 for r in rows)
+    assert rows[1]["head_mb"] == rows[0]["head_mb"] / 2
