@@ -12,7 +12,7 @@ from flax import nnx, struct
 from jax import lax
 
 from models.parallel import tp_index
-from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.ring import NULL_SLOT, row_index
 
 _HI = lax.Precision.HIGHEST
 
@@ -96,9 +96,10 @@ def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None):
     max_len = cache.k.shape[1]
     pos = starts[:, None] + jnp.arange(T)[None, :]                       # [b, T]
     live = slots != NULL_SLOT                                   # padding rows write nothing
-    rows = jnp.broadcast_to(jnp.where(live, slots, cache.k.shape[0])[:, None], pos.shape)
-    ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop")
-    cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop")
+    rows = jnp.broadcast_to(row_index(slots, live, cache.k.shape[0])[:, None], pos.shape)
+    # (row, position) pairs are unique (see `set_rows`): plain stores, no atomics
+    ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop", unique_indices=True)
+    cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop", unique_indices=True)
     keys, vals = ck[slots], cv[slots]                                    # [b, max_len, kv, hd]
     if kv_head is not None:
         keys, vals = (lax.dynamic_slice_in_dim(a, kv_head, 1, axis=2) for a in (keys, vals))

@@ -41,6 +41,7 @@ from pallas_kernels.ring import (
     draft_pool_size,
     draft_rows,
     row_index,
+    set_rows,
 )
 
 SSM_KINDS = ("mamba", "gdn")
@@ -166,11 +167,9 @@ def store_prefill(cache: SSMCache, slots, state, conv_state):
     bufs = cache.buffers
     ck = bufs.checkpoint
     rows = base_rows(slots, cache.num_drafts)
-    bufs = bufs._replace(checkpoint=ck.at[row_index(rows, live, ck.shape[0])].set(
-        state.astype(ck.dtype), mode="drop"))
+    bufs = bufs._replace(checkpoint=set_rows(ck, row_index(rows, live, ck.shape[0]), state))
     i = row_index(slots, live, cache.conv.shape[0])
-    return cache.replace(buffers=bufs, conv=cache.conv.at[i].set(
-        conv_state.astype(cache.conv.dtype), mode="drop"))
+    return cache.replace(buffers=bufs, conv=set_rows(cache.conv, i, conv_state))
 
 
 def store_pending(cache: SSMCache, slots, window):

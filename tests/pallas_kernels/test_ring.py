@@ -70,3 +70,15 @@ def test_draft_rows_stay_in_the_slot_group_and_never_overwrite_the_state(T):
         assert all(len(set(r)) == w for r in d)
         n = rng.integers(1, w + 1, len(slots))
         rows = jnp.asarray(d[np.arange(len(slots)), n - 1])
+
+
+def test_row_updates_have_unique_indices_and_drop_padding():
+    """Padding rows get distinct indices past the pool (so a scatter may declare its indices
+    unique: plain stores on the GPU) and change nothing; live rows are written."""
+    slots = jnp.array([3, NULL_SLOT, 1, NULL_SLOT], jnp.int32)
+    idx = np.asarray(ring.row_index(slots, slots != NULL_SLOT, 5))
+    assert idx[0] == 3 and idx[2] == 1 and len(set(idx.tolist())) == 4 and (idx[[1, 3]] >= 5).all()
+    pool = jnp.arange(10, dtype=jnp.float32).reshape(5, 2)
+    new = ring.set_rows(pool, jnp.asarray(idx), -jnp.ones((4, 2)))
+    np.testing.assert_array_equal(new, np.where(np.isin(np.arange(5), [1, 3])[:, None], -1,
+                                                np.asarray(pool)))
