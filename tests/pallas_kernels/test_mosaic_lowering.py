@@ -52,6 +52,20 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
         assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("tiling,state_dtype", [
+    (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+def test_mamba2_mosaic_verify_lowers_for_sm90(tiling, state_dtype):
+    """Nemotron-H-8B shapes, batch 256, L = 16, a window of T = 4 tokens."""
+    T = 4
+    bufs, counts, (x, B, C, dt, A, D, slots) = _mamba2_args(
+        S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=state_dtype)
+    window = [jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in (x, B, C, dt)]
+    fn = functools.partial(mamba2.replay_verify, impl="pallas_mosaic_gpu", tiling=tiling,
+                           interpret=False)
+    assert "mosaic_gpu" in _lower(fn, bufs, counts, *window, A, D, slots)
+
+
 def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     sds = jax.ShapeDtypeStruct
     bufs = gdn.GDNBuffers(sds((S, Hv, V, K), state_dtype), sds((S, Hk, L, K), ring_dtype),
