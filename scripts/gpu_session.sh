@@ -18,8 +18,8 @@
 #   mosaic   - the Mosaic GPU kernels: their tests compiled (and the sm90 lowering check), then
 #              decode of Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
-#              staggered within 5%, standard <= 530 us); then Mamba-2 verify T = 4 at batch 256
-#              beside the Triton verify, and its tiling sweep
+#              staggered within 5%, standard <= 530 us); then verify T = 4 at batch 256 of
+#              both families beside the Triton verify, and a Mamba-2 verify tiling sweep
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -171,6 +171,9 @@ case $stage in
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_mosaic.json" 2>>"$out/mosaic.log" | grep "^|"
+    limit 120 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas_mosaic_gpu --json "$out/verify_mosaic_tune.json" \
       --tune '[{"block_n": 32}, {"block_n": 128}, {"num_stages": 3}]' \

@@ -114,7 +114,8 @@ def test_step_time_starts_at_the_first_kernel_of_interest():
 @pytest.mark.parametrize("family,dims,impl", [
     ("mamba2", dict(H=2, P=16, N=16, G=1), "pallas"),
     ("gdn", dict(Hk=1, Hv=2, K=16, V=16), "pallas"),
-    ("mamba2", dict(H=1, P=64, N=16, G=1), "pallas_mosaic_gpu")])
+    ("mamba2", dict(H=1, P=64, N=16, G=1), "pallas_mosaic_gpu"),
+    ("gdn", dict(Hk=1, Hv=1, K=16, V=64), "pallas_mosaic_gpu")])
 def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, family, dims, impl):
     """The verify and baseline loops run (interpret mode); memory per sequence is one state plus
     an L-entry ring (measured on the real buffers) against T + 1 states."""
