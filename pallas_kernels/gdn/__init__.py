@@ -13,6 +13,7 @@ from pallas_kernels.gdn.buffers import GDNBuffers, init_gdn_buffers
 from pallas_kernels.gdn.pallas_mosaic_gpu import (
                                               MOSAIC_REPLAY_TILING,
                                               MOSAIC_STANDARD_TILING,
+                                              MOSAIC_VERIFY_TILING,
                                               GDNMosaicTiling,
 )
 from pallas_kernels.gdn.pallas_triton import (
@@ -32,4 +33,4 @@ __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_de
            "commit_counts", "reference", "MAX_WINDOW", "MAX_VERIFY_TOKENS", "GDNTiling",
            "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "STANDARD_VERIFY_TILING",
            "REPLAY_TILING", "VERIFY_TILING", "GDNMosaicTiling", "MOSAIC_STANDARD_TILING",
-           "MOSAIC_REPLAY_TILING"]
+           "MOSAIC_REPLAY_TILING", "MOSAIC_VERIFY_TILING"]

@@ -1,6 +1,6 @@
-"""Mosaic GPU kernels for Gated DeltaNet decode (`impl="pallas_mosaic_gpu"`): the standard step
-and the ReplaySSM step with its fold (math: `pallas_kernels.gdn.reference`). Verify runs on the
-other backends.
+"""Mosaic GPU kernels for Gated DeltaNet (`impl="pallas_mosaic_gpu"`): the standard step, the
+ReplaySSM step with its fold and ReplaySSM verify (math: `pallas_kernels.gdn.reference`). The
+state-per-draft baseline verify runs on the other backends.
 
 Grid (batch, Hv, V // 64): one CTA (one warpgroup) per (row, value head, 64-row V tile). The
 slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state
@@ -23,6 +23,12 @@ rank-1 updates on the FMA units, in fp32: a tf32 wgmma would lose the state's pr
 3-pass tf32 split is not worth it for a pass that runs once every L steps. Non-fold steps append
 (k, d, g) to the ring (k from the key head's first value head, g from its first V tile).
 
+Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
+tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
+window's d come by forward substitution over the precomputed window products k_r . k_t and
+k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The kernel returns
+the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does.
+
 Requires V % 64 == 0 (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
 K % block_k == 0 with block_k % 8 == 0. The public entries take validated arguments (see
 `pallas_kernels.gdn.api`).
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +64,8 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.gdn.buffers import write_window
+from pallas_kernels.ring import NULL_SLOT, verify_folds
 from pallas_kernels.validation import bounded_block, check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
@@ -76,6 +84,7 @@ class GDNMosaicTiling:
 # Not yet measured on the H200: the key chunk of the Triton replay kernel's best tiling.
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64)
+MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
 _MIN_BLOCK_K = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
 _MAX_K = 256                      # one TMA box per q / k vector
 
@@ -101,10 +110,53 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2]))
 
 
+def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3]))
+    return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
+
+
 def _position(heads_per_key_head):
     """(row b, value head hv, key head hk, V tile index, V tile slice) of this CTA."""
     b, hv, t = (lax.axis_index(n) for n in GRID_NAMES)
     return b, hv, hv // heads_per_key_head, t, pl.ds(t * TILE_ROWS, TILE_ROWS)
+
+
+def _walk(body, init, *, count, ring_g):
+    """Folds body(j, e_j, carry) over the committed ring entries j = count-1 .. 0 (newest first;
+    entries past the count are never read) with e_j = exp(sum_{j<i<count} g_i); ring_g(j) reads
+    entry j's g. Returns (sum of the committed g, carry)."""
+    def step(i, carry):
+        suffix, acc = carry
+        j = count - 1 - i
+        return suffix + ring_g(j), body(j, jnp.exp(suffix), acc)
+    return lax.fori_loop(0, count, step, (jnp.float32(0), init))
+
+
+def _fold(tile, ring_k, k_cur, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
+          num_stages):
+    """The fold of the ring and one more token (k, d, g = log alpha) into the state tile [64, K]
+    in GMEM: S0 <- big_e alpha S0 + d k^T + sum_j alpha e_j d_j k_j^T (big_e = exp of the ring's
+    g sum), chunk by chunk, as fp32 rank-1 updates. ring_k: the key head's ring keys [L, K]
+    (GMEM); k_cur: the token's key [K] (GMEM); d [64] ROW; walk: `_walk` bound to the ring."""
+    L, K = ring_k.shape
+
+    def fold_chunk(idx, s_smem, rk_smem, kc_smem):
+        (n,) = idx
+        s = s_smem[...].astype(F32)
+        kc = plgpu.load(kc_smem, layout=COL).astype(F32)
+        upd = (big_e * alpha) * s + rows(d, s.shape) * cols(kc, s.shape)
+
+        def entry(j, ej, acc):
+            kj = plgpu.load(rk_smem.at[j], layout=COL).astype(F32)
+            return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
+        write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
+
+    plgpu.emit_pipeline(
+        fold_chunk, grid=(K // block_k,),
+        in_specs=chunk_specs(tile.dtype, "state", L, None, block=block_k),
+        max_concurrent_steps=num_stages,
+    )(tile, ring_k, k_cur)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,14 +253,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
 
-    def walk(body, init):
-        """Folds body(j, e_j, carry) over the committed entries j = c-1 .. 0 (newest first)
-        with e_j = exp(sum_{j<i<c} g_i). Returns (sum of the committed g, carry)."""
-        def step(i, carry):
-            suffix, acc = carry
-            j = c - 1 - i
-            return suffix + rg_ref[slot, hv, j], body(j, jnp.exp(suffix), acc)
-        return lax.fori_loop(0, c, step, (jnp.float32(0), init))
+    walk = functools.partial(_walk, count=c, ring_g=lambda j: rg_ref[slot, hv, j])
 
     # The ring's parts of S k and S q: sum_j e_j (k_j . k) d_j, likewise with q.
     def through_ring(j, ej, acc):
@@ -242,23 +287,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     fold = c == L - 1
 
     @pl.when(live & fold)
-    def _fold():
-        def fold_chunk(idx, s_smem, rk_smem, kc_smem):
-            (n,) = idx
-            s = s_smem[...].astype(F32)
-            kc = plgpu.load(kc_smem, layout=COL).astype(F32)
-            upd = (big_e * alpha) * s + rows(d, s.shape) * cols(kc, s.shape)
-
-            def entry(j, ej, acc):
-                kj = plgpu.load(rk_smem.at[j], layout=COL).astype(F32)
-                return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
-            write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
-
-        plgpu.emit_pipeline(
-            fold_chunk, grid=(K // block_k,),
-            in_specs=chunk_specs(s_ref.dtype, "state", L, None, block=block_k),
-            max_concurrent_steps=num_stages,
-        )(tile, rk_ref.at[slot, hk], k_ref.at[b, hk])
+    def _():
+        _fold(tile, rk_ref.at[slot, hk], k_ref.at[b, hk], d, alpha, big_e, walk, ring_d,
+              out_smem, live, block_k=block_k, num_stages=num_stages)
 
     # Otherwise append (k, d, g) at `c`. The fold's ring key tiles span all L rows, and no
     # other CTA reads the ring's keys otherwise (their products come from XLA): no CTA writes a
@@ -312,3 +343,116 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                      bars=plgpu.Barrier(num_barriers=3)),
         interpret=interpret)
     return o, type(buffers)(*new)
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM verify (T window tokens), one-chunk WY/UT form as the Triton verify: with S_w the
+# committed state at the window start and G_s = sum_{r<=s} g_r,
+#   d_s = beta_s (v_s - e^{G_s} S_w k_s) - sum_{r<s} beta_s e^{G_s-G_r} (k_r . k_s) d_r
+#   o_s = e^{G_s} S_w q_s + sum_{r<=s} e^{G_s-G_r} (k_r . q_s) d_r
+# S_w k_s and S_w q_s come from checkpoint + ring without forming S_w: one pass over the
+# checkpoint tile for all T tokens, one ring walk. Rows with c + T >= L fold ring[0:c] +
+# window[0]. The ring is written after the kernel from the returned d (`write_window`): the
+# fold reads ring rows the window overwrites, in other CTAs of the same key head.
+# --------------------------------------------------------------------------------------------
+def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
+                   rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
+                   v_smem, rd_smem, o_smem, d_smem, out_smem, bars, *, heads_per_key_head,
+                   block_k, num_stages):
+    b, hv, hk, _, vs = _position(heads_per_key_head)
+    T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    c = counts_ref[slot]                                   # committed ring entries, 0..L-1
+    plgpu.copy_gmem_to_smem(v_ref.at[b, :, hv, vs], v_smem, bars.at[0])          # [T, 64]
+    plgpu.copy_gmem_to_smem(rd_ref.at[slot, hv, :, vs], rd_smem, bars.at[1])     # [L, 64]
+    gs = [g_ref[b, t, hv] for t in range(T)]
+    betas = [beta_ref[b, t, hv] for t in range(T)]
+    plgpu.barrier_wait(bars.at[0])
+    plgpu.barrier_wait(bars.at[1])
+    vs_ = [plgpu.load(v_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
+
+    def ring_d(j):
+        return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
+
+    walk = functools.partial(_walk, count=c, ring_g=lambda j: rg_ref[slot, hv, j])
+
+    # The ring's parts of S_w k_t and S_w q_t: sum_j e_j (k_j . k_t) d_j, likewise with q_t.
+    def through_ring(j, ej, acc):
+        dj = ring_d(j)
+        return tuple(tuple(acc_t + (ej * ref[b, hk, t, j]) * dj for t, acc_t in enumerate(a))
+                     for ref, a in zip((rkk_ref, rkq_ref), acc))
+    zt = (zeros_row(),) * T
+    total, (sk_ring, sq_ring) = walk(through_ring, (zt, zt))
+    big_e = jnp.exp(total)
+    tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
+
+    def readout(idx, s_smem, kc_smem, qc_smem, acc):
+        s = s_smem[...].astype(F32)
+        vecs = [[plgpu.load(x.at[t], layout=COL).astype(F32) for t in range(T)]
+                for x in (kc_smem, qc_smem)]
+        plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
+        return tuple(tuple(acc_t + jnp.sum(s * cols(x, s.shape), axis=1)
+                           for acc_t, x in zip(a, xs)) for a, xs in zip(acc, vecs))
+
+    s0k, s0q = plgpu.emit_pipeline(
+        readout, grid=(K // block_k,),
+        in_specs=chunk_specs(s_ref.dtype, "state", T, T, block=block_k),
+        max_concurrent_steps=num_stages, init_carry=(zt, zt),
+    )(tile, k_ref.at[b, :, hk], q_ref.at[b, :, hk])
+
+    cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
+    ds = []
+    for t in range(T):                               # forward substitution, T <= 8
+        corr = jnp.exp(cum[t]) * (big_e * s0k[t] + sk_ring[t])
+        for r in range(t):
+            corr = corr + (jnp.exp(cum[t] - cum[r]) * wkk_ref[b, hk, r, t]) * ds[r]
+        ds.append(betas[t] * (vs_[t] - corr))
+        o = jnp.exp(cum[t]) * (big_e * s0q[t] + sq_ring[t])
+        for r in range(t + 1):
+            o = o + (jnp.exp(cum[t] - cum[r]) * wkq_ref[b, hk, r, t]) * ds[r]
+        write_out(o, live, o_smem.at[t], o_ref.at[b, t, hv, vs])
+        store_async(ds[t], d_smem.at[t], d_ref.at[b, t, hv, vs])
+
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & verify_folds(c, T, L))
+    def _():
+        _fold(tile, rk_ref.at[slot, hk], k_ref.at[b, 0, hk], ds[0], jnp.exp(gs[0]), big_e,
+              walk, ring_d, out_smem, live, block_k=block_k, num_stages=num_stages)
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "interpret"))
+def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages,
+                   interpret):
+    """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
+    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
+    updated); the ring is not touched."""
+    batch, T, Hv, V = v.shape
+    Hk = q.shape[2]
+    hi = lax.Precision.HIGHEST
+    rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
+    # Per-key-head products (ring x window, window x window): small next to the state.
+    rkk = jnp.einsum("bhlk,bthk->bhtl", rk, kf, precision=hi)         # [b, Hk, T, L]
+    rkq = jnp.einsum("bhlk,bthk->bhtl", rk, qf, precision=hi)
+    wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)         # [b, Hk, T, T]
+    wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
+    kernel = functools.partial(_verify_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
+                               num_stages=num_stages)
+    (o, d), (ck,) = mosaic_call(
+        kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        grid_names=GRID_NAMES,
+        inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
+                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
+                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
+                    rg_ref=buffers.ring_g),
+        outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
+        inplace=("s_ref",),
+        scratch=dict(v_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
+                     rd_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_d.dtype),
+                     o_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
+                     d_smem=plgpu.SMEM((T, TILE_ROWS), F32),
+                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
+                     bars=plgpu.Barrier(num_barriers=2)),
+        interpret=interpret)
+    return o, d, ck

@@ -12,6 +12,7 @@ from pallas_kernels.mamba2.buffers import ReplayBuffers, init_replay_buffers
 from pallas_kernels.mamba2.pallas_mosaic_gpu import (
                                            MOSAIC_REPLAY_TILING,
                                            MOSAIC_STANDARD_TILING,
+                                           MOSAIC_VERIFY_TILING,
                                            Mamba2MosaicTiling,
 )
 from pallas_kernels.mamba2.pallas_triton import (
@@ -28,4 +29,5 @@ __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_de
            "advance_counts", "replay_verify", "standard_verify", "commit_counts", "reference",
            "MAX_WINDOW", "MAX_VERIFY_TOKENS", "Mamba2Tiling", "Mamba2ReplayTiling",
            "STANDARD_TILING", "STANDARD_VERIFY_TILING", "REPLAY_TILING", "VERIFY_TILING",
-           "Mamba2MosaicTiling", "MOSAIC_STANDARD_TILING", "MOSAIC_REPLAY_TILING"]
+           "Mamba2MosaicTiling", "MOSAIC_STANDARD_TILING", "MOSAIC_REPLAY_TILING",
+           "MOSAIC_VERIFY_TILING"]

@@ -13,7 +13,7 @@ Rows must name distinct slots (two rows on one slot would race). The ring contra
 counts, folds, commit and rollback) is `pallas_kernels.ring`.
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp),
-"pallas_mosaic_gpu" (Hopper; standard and replay decode only, P a multiple of 64), "auto"
+"pallas_mosaic_gpu" (Hopper; decode and replay verify, P a multiple of 64), "auto"
 (Pallas Triton on GPU, XLA elsewhere). tiling: the Pallas launch configuration
 (`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic GPU), None for the
 measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate

@@ -1,5 +1,6 @@
-"""Mosaic GPU kernels for Mamba-2 decode (`impl="pallas_mosaic_gpu"`): the standard step and the
-ReplaySSM step with its fold. Verify runs on the other backends.
+"""Mosaic GPU kernels for Mamba-2 (`impl="pallas_mosaic_gpu"`): the standard step, the ReplaySSM
+step with its fold, and ReplaySSM verify (T window tokens). The state-per-draft baseline verify
+runs on the other backends.
 
 Grid (batch, H, P // 64): one CTA (one warpgroup) per (row, head, 64-row P tile). The slot read
 from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N]
@@ -17,6 +18,12 @@ the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pa
 is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
 ring (x, dt, and B from the group's first head).
 
+Verify: one pass over the checkpoint tile serves all T tokens (T accumulators S0 C_t per
+chunk, C_t for the T tokens in one [T, block_n] tile per step); one ring walk gives every
+token's history term; the within-window terms use the precomputed window B_r . C_t. Rows with
+c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after the kernel by
+XLA (`write_window`), as the Triton verify does.
+
 Requires P % 64 == 0 (Nemotron-H: P = 64) and N % block_n == 0 with block_n % 8 == 0. The
 public entries take validated arguments (see `pallas_kernels.mamba2.api`).
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +57,8 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.mamba2.buffers import write_window
+from pallas_kernels.ring import NULL_SLOT, verify_folds
 from pallas_kernels.validation import bounded_block, check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "ptile")
@@ -67,6 +76,7 @@ class Mamba2MosaicTiling:
 # Not yet measured on the H200: the chunk of the Triton kernels' best tilings.
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=64)
+MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=64)
 _MIN_BLOCK_N = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
 
 
@@ -89,10 +99,55 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2]))
 
 
+def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3]))
+    return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
+
+
 def _position(heads_per_group):
     """(row b, head h, group g, P tile slice) of this CTA."""
     b, h, t = (lax.axis_index(n) for n in GRID_NAMES)
     return b, h, h // heads_per_group, pl.ds(t * TILE_ROWS, TILE_ROWS)
+
+
+def _walk(body, init, *, count, ring_dt, a, suffix):
+    """Folds body(j, s_j, carry) over the committed ring entries j = count-1 .. 0 (newest first;
+    entries past the count are never read) with s_j = dt_j exp(A (suffix + sum_{j<i<count} dt_i)):
+    `suffix` is the dt sum of the tokens after the ring. ring_dt(j) reads entry j's dt. Returns
+    (suffix + the ring's dt sum, carry)."""
+    def step(k, carry):
+        sfx, acc = carry
+        j = count - 1 - k
+        dtj = ring_dt(j)
+        return sfx + dtj, body(j, dtj * jnp.exp(a * sfx), acc)
+    return lax.fori_loop(0, count, step, (suffix, init))
+
+
+def _fold(tile, ring_b, b_cur, x, dt, decay, walk, ring_row, out_smem, live, *, block_n,
+          num_stages):
+    """The fold: S0 <- decay S0 + dt x B^T + sum_j s_j x_j B_j^T over the committed ring
+    entries j, for the state tile [64, N] in GMEM, chunk by chunk, as fp32 rank-1 updates.
+    ring_b: the group's ring B [L, N] (GMEM); b_cur: the folded token's B [N] (GMEM); x [64] ROW
+    and dt: the folded token; walk: `_walk` bound to the ring with suffix dt."""
+    L, N = ring_b.shape
+
+    def fold_chunk(idx, s_smem, rb_smem, bv_smem):
+        (n,) = idx
+        s = s_smem[...].astype(F32)
+        cur = plgpu.load(bv_smem, layout=COL).astype(F32)
+        upd = decay * s + rows(dt * x, s.shape) * cols(cur, s.shape)
+
+        def entry(j, sj, acc):
+            bj = plgpu.load(rb_smem.at[j], layout=COL).astype(F32)
+            return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
+        write_chunk(walk(entry, upd, suffix=dt)[1], n, out_smem, tile, block_n, live)
+
+    plgpu.emit_pipeline(
+        fold_chunk, grid=(N // block_n,),
+        in_specs=chunk_specs(tile.dtype, "state", L, None, block=block_n),
+        max_concurrent_steps=num_stages,
+    )(tile, ring_b, b_cur)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,20 +225,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
 
-    def walk(body, init):
-        """Folds body(j, s_j, carry) over the committed entries j = c-1 .. 0 (newest first)
-        with s_j = dt_j exp(A sum_{i>j} dt_i), the sum over the window after j (current token
-        included). Returns (sum of the window's dt, carry)."""
-        def step(k, carry):
-            suffix, acc = carry
-            j = c - 1 - k
-            dtj = rdt_ref[slot, h, j]
-            return suffix + dtj, body(j, dtj * jnp.exp(a * suffix), acc)
-        return lax.fori_loop(0, c, step, (dt, init))
+    walk = functools.partial(_walk, count=c, ring_dt=lambda j: rdt_ref[slot, h, j], a=a)
 
     # y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current token with s = dt.
     total, y_ring = walk(lambda j, sj, acc: acc + (sj * bcr_ref[b, g, j]) * ring_row(j),
-                         (dt * bcc_ref[b, g]) * x)
+                         (dt * bcc_ref[b, g]) * x, suffix=dt)
     decay = jnp.exp(a * total)
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
@@ -206,23 +252,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     fold = c == L - 1
 
     @pl.when(live & fold)
-    def _fold():
-        def fold_chunk(idx, s_smem, rb_smem, bv_smem):
-            (n,) = idx
-            s = s_smem[...].astype(F32)
-            cur = plgpu.load(bv_smem, layout=COL).astype(F32)
-            upd = decay * s + rows(dt * x, s.shape) * cols(cur, s.shape)
-
-            def entry(j, sj, acc):
-                bj = plgpu.load(rb_smem.at[j], layout=COL).astype(F32)
-                return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
-            write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_n, live)
-
-        plgpu.emit_pipeline(
-            fold_chunk, grid=(N // block_n,),
-            in_specs=chunk_specs(s_ref.dtype, "state", L, None, block=block_n),
-            max_concurrent_steps=num_stages,
-        )(tile, rb_ref.at[slot, g], b_ref.at[b, g])
+    def _():
+        _fold(tile, rb_ref.at[slot, g], b_ref.at[b, g], x, dt, decay, walk, ring_row, out_smem,
+              live, block_n=block_n, num_stages=num_stages)
 
     # Otherwise append the current token at `c`. The fold's ring B tiles span all L rows, and
     # rows < c are the only ones the other CTAs of the group read otherwise: no CTA writes a
@@ -274,3 +306,104 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                      bars=plgpu.Barrier(num_barriers=3)),
         interpret=interpret)
     return y, type(buffers)(*new)
+
+
+# --------------------------------------------------------------------------------------------
+# ReplaySSM verify (T window tokens): y for every window token, causally, from checkpoint +
+# committed ring + window; folds ring[0:c] + window[0] into the checkpoint when c + T >= L. The
+# ring is written after the kernel (`write_window`), as the Triton verify does: the fold reads
+# ring rows the window overwrites, in other CTAs of the same group.
+# --------------------------------------------------------------------------------------------
+def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
+                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, y_smem,
+                   out_smem, bars, *, heads_per_group, block_n, num_stages):
+    # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
+    # B . C products (ring x window, window x window) are per group and come precomputed.
+    b, h, g, ps = _position(heads_per_group)
+    T, L, N = x_ref.shape[1], rx_ref.shape[2], c_ref.shape[-1]
+    slot = slots_ref[b]
+    live = slot != NULL_SLOT
+    c = counts_ref[slot]                                   # committed ring entries, 0..L-1
+    plgpu.copy_gmem_to_smem(x_ref.at[b, :, h, ps], x_smem, bars.at[0])          # [T, 64]
+    plgpu.copy_gmem_to_smem(rx_ref.at[slot, h, :, ps], rx_smem, bars.at[1])     # [L, 64]
+    a = a_ref[h]
+    dts = [dt_ref[b, t, h] for t in range(T)]
+    plgpu.barrier_wait(bars.at[0])
+    plgpu.barrier_wait(bars.at[1])
+    xs = [plgpu.load(x_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
+
+    def ring_row(j):
+        return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
+
+    walk = functools.partial(_walk, count=c, ring_dt=lambda j: rdt_ref[slot, h, j], a=a)
+
+    # Ring history at the window start: sum_j s_j (B_j . C_t) x_j per token t, one walk.
+    def entry(j, sj, acc):
+        xj = ring_row(j)
+        return tuple(acc_t + (sj * bcr_ref[b, g, t, j]) * xj for t, acc_t in enumerate(acc))
+
+    hist_dt, y_hist = walk(entry, (zeros_row(),) * T, suffix=jnp.zeros((), F32))
+    decay_hist = jnp.exp(a * hist_dt)
+    tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
+
+    def readout(idx, s_smem, c_smem, acc):
+        s = s_smem[...].astype(F32)
+        cvs = [plgpu.load(c_smem.at[t], layout=COL).astype(F32) for t in range(T)]
+        plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
+        return tuple(acc_t + jnp.sum(s * cols(cv, s.shape), axis=1)
+                     for acc_t, cv in zip(acc, cvs))
+
+    s0c = plgpu.emit_pipeline(
+        readout, grid=(N // block_n,),
+        in_specs=chunk_specs(s_ref.dtype, "state", T, block=block_n),
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
+    )(tile, c_ref.at[b, :, g])
+
+    # y_t = exp(A cum_t) (decay_hist S0 C_t + history_t) + sum_{r<=t} dt_r exp(A (cum_t - cum_r))
+    #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r.
+    cum = list(itertools.accumulate(dts))
+    for t in range(T):
+        y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
+        for r in range(t + 1):
+            y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
+        write_out(y, live, y_smem.at[t], y_ref.at[b, t, h, ps])
+
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & verify_folds(c, T, L))
+    def _():
+        _fold(tile, rb_ref.at[slot, g], b_ref.at[b, 0, g], xs[0], dts[0],
+              jnp.exp(a * (hist_dt + dts[0])), walk, ring_row, out_smem, live,
+              block_n=block_n, num_stages=num_stages)
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "interpret"))
+def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages,
+                   interpret):
+    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
+    and the checkpoint pool (folded rows updated); the ring is not touched."""
+    batch, T, H, P = x.shape
+    G = B.shape[2]
+    hi = lax.Precision.HIGHEST
+    C32 = C.astype(F32)
+    bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(F32), C32,
+                         precision=hi)                                 # [b, G, T, L]
+    bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(F32), C32, precision=hi)  # [b, G, T, T]
+    kernel = functools.partial(_verify_kernel, heads_per_group=H // G, block_n=block_n,
+                               num_stages=num_stages)
+    (y,), (ck,) = mosaic_call(
+        kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, P // TILE_ROWS),
+        grid_names=GRID_NAMES,
+        inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
+                    a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win,
+                    s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
+                    rdt_ref=buffers.ring_dt),
+        outputs=dict(y_ref=like(x)),
+        inplace=("s_ref",),
+        scratch=dict(x_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
+                     rx_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_x.dtype),
+                     y_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
+                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
+                     bars=plgpu.Barrier(num_barriers=2)),
+        interpret=interpret)
+    return y, ck

@@ -5,7 +5,9 @@ verify kernel, the ring writes of the window and the count commit; for the basel
 that runs T standard steps and writes one full state per window token (rollback = continue from
 the state of the last accepted token: the engine's standard mode remaps the slot's state row, so
 commit copies nothing). Both sides get the same tiling sweep: `--tune` for ReplaySSM's verify
-kernel, `--tune-baseline` for the baseline's. Acceptance is random,
+kernel, `--tune-baseline` for the baseline's. `--impls` times ReplaySSM verify's Pallas
+implementations side by side ("pallas": Triton, "pallas_mosaic_gpu": Mosaic GPU), each against
+the Triton baseline. Acceptance is random,
 uniform in 1..T per row and step, so rows fold at their own pace (amortised over many steps).
 Pools over 512 MiB as in `replayjax bench kernels`. Memory per sequence: ReplaySSM keeps one
 state plus the ring; the baseline one state per window token plus the committed one.
@@ -26,11 +28,16 @@ import numpy as np
 
 from replayjax import commandline as cli
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, check_shape_names, pool_sets
-from replayjax.bench.kernels import check_tiling
+from replayjax.bench.kernels import IMPLS, check_tiling
 from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, per_kernel
 
 PROG = "replayjax bench verify"
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
+
+
+def verify_tiling(ops, impl):
+    """The measured replay_verify tiling of a family's `impl`."""
+    return getattr(ops, f"{'MOSAIC_' if impl == 'pallas_mosaic_gpu' else ''}VERIFY_TILING")
 
 
 def fold_statistics(T, L, steps=100_000, seed=0):
@@ -73,11 +80,13 @@ def _step_us(fn, args, first_kernel, n_steps, iterations, breakdown):
 
 def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                  min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None,
-                 baseline_kw=None, breakdown=False):
-    """One row: ReplaySSM verify + commit vs the state-per-draft baseline at (shape, batch, T).
-    replay_kw: overrides of the family's `VERIFY_TILING` fields (block_p / block_n / block_v /
-    block_k / block_k_long, num_warps, fold), default none (the tuned tiling); baseline_kw: the
-    same for the baseline's `STANDARD_VERIFY_TILING` (block_p / block_n / block_v, num_warps)."""
+                 baseline_kw=None, breakdown=False, impl="pallas"):
+    """One row: ReplaySSM verify + commit (Pallas implementation `impl`) vs the state-per-draft
+    baseline at (shape, batch, T). replay_kw: overrides of the fields of `impl`'s verify tiling
+    (`verify_tiling`; Triton: block_p / block_n / block_v, block_k / block_k_long, num_warps,
+    fold; Mosaic GPU: block_n / block_k, num_stages), default none (the measured tiling); the
+    baseline_kw: the same for the baseline's `STANDARD_VERIFY_TILING` (block_p / block_n /
+    block_v, num_warps)."""
     import jax
     import jax.numpy as jnp
 
@@ -92,7 +101,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     win = _window(inputs, fam.token_inputs, T)
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
-    tiling = dataclasses.replace(ops.VERIFY_TILING, **(replay_kw or {}))
+    tiling = dataclasses.replace(verify_tiling(ops, impl), **(replay_kw or {}))
     base_tiling = dataclasses.replace(ops.STANDARD_VERIFY_TILING, **(baseline_kw or {}))
 
     @jax.jit
@@ -100,7 +109,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
         def body(i, carry):
             bufs, counts = carry
             slots = sets[i % n_sets]
-            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl="pallas", tiling=tiling)
+            _, bufs = ops.replay_verify(bufs, counts, *win, slots, impl=impl, tiling=tiling)
             n_acc = jax.random.randint(jax.random.fold_in(key, i), (batch,), 1, T + 1)
             return bufs, commit_counts(counts, slots, n_acc, T, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
@@ -120,8 +129,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                     breakdown)
     ring_bytes = sum(a.nbytes for a in bufs[1:]) / S
     rep_b, base_b = min_bytes(fam, dims, T, L, jnp.dtype(ring).itemsize)
-    return dict(family=fam.name, shape=shape, batch=batch, T=T, replay_us=rep, baseline_us=base,
-                speedup=base / rep, replay_mem_per_seq=per_seq + ring_bytes,
+    return dict(family=fam.name, impl=impl, shape=shape, batch=batch, T=T, replay_us=rep,
+                baseline_us=base, speedup=base / rep, replay_mem_per_seq=per_seq + ring_bytes,
                 baseline_mem_per_seq=per_seq * (1 + T), replay_bytes_per_row=rep_b,
                 baseline_bytes_per_row=base_b, replay_gbs=rep_b * batch / rep / 1e3,
                 baseline_gbs=base_b * batch / base / 1e3)
@@ -133,7 +142,8 @@ HEADER = ("| shape | batch | T | ReplaySSM verify+commit us | state-per-draft us
 
 
 def line(r, copy_gbs):
-    label = r["shape"] + "".join(f" {who} {json.dumps(r[k])}" for who, k in (
+    impl = "" if r["impl"] == "pallas" else f"{r['impl']} "
+    label = impl + r["shape"] + "".join(f" {who} {json.dumps(r[k])}" for who, k in (
         ("replay", "replay_kw"), ("baseline", "baseline_kw")) if r.get(k))
     return (f"| {label} | {r['batch']} | {r['T']} | {r['replay_us']:.1f} | "
             f"{r['baseline_us']:.1f} | **{r['speedup']:.2f}x** | "
@@ -147,6 +157,7 @@ def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --family gdn --tokens 2 4 8 --batches 1 32 256",
         f"{PROG} --family mamba2 --tokens 4 --batches 256 --breakdown",
+        f"{PROG} --family mamba2 --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu",
         f"{PROG} --family mamba2 --tokens 4 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2", help="kernel family")
     ap.add_argument("--shapes", nargs="+", metavar="SHAPE",
@@ -160,6 +171,9 @@ def build_parser():
                     help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
+    ap.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS[:1]),
+                    help="ReplaySSM verify implementations to time, each against the baseline "
+                         "(default: pallas, the Triton kernel; pallas_mosaic_gpu: Mosaic GPU)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print us per step by kernel name")
     ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
@@ -188,15 +202,16 @@ def _run(args):
     import jax
     cli.output_path("--json", args.json)
     fam = FAMILIES[args.family]()
-    for cfg in args.tune:
-        check_tiling("--tune", cfg, fam.ops().VERIFY_TILING)
+    for impl in args.impls:
+        for cfg in args.tune:
+            check_tiling("--tune", cfg, verify_tiling(fam.ops(), impl))
     for cfg in args.tune_baseline:
         check_tiling("--tune-baseline", cfg, fam.ops().STANDARD_TILING)
     cli.require_gpu()
     ring = args.ring_dtype or fam.default_ring
     shapes = args.shapes or list(fam.shapes)
-    grid = [(s, T, b, kw, bkw) for s in shapes for T in args.tokens for b in args.batches
-            for kw in args.tune for bkw in args.tune_baseline]
+    grid = [(s, T, b, i, kw, bkw) for s in shapes for T in args.tokens for b in args.batches
+            for i in args.impls for kw in args.tune for bkw in args.tune_baseline]
     progress = cli.Progress(len(grid) + 1, cli.interactive(args))
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth() / 1e9
@@ -204,10 +219,10 @@ def _run(args):
           f"TB/s; {fam.name}; L = {args.window}; {ring} ring; acceptance uniform in 1..T")
     print(HEADER, flush=True)
     rows = []
-    for shape, T, batch, kw, bkw in grid:
-        with progress.stage(f"{shape} T {T} batch {batch}"):
+    for shape, T, batch, impl, kw, bkw in grid:
+        with progress.stage(f"{impl} {shape} T {T} batch {batch}"):
             r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring, replay_kw=kw,
-                             baseline_kw=bkw, breakdown=args.breakdown)
+                             baseline_kw=bkw, breakdown=args.breakdown, impl=impl)
         r.update(copy_gbs=bw, replay_kw=kw, baseline_kw=bkw)
         rows.append(r)
         print(line(r, bw), flush=True)

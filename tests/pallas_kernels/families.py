@@ -252,6 +252,11 @@ def impl_cases(attr, mosaic=1):
     return params
 
 
+def has_mosaic(family, op):
+    """Whether `family` has a Mosaic GPU kernel for the op named `op` (and dims that fit one)."""
+    return family.MOSAIC_DIMS is not None and hasattr(family.ops.pallas_mosaic_gpu, op)
+
+
 def family_impls(mosaic=True):
     """pytest params (family, impl): each family with each of IMPLS, and with Mosaic GPU where
     it has it (if `mosaic`)."""

@@ -84,7 +84,7 @@ def test_mosaic_shapes_and_tilings_are_named(K, V, tiling, match):
 
 def test_an_op_without_mosaic_kernel_is_named():
     pb = GDN(1, V=64)
-    with pytest.raises(ValueError, match=r"gdn.replay_verify has no pallas_mosaic_gpu"):
-        gdn.replay_verify(pb.init_buffers(4), jnp.zeros((pb.S,), jnp.int32),
-                          *pb.window_inputs(2, 2), jnp.asarray([1, 2], jnp.int32),
-                          impl="pallas_mosaic_gpu")
+    with pytest.raises(ValueError, match=r"gdn.standard_verify has no pallas_mosaic_gpu"):
+        gdn.standard_verify(pb.random_state(), *pb.window_inputs(2, 2),
+                            jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
+                            impl="pallas_mosaic_gpu")

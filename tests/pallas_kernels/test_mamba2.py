@@ -72,6 +72,7 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
 def test_an_op_without_mosaic_kernel_is_named():
     pb = Mamba2(1, P=64)
     x, B, C, dt = pb.window_inputs(2, 2)
-    with pytest.raises(ValueError, match=r"mamba2.replay_verify has no pallas_mosaic_gpu"):
-        mamba2.replay_verify(pb.init_buffers(4), jnp.zeros((pb.S,), jnp.int32), x, B, C, dt,
-                             pb.A, pb.D, jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu")
+    with pytest.raises(ValueError, match=r"mamba2.standard_verify has no pallas_mosaic_gpu"):
+        mamba2.standard_verify(pb.random_state(), x, B, C, dt, pb.A, pb.D,
+                               jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
+                               impl="pallas_mosaic_gpu")

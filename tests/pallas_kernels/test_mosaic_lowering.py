@@ -52,6 +52,20 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
         assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("tiling,state_dtype", [
+    (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+def test_mamba2_mosaic_verify_lowers_for_sm90(tiling, state_dtype):
+    """Nemotron-H-8B shapes, batch 256, L = 16, a window of T = 4 tokens."""
+    T = 4
+    bufs, counts, (x, B, C, dt, A, D, slots) = _mamba2_args(
+        S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=state_dtype)
+    window = [jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in (x, B, C, dt)]
+    fn = functools.partial(mamba2.replay_verify, impl="pallas_mosaic_gpu", tiling=tiling,
+                           interpret=False)
+    assert "mosaic_gpu" in _lower(fn, bufs, counts, *window, A, D, slots)
+
+
 def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     sds = jax.ShapeDtypeStruct
     bufs = gdn.GDNBuffers(sds((S, Hv, V, K), state_dtype), sds((S, Hk, L, K), ring_dtype),
@@ -74,3 +88,17 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     for text in (_lower(functools.partial(gdn.standard_decode, **kw), bufs.checkpoint, *step),
                  _lower(functools.partial(gdn.replay_decode, **kw), bufs, counts, *step)):
         assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("tiling,state_dtype,ring_dtype", [
+    (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16)], ids=["default", "bk32-3stages", "bf16-bk16"])
+def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype):
+    """Qwen3-Next shapes, batch 256, L = 16, a window of T = 4 tokens."""
+    T = 4
+    bufs, counts, (*token, slots) = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
+                                              state_dtype=state_dtype, ring_dtype=ring_dtype)
+    window = [jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in token]
+    fn = functools.partial(gdn.replay_verify, impl="pallas_mosaic_gpu", tiling=tiling,
+                           interpret=False)
+    assert "mosaic_gpu" in _lower(fn, bufs, counts, *window, slots)

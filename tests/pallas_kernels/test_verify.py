@@ -14,8 +14,16 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import F32, IMPLS, each_family
-from tests.pallas_kernels.helpers import impl_kw, rel_err
+from tests.pallas_kernels.families import (
+    F32,
+    FAMILIES,
+    IMPLS,
+    MOSAIC,
+    each_family,
+    has_mosaic,
+    impl_dims,
+)
+from tests.pallas_kernels.helpers import impl_kw, mosaic_races_found, rel_err
 
 TOL = 5e-5
 
@@ -29,21 +37,30 @@ def verify_step(ops, T, L, **kw):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("T,L", [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)])
-@each_family
+def verify_params(cases, mosaic_cases):
+    """pytest params (family, *case, impl): every case with each of IMPLS, and the Mosaic GPU
+    cases (few: its interpreter is slow) for the families that have a Mosaic GPU verify."""
+    return [pytest.param(f, *c, impl, id=f"{name}-{'-'.join(map(str, c))}-{impl}")
+            for name, f in FAMILIES.items()
+            for impl, cs in [*((i, cases) for i in IMPLS), (MOSAIC, mosaic_cases)]
+            if impl != MOSAIC or has_mosaic(f, "replay_verify") for c in cs]
+
+
+@pytest.mark.parametrize("family,T,L,impl", verify_params(
+    [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)]))
 def test_random_acceptance_matches_recurrence(family, T, L, impl, interpret):
-    """>= 64 verify steps with random acceptance (all accepted and all rejected included), rows
-    folding and not folding in one batch: every window output and every committed checkpoint
-    equals the recurrence over the accepted tokens."""
-    pb = family(100 + 10 * T + L, batch=4, **family.REPLAY_DIMS)
+    """>= 64 verify steps (16 on the Mosaic GPU interpreter) with random acceptance (all
+    accepted and all rejected included), rows folding and not folding in one batch: every
+    window output and every committed checkpoint equals the recurrence over the accepted
+    tokens."""
+    pb = family(100 + 10 * T + L, batch=4, **impl_dims(family, family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, F32, F32)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]
-    step = verify_step(pb.ops, T, L,                           # two state chunks
-                       **impl_kw(impl, interpret, pb.tiling("verify", chunk=16)))
+    step = verify_step(pb.ops, T, L,                  # several state chunks
+                       **impl_kw(impl, interpret, pb.tiling("verify", chunk=16, impl=impl)))
     folds = all_acc = none_acc = 0
-    for it in range(64):
+    for it in range(16 if impl == MOSAIC and interpret else 64):
         window = pb.window_inputs(T)
         n_acc = pb.rng.integers(1, T + 1, pb.batch)
         n_acc[:] = T if it % 4 == 0 else (1 if it % 4 == 1 else n_acc)
@@ -69,18 +86,17 @@ def test_random_acceptance_matches_recurrence(family, T, L, impl, interpret):
             none_acc += n_acc[r] == 1
     assert folds >= 6 and all_acc and none_acc
     assert int(counts[NULL_SLOT]) == 0
+    assert impl != MOSAIC or not mosaic_races_found()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("T", [1, 3, 4])
-@each_family
+@pytest.mark.parametrize("family,T,impl", verify_params([(1,), (3,), (4,)], [(1,), (4,)]))
 def test_verify_equals_stepping_decode(family, T, impl, interpret):
     """The T window outputs equal T single-token decode steps from the same cache; T = 1 plus
     commit(1) leaves exactly the cache decode leaves (for T > 1 the two fold at different points,
     both exact; the ring entries of longer windows are checked through every later output of the
     acceptance test)."""
     L = 8
-    pb = family(7 + T, batch=3)
+    pb = family(7 + T, batch=3, **impl_dims(family, {}, impl))
     bufs, counts, _ = pb.make_replay_state(L, F32, F32)
     slots = jnp.asarray([3, 6, 1], jnp.int32)
     window = pb.window_inputs(T)
@@ -104,6 +120,7 @@ def test_verify_equals_stepping_decode(family, T, impl, interpret):
                     np.testing.assert_allclose(v, d, rtol=1e-5, atol=1e-6)
                 else:
                     np.testing.assert_array_equal(v, d)
+    assert impl != MOSAIC or not mosaic_races_found()
 
 
 @pytest.mark.parametrize("impl", IMPLS)

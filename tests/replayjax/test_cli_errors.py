@@ -183,6 +183,7 @@ PARSE_CASES = [
     (["bench", "verify", "--tokens", "8", "--window", "4"], "--tokens"),
     (["bench", "verify", "--batches", "x"], "--batches"),
     (["bench", "verify", "--tune-baseline", "{}"], "--tune-baseline"),
+    (["bench", "verify", "--impls", "mosaic"], "--impls"),
     # bench moe
     (["bench", "moe", "--copies", "0"], "--copies"),
     (["bench", "moe", "--batches", "0"], "--batches"),
@@ -342,6 +343,10 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
      "--std-config", INPUT_S),
     (["bench", "kernels", "--batches", "1"], "CUDA GPU", INPUT_S),
     (["bench", "verify", "--tune", '[{"nope": 1}]'], "--tune", INPUT_S),
+    (["bench", "verify", "--impls", "pallas_mosaic_gpu", "--tune", '[{"block_p": 64}]'], "--tune",
+     INPUT_S),
+    (["bench", "verify", "--family", "gdn", "--impls", "pallas_mosaic_gpu", "--tune",
+      '[{"block_v": 64}]'], "--tune", INPUT_S),
     (["bench", "verify", "--json", "{empty_dir}"], "--json", INPUT_S),
     (["bench", "moe", "--json", "no/such/dir/m.json"], "--json", INPUT_S),
     (["bench", "moe", "--batches", "1"], "CUDA GPU", INPUT_S),

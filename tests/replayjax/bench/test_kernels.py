@@ -111,9 +111,12 @@ def test_step_time_starts_at_the_first_kernel_of_interest():
         timing.from_first(times, "standard")
 
 
-@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
-                                         ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
-def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, family, dims):
+@pytest.mark.parametrize("family,dims,impl", [
+    ("mamba2", dict(H=2, P=16, N=16, G=1), "pallas"),
+    ("gdn", dict(Hk=1, Hv=2, K=16, V=16), "pallas"),
+    ("mamba2", dict(H=1, P=64, N=16, G=1), "pallas_mosaic_gpu"),
+    ("gdn", dict(Hk=1, Hv=1, K=16, V=64), "pallas_mosaic_gpu")])
+def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, family, dims, impl):
     """The verify and baseline loops run (interpret mode); memory per sequence is one state plus
     an L-entry ring (measured on the real buffers) against T + 1 states."""
     fam = FAMILIES[family]()
@@ -126,7 +129,8 @@ def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, fam
     monkeypatch.setattr(verify, "kernel_times", fake_kernel_times)
     L, T = 4, 2
     v = verify.bench_verify(fam, "tiny", 2, T, L=L, ring="float32", iterations=1,
-                            min_pool_bytes=1, steps_per_set=2)
+                            min_pool_bytes=1, steps_per_set=2, impl=impl)
+    assert v["impl"] == impl
     state = fam.state_bytes(dims)
     assert v["replay_mem_per_seq"] == state + L * fam.entry_bytes(dims, 4)
     assert v["baseline_mem_per_seq"] == (1 + T) * state
