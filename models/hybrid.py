@@ -180,8 +180,8 @@ def store_pending(cache: SSMCache, slots, window):
         raise ValueError(f"verify window T = {T} exceeds the cache's max_verify ({have}); "
                          f"build the cache with init_cache(..., max_verify={T})")
     i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
-    return cache.replace(pending=cache.pending.at[i, :T].set(window.astype(cache.pending.dtype),
-                                                             mode="drop"))
+    return cache.replace(pending=cache.pending.at[i, :T].set(
+        window.astype(cache.pending.dtype), mode="drop", unique_indices=True))
 
 
 def ssm_buffers(init, num_slots: int, window: int, max_verify: int, ssm_mode: str):

@@ -79,15 +79,17 @@ def write_window_rings(rings, values, counts, slots, window: int):
     """Writes a verify window into ring tensors (uncommitted): at count..count+T-1, or window[1:]
     at 0..T-2 for rows that fold (window[0] went into the checkpoint). rings: arrays
     [S, heads, L, ...]; values: matching [b, T, heads, ...]. Returns the new rings."""
-    S, T = rings[0].shape[0], values[0].shape[1]
+    S, (b, T) = rings[0].shape[0], values[0].shape[:2]
     count = counts[slots]
-    idx = row_index(slots, slots != NULL_SLOT, S)
     s = jnp.arange(T)
     pos = jnp.where(verify_folds(count, T, window)[:, None], s - 1, count[:, None] + s)  # [b, T]
-    i = jnp.where((pos >= 0) & (pos < window), idx[:, None], S)     # out of the pool: dropped
+    keep = (slots != NULL_SLOT)[:, None] & (pos >= 0) & (pos < window)
+    # the rest out of the pool (dropped), each at its own row: (i, p) pairs are unique
+    i = jnp.where(keep, slots[:, None], S + jnp.arange(b * T, dtype=slots.dtype).reshape(b, T))
     p = jnp.clip(pos, 0, window - 1)
     # one scatter per ring: r[i, :, p] with i, p [b, T] addresses [b, T, heads, ...] = values
-    return tuple(r.at[i, :, p].set(v.astype(r.dtype), mode="drop") for r, v in zip(rings, values))
+    return tuple(r.at[i, :, p].set(v.astype(r.dtype), mode="drop", unique_indices=True)
+                 for r, v in zip(rings, values))
 
 
 def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
