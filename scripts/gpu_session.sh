@@ -14,7 +14,8 @@
 #              SERVE_FLAGS=--dynamic-batch: steps over the occupied slots only
 #   prefix   - prefix cache on the agents trace (shared system prompt, multi-turn histories):
 #              TTFT and throughput with and without it, Nemotron-H-8B and Qwen3.5-9B dims
-#              (PREFIX_MODELS="..." picks some: one per GPU side by side on a 2-GPU machine)
+#              (PREFIX_MODELS="..." picks some: one per GPU side by side on a 2-GPU machine;
+#              PREFIX_FLAGS=--dynamic-batch: prefill rows by arrivals)
 #   mosaic   - the Mosaic GPU kernels: their tests compiled (and the sm90 lowering check), then
 #              decode of Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
@@ -214,7 +215,7 @@ print(serve.markdown(rows))" "$out" ;;
   prefix)
     for m in ${PREFIX_MODELS:-nemotron-h-8b qwen3.5-9b}; do
       e2e 420 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
-        --prefix-cache-gb 16 --variants replay
+        --prefix-cache-gb 16 --variants replay ${PREFIX_FLAGS:-}
     done ;;
   profile|tp-profile)
     tp=$([ $stage = tp-profile ] && echo 2 || echo 1)
