@@ -156,7 +156,6 @@ def line(r, copy_gbs):
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --family gdn --tokens 2 4 8 --batches 1 32 256",
-        f"{PROG} --family mamba2 --tokens 4 --batches 256 --breakdown",
         f"{PROG} --family mamba2 --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu",
         f"{PROG} --family mamba2 --tokens 4 --batches 256 --tune '[{{}}, {{\"block_n\": 32}}]'"])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mamba2", help="kernel family")
