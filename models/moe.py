@@ -71,17 +71,15 @@ def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
     others are invalid pairs: no rows), and the psum after the layer adds the devices' parts."""
     lead, k = u.shape[:-1], expert_ids.shape[-1]
     ids = expert_ids.reshape(-1, k)
-    pair_valid = (jnp.ones(ids.shape[:1], bool) if valid is None
-                  else jnp.broadcast_to(valid, lead).reshape(-1))
+    valid = None if valid is None else jnp.broadcast_to(valid, lead).reshape(-1)
     local, block_m = w_up.shape[0], None
     if local < num_experts:                 # this device's slice of the experts
         ids = ids - tp_index() * local
-        pair_valid = pair_valid[:, None] & (ids >= 0) & (ids < local)
+        mine = (ids >= 0) & (ids < local)
+        valid = mine if valid is None else valid[:, None] & mine
         ids = jnp.clip(ids, 0, local - 1)
         block_m = moe_ops.default_block_m(ids.size * local // num_experts, local)
-    elif valid is None:
-        pair_valid = None
     y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), ids, weights.reshape(-1, k), w_up,
-                           w_down, w_gate=w_gate, valid=pair_valid, activation=activation,
+                           w_down, w_gate=w_gate, valid=valid, activation=activation,
                            block_m=block_m)
     return y.reshape(u.shape)

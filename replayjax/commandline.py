@@ -376,12 +376,17 @@ def add_tp_argument(ap):
                          "expert's width)")
 
 
-def tp_placement(args):
-    """(mesh, experts) of --tp and --expert-parallel: the `tp_mesh` and the
-    `models.sharding.TPRules` expert split ("width" or "experts")."""
-    if getattr(args, "expert_parallel", False) and args.tp == 1:
+def expert_split(args) -> str:
+    """The `models.sharding.TPRules` expert split of --expert-parallel ("experts") or not
+    ("width"); UserError when it is given without --tp N > 1."""
+    if args.expert_parallel and args.tp == 1:
         raise UserError("--expert-parallel: needs --tp N > 1 (the experts split over N devices)")
-    return tp_mesh(args.tp), ("experts" if getattr(args, "expert_parallel", False) else "width")
+    return "experts" if args.expert_parallel else "width"
+
+
+def tp_placement(args):
+    """(mesh, experts) of --tp and --expert-parallel: `tp_mesh` and `expert_split`."""
+    return tp_mesh(args.tp), expert_split(args)
 
 
 def check_tp(flag: str, tp: int, cfg, experts: str = "width"):

@@ -227,7 +227,7 @@ def check_inputs(args):
             raise cli.UserError(f"--speculative draft:{args.draft_dir}: vocabulary of "
                                 f"{draft_cfg.vocab_size} tokens, the model's has "
                                 f"{cfg.vocab_size}")
-    _, experts = cli.tp_placement(args)
+    experts = cli.expert_split(args)
     if args.tp > 1:
         cli.check_tp("--tp", args.tp, cfg, experts)
     tok = _tokenizer(model_dir, required=any(p.text is not None for p in args.prompts))

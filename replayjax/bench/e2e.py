@@ -327,15 +327,14 @@ def run_isolated(args, argv, progress):
                     [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
                      "--result-file", result], stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE, text=True) as proc:
-                last = deque(maxlen=1)
+                last = ""
                 for line in proc.stderr:          # the child's stage lines pass through
-                    if line.strip():
-                        last.append(line.strip())
+                    last = line.strip() or last
                     if cli.log_stages():
                         sys.stderr.write(line)
             if not os.path.exists(result):   # the child refused the whole run (or crashed)
-                last = last or [f"exit status {proc.returncode}"]
-                raise cli.UserError(last[-1].removeprefix(f"{PROG}: error: "))
+                last = last or f"exit status {proc.returncode}"
+                raise cli.UserError(last.removeprefix(f"{PROG}: error: "))
             with open(result) as f:
                 got = json.load(f)
         for row in got["rows"]:
