@@ -158,17 +158,17 @@ case $stage in
       --variants replay standard ;;
   mosaic)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    REPLAYJAX_TEST_BACKEND=gpu timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
+    REPLAYJAX_TEST_BACKEND=gpu limit 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_decode.py tests/pallas_kernels/test_verify.py \
       tests/pallas_kernels/test_mosaic_lowering.py \
       -k "mosaic or lower" 2>&1 | tee "$out/mosaic_tests.log" | tail -15 || true
-    timeout 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu --json "$out/kernels_mosaic.json" \
       2>>"$out/mosaic.log" | grep "^|"
-    timeout 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+    limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/kernels_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
-    timeout 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
       --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
