@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -314,35 +315,74 @@ def run_in_process(args, progress):
     return rows, outputs, workload.description
 
 
+class _Stopped(Exception):
+    """SIGTERM reached the parent of isolated variants (a `timeout` ran out)."""
+
+
+def _stop(signum, frame):
+    raise _Stopped
+
+
 def run_isolated(args, argv, progress):
     """Each variant in a fresh `python -m replayjax.bench.e2e` process (same arguments, one
-    variant), so its peak memory is its own: (rows, {variant: tokens per request})."""
+    variant), so its peak memory is its own: (rows, {variant: tokens per request}). A child that
+    fails gives a failed row (the whole run is refused only when the first one refuses it); a
+    SIGTERM (e.g. `timeout`) stops the running child and returns the rows so far, the stopped
+    and unstarted variants as failed rows, so finished variants are never lost."""
     rows, tokens, what = [], {}, ""
-    for v in args.variants:
-        name = variant_name(v)
-        with progress.stage(f"{name}: fresh process"), \
-                tempfile.TemporaryDirectory(prefix="replayjax-bench-") as tmp:
-            result = os.path.join(tmp, "result.json")
-            with subprocess.Popen(
-                    [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
-                     "--result-file", result], stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE, text=True) as proc:
-                last = ""
-                for line in proc.stderr:          # the child's stage lines pass through
-                    last = line.strip() or last
-                    if cli.log_stages():
-                        sys.stderr.write(line)
-            if not os.path.exists(result):   # the child refused the whole run (or crashed)
-                last = last or f"exit status {proc.returncode}"
-                raise cli.UserError(last.removeprefix(f"{PROG}: error: "))
-            with open(result) as f:
-                got = json.load(f)
-        for row in got["rows"]:
-            row["peak_mem_scope"] = "variant"
-        rows += got["rows"]
-        tokens.update(got["tokens"])
-        what = got["workload"]
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for i, v in enumerate(args.variants):
+            name = variant_name(v)
+            try:
+                got = _run_child(name, argv, progress)
+            except _Stopped:
+                rows += [dict(variant=variant_name(u), error="stopped (SIGTERM) before it ended",
+                              failures=None) for u in args.variants[i:]]
+                break
+            except cli.UserError as e:
+                if not rows:
+                    raise
+                rows.append(dict(variant=name, error=str(e), failures=None))
+                continue
+            for row in got["rows"]:
+                row["peak_mem_scope"] = "variant"
+            rows += got["rows"]
+            tokens.update(got["tokens"])
+            what = got["workload"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return rows, tokens, what
+
+
+def _run_child(name, argv, progress):
+    """One variant's child process: its result dict (rows, tokens, workload); UserError with the
+    child's last stderr line if it wrote none; _Stopped (the child killed) on SIGTERM."""
+    with progress.stage(f"{name}: fresh process"), \
+            tempfile.TemporaryDirectory(prefix="replayjax-bench-") as tmp:
+        result = os.path.join(tmp, "result.json")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replayjax.bench.e2e", *argv, "--only-variant", name,
+             "--result-file", result], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        last = ""
+        try:
+            for line in proc.stderr:              # the child's stage lines pass through
+                last = line.strip() or last
+                if cli.log_stages():
+                    sys.stderr.write(line)
+            proc.wait()
+        except _Stopped:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            proc.stderr.close()
+        if not os.path.exists(result):   # the child refused the run (or crashed)
+            last = last or f"exit status {proc.returncode}"
+            raise cli.UserError(last.removeprefix(f"{PROG}: error: "))
+        with open(result) as f:
+            return json.load(f)
 
 
 def run(args, argv=()):
@@ -495,7 +535,8 @@ def print_table(args, rows, what):
           "| greedy = standard | peak GB | failures |\n" + "|---" * 14 + "|")
     for r in rows:
         if "step_ms" not in r:
-            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11 + f" {r['failures']} |")
+            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11
+                  + f" {_fmt(r['failures'], 'd')} |")
             continue
         if "prefix_hit_rate" in r:
             r = dict(r, variant=f"{r['variant']} (hit {r['prefix_hit_rate']:.0%}, cache "

@@ -90,6 +90,10 @@ def profile(args, progress):
         t0 = time.perf_counter()
         engine.generate(reqs())
         compile_s = time.perf_counter() - t0
+    # before the trace: the copy timing's CUPTI session fails ("activity records were dropped",
+    # an abort) once jax.profiler's has run in the process
+    with progress.stage("copy bandwidth"):
+        bw = copy_bandwidth()
     trace_dir = args.trace_dir
     engine.visits.clear()
     # prefill stays outside the trace: every visit waits for its results, so nothing of the
@@ -106,8 +110,6 @@ def profile(args, progress):
                 jax.profiler.stop_trace()
     with progress.stage("classifying kernels"):
         kernels = kernel_table(trace_dir)
-    with progress.stage("copy bandwidth"):
-        bw = copy_bandwidth()
     steps = sum(n for kind, n, _ in engine.visits if kind == "decode")
     visit_s = sum(s for kind, _, s in engine.visits if kind == "decode")
     # with --tp: per device (kernel time of all tp devices / tp, bytes split evenly)

@@ -7,6 +7,7 @@ import pytest
 from models.config import load_config
 from models.qwen import QwenHybrid
 from models.runner import Runner
+from replayjax import commandline as cli
 from replayjax import memory
 from replayjax.bench import e2e, synthetic, workload
 from tests.replayjax.test_tokenizer_prompts import model_dir_with_tokenizer
@@ -284,6 +285,37 @@ def test_isolated_variants_run_in_fresh_processes(capsys):
     assert [r["variant"] for r in rows] == ["standard", "replay"]
     assert all(r["peak_mem_scope"] == "variant" and r["failures"] == 0 for r in rows)
     assert rows[1]["greedy_match_vs_standard"] == 1.0 and rows[1]["ideal_step_ms"] > 0
+
+
+def test_isolated_run_keeps_finished_variants_when_stopped(monkeypatch, capsys):
+    """A SIGTERM (a `timeout` running out) during the second variant's child: the first
+    variant's row is still printed, the stopped and unstarted ones as failed rows; a child that
+    fails after the first gives a failed row, not a refused run."""
+    done = {"rows": [{"variant": "standard", "step_ms": 1.0, "tokens_per_s": 1.0}],
+            "tokens": {"standard": [[1, 2], [3]]}, "workload": "w"}
+
+    def child(stop):
+        def run(name, argv, progress):
+            if name == "standard":
+                return done
+            if stop:
+                raise e2e._Stopped
+            raise cli.UserError("out of memory in the child")
+        return run
+
+    argv = ["--model", NEMOTRON, *SMALL, "--isolate", "process", "--json", "--variants",
+            "standard", "replay", "replay+ngram"]
+    monkeypatch.setattr(e2e, "_run_child", child(stop=True))
+    assert e2e.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["variant"], r.get("error")) for r in rows] == [
+        ("standard", None), ("replay", "stopped (SIGTERM) before it ended"),
+        ("replay+ngram", "stopped (SIGTERM) before it ended")]
+    monkeypatch.setattr(e2e, "_run_child", child(stop=False))
+    assert e2e.main(argv[:-1]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["variant"], r.get("error")) for r in rows] == [
+        ("standard", None), ("replay", "out of memory in the child")]
 
 
 @pytest.mark.parametrize("name", sorted(synthetic.SYNTHETIC))
