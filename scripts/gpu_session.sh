@@ -31,6 +31,8 @@
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
 #   tp-profile - `profile` at TP = 2: where the step's time goes, collectives (NCCL) included
 #   tp-lm-head - the LM head replicated vs vocab-parallel (scripts/tp_lm_head.py), three shapes
+#   tp-allreduce - one block's all-reduce [b, 4096] bf16: NCCL (default, LL, LL128) vs XLA's
+#              one-shot kernel (scripts/tp_allreduce.py), each in its own process
 #   tp-80b   - Qwen3-Next-80B-A3B dims (bf16, does not fit one H200) at TP = 2, replay vs
 #              standard at batch 64;  tp-80b-256 - the same at batch 256;  tp-80b-ep - replay
 #              with --expert-parallel at batch 64 and 256 (experts split by count, not width)
@@ -147,6 +149,8 @@ case $stage in
   tp-lm-head)
     # replicated vs vocab-parallel LM head (gathering logits or only argmaxes), per step
     limit 200 python3 scripts/tp_lm_head.py --tp 2 --batches 1 64 256 2>>"$out/tp.log" ;;
+  tp-allreduce)
+    limit 150 python3 scripts/tp_allreduce.py --tp 2 --batches 1 64 256 2>>"$out/tp.log" ;;
   tp-80b-ep)
     # expert parallel vs the width split (tp-80b's replay rows), batch 64 then 256
     for b in 64 256; do

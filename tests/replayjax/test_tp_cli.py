@@ -122,3 +122,22 @@ def test_lm_head_measurement_runs(capsys):
     assert [r["variant"] for r in rows] == list(script.variants(2))
     assert all(r["greedy_equal"] and r["us"] > 0 for r in rows)
     assert rows[1]["head_mb"] == rows[0]["head_mb"] / 2
+
+
+def test_allreduce_measurement_runs_each_setting_in_its_process(capsys):
+    """scripts/tp_allreduce.py (which collective implementation a TP step's all-reduces should
+    use): each setting in its own process, the sums exact; an unknown XLA flag is a failed row,
+    not a crash of the whole measurement."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tp_allreduce", "scripts/tp_allreduce.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.SETTINGS["bad flag"] = ({}, ["--xla_no_such_flag=true"])
+    try:
+        assert script.main(["--tp", "2", "--batches", "2", "--hidden", "64", "--count", "4",
+                            "--settings", "default", "one-shot", "bad flag", "--json"]) == 0
+    finally:
+        del script.SETTINGS["bad flag"]
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["setting"] for r in rows] == ["default", "one-shot", "bad flag"], rows
+    assert all(r.get("exact") and r["us"] > 0 for r in rows[:2]) and "error" in rows[2], rows
