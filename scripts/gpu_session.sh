@@ -44,6 +44,10 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0     # never NVLink multicast (multimem): plain NCCL all-reduce
 export REPLAYJAX_LOG_STAGES=1  # the benchmarks log each stage's seconds (where did a timeout go?)
+# JAX's persistent compilation cache, and with it XLA's per-fusion autotuning cache: the variant
+# processes of one model share their GEMM autotuning (an 80B MoE variant compiled for ~4 min),
+# and a stage re-run on the same machine reuses its programs ("compile s" then reads lower)
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/replayjax-jax-cache}
 stage=$1 out=${2:-gpu-out}
 mkdir -p "$out"
 limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $DEADLINE (epoch
