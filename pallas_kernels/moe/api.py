@@ -20,8 +20,8 @@ path: how the pairs are laid out,
     [16, 128]; tiling a `pallas_triton.MoETiling` (None: the measured `TILING`);
   * "pairs" (Pallas only): one program per (pair, F chunk), no plan (`pallas_kernels.moe.pairs`);
     tiling a `pairs.PairTiling`;
-  * "auto": "pairs" for Pallas with at most PAIR_PATH_MAX_PAIRS = n k pairs, else "grouped"
-    (a given tiling's type picks its path).
+  * "auto": "pairs" for Pallas when n k <= PAIR_PATH_MAX_PAIRS, else "grouped" (a given
+    tiling's type picks its path). block_m and a MoETiling are the grouped path's only.
 `reference.expert_ffn` is the dense oracle.
 """
 
@@ -85,7 +85,7 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
 
 
 def pick_path(path: str, impl: str, num_pairs: int, tiling=None) -> str:
-    """"grouped" or "pairs": `path` unless "auto" (see the module docstring)."""
+    """The path that runs, "grouped" or "pairs": `path` unless "auto" (module docstring)."""
     check(path in PATHS, f"path must be one of {PATHS}, got {path!r}")
     if path != "auto":
         return path

@@ -98,7 +98,7 @@ def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation):
             part_ref[p, c, ds] = jnp.sum(hid * down_ref[e, fs, ds].astype(F32), axis=0)
             return carry
 
-        n_chunks(x_ref.shape[1], block_d, down, 0)
+        n_chunks(x_ref.shape[1], block_d, down, None)
 
 
 @functools.partial(jax.jit, static_argnames=("top_k", "activation", "block_f", "block_d",

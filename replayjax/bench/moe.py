@@ -7,7 +7,8 @@ routed experts run as
     grouped GEMMs),
   * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
     over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
-    at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs),
+    at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
+    (fields of `pallas_kernels.moe.PairTiling` over its default), named with the config,
   * "tokamax": sort by expert + `tokamax.ragged_dot` (default implementation: Mosaic GPU on
     Hopper; relu^2 fused, SwiGLU's gate and up as one GEMM, the gate applied by XLA), when
     tokamax can be imported,
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 import sys
 
@@ -162,14 +164,24 @@ def _activation(ws):
     return "swiglu" if "gate" in ws else "relu2"
 
 
-def sparse_experts(u, ids, w, ws, path="grouped"):
+def sparse_experts(u, ids, w, ws):
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
-                          activation=_activation(ws), impl="pallas", path=path)
+                          activation=_activation(ws), impl="pallas", path="grouped")
 
 
-def small_experts(u, ids, w, ws):
-    return sparse_experts(u, ids, w, ws, path="pairs")
+def small_experts(u, ids, w, ws, tiling=None):
+    from pallas_kernels import moe
+    return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
+                          activation=_activation(ws), impl="pallas", path="pairs", tiling=tiling)
+
+
+def small_variant(config: dict):
+    """The "sparse-small" variant name and experts fn of a PairTiling override."""
+    from pallas_kernels.moe import pairs
+    name = "sparse-small" + (f" {json.dumps(config, separators=(',', ':'))}" if config else "")
+    tiling = dataclasses.replace(pairs.TILING, **config)
+    return name, functools.partial(small_experts, tiling=tiling)
 
 
 def dense_experts(u, ids, w, ws):
@@ -221,10 +233,13 @@ def layer_call(layer, x, ws, experts):
     return y + layer.shared(x)
 
 
-def variants():
-    """name -> (prepare(ws) -> ws, experts fn); tokamax only when it imports."""
-    out = {"sparse": (lambda ws: ws, sparse_experts),
-           "sparse-small": (lambda ws: ws, small_experts)}
+def variants(small_tilings=({},)):
+    """name -> (prepare(ws) -> ws, experts fn); sparse-small once per PairTiling override;
+    tokamax only when it imports."""
+    out = {"sparse": (lambda ws: ws, sparse_experts)}
+    for config in small_tilings:
+        name, fn = small_variant(config)
+        out[name] = (lambda ws: ws, fn)
     try:
         import tokamax  # noqa: F401
         out["tokamax"] = (tokamax_prepare, tokamax_experts)
@@ -296,8 +311,10 @@ class Row:
                 + " | ".join(cells) + " |")
 
 
-def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None):
-    """Times every variant on `copies` independent layers; returns a Row."""
+def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None,
+          small_tilings=({},)):
+    """Times every variant (of `only`'s kinds; None: all) on `copies` independent layers;
+    returns a Row."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -310,10 +327,10 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
     states = [nnx.split(layer)[1] for layer in layers]
     distinct = [distinct_experts(layer.route(x)[0]) for layer, x in zip(layers, xs)]
     us, notes, kernels = {}, {}, {}
-    for vname, (prepare, experts) in variants().items():
-        if only and vname not in only:
+    for vname, (prepare, experts) in variants(small_tilings).items():
+        if only and vname.split(" ")[0] not in only:
             continue
-        if vname == "sparse-small" and batch > SMALL_MAX_BATCH:
+        if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
             us[vname], notes[vname] = None, f"batch > {SMALL_MAX_BATCH}"
             continue
         wss = [prepare(expert_weights(layer)) for layer in layers]
@@ -340,7 +357,9 @@ def build_parser():
         f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256",
         f"{PROG} --variants sparse dense --copies 8 --json moe.json",
         f"{PROG} --models nemotron-3-nano-30b-a3b --peak-tflops 989",
-        f"{PROG} --batches 1 8 32 --variants sparse sparse-small --breakdown"])
+        f"{PROG} --batches 1 8 32 --variants sparse sparse-small --breakdown",
+        f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
+        '\'[{}, {"block_f": 32}, {"block_d": 64}]\''])
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
                     metavar="MODEL", help=f"MoE layer shapes: {', '.join(SHAPES)}")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
@@ -348,6 +367,9 @@ def build_parser():
     ap.add_argument("--variants", nargs="+",
                     choices=["sparse", "sparse-small", "tokamax", "dense"],
                     help="expert implementations (default: all that import)")
+    ap.add_argument("--small-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='sparse-small once per PairTiling override, a JSON list: e.g. '
+                         '\'[{}, {"block_f": 32}, {"min_programs": 128, "num_warps": 8}]\'')
     ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
     ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
@@ -365,6 +387,10 @@ def _run(args):
     if missing := [v for v in args.variants or () if v not in variants()]:
         raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
                             f"installed")
+    from pallas_kernels.moe import pairs
+    from replayjax.bench.kernels import check_tiling
+    for config in args.small_tilings:
+        check_tiling("--small-tilings", config, pairs.TILING)
     cli.require_gpu()
     from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
@@ -373,7 +399,8 @@ def _run(args):
         with progress.stage("copy bandwidth"):
             bw = copy_bandwidth()
         print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
-              f"{peak or '?'} TF/s; variants: {', '.join(args.variants or variants())}",
+              f"{peak or '?'} TF/s; variants: "
+              f"{', '.join(args.variants or variants(args.small_tilings))}",
               flush=True)
         print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
               "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
@@ -381,7 +408,8 @@ def _run(args):
         for model in args.models:
             for batch in args.batches:
                 with progress.stage(f"{model} batch {batch}"):
-                    r = bench(model, SHAPES[model], batch, copies=args.copies, only=args.variants)
+                    r = bench(model, SHAPES[model], batch, copies=args.copies,
+                              only=args.variants, small_tilings=args.small_tilings)
                 rows.append(r)
                 print(r.line(bw, peak), flush=True)
     if args.breakdown:

@@ -85,3 +85,17 @@ def test_bench_plumbing_runs_on_cpu(monkeypatch):
                       only=["sparse-small"])
     assert big.us == {"sparse-small": None} and "sparse-small: skipped (batch > 32)" in big.line(
         1e12, None)
+
+
+def test_small_tilings_are_variants(monkeypatch):
+    """--small-tilings: one sparse-small variant per PairTiling override, each running it."""
+    seen = []
+    monkeypatch.setattr(bench, "small_experts", lambda *a, tiling: (
+        seen.append(tiling), bench.sparse_experts(*a))[1])
+    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
+    shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
+    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse-small"],
+                      small_tilings=[{}, {"block_f": 32, "num_warps": 8}])
+    assert list(row.us) == ["sparse-small", 'sparse-small {"block_f":32,"num_warps":8}']
+    assert [(t.block_f, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
