@@ -64,7 +64,8 @@ def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
     see (x, or its latent projection), expert_ids / weights [..., k] the routing over
     `num_experts`, valid [...] bool the real tokens (None: all); the others own no (token,
     expert) pairs and come out zero. Returns [..., din] in u.dtype
-    (`pallas_kernels.moe.expert_ffn`, impl "auto").
+    (`pallas_kernels.moe.expert_ffn`, impl and path "auto": on a GPU its pair path for at most
+    PAIR_PATH_MAX_PAIRS (token, expert) pairs, a decode step's few tokens).
 
     Expert parallel (`models.sharding`, experts "experts"): under shard_map w_up holds this
     device's E / tp experts, the r-th slice; only the pairs routed to them are computed (the

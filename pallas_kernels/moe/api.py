@@ -13,10 +13,15 @@ Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x
 are not valid own no (token, expert) pairs, do no expert work and come out zero.
 
 impl: "pallas" (compiled on GPU, interpret mode elsewhere), "xla" (sparse, plain XLA), "auto"
-(Pallas on GPU, XLA elsewhere), dispatched through `pallas_kernels.dispatch`. Both sort the pairs
-by expert into tiles of block_m rows (see `pallas_kernels.moe.plan`); block_m defaults to the
-expected pairs per expert, as a power of two in [16, 128]. tiling: a
-`pallas_triton.MoETiling` for the Pallas kernels (None: the measured `TILING`).
+(Pallas on GPU, XLA elsewhere), dispatched through `pallas_kernels.dispatch`.
+path: how the pairs are laid out,
+  * "grouped": sorted by expert into tiles of block_m rows (see `pallas_kernels.moe.plan`) and
+    grouped GEMMs; block_m defaults to the expected pairs per expert, as a power of two in
+    [16, 128]; tiling a `pallas_triton.MoETiling` (None: the measured `TILING`);
+  * "pairs" (Pallas only): one program per (pair, F chunk), no plan (`pallas_kernels.moe.pairs`);
+    tiling a `pairs.PairTiling`;
+  * "auto": "pairs" for Pallas when n k <= PAIR_PATH_MAX_PAIRS, else "grouped" (a given
+    tiling's type picks its path). block_m and a MoETiling are the grouped path's only.
 `reference.expert_ffn` is the dense oracle.
 """
 
@@ -24,17 +29,22 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.dispatch import Op
-from pallas_kernels.moe import pallas_triton, xla
+from pallas_kernels.dispatch import Op, resolve_impl
+from pallas_kernels.moe import pairs, pallas_triton, xla
 from pallas_kernels.moe.plan import make_plan
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.validation import FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2
 
-__all__ = ["expert_ffn", "default_block_m"]
+__all__ = ["expert_ffn", "default_block_m", "PATHS", "PAIR_PATH_MAX_PAIRS"]
 
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 128      # Triton dots need >= 16 rows
+PATHS = ("auto", "grouped", "pairs")
+# Up to here the pair path reads each expert about once (pairs ~ distinct experts: batch 8 of
+# Nemotron-3-Nano's top-6 over 128 and of Qwen3.5's top-8 over 256); to be set by measurement.
+PAIR_PATH_MAX_PAIRS = 64
 _EXPERT_FFN = Op("moe.expert_ffn", {"xla": xla.expert_ffn,
                                     "pallas_triton": pallas_triton.expert_ffn})
+_PAIR_FFN = Op("moe.expert_ffn path 'pairs'", {"pallas_triton": pairs.expert_ffn})
 
 
 def default_block_m(num_pairs: int, num_experts: int) -> int:
@@ -74,15 +84,30 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
     return n, din, E, F, k
 
 
+def pick_path(path: str, impl: str, num_pairs: int, tiling=None) -> str:
+    """The path that runs, "grouped" or "pairs": `path` unless "auto" (module docstring)."""
+    check(path in PATHS, f"path must be one of {PATHS}, got {path!r}")
+    if path != "auto":
+        return path
+    if tiling is not None:
+        return "pairs" if isinstance(tiling, pairs.PairTiling) else "grouped"
+    small = resolve_impl(impl) == "pallas_triton" and num_pairs <= PAIR_PATH_MAX_PAIRS
+    return "pairs" if small else "grouped"
+
+
 def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
-               activation="relu2", impl="auto", block_m=None, tiling=None, interpret=None):
+               activation="relu2", impl="auto", path="auto", block_m=None, tiling=None,
+               interpret=None):
     """Routed experts of a MoE layer, sparse (see the module docstring)."""
     n, din, E, F, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation)
+    if valid is None:
+        valid = jnp.ones((n,), bool)
+    if pick_path(path, impl, n * k, tiling) == "pairs":
+        return _PAIR_FFN(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation,
+                         impl=impl, tiling=tiling, interpret=interpret)
     block_m = block_m or default_block_m(n * k, E)
     check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
           f"block_m = {block_m} must be a power of two >= {MIN_BLOCK_M}")
-    if valid is None:
-        valid = jnp.ones((n,), bool)
     plan = make_plan(expert_ids, weights, valid, E, block_m)
     return _EXPERT_FFN(x, plan, w_up, w_down, w_gate, activation, block_m, impl=impl,
                        tiling=tiling, interpret=interpret)

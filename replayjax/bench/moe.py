@@ -3,7 +3,12 @@
 A layer is what the model runs: router (fp32), routed experts, shared expert (Qwen: times
 sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row (decode). The
 routed experts run as
-  * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas")` (sort by expert, grouped GEMMs),
+  * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas", path="grouped")` (sort by expert,
+    grouped GEMMs),
+  * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
+    over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
+    at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
+    (fields of `pallas_kernels.moe.PairTiling` over its default), named with the config,
   * "tokamax": sort by expert + `tokamax.ragged_dot` (default implementation: Mosaic GPU on
     Hopper; relu^2 fused, SwiGLU's gate and up as one GEMM, the gate applied by XLA), when
     tokamax can be imported,
@@ -14,6 +19,9 @@ Method:
     iterations of one jitted call that runs `copies` independent layers (own weights, own
     random tokens) one after the other, divided by `copies`, so the experts a call reads are not
     still in the 60 MB L2 from the call before;
+  * the breakdown (--breakdown prints it, --json always holds it): per kernel name (XLA's
+    numeric suffixes dropped, so the copies' fusions group), launches and us per layer call
+    (median over iterations) and the share of the layer's us;
   * random weights; the router's logits are i.i.d. N(0, 1) per expert, so routing is about
     uniform (the most distinct experts per batch: an upper bound on a trained router's bytes);
   * bytes: the weights the batch needs, i.e. the distinct experts it hits (up, down and for
@@ -27,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import re
 import sys
 
 import numpy as np
@@ -35,6 +45,7 @@ from replayjax import commandline as cli
 
 PROG = "replayjax bench moe"
 BATCHES = (1, 8, 32, 128, 256)
+SMALL_MAX_BATCH = 32    # the pair path reads each expert once per pair: no use at large batches
 # bf16 dense tensor-core peak (TFLOP/s) by device name (NVIDIA H100/H200 SXM datasheets).
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}
 
@@ -156,7 +167,21 @@ def _activation(ws):
 def sparse_experts(u, ids, w, ws):
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
-                          activation=_activation(ws), impl="pallas")
+                          activation=_activation(ws), impl="pallas", path="grouped")
+
+
+def small_experts(u, ids, w, ws, tiling=None):
+    from pallas_kernels import moe
+    return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
+                          activation=_activation(ws), impl="pallas", path="pairs", tiling=tiling)
+
+
+def small_variant(config: dict):
+    """The "sparse-small" variant name and experts fn of a PairTiling override."""
+    from pallas_kernels.moe import pairs
+    name = "sparse-small" + (f" {json.dumps(config, separators=(',', ':'))}" if config else "")
+    tiling = dataclasses.replace(pairs.TILING, **config)
+    return name, functools.partial(small_experts, tiling=tiling)
 
 
 def dense_experts(u, ids, w, ws):
@@ -208,9 +233,13 @@ def layer_call(layer, x, ws, experts):
     return y + layer.shared(x)
 
 
-def variants():
-    """name -> (prepare(ws) -> ws, experts fn); tokamax only when it imports."""
+def variants(small_tilings=({},)):
+    """name -> (prepare(ws) -> ws, experts fn); sparse-small once per PairTiling override;
+    tokamax only when it imports."""
     out = {"sparse": (lambda ws: ws, sparse_experts)}
+    for config in small_tilings:
+        name, fn = small_variant(config)
+        out[name] = (lambda ws: ws, fn)
     try:
         import tokamax  # noqa: F401
         out["tokamax"] = (tokamax_prepare, tokamax_experts)
@@ -222,11 +251,38 @@ def variants():
 
 # ------------------------------------------------------------------------------------- timing
 
-def _time_us(fn, args, iterations=5):
-    """Median device time (us) of every kernel one call of fn launches (CUPTI)."""
+def _kernel_times(fn, args, iterations=5):
+    """`timing.kernel_times` of one call of fn (CUPTI): per iteration, (kernel, us) launched."""
     from replayjax.bench.timing import kernel_times
-    return float(np.median([sum(us for _, us in it)
-                            for it in kernel_times(fn, *args, iterations=iterations)]))
+    return kernel_times(fn, *args, iterations=iterations)
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's name without XLA's numeric suffixes ("loop_fusion_12" -> "loop_fusion")."""
+    return re.sub(r"([._]\d+)+$", "", name)
+
+
+def breakdown(times, copies: int) -> list[dict]:
+    """Per kernel family of `kernel_times` output over `copies` layer calls: launches and us per
+    layer call (medians over iterations), share of their sum; most us first."""
+    names = dict.fromkeys(kernel_family(k) for it in times for k, _ in it)
+    per = {n: (np.median([sum(kernel_family(k) == n for k, _ in it) for it in times]) / copies,
+               np.median([sum(us for k, us in it if kernel_family(k) == n) for it in times])
+               / copies) for n in names}
+    total = sum(us for _, us in per.values()) or 1.0
+    return sorted(({"kernel": n, "launches": float(c), "us": float(us), "share": us / total}
+                   for n, (c, us) in per.items()), key=lambda r: -r["us"])
+
+
+def breakdown_lines(row) -> list[str]:
+    """Markdown tables of a row's breakdowns, one per timed variant."""
+    out = []
+    for variant, kernels in row.kernels.items():
+        out += [f"\n{row.model}, batch {row.batch}, {variant}: kernels of one layer call",
+                "| kernel | launches | us | share |", "|---|---|---|---|"]
+        out += [f"| {k['kernel'][:72]} | {k['launches']:g} | {k['us']:.1f} | "
+                f"{100 * k['share']:.0f}% |" for k in kernels]
+    return out
 
 
 @dataclasses.dataclass
@@ -238,6 +294,7 @@ class Row:
     flops: int
     us: dict                 # variant -> us per layer (None: skipped)
     notes: dict              # variant -> why it was skipped
+    kernels: dict            # variant -> its `breakdown` (timed variants)
 
     def line(self, copy_bw, peak):
         cells = []
@@ -254,8 +311,10 @@ class Row:
                 + " | ".join(cells) + " |")
 
 
-def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None):
-    """Times every variant on `copies` independent layers; returns a Row."""
+def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None,
+          small_tilings=({},)):
+    """Times every variant (of `only`'s kinds; None: all) on `copies` independent layers;
+    returns a Row."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -267,9 +326,12 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
     graphdef = nnx.split(layers[0])[0]
     states = [nnx.split(layer)[1] for layer in layers]
     distinct = [distinct_experts(layer.route(x)[0]) for layer, x in zip(layers, xs)]
-    us, notes = {}, {}
-    for vname, (prepare, experts) in variants().items():
-        if only and vname not in only:
+    us, notes, kernels = {}, {}, {}
+    for vname, (prepare, experts) in variants(small_tilings).items():
+        if only and vname.split(" ")[0] not in only:
+            continue
+        if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
+            us[vname], notes[vname] = None, f"batch > {SMALL_MAX_BATCH}"
             continue
         wss = [prepare(expert_weights(layer)) for layer in layers]
 
@@ -278,31 +340,42 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
             return [layer_call(nnx.merge(graphdef, st), x, ws, experts)
                     for st, ws, x in zip(states, wss, xs)]
         try:
-            us[vname] = _time_us(run, (states, wss, xs), iterations) / copies
+            times = _kernel_times(run, (states, wss, xs), iterations)
+            us[vname] = float(np.median([sum(t for _, t in it) for it in times])) / copies
+            kernels[vname] = breakdown(times, copies)
         except Exception as e:  # noqa: BLE001 (dense may not fit, a peer may not compile: note
             #                       it in the row, time the rest)
             us[vname], notes[vname] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
         del wss
     return Row(model=name, batch=batch, distinct=float(np.mean(distinct)),
                bytes=float(np.mean([layer_bytes(s, d) for d in distinct])),
-               flops=layer_flops(s, batch), us=us, notes=notes)
+               flops=layer_flops(s, batch), us=us, notes=notes, kernels=kernels)
 
 
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256",
         f"{PROG} --variants sparse dense --copies 8 --json moe.json",
-        f"{PROG} --models nemotron-3-nano-30b-a3b --peak-tflops 989"])
+        f"{PROG} --models nemotron-3-nano-30b-a3b --peak-tflops 989",
+        f"{PROG} --batches 1 8 32 --variants sparse sparse-small --breakdown",
+        f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
+        '\'[{}, {"block_f": 32}, {"block_d": 64}]\''])
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
                     metavar="MODEL", help=f"MoE layer shapes: {', '.join(SHAPES)}")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
                     metavar="N", help="rows (tokens) per layer call")
-    ap.add_argument("--variants", nargs="+", choices=["sparse", "tokamax", "dense"],
+    ap.add_argument("--variants", nargs="+",
+                    choices=["sparse", "sparse-small", "tokamax", "dense"],
                     help="expert implementations (default: all that import)")
+    ap.add_argument("--small-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='sparse-small once per PairTiling override, a JSON list: e.g. '
+                         '\'[{}, {"block_f": 32}, {"min_programs": 128, "num_warps": 8}]\'')
     ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
     ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
                     help="bf16 dense peak in TFLOP/s (default: by device name)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="after the table, each row's kernels: launches, us, share of the layer")
     ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
                     help="also write the rows as JSON to FILE")
     return ap
@@ -314,6 +387,10 @@ def _run(args):
     if missing := [v for v in args.variants or () if v not in variants()]:
         raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
                             f"installed")
+    from pallas_kernels.moe import pairs
+    from replayjax.bench.kernels import check_tiling
+    for config in args.small_tilings:
+        check_tiling("--small-tilings", config, pairs.TILING)
     cli.require_gpu()
     from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
@@ -322,7 +399,8 @@ def _run(args):
         with progress.stage("copy bandwidth"):
             bw = copy_bandwidth()
         print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
-              f"{peak or '?'} TF/s; variants: {', '.join(args.variants or variants())}",
+              f"{peak or '?'} TF/s; variants: "
+              f"{', '.join(args.variants or variants(args.small_tilings))}",
               flush=True)
         print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
               "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
@@ -330,9 +408,12 @@ def _run(args):
         for model in args.models:
             for batch in args.batches:
                 with progress.stage(f"{model} batch {batch}"):
-                    r = bench(model, SHAPES[model], batch, copies=args.copies, only=args.variants)
+                    r = bench(model, SHAPES[model], batch, copies=args.copies,
+                              only=args.variants, small_tilings=args.small_tilings)
                 rows.append(r)
                 print(r.line(bw, peak), flush=True)
+    if args.breakdown:
+        print("\n".join(line for r in rows for line in breakdown_lines(r)), flush=True)
     if args.json:
         cli.write_json(args.json, [dataclasses.asdict(r) | {"copy_bw": bw, "peak_tflops": peak,
                                                             "device": kind} for r in rows])

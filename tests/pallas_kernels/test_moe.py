@@ -1,7 +1,9 @@
 """Sparse routed experts (`pallas_kernels.moe`) against a float64 per-token loop.
 
+Implementations: "xla" and "pallas" (the grouped path: sorted into tiles), "pairs" (Pallas, the
+small-batch path: one program per (pair, F chunk)), "reference" (dense).
 Tolerances (relative Frobenius error over the valid rows):
-  float32 weights and activations ... 1e-5 (xla, pallas interpret, and the dense reference)
+  float32 weights and activations ... 1e-5 (xla, pallas and pairs interpret, the dense reference)
   bfloat16 .......................... 1e-2 (x and the hidden activations are rounded to bf16; the
                                       oracle is fed the bf16-rounded inputs and rounds nothing)
 Rows that are not valid must come out exactly zero and own no (token, expert) pairs.
@@ -19,7 +21,7 @@ from pallas_kernels.moe.plan import num_tiles
 from tests.pallas_kernels.helpers import rel_err
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-IMPLS = ["xla", "pallas", "reference"]
+IMPLS = ["xla", "pallas", "pairs", "reference"]
 DIN, F = 32, 48
 
 
@@ -32,6 +34,8 @@ def routing(kind, rng, n, E, k):
     elif kind == "empty_experts":       # only experts 1 and E - 2 ... are ever used
         pool = np.array([1, E - 2, E - 1])[:max(k, 2)]
         ids = np.stack([rng.choice(pool, k, replace=False) for _ in range(n)])
+    elif kind == "ties":                # every token picks the same experts (equal weights)
+        ids = np.tile(rng.choice(E, k, replace=False), (n, 1))
     else:
         ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)])
     if kind == "padding":
@@ -40,8 +44,18 @@ def routing(kind, rng, n, E, k):
     return ids.astype(np.int32), valid
 
 
+def run(impl, interpret, *args, **kw):
+    """`moe.expert_ffn` (or the dense reference) as one of IMPLS, the path forced."""
+    if impl == "reference":
+        return moe.reference.expert_ffn(*args, **kw)
+    if impl != "xla":
+        kw.update(interpret=interpret, path="pairs" if impl == "pairs" else "grouped")
+    return moe.expert_ffn(*args, impl="xla" if impl == "xla" else "pallas", **kw)
+
+
 class Problem:
-    def __init__(self, seed, *, n=12, E=6, k=2, activation="relu2", dtype=F32, kind="random"):
+    def __init__(self, seed, *, n=12, E=6, k=2, activation="relu2", dtype=F32, kind="random",
+                 ffn=F):
         rng = np.random.default_rng(seed)
         self.activation, self.dtype = activation, dtype
         ids, valid = routing(kind, rng, n, E, k)
@@ -49,17 +63,16 @@ class Problem:
         self.weights = jnp.asarray(rng.uniform(0.1, 1.0, (n, k)), F32)
         r = lambda *s: jnp.asarray(rng.standard_normal(s) * s[-2] ** -0.5, dtype)
         self.x = jnp.asarray(rng.standard_normal((n, DIN)), dtype)
-        self.w_up, self.w_down = r(E, DIN, F), r(E, F, DIN)
-        self.w_gate = r(E, DIN, F) if activation == "swiglu" else None
+        if kind == "ties":              # and tokens 2i and 2i + 1 are the same
+            self.weights = jnp.full((n, k), 1.0 / k, F32)
+            self.x = jnp.repeat(self.x[::2], 2, axis=0)[:n]
+        self.w_up, self.w_down = r(E, DIN, ffn), r(E, ffn, DIN)
+        self.w_gate = r(E, DIN, ffn) if activation == "swiglu" else None
 
     def run(self, impl, interpret=True, **kw):
         args = (self.x, self.ids, self.weights, self.w_up, self.w_down)
         kw = dict(w_gate=self.w_gate, valid=self.valid, activation=self.activation, **kw)
-        if impl == "reference":
-            return moe.reference.expert_ffn(*args, **kw)
-        if impl == "pallas":
-            kw.update(interpret=interpret)
-        return moe.expert_ffn(*args, impl=impl, **kw)
+        return run(impl, interpret, *args, **kw)
 
     def oracle(self):
         """float64 loop over tokens and their experts."""
@@ -85,10 +98,13 @@ def check(pb: Problem, y, tol):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("activation", ["relu2", "swiglu"])
-@pytest.mark.parametrize("kind", ["random", "empty_experts", "one_expert", "padding"])
+@pytest.mark.parametrize("kind", ["random", "empty_experts", "one_expert", "padding", "ties"])
 def test_matches_oracle(impl, activation, kind, interpret):
     pb = Problem(0, activation=activation, kind=kind)
-    check(pb, pb.run(impl, interpret), 1e-5)
+    y = pb.run(impl, interpret)
+    check(pb, y, 1e-5)
+    if kind == "ties":                  # equal tokens, experts and weights: equal rows, exactly
+        np.testing.assert_array_equal(y[0::2], y[1::2])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -115,6 +131,35 @@ def test_several_tiles_per_expert_and_tilings(impl, interpret):
     check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
 
 
+@pytest.mark.parametrize("ffn,block_f", [(48, 16), (64, 32)])
+def test_pairs_several_chunks_and_din_slices(ffn, block_f, interpret):
+    """The pair path with several chunks of F (3 x 16, 2 x 32) and 2 slices of din (32 / 16),
+    jitted."""
+    pb = Problem(3, n=5, E=4, k=3, activation="swiglu", kind="padding", ffn=ffn)
+    kw = dict(tiling=moe.PairTiling(block_f, block_d=16, num_warps=4, min_programs=1))
+    check(pb, jax.jit(lambda: pb.run("pairs", interpret, **kw))(), 1e-5)
+
+
+@pytest.mark.parametrize("pairs,F,cap,block_f", [
+    (6, 1856, 64, 32),      # Nemotron-3-Nano, batch 1: 6 x 58 = 348 programs
+    (8, 512, 64, 16),       # Qwen3.5-35B, batch 1: 8 x 32 = 256
+    (48, 1856, 64, 64),     # Nemotron-3-Nano, batch 8: 48 x 29
+    (1, 48, 64, 16), (64, 512, 32, 32)])
+def test_pair_chunks_fill_the_gpu(pairs, F, cap, block_f):
+    assert moe.pairs.chunk_width(pairs, F, moe.PairTiling(cap, 128, 4)) == block_f
+
+
+@pytest.mark.parametrize("impl,path,n,tiling,want", [
+    ("pallas", "auto", 8, None, "pairs"), ("pallas", "auto", 9, None, "grouped"),
+    ("xla", "auto", 1, None, "grouped"), ("pallas", "grouped", 1, None, "grouped"),
+    ("xla", "pairs", 99, None, "pairs"), ("pallas", "auto", 1, moe.TILING, "grouped"),
+    ("pallas", "auto", 99, moe.PairTiling(64, 128, 4), "pairs")])
+def test_path_follows_pair_count(impl, path, n, tiling, want):
+    """"auto": the pair path for Pallas at <= PAIR_PATH_MAX_PAIRS (n x 8 pairs here)."""
+    assert moe.PAIR_PATH_MAX_PAIRS == 64
+    assert moe.api.pick_path(path, impl, n * 8, tiling) == want
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_expert_shards_with_pair_validity_sum_to_the_whole(impl, interpret):
     """Expert parallelism's split: each of 3 shards holds 2 of the 6 experts and gets every
@@ -126,14 +171,10 @@ def test_expert_shards_with_pair_validity_sum_to_the_whole(impl, interpret):
     for r in range(3):
         local = ids - 2 * r
         mine = np.asarray(pb.valid)[:, None] & (local >= 0) & (local < 2)
-        kw = dict(w_gate=pb.w_gate[2 * r:2 * r + 2], valid=jnp.asarray(mine),
-                  activation=pb.activation)
-        args = (pb.x, jnp.asarray(np.clip(local, 0, 1), jnp.int32), pb.weights,
-                pb.w_up[2 * r:2 * r + 2], pb.w_down[2 * r:2 * r + 2])
-        if impl == "pallas":
-            kw["interpret"] = interpret
-        ffn = moe.reference.expert_ffn if impl == "reference" else moe.expert_ffn
-        parts.append(ffn(*args, **kw) if impl == "reference" else ffn(*args, impl=impl, **kw))
+        parts.append(run(impl, interpret, pb.x, jnp.asarray(np.clip(local, 0, 1), jnp.int32),
+                         pb.weights, pb.w_up[2 * r:2 * r + 2], pb.w_down[2 * r:2 * r + 2],
+                         w_gate=pb.w_gate[2 * r:2 * r + 2], valid=jnp.asarray(mine),
+                         activation=pb.activation))
     check(pb, sum(parts), 1e-5)
 
 
@@ -201,6 +242,10 @@ def test_default_block_m(n, k, E, m):
     (dict(impl="pallas", tiling=moe.MoETiling(64, 24, 64, 64, num_warps=4)),
      r"up_block_k = 24 must be a power of two"),
     (dict(impl="pallas", tiling=(64, 128)), "tiling must be a MoETiling"),
+    (dict(path="sorted"), "path must be one of"),
+    (dict(impl="xla", path="pairs"), "moe.expert_ffn path 'pairs' has no xla implementation"),
+    (dict(impl="pallas", path="pairs", tiling=moe.TILING), "tiling must be a PairTiling"),
+    (dict(impl="pallas", tiling=moe.PairTiling(64, 24, 4)), r"block_d = 24 must be a power"),
 ])
 def test_bad_input_is_named(change, match):
     pb = Problem(7, activation="swiglu")

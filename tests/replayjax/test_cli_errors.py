@@ -192,6 +192,7 @@ PARSE_CASES = [
     (["bench", "moe", "--peak-tflops", "inf"], "--peak-tflops"),
     (["bench", "moe", "--models", "gpt-4"], "--models"),
     (["bench", "moe", "--variants", "cutlass"], "--variants"),
+    (["bench", "moe", "--small-tilings", "{}"], "--small-tilings"),
     # profile
     (["profile", "--model", NEMOTRON, "--steps", "0"], "--steps"),
     (["profile", "--model", NEMOTRON, "--batch", "0"], "--batch"),
@@ -350,6 +351,8 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
     (["bench", "verify", "--json", "{empty_dir}"], "--json", INPUT_S),
     (["bench", "moe", "--json", "no/such/dir/m.json"], "--json", INPUT_S),
     (["bench", "moe", "--batches", "1"], "CUDA GPU", INPUT_S),
+    (["bench", "moe", "--small-tilings", '[{"block_f": 0}]'], "--small-tilings", INPUT_S),
+    (["bench", "moe", "--small-tilings", '[{"block_m": 16}]'], "--small-tilings", INPUT_S),
     (["profile", "--model", "no/such/dir"], "--model", INPUT_S),
     (["profile", "--model", "{weights_truncated}"], "--model", INPUT_S),
     (["profile", *N, "--trace-dir", "no/such/dir/trace"], "--trace-dir", INPUT_S),

@@ -42,18 +42,60 @@ def test_layer_call_is_the_models_layer(shape):
         lambda x: bench.layer_call(layer, x, ws, experts))(x), np.float32)
     want = np.asarray(jax.jit(layer)(x), np.float32)
     np.testing.assert_allclose(call(bench.sparse_experts), want, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(call(bench.small_experts), want, rtol=2e-2, atol=2e-2)
     dense = call(bench.dense_experts)
     np.testing.assert_allclose(dense, want, rtol=2e-2, atol=2e-2)
 
 
+# two iterations of a call over 2 copies: per copy a router fusion, a Pallas kernel, a reduction
+FAKE_TIMES = [[("fusion_3", 1.0), ("moe_pair_ffn", 5.0), ("input_reduce_fusion.2", 1.0),
+               ("fusion_7", 1.0), ("moe_pair_ffn", 5.0), ("input_reduce_fusion.5", 1.0)],
+              [("fusion_3", 2.0), ("moe_pair_ffn", 6.0), ("input_reduce_fusion.2", 1.0),
+               ("fusion_7", 2.0), ("moe_pair_ffn", 6.0), ("input_reduce_fusion.5", 1.0)]]
+
+
+def test_breakdown_per_layer_call():
+    """Kernels group by name without XLA's numbering; launches and us are per layer call."""
+    kernels = bench.breakdown(FAKE_TIMES, copies=2)
+    assert [k["kernel"] for k in kernels] == ["moe_pair_ffn", "fusion", "input_reduce_fusion"]
+    assert [k["launches"] for k in kernels] == [1, 1, 1]
+    assert [k["us"] for k in kernels] == [5.5, 1.5, 1.0]
+    assert sum(k["share"] for k in kernels) == pytest.approx(1.0)
+    assert kernels[0]["share"] == pytest.approx(5.5 / 8)
+    assert bench.kernel_family("triton_gemm_dot_3.1") == "triton_gemm_dot"
+
+
 def test_bench_plumbing_runs_on_cpu(monkeypatch):
-    """Every variant runs (no GPU: fake CUPTI times); the row's counts come from the routing."""
-    monkeypatch.setattr(bench, "_time_us", lambda fn, args, iterations=5: (
-        jax.block_until_ready(fn(*args)), 8.0)[1])
+    """Every variant runs (no GPU: fake CUPTI times); the row's counts come from the routing;
+    the breakdown prints after the table; sparse-small stops above SMALL_MAX_BATCH."""
+    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
     shape = bench.MoEShape("qwen", 32, 8, 2, 16, 16)
     row = bench.bench("tiny", shape, 3, copies=2, iterations=1)
-    assert set(row.us) >= {"sparse", "dense"} and all(v == 4.0 for v in row.us.values())
+    assert set(row.us) >= {"sparse", "sparse-small", "dense"}
+    assert all(v == 8.0 for v in row.us.values()) and set(row.kernels) == set(row.us)
+    lines = bench.breakdown_lines(row)
+    assert "\ntiny, batch 3, sparse-small: kernels of one layer call" in lines
+    assert "| moe_pair_ffn | 1 | 5.5 | 69% |" in lines
     assert 2 <= row.distinct <= 6
     assert row.bytes == pytest.approx(bench.layer_bytes(shape, row.distinct))
     assert row.flops == bench.layer_flops(shape, 3)
     assert "| tiny | 3 |" in row.line(1e12, 989.0)
+    big = bench.bench("tiny", shape, bench.SMALL_MAX_BATCH + 1, copies=1, iterations=1,
+                      only=["sparse-small"])
+    assert big.us == {"sparse-small": None} and "sparse-small: skipped (batch > 32)" in big.line(
+        1e12, None)
+
+
+def test_small_tilings_are_variants(monkeypatch):
+    """--small-tilings: one sparse-small variant per PairTiling override, each running it."""
+    seen = []
+    monkeypatch.setattr(bench, "small_experts", lambda *a, tiling: (
+        seen.append(tiling), bench.sparse_experts(*a))[1])
+    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
+    shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
+    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse-small"],
+                      small_tilings=[{}, {"block_f": 32, "num_warps": 8}])
+    assert list(row.us) == ["sparse-small", 'sparse-small {"block_f":32,"num_warps":8}']
+    assert [(t.block_f, t.num_warps) for t in seen] == [(64, 4), (32, 8)]

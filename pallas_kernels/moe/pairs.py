@@ -1,0 +1,119 @@
+"""The small-batch path of the routed experts: one Pallas launch over a grid (pair, F chunk),
+then one XLA reduction. No dispatch plan, no sort, no row gather.
+
+Program (p, c) of the P = n k (token, expert) pairs and the F / block_f chunks of the expert's
+width reads e = pair_expert[p] and its token's row x[p // k], and computes
+
+    part[p, c] = act(x W_up[e][:, chunk]) W_down[e][chunk, :]            [din] float32
+
+(SwiGLU: also x W_gate[e][:, chunk]) as GEMVs: broadcast products summed in float32 over din
+(and over the chunk's F), in block_d slices of din. Each weight byte of an expert is read once
+per pair; with few pairs that is about once per distinct expert, and the F chunks give a batch-1
+call enough programs to fill the GPU. The XLA reduction sums the chunks and a token's pairs,
+each pair times its routing weight. Rounding is the grouped path's: x in the weights' dtype,
+float32 accumulation, the hidden activations rounded to the weights' dtype before the down
+product. Invalid pairs (expert -1) do no work and their (unwritten) parts are masked out.
+Bodies are backend-neutral Pallas; `PairTiling` holds the launch's tile caps, `TILING` the
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels._kernel_utils import F32, compiler_params, n_chunks
+from pallas_kernels.moe.reference import activate
+from pallas_kernels.validation import bounded_block, resolve_tiling
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTiling:
+    """Tile caps of the pair kernel: block_f (a program's chunk of F) and block_d (slices of din
+    in both GEMVs), each the largest power of two dividing its size and <= the cap; block_f is
+    then halved (not below 16) while the grid has fewer than min_programs programs. Warps and
+    stages of the launch."""
+    block_f: int
+    block_d: int
+    num_warps: int
+    num_stages: int = 3
+    min_programs: int = 256     # ~2 per SM of an H100 / H200 (132 SMs)
+
+
+# Not yet measured: 64-wide F chunks read 128 contiguous bytes of a bf16 W_up row per din row.
+TILING = PairTiling(block_f=64, block_d=128, num_warps=4, num_stages=3)
+
+
+def chunk_width(num_pairs: int, F: int, t: PairTiling) -> int:
+    """block_f of tiling t for num_pairs pairs of experts F wide."""
+    bf = bounded_block("block_f", "F", F, t.block_f, 16)
+    while bf > 16 and num_pairs * (F // bf) < t.min_programs:
+        bf //= 2
+    return bf
+
+
+def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation: str, *,
+               tiling, interpret):
+    """The routed experts of `pallas_kernels.moe.expert_ffn` by pairs: x [n, din]; expert_ids,
+    weights [n, k]; valid [n] or [n, k] bool. Returns [n, din] in x.dtype."""
+    t = resolve_tiling(tiling, TILING)
+    n, k = expert_ids.shape
+    din, F = x.shape[1], w_up.shape[2]
+    block_f = chunk_width(n * k, F, t)
+    block_d = bounded_block("block_d", "din", din, t.block_d, 16)
+    ok = valid if valid.ndim == 2 else jnp.broadcast_to(valid[:, None], (n, k))
+    pair_expert = jnp.where(ok, expert_ids, -1).reshape(n * k)
+    ws = (w_up,) if w_gate is None else (w_up, w_gate)
+    part = _pair_ffn(pair_expert, x.astype(w_up.dtype), ws, w_down, top_k=k,
+                     activation=activation, block_f=block_f, block_d=block_d,
+                     num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
+    part = jnp.where(ok[:, :, None, None], part.reshape(n, k, F // block_f, din), 0.0)
+    return (part * weights[:, :, None, None]).sum((1, 2)).astype(x.dtype)
+
+
+def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation):
+    *w_refs, down_ref, part_ref = refs      # W_up (and W_gate for SwiGLU), W_down, out
+    p, c = pl.program_id(0), pl.program_id(1)
+    e, fs = expert_ref[p], pl.ds(c * block_f, block_f)
+
+    @pl.when(e >= 0)
+    def _():
+        tok = p // top_k
+
+        def up(ds, accs):                   # [bd] x [bd, bf] -> [bf], per weight matrix
+            xa = x_ref[tok, ds].astype(F32)[:, None]
+            return tuple(acc + jnp.sum(xa * w[e, ds, fs].astype(F32), axis=0)
+                         for acc, w in zip(accs, w_refs))
+
+        zero = jnp.zeros((block_f,), F32)
+        accs = n_chunks(x_ref.shape[1], block_d, up, (zero,) * len(w_refs))
+        hid = activate(accs[0], accs[1] if len(accs) > 1 else None, activation)
+        hid = hid.astype(down_ref.dtype).astype(F32)[:, None]                    # [bf, 1]
+
+        def down(ds, carry):                # [bf] x [bf, bd] -> [bd]
+            part_ref[p, c, ds] = jnp.sum(hid * down_ref[e, fs, ds].astype(F32), axis=0)
+            return carry
+
+        n_chunks(x_ref.shape[1], block_d, down, None)
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "activation", "block_f", "block_d",
+                                             "num_warps", "num_stages", "interpret"))
+def _pair_ffn(pair_expert, x, ws, w_down, *, top_k, activation, block_f, block_d, num_warps,
+              num_stages, interpret):
+    """pair_expert [P] int32 (-1: no work); x [n, din] in the weights' dtype; ws (W_up[, W_gate])
+    [E, din, F]; w_down [E, F, din]. Returns part [P, F / block_f, din] float32 (rows of
+    invalid pairs unwritten)."""
+    P, (din, F) = pair_expert.shape[0], ws[0].shape[1:]
+    return pl.pallas_call(
+        functools.partial(_pair_kernel, top_k=top_k, block_f=block_f, block_d=block_d,
+                          activation=activation),
+        grid=(P, F // block_f),
+        out_shape=jax.ShapeDtypeStruct((P, F // block_f, din), F32),
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret, name="moe_pair_ffn",
+    )(pair_expert, x, *ws, w_down)
