@@ -65,7 +65,7 @@ def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
     `num_experts`, valid [...] bool the real tokens (None: all); the others own no (token,
     expert) pairs and come out zero. Returns [..., din] in u.dtype
     (`pallas_kernels.moe.expert_ffn`, impl and path "auto": on a GPU its pair path for at most
-    PAIR_PATH_MAX_PAIRS (token, expert) pairs, a decode step's few tokens).
+    PAIR_PATH_MAX_PAIRS (token, expert) pairs, once measured: 0 until then).
 
     Expert parallel (`models.sharding`, experts "experts"): under shard_map w_up holds this
     device's E / tp experts, the r-th slice; only the pairs routed to them are computed (the

@@ -24,6 +24,9 @@
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
+#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path vs the pair path (and its
+#              tilings), with the per-kernel breakdown (sets PAIR_PATH_MAX_PAIRS, issue 14);
+#              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
 #   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
@@ -119,6 +122,14 @@ case $stage in
       --tune-baseline '[{}, {"block_v": 64}, {"num_warps": 4}]' \
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
     timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
+      2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-small)
+    limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-small \
+      --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},
+      {"num_warps": 8}]' --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-grid)
+    limit 300 python3 -m replayjax.bench.moe --models qwen3.5-35b-a3b qwen3-next-80b-a3b \
+      --batches 1 8 32 128 256 --variants sparse tokamax --json "$out/moe_grid.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
   tp)
     REPLAYJAX_TEST_BACKEND=gpu timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore \

@@ -39,9 +39,11 @@ __all__ = ["expert_ffn", "default_block_m", "PATHS", "PAIR_PATH_MAX_PAIRS"]
 
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 128      # Triton dots need >= 16 rows
 PATHS = ("auto", "grouped", "pairs")
-# Up to here the pair path reads each expert about once (pairs ~ distinct experts: batch 8 of
-# Nemotron-3-Nano's top-6 over 128 and of Qwen3.5's top-8 over 256); to be set by measurement.
-PAIR_PATH_MAX_PAIRS = 64
+# Up to 64 pairs the pair path would read each expert about once (pairs ~ distinct experts: batch
+# 8 of Nemotron-3-Nano's top-6 over 128 and of Qwen3.5's top-8 over 256). 0 until it has run on a
+# GPU (`replayjax bench moe --variants sparse sparse-small`): "auto" keeps the measured grouped
+# path until then.
+PAIR_PATH_MAX_PAIRS = 0
 _EXPERT_FFN = Op("moe.expert_ffn", {"xla": xla.expert_ffn,
                                     "pallas_triton": pallas_triton.expert_ffn})
 _PAIR_FFN = Op("moe.expert_ffn path 'pairs'", {"pallas_triton": pairs.expert_ffn})
