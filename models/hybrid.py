@@ -3,7 +3,8 @@
 A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
 implements `_run(tokens, cache, mixer_fn, valid) -> (final-normed hidden, layer caches)` (valid
 [b, T] bool marks the real tokens, see `token_validity`: MoE layers give the others no experts)
-and `_logits(hidden) -> fp32 logits`. SSM
+and `local_logits(hidden) -> fp32 logits` of its LM head (this device's vocabulary shard under a
+vocab-parallel head, see `models.sharding`; `_logits` gathers the whole vocabulary). SSM
 mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots, starts, block, ring)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
@@ -11,6 +12,7 @@ attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` t
     logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
     logits, hidden, cache = model.prefill_hidden(...)                      # + hidden, for MTP
     logits, cache         = model.decode(cache, tokens, slots, mode=...)   # one token per row
+    hidden, cache         = model.decode_hidden(...)         # its hidden (for `local_logits`)
     logits, hidden, cache = model.verify(cache, tokens, slots, mode=...)   # T-token window
     cache                 = model.commit(cache, slots, n_accepted, T, mode=...)  # accept n
 
@@ -31,6 +33,7 @@ from flax import nnx
 from jax import lax
 
 from models.cache import ModelCache, SSMCache
+from models.parallel import gather_vocab
 from pallas_kernels.ring import (
     NULL_SLOT,
     advance_counts,
@@ -283,19 +286,35 @@ class HybridLM(nnx.Module):
         return tuple(layer.mixer.replay_width if layer.kind in SSM_KINDS else 0
                      for layer in self.layers)
 
+    def local_logits(self, hidden):
+        """The LM head: final-normed hidden [..., D] -> fp32 logits [..., V / tp] of this
+        device's vocabulary shard under a vocab-parallel head inside shard_map, else
+        [..., V] (see `models.parallel.gather_vocab`, `vocab_argmax`)."""
+        raise NotImplementedError
+
+    def _logits(self, hidden):
+        """hidden [..., D] -> all the logits [..., V] fp32 (gathered under a vocab-parallel
+        head)."""
+        return gather_vocab(self.local_logits(hidden), self.cfg.vocab_size)
+
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
         [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
+        hidden, cache = self.decode_hidden(cache, tokens, slots, mode=mode, impl=impl)
+        return self._logits(hidden), cache
+
+    def decode_hidden(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """`decode` up to the LM head: the final-normed hidden states [b, 1, D] (the
+        activation dtype) and the cache; `local_logits` of them are the logits."""
         check_mode(mode, cache)
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
             lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
-        logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
                   else cache.counts)
-        return logits, cache.replace(counts=counts, layers=layers,
+        return hidden, cache.replace(counts=counts, layers=layers,
                                      lengths=cache.lengths.at[i].add(1, mode="drop"))
 
     def verify(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):

@@ -320,7 +320,7 @@ class NemotronH(HybridLM):
             raise ValueError("this model was built without an MTP head")
         h, mtp_caches = self.mtp(self.embeddings[...], hidden, next_tokens, cache.mtp, slots,
                                  starts)
-        return self.lm_head(h).astype(jnp.float32), h, cache.replace(mtp=mtp_caches)
+        return self._logits(h), h, cache.replace(mtp=mtp_caches)
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
@@ -369,5 +369,5 @@ class NemotronH(HybridLM):
             new_layers.append(lc)
         return self.norm_f(h), tuple(new_layers)
 
-    def _logits(self, hidden):
+    def local_logits(self, hidden):
         return self.lm_head(hidden).astype(jnp.float32)

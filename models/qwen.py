@@ -354,7 +354,7 @@ class QwenHybrid(HybridLM):
                                  starts, step)
         return self._logits(h), h, cache.replace(mtp=mtp_caches)
 
-    def _logits(self, x):
+    def local_logits(self, x):
         if self.lm_head is None:
             emb = self.embed_tokens[...]
             logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,

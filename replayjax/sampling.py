@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
+from models.parallel import gather_vocab, vocab_argmax
+
 # The vocabulary-wide work (sort for top-k / top-p, softmax, one draw per row) runs under
 # `lax.cond` only when some row needs it: an all-greedy batch pays an argmax, an unfiltered one
 # no sort. On the H200 at batch 256 x 131072 tokens the sort alone took ~2 ms of a 24 ms step.
@@ -81,6 +83,15 @@ class SamplingArrays:
         int32 (generated tokens before this one) -> tokens [b] int32."""
         return sample(logits, self.temperature, self.top_k, self.top_p,
                       row_keys(self.seed, positions))
+
+    def sample_local(self, logits, vocab: int, positions):
+        """`sample` of a vocab-parallel LM head's logits [b, Vl] fp32 (this device's shard, see
+        `models.parallel.gather_vocab`; Vl = vocab: all of them): an all-greedy batch takes
+        `vocab_argmax` (no logits gathered), one with a sampling row gathers the logits and
+        samples. Returns tokens [b] int32, those of `sample` over the gathered logits."""
+        return lax.cond(jnp.any(self.temperature > 0),
+                        lambda z: self.sample(gather_vocab(z, vocab), positions),
+                        lambda z: vocab_argmax(z, vocab), logits)
 
     def verify(self, logits, drafts, positions):
         """`verify_drafts` with these rows' parameters: (n_accepted [b], new token [b])."""

@@ -12,6 +12,7 @@ from flax import struct
 
 from models import prefix as pool_ops
 from models.cache import ModelCache
+from models.parallel import gather_vocab
 from pallas_kernels.ring import NULL_SLOT
 from replayjax.drafters import Drafter, Prefilled, Verified
 from replayjax.sampling import SamplingArrays
@@ -85,9 +86,10 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
     """Up to n decode steps over the rows of `inp` (each decoding its slot), stopping early
     once no row is active. Returns the state, the sampled tokens [b, n] (-1 where a row was
     inactive) and, with keep_logits, the logits they were sampled from [b, n, V] fp32 (else
-    None)."""
+    None). Under a vocab-parallel LM head an all-greedy step without keep_logits gathers no
+    logits, only each device's (max, argmax) (`SamplingArrays.sample_local`)."""
     model = models[0]
-    b = inp.last.shape[0]
+    b, V = inp.last.shape[0], model.cfg.vocab_size
 
     def cond(c):
         return (c[0] < n) & jnp.any(c[2].active)
@@ -95,11 +97,16 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
     def body(c):
         i, cache, s, out, lg = c
         slots = jnp.where(s.active, inp.slots, NULL_SLOT)
-        logits, cache = model.decode(cache, s.last[:, None], slots, mode=mode, impl=impl)
-        tok = sp.sample(logits[:, 0], s.gen_pos)
+        hidden, cache = model.decode_hidden(cache, s.last[:, None], slots, mode=mode,
+                                            impl=impl)
+        local = model.local_logits(hidden[:, 0])
+        if keep_logits:         # kept: gathered once and sampled from
+            logits = gather_vocab(local, V)
+            tok = sp.sample(logits, s.gen_pos)
+            lg = lg.at[:, i].set(logits)
+        else:                   # greedy batches gather only each shard's (max, argmax)
+            tok = sp.sample_local(local, V, s.gen_pos)
         out = out.at[:, i].set(jnp.where(s.active, tok, -1))
-        if keep_logits:
-            lg = lg.at[:, i].set(logits[:, 0])
         remaining = s.remaining - s.active
         stop = jnp.any(tok[:, None] == s.stops, axis=1)
         s = s.replace(last=jnp.where(s.active, tok, s.last),
@@ -108,7 +115,7 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
         return i + 1, cache, s, out, lg
 
     out = jnp.full((b, n), -1, jnp.int32)
-    lg = jnp.zeros((b, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
+    lg = jnp.zeros((b, n, V), jnp.float32) if keep_logits else None
     _, cache, _, out, lg = jax.lax.while_loop(cond, body, (0, state.cache, inp, out, lg))
     return state.replace(cache=cache), out, lg
 
