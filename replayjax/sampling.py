@@ -98,6 +98,14 @@ class SamplingArrays:
         return verify_drafts(logits, drafts, self.temperature, self.top_k, self.top_p,
                              self.seed, positions)
 
+    def verify_local(self, logits, vocab: int, drafts, positions):
+        """`verify` of a vocab-parallel LM head's logits [b, T, Vl] fp32 (as `sample_local`):
+        an all-greedy batch accepts against `vocab_argmax` (no logits gathered), one with a
+        sampling row gathers the logits. Returns `verify`'s (n_accepted [b], new token [b])."""
+        return lax.cond(jnp.any(self.temperature > 0),
+                        lambda z: self.verify(gather_vocab(z, vocab), drafts, positions),
+                        lambda z: accept_greedy(vocab_argmax(z, vocab), drafts), logits)
+
 
 def row_keys(seeds, positions):
     """seeds [b] int32, positions [b] int32 -> [b] keys."""
@@ -151,17 +159,20 @@ def verify_drafts(logits, drafts, temperature, top_k, top_p, seeds, positions):
     accepted the bonus token is sampled from p_K. Returns n_accepted [b] in 1..T (tokens of the
     window to commit: the last token plus accepted drafts) and the new token [b].
     """
-    K = logits.shape[1] - 1
     greedy = jnp.argmax(logits, axis=-1)                                  # [b, T]
-
-    def greedy_rows(_):
-        ok = drafts == greedy[:, :K]
-        n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-        new = jnp.take_along_axis(greedy, n_ok[:, None], axis=1)[:, 0]
-        return (n_ok + 1).astype(jnp.int32), new.astype(jnp.int32)
-
-    return lax.cond(jnp.any(temperature > 0), _verify_sampled, greedy_rows,
+    return lax.cond(jnp.any(temperature > 0), _verify_sampled,
+                    lambda args: accept_greedy(args[1], args[2]),
                     (logits, greedy, drafts, temperature, top_k, top_p, seeds, positions))
+
+
+def accept_greedy(greedy, drafts):
+    """`verify_drafts` of an all-greedy batch from the window's argmax tokens greedy [b, T]:
+    accept d_i while it equals the argmax before it. Returns (n_accepted [b], new token [b])
+    int32."""
+    ok = drafts == greedy[:, :drafts.shape[1]]
+    n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    new = jnp.take_along_axis(greedy, n_ok[:, None], axis=1)[:, 0]
+    return (n_ok + 1).astype(jnp.int32), new.astype(jnp.int32)
 
 
 def _verify_sampled(args):

@@ -127,20 +127,28 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
     `SamplingArrays.verify` accepts a prefix, the target commits it and the drafter follows.
     Returns the state, the emitted tokens [b, T], n_acc [b] (valid emitted tokens; 0 for
     inactive rows), the drafts verified [b, K] and, with keep_logits, the verify logits
-    [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None)."""
+    [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None). Under a
+    vocab-parallel LM head an all-greedy verify without keep_logits gathers no logits
+    (`SamplingArrays.verify_local`)."""
     target, own = models[0], models[1:]
-    b = inp.last.shape[0]
+    b, V = inp.last.shape[0], target.cfg.vocab_size
     slots = jnp.where(inp.active, inp.slots, NULL_SLOT)
     drafts = drafter.propose(target, own, state.cache, state.drafter, inp.last, slots, host)
     K = drafts.shape[1]
     starts = state.cache.lengths[slots]
     window = jnp.concatenate([inp.last[:, None], drafts], axis=1)
-    logits, hidden, cache = target.verify(state.cache, window, slots, mode=mode, impl=impl)
-    n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
+    hidden, cache = target.verify_hidden(state.cache, window, slots, mode=mode, impl=impl)
+    local = target.local_logits(hidden)
+    if keep_logits:
+        logits = gather_vocab(local, V)
+        n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
+    else:                   # greedy batches gather only each shard's (max, argmax)
+        logits = None
+        n_acc, new = sp.verify_local(local, V, drafts, inp.gen_pos)
     cache = target.commit(cache, slots, n_acc, K + 1, mode=mode)
     emitted = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(b), n_acc - 1].set(new)
     cache, dstate = drafter.commit(target, own, cache, state.drafter, Verified(
         inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
     return (state.replace(cache=cache, drafter=dstate), emitted, jnp.where(inp.active, n_acc, 0),
-            drafts, logits if keep_logits else None)
+            drafts, logits)

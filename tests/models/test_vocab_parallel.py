@@ -1,8 +1,8 @@
 """The vocab-parallel LM head at tp = 2 and 4 (4 CPU devices, tests/conftest.py): the head's
 columns split over the devices, `gather_vocab` / `vocab_argmax` equal to the single-device
-logits and argmax (exact ties across shards: the lowest id), the engine's decode loop (its
-all-greedy path gathers no logits) and sampled rows giving tp = 1's tokens, a tied head
-replicated."""
+logits and argmax (exact ties across shards: the lowest id), the engine's decode loop and
+speculative steps (their all-greedy paths gather no logits) and sampled rows giving tp = 1's
+tokens, a tied head replicated."""
 
 import dataclasses
 
@@ -16,10 +16,11 @@ from models import sharding
 from models.config import load_config
 from models.parallel import gather_vocab, vocab_argmax
 from models.runner import Runner
+from replayjax import drafters
 from replayjax.bench.synthetic import random_model
 from replayjax.engine import Engine, Request
 from replayjax.sampling import SamplingParams
-from tests.models.test_tp import _devices, _dir, _model, _ref
+from tests.models.test_tp import OracleDrafter, _devices, _dir, _model, _ref
 
 V = 16
 
@@ -77,6 +78,26 @@ def test_greedy_decode_loop_equals_single_device(variant, tp):
                     window=4)
     out = engine.generate([Request(prompt=p, max_new_tokens=20) for p in prompts])
     assert [c.tokens for c in out] == ref["greedy_tokens"][:, :20].tolist()
+
+
+@pytest.mark.parametrize("variant,tp,drafter", [("nemotron_h", 4, "oracle"),
+                                                ("qwen3_5", 2, "draft")])
+def test_greedy_speculation_equals_single_device(variant, tp, drafter, monkeypatch):
+    """Speculative steps without kept logits (verify accepts against `vocab_argmax`; a draft
+    model chains its drafts with it): HF's greedy tokens. The oracle's drafts are partly
+    wrong; the draft model is the target itself."""
+    _devices(tp)
+    ref = _ref(variant)
+    prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
+    monkeypatch.setitem(drafters.DRAFTERS, "oracle", OracleDrafter)
+    monkeypatch.setattr(OracleDrafter, "continuations",
+                        {tuple(p): w for p, w in zip(prompts, ref["greedy_tokens"])})
+    engine = Engine(_model(variant), mesh=sharding.make_mesh(tp), num_slots=4, max_len=64,
+                    window=4, num_draft=3, drafter=drafter,
+                    draft_model=_model(variant) if drafter == "draft" else None)
+    out = engine.generate([Request(prompt=p, max_new_tokens=20) for p in prompts])
+    assert [c.tokens for c in out] == ref["greedy_tokens"][:, :20].tolist()
+    assert all(c.accepted_drafts > 0 for c in out)
 
 
 def test_sampled_rows_equal_single_device():
