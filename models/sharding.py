@@ -19,7 +19,7 @@ Megatron style. Each device holds 1/tp of the heads of every mixer and of every 
   gives its shard's logits: the model's methods all-gather them (`parallel.gather_vocab`) where
   full logits are needed, and the decode loop's all-greedy batches gather only each device's
   (max, argmax) (`parallel.vocab_argmax`): measured on two H200s (scripts/tp_lm_head.py),
-  1.5-1.8x faster than a replicated head at batch 1-256, where gathering the fp32 logits
+  1.4-1.8x faster than a replicated head at batch 1-256, where gathering the fp32 logits
   [b, V] is no faster than replicated at large batch x vocab;
 * embedding, norms, routers, MTP projections replicated (the MTP heads use the target's LM
   head, sharded with it).
