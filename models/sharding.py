@@ -17,10 +17,11 @@ Megatron style. Each device holds 1/tp of the heads of every mixer and of every 
   its reads) when tp divides V; replicated otherwise, and when tied to the embedding (Qwen's
   `tie_word_embeddings`: the logits come from the replicated embedding). Inside shard_map a head
   gives its shard's logits: the model's methods all-gather them (`parallel.gather_vocab`) where
-  full logits are needed, and the decode loop's all-greedy batches gather only each device's
-  (max, argmax) (`parallel.vocab_argmax`): measured on two H200s (scripts/tp_lm_head.py),
-  1.4-1.8x faster than a replicated head at batch 1-256, where gathering the fp32 logits
-  [b, V] is no faster than replicated at large batch x vocab;
+  full logits are needed; the engine's all-greedy decode and verify steps and the MTP /
+  draft-model drafts gather only each device's (max, argmax) (`parallel.vocab_argmax`).
+  Measured on two H200s (scripts/tp_lm_head.py): 1.4-1.8x faster than a replicated head at
+  batch 1-256, where gathering the fp32 logits [b, V] is no faster than replicated at large
+  batch x vocab;
 * embedding, norms, routers, MTP projections replicated (the MTP heads use the target's LM
   head, sharded with it).
 
