@@ -3,15 +3,19 @@
 A family subclasses `HybridLM`, builds `self.layers` (each with a `kind` and a `mixer`) and
 implements `_run(tokens, cache, mixer_fn, valid) -> (final-normed hidden, layer caches)` (valid
 [b, T] bool marks the real tokens, see `token_validity`: MoE layers give the others no experts)
-and `_logits(hidden) -> fp32 logits`. SSM
-mixers (kinds "mamba", "gdn") implement `prefill(h, lengths, cache, slots, starts, block, ring)`,
+and `local_logits(hidden) -> fp32 logits` of its LM head (this device's vocabulary shard under a
+vocab-parallel head, see `models.sharding`; `_logits` gathers the whole vocabulary), and with
+an MTP head `draft_hidden` (`draft` adds the logits). SSM mixers (kinds "mamba", "gdn")
+implement `prefill(h, lengths, cache, slots, starts, block, ring)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
 attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
 
     logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
     logits, hidden, cache = model.prefill_hidden(...)                      # + hidden, for MTP
     logits, cache         = model.decode(cache, tokens, slots, mode=...)   # one token per row
+    hidden, cache         = model.decode_hidden(...)     # up to the LM head (`local_logits`)
     logits, hidden, cache = model.verify(cache, tokens, slots, mode=...)   # T-token window
+    hidden, cache         = model.verify_hidden(...)     # up to the LM head
     cache                 = model.commit(cache, slots, n_accepted, T, mode=...)  # accept n
 
 Speculative `mode="replay"` writes the window into the rings and commits by moving the ring
@@ -31,6 +35,7 @@ from flax import nnx
 from jax import lax
 
 from models.cache import ModelCache, SSMCache
+from models.parallel import gather_vocab
 from pallas_kernels.ring import (
     NULL_SLOT,
     advance_counts,
@@ -283,19 +288,43 @@ class HybridLM(nnx.Module):
         return tuple(layer.mixer.replay_width if layer.kind in SSM_KINDS else 0
                      for layer in self.layers)
 
+    def local_logits(self, hidden):
+        """The LM head: final-normed hidden [..., D] -> fp32 logits [..., V / tp] of this
+        device's vocabulary shard under a vocab-parallel head inside shard_map, else
+        [..., V] (see `models.parallel.gather_vocab`, `vocab_argmax`)."""
+        raise NotImplementedError
+
+    def _logits(self, hidden):
+        """hidden [..., D] -> all the logits [..., V] fp32 (gathered under a vocab-parallel
+        head)."""
+        return gather_vocab(self.local_logits(hidden), self.cfg.vocab_size)
+
+    def draft(self, cache: ModelCache, hidden, next_tokens, slots, starts, *, step: int = 0):
+        """One MTP step (the family's `draft_hidden`, for a model built with mtp=True): logits
+        [b, T, V] fp32 for the token after `next_tokens`, the head's hidden [b, T, D] (feed it
+        back to draft further) and the cache (MTP KV written at positions
+        starts..starts+T-1)."""
+        h, cache = self.draft_hidden(cache, hidden, next_tokens, slots, starts, step=step)
+        return self._logits(h), h, cache
+
     def decode(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1]: one new token per row at position lengths[slot]. Returns logits
         [b, 1, V] fp32 and the cache (ring counts and lengths advanced)."""
+        hidden, cache = self.decode_hidden(cache, tokens, slots, mode=mode, impl=impl)
+        return self._logits(hidden), cache
+
+    def decode_hidden(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """`decode` up to the LM head: the final-normed hidden states [b, 1, D] (the
+        activation dtype) and the cache; `local_logits` of them are the logits."""
         check_mode(mode, cache)
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
             lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
-        logits = self._logits(hidden)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
                   else cache.counts)
-        return logits, cache.replace(counts=counts, layers=layers,
+        return hidden, cache.replace(counts=counts, layers=layers,
                                      lengths=cache.lengths.at[i].add(1, mode="drop"))
 
     def verify(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
@@ -305,12 +334,18 @@ class HybridLM(nnx.Module):
         written but not committed: call `commit` with the same mode next. mode "replay": window
         into the rings; "standard": the state after every window token into the slot's draft
         rows (needs a cache built with ssm_mode="standard", max_verify >= T)."""
+        hidden, cache = self.verify_hidden(cache, tokens, slots, mode=mode, impl=impl)
+        return self._logits(hidden), hidden, cache
+
+    def verify_hidden(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
+        """`verify` up to the LM head: (hidden [b, T, D], cache); `local_logits` of hidden are
+        the logits."""
         check_mode(mode, cache)
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
             lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl))
-        return self._logits(hidden), hidden, cache.replace(layers=layers)
+        return hidden, cache.replace(layers=layers)
 
     def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn):
         """tokens [b, T] at positions lengths[slot]..: SSM mixers through ssm_fn(mixer, x, lc),

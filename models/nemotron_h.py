@@ -311,16 +311,18 @@ class NemotronH(HybridLM):
             raise ValueError("the config declares no MTP layers (num_nextn_predict_layers = 0)")
         self.mtp = MTPHead(cfg, dtype) if mtp else None
 
-    def draft(self, cache: ModelCache, hidden, next_tokens, slots, starts, *, step: int = 0):
-        """One MTP step: logits [b, T, V] fp32 for the token after `next_tokens`, the head's
-        hidden [b, T, D] (feed it back to draft further) and the cache (MTP KV written at
-        positions starts..starts+T-1). `step` (the draft index) is accepted for symmetry with
-        Qwen; Nemotron's single MTP block is applied repeatedly."""
+    def draft_hidden(self, cache: ModelCache, hidden, next_tokens, slots, starts, *,
+                     step: int = 0):
+        """One MTP step up to the LM head (`HybridLM.draft`): the head's hidden [b, T, D] (its
+        `local_logits` predict the token after `next_tokens`; feed it back to draft further)
+        and the cache (MTP KV written at positions starts..starts+T-1). `step` (the draft
+        index) is accepted for symmetry with Qwen; Nemotron's single MTP block is applied
+        repeatedly."""
         if self.mtp is None:
             raise ValueError("this model was built without an MTP head")
         h, mtp_caches = self.mtp(self.embeddings[...], hidden, next_tokens, cache.mtp, slots,
                                  starts)
-        return self.lm_head(h).astype(jnp.float32), h, cache.replace(mtp=mtp_caches)
+        return h, cache.replace(mtp=mtp_caches)
 
     # ---------------------------------------------------------------- cache
     def init_cache(self, num_slots: int, max_len: int, *, window: int = 16, max_verify: int = 1,
@@ -369,5 +371,5 @@ class NemotronH(HybridLM):
             new_layers.append(lc)
         return self.norm_f(h), tuple(new_layers)
 
-    def _logits(self, hidden):
+    def local_logits(self, hidden):
         return self.lm_head(hidden).astype(jnp.float32)

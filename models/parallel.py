@@ -1,7 +1,8 @@
 """What model code needs to run on 1/tp of the heads (see `models.sharding` for the rules that
 place the weights): the "tp" axis inside the Runner's `shard_map`, its all-reduce, local head
-counts, and the device-major layout of fused projections. Outside shard_map every helper is the
-single-device identity (tp = 1)."""
+counts, the device-major layout of fused projections, and the vocab-parallel LM head's logits
+(`gather_vocab`, `vocab_argmax`). Outside shard_map every helper is the single-device identity
+(tp = 1)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -32,6 +34,30 @@ def tp_index():
 def tp_sum(x):
     """The all-reduce closing a row-parallel block (a plain all-reduce through XLA / NCCL)."""
     return lax.psum(x, TP) if tp_size() > 1 else x
+
+
+def gather_vocab(logits, vocab: int):
+    """All the logits of a vocab-parallel LM head: logits [..., Vl] fp32 are this device's
+    vocabulary shard (columns [r * Vl, (r + 1) * Vl) on tp device r, Vl = vocab / tp), or already
+    the whole vocabulary (Vl = vocab: a replicated head, tp = 1), returned as given.
+    Returns [..., vocab], the same on every device (an all-gather of b x V fp32 per row)."""
+    if logits.shape[-1] == vocab:
+        return logits
+    return lax.all_gather(logits, TP, axis=logits.ndim - 1, tiled=True)
+
+
+def vocab_argmax(logits, vocab: int):
+    """argmax over the whole vocabulary of `gather_vocab`'s input without gathering the logits:
+    each device takes its shard's (max, argmax), all-gathers those [..., tp] and picks the
+    best, ties to the lowest token id (lower shards hold lower ids), exactly as `jnp.argmax`
+    over [..., vocab] (NaN included: the first NaN). logits [..., Vl] fp32 -> [...] int32."""
+    if logits.shape[-1] == vocab:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    best = jnp.max(logits, axis=-1)
+    ids = jnp.argmax(logits, axis=-1).astype(jnp.int32) + tp_index() * logits.shape[-1]
+    bests, ids = (lax.all_gather(x, TP, axis=x.ndim) for x in (best, ids))     # [..., tp]
+    shard = jnp.argmax(bests, axis=-1)                  # the first (lowest) shard on ties
+    return jnp.take_along_axis(ids, shard[..., None], axis=-1)[..., 0]
 
 
 def kv_head(num_heads: int, kv_heads: int):

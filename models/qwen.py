@@ -338,10 +338,11 @@ class QwenHybrid(HybridLM):
                         else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype))
         self.mtp = MTPHead(cfg, dtype) if mtp else None
 
-    def draft(self, cache: ModelCache, hidden, next_tokens, slots, starts, *, step: int = 0):
-        """One MTP step: logits [b, T, V] fp32 for the token after `next_tokens`, the head's
-        hidden [b, T, D] (feed it back to draft further) and the cache (MTP KV written at
-        positions starts..starts+T-1).
+    def draft_hidden(self, cache: ModelCache, hidden, next_tokens, slots, starts, *,
+                     step: int = 0):
+        """One MTP step up to the LM head (`HybridLM.draft`): the head's hidden [b, T, D] (its
+        `local_logits` predict the token after `next_tokens`; feed it back to draft further)
+        and the cache (MTP KV written at positions starts..starts+T-1).
 
         RoPE positions are the MTP cache positions starts + t. vLLM gives the drafter the target
         positions of the hidden states it consumes (vLLM qwen3_next_mtp.py: input_ids[i] =
@@ -352,9 +353,9 @@ class QwenHybrid(HybridLM):
             raise ValueError("this model was built without an MTP head")
         h, mtp_caches = self.mtp(self.embed_tokens[...], hidden, next_tokens, cache.mtp, slots,
                                  starts, step)
-        return self._logits(h), h, cache.replace(mtp=mtp_caches)
+        return h, cache.replace(mtp=mtp_caches)
 
-    def _logits(self, x):
+    def local_logits(self, x):
         if self.lm_head is None:
             emb = self.embed_tokens[...]
             logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,

@@ -13,9 +13,17 @@ Megatron style. Each device holds 1/tp of the heads of every mixer and of every 
   replicated), so any expert count works; or (`experts="experts"`) expert-parallel: each device
   holds E / tp whole experts and computes only the (token, expert) pairs routed to them, and the
   same one psum sums the devices' parts;
-* embedding, LM head, norms, routers, MTP projections replicated: sampling needs the full-vocab
-  logits on every device, and all-gathering fp32 logits [b, V] each step (134 MB at b = 256,
-  V = 131k) costs more than reading a replicated LM head.
+* the LM head vocab-parallel (each device V / tp of its columns, so 1/tp of its memory and of
+  its reads) when tp divides V; replicated otherwise, and when tied to the embedding (Qwen's
+  `tie_word_embeddings`: the logits come from the replicated embedding). Inside shard_map a head
+  gives its shard's logits: the model's methods all-gather them (`parallel.gather_vocab`) where
+  full logits are needed; the engine's all-greedy decode and verify steps and the MTP /
+  draft-model drafts gather only each device's (max, argmax) (`parallel.vocab_argmax`).
+  Measured on two H200s (scripts/tp_lm_head.py): 1.4-1.8x faster than a replicated head at
+  batch 1-256, where gathering the fp32 logits [b, V] is no faster than replicated at large
+  batch x vocab;
+* embedding, norms, routers, MTP projections replicated (the MTP heads use the target's LM
+  head, sharded with it).
 
 Fused projections are laid out device-major at load time (`TPRules.layout`, the identity at
 tp = 1): the columns of Mamba-2's in_proj [z | x | B | C | dt] become [z_0 | x_0 | B_0 | C_0 |
@@ -137,15 +145,18 @@ def device_major(sizes, tp: int) -> np.ndarray:
 
 _COL, _ROW, _VEC = P(None, TP), P(TP, None), P(TP)
 _KV = "kv"              # column-parallel when tp divides the KV heads, else replicated
+_VOCAB = "vocab"        # the LM head [D, V]: column-parallel when tp divides V, else replicated
 # routed experts [E, din, F] / [E, F, din]: split on F (experts "width"), or on E ("experts")
 _EXPERT_IN, _EXPERT_OUT = "expert_in", "expert_out"
 _EXPERT_SPECS = {"width": {_EXPERT_IN: P(None, None, TP), _EXPERT_OUT: P(None, TP, None)},
                  "experts": {_EXPERT_IN: P(TP, None, None), _EXPERT_OUT: P(TP, None, None)}}
 
 # (param path regex, spec), first match wins; paths are the "/"-joined keys of the model's
-# pure-dict state; whatever matches nothing is replicated (embeddings, LM head, norms, routers,
-# latent and MTP projections). Row-parallel biases are replicated: added on device 0 only.
+# pure-dict state; whatever matches nothing is replicated (embeddings, norms, routers, latent
+# and MTP projections). Row-parallel biases are replicated: added on device 0 only. A tied
+# Qwen head has no lm_head param: the embedding it reads stays replicated.
 NEMOTRON_H_RULES = (
+    (r"^lm_head/kernel$", _VOCAB),
     (r"mixer/in_proj/kernel$", _COL), (r"mixer/in_proj/bias$", _VEC),
     (r"mixer/conv_weight$", _ROW), (r"mixer/conv_bias$", _VEC),
     (r"mixer/(dt_bias|A_log|D|norm)$", _VEC), (r"mixer/out_proj/kernel$", _ROW),
@@ -155,6 +166,7 @@ NEMOTRON_H_RULES = (
     (r"mixer/up$", _EXPERT_IN), (r"mixer/down$", _EXPERT_OUT),
 )
 QWEN_RULES = (
+    (r"^lm_head/kernel$", _VOCAB),
     (r"mixer/in_proj/kernel$", _COL), (r"mixer/conv_weight$", _ROW),
     (r"mixer/(dt_bias|A_log)$", _VEC), (r"mixer/out_proj/kernel$", _ROW),
     (r"mixer/q_proj/kernel$", _COL), (r"mixer/q_proj/bias$", _VEC),
@@ -186,6 +198,8 @@ class TPRules:
         if spec == _KV:
             kv = self.cfg.num_key_value_heads
             spec = P() if kv % self.tp else (_COL if len(shape) == 2 else _VEC)
+        elif spec == _VOCAB:
+            spec = P() if shape[1] % self.tp else _COL
         elif spec in (_EXPERT_IN, _EXPERT_OUT):
             spec = _EXPERT_SPECS[self.experts][spec]
         for axis, ax in enumerate(spec):

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from models.parallel import vocab_argmax
 from pallas_kernels.ring import NULL_SLOT
 
 
@@ -233,16 +234,19 @@ def _mtp_chain(model, cache, hidden, next_tokens, slots, starts, idx, K):
     K - 1 single-token steps (the head's own hidden and argmax draft fed back) at positions
     starts + idx + 1, ... Returns the greedy drafts [b, K] and the cache."""
     def draft(cache, h, tok, pos, k):
-        return model.draft(cache, h, tok, slots, pos, step=k)
+        return model.draft_hidden(cache, h, tok, slots, pos, step=k)
+
+    def argmax(h):          # h [b, 1, D]: greedy drafts [b], no logits gathered
+        return vocab_argmax(model.local_logits(h[:, 0]), model.cfg.vocab_size)
 
     rows = jnp.arange(hidden.shape[0])
-    logits, h, cache = draft(cache, hidden, next_tokens, starts, 0)
-    d = jnp.argmax(logits[rows, idx], axis=-1).astype(jnp.int32)
+    h, cache = draft(cache, hidden, next_tokens, starts, 0)
     h = h[rows, idx][:, None]
+    d = argmax(h)
     out, pos = [d], starts + idx + 1
     for k in range(1, K):
-        logits, h, cache = draft(cache, h, d[:, None], pos, k)
-        d = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        h, cache = draft(cache, h, d[:, None], pos, k)
+        d = argmax(h)
         out.append(d)
         pos = pos + 1
     return jnp.stack(out, axis=1), cache
@@ -281,8 +285,8 @@ def _draft_chain(draft, dcache, last, slots, K, impl):
     small draft model."""
     def step(carry, _):
         c, tok = carry
-        logits, c = draft.decode(c, tok[:, None], slots, mode="replay", impl=impl)
-        tok = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        h, c = draft.decode_hidden(c, tok[:, None], slots, mode="replay", impl=impl)
+        tok = vocab_argmax(draft.local_logits(h[:, 0]), draft.cfg.vocab_size)
         return (c, tok), tok
 
     _, drafts = jax.lax.scan(step, (dcache, last), None, length=K)
@@ -294,5 +298,5 @@ def _draft_sync(draft, dcache, last, drafts, slots, n_acc, impl):
     and commit its first n_acc [b] tokens, so it holds every emitted token but the newest (the
     next step's `last`), exactly as the target's cache does."""
     window = jnp.concatenate([last[:, None], drafts], axis=1)
-    _, _, dcache = draft.verify(dcache, window, slots, impl=impl)
+    _, dcache = draft.verify_hidden(dcache, window, slots, impl=impl)
     return draft.commit(dcache, slots, n_acc, window.shape[1])

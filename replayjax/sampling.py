@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
+from models.parallel import gather_vocab, vocab_argmax
+
 # The vocabulary-wide work (sort for top-k / top-p, softmax, one draw per row) runs under
 # `lax.cond` only when some row needs it: an all-greedy batch pays an argmax, an unfiltered one
 # no sort. On the H200 at batch 256 x 131072 tokens the sort alone took ~2 ms of a 24 ms step.
@@ -82,10 +84,27 @@ class SamplingArrays:
         return sample(logits, self.temperature, self.top_k, self.top_p,
                       row_keys(self.seed, positions))
 
+    def sample_local(self, logits, vocab: int, positions):
+        """`sample` of a vocab-parallel LM head's logits [b, Vl] fp32 (this device's shard, see
+        `models.parallel.gather_vocab`; Vl = vocab: all of them): an all-greedy batch takes
+        `vocab_argmax` (no logits gathered), one with a sampling row gathers the logits and
+        samples. Returns tokens [b] int32, those of `sample` over the gathered logits."""
+        return lax.cond(jnp.any(self.temperature > 0),
+                        lambda z: self.sample(gather_vocab(z, vocab), positions),
+                        lambda z: vocab_argmax(z, vocab), logits)
+
     def verify(self, logits, drafts, positions):
         """`verify_drafts` with these rows' parameters: (n_accepted [b], new token [b])."""
         return verify_drafts(logits, drafts, self.temperature, self.top_k, self.top_p,
                              self.seed, positions)
+
+    def verify_local(self, logits, vocab: int, drafts, positions):
+        """`verify` of a vocab-parallel LM head's logits [b, T, Vl] fp32 (as `sample_local`):
+        an all-greedy batch accepts against `vocab_argmax` (no logits gathered), one with a
+        sampling row gathers the logits. Returns `verify`'s (n_accepted [b], new token [b])."""
+        return lax.cond(jnp.any(self.temperature > 0),
+                        lambda z: self.verify(gather_vocab(z, vocab), drafts, positions),
+                        lambda z: accept_greedy(vocab_argmax(z, vocab), drafts), logits)
 
 
 def row_keys(seeds, positions):
@@ -140,17 +159,20 @@ def verify_drafts(logits, drafts, temperature, top_k, top_p, seeds, positions):
     accepted the bonus token is sampled from p_K. Returns n_accepted [b] in 1..T (tokens of the
     window to commit: the last token plus accepted drafts) and the new token [b].
     """
-    K = logits.shape[1] - 1
     greedy = jnp.argmax(logits, axis=-1)                                  # [b, T]
-
-    def greedy_rows(_):
-        ok = drafts == greedy[:, :K]
-        n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-        new = jnp.take_along_axis(greedy, n_ok[:, None], axis=1)[:, 0]
-        return (n_ok + 1).astype(jnp.int32), new.astype(jnp.int32)
-
-    return lax.cond(jnp.any(temperature > 0), _verify_sampled, greedy_rows,
+    return lax.cond(jnp.any(temperature > 0), _verify_sampled,
+                    lambda args: accept_greedy(args[1], args[2]),
                     (logits, greedy, drafts, temperature, top_k, top_p, seeds, positions))
+
+
+def accept_greedy(greedy, drafts):
+    """`verify_drafts` of an all-greedy batch from the window's argmax tokens greedy [b, T]:
+    accept d_i while it equals the argmax before it. Returns (n_accepted [b], new token [b])
+    int32."""
+    ok = drafts == greedy[:, :drafts.shape[1]]
+    n_ok = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    new = jnp.take_along_axis(greedy, n_ok[:, None], axis=1)[:, 0]
+    return (n_ok + 1).astype(jnp.int32), new.astype(jnp.int32)
 
 
 def _verify_sampled(args):

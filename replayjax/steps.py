@@ -12,6 +12,7 @@ from flax import struct
 
 from models import prefix as pool_ops
 from models.cache import ModelCache
+from models.parallel import gather_vocab
 from pallas_kernels.ring import NULL_SLOT
 from replayjax.drafters import Drafter, Prefilled, Verified
 from replayjax.sampling import SamplingArrays
@@ -85,9 +86,10 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
     """Up to n decode steps over the rows of `inp` (each decoding its slot), stopping early
     once no row is active. Returns the state, the sampled tokens [b, n] (-1 where a row was
     inactive) and, with keep_logits, the logits they were sampled from [b, n, V] fp32 (else
-    None)."""
+    None). Under a vocab-parallel LM head an all-greedy step without keep_logits gathers no
+    logits, only each device's (max, argmax) (`SamplingArrays.sample_local`)."""
     model = models[0]
-    b = inp.last.shape[0]
+    b, V = inp.last.shape[0], model.cfg.vocab_size
 
     def cond(c):
         return (c[0] < n) & jnp.any(c[2].active)
@@ -95,11 +97,16 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
     def body(c):
         i, cache, s, out, lg = c
         slots = jnp.where(s.active, inp.slots, NULL_SLOT)
-        logits, cache = model.decode(cache, s.last[:, None], slots, mode=mode, impl=impl)
-        tok = sp.sample(logits[:, 0], s.gen_pos)
+        hidden, cache = model.decode_hidden(cache, s.last[:, None], slots, mode=mode,
+                                            impl=impl)
+        local = model.local_logits(hidden[:, 0])
+        if keep_logits:         # kept: gathered once and sampled from
+            logits = gather_vocab(local, V)
+            tok = sp.sample(logits, s.gen_pos)
+            lg = lg.at[:, i].set(logits)
+        else:                   # greedy batches gather only each shard's (max, argmax)
+            tok = sp.sample_local(local, V, s.gen_pos)
         out = out.at[:, i].set(jnp.where(s.active, tok, -1))
-        if keep_logits:
-            lg = lg.at[:, i].set(logits[:, 0])
         remaining = s.remaining - s.active
         stop = jnp.any(tok[:, None] == s.stops, axis=1)
         s = s.replace(last=jnp.where(s.active, tok, s.last),
@@ -108,7 +115,7 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
         return i + 1, cache, s, out, lg
 
     out = jnp.full((b, n), -1, jnp.int32)
-    lg = jnp.zeros((b, n, model.cfg.vocab_size), jnp.float32) if keep_logits else None
+    lg = jnp.zeros((b, n, V), jnp.float32) if keep_logits else None
     _, cache, _, out, lg = jax.lax.while_loop(cond, body, (0, state.cache, inp, out, lg))
     return state.replace(cache=cache), out, lg
 
@@ -120,20 +127,28 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
     `SamplingArrays.verify` accepts a prefix, the target commits it and the drafter follows.
     Returns the state, the emitted tokens [b, T], n_acc [b] (valid emitted tokens; 0 for
     inactive rows), the drafts verified [b, K] and, with keep_logits, the verify logits
-    [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None)."""
+    [b, T, V] fp32 (rows 0..n_acc-1 are the emitted tokens' logits; else None). Under a
+    vocab-parallel LM head an all-greedy verify without keep_logits gathers no logits
+    (`SamplingArrays.verify_local`)."""
     target, own = models[0], models[1:]
-    b = inp.last.shape[0]
+    b, V = inp.last.shape[0], target.cfg.vocab_size
     slots = jnp.where(inp.active, inp.slots, NULL_SLOT)
     drafts = drafter.propose(target, own, state.cache, state.drafter, inp.last, slots, host)
     K = drafts.shape[1]
     starts = state.cache.lengths[slots]
     window = jnp.concatenate([inp.last[:, None], drafts], axis=1)
-    logits, hidden, cache = target.verify(state.cache, window, slots, mode=mode, impl=impl)
-    n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
+    hidden, cache = target.verify_hidden(state.cache, window, slots, mode=mode, impl=impl)
+    local = target.local_logits(hidden)
+    if keep_logits:
+        logits = gather_vocab(local, V)
+        n_acc, new = sp.verify(logits, drafts, inp.gen_pos)
+    else:                   # greedy batches gather only each shard's (max, argmax)
+        logits = None
+        n_acc, new = sp.verify_local(local, V, drafts, inp.gen_pos)
     cache = target.commit(cache, slots, n_acc, K + 1, mode=mode)
     emitted = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(b), n_acc - 1].set(new)
     cache, dstate = drafter.commit(target, own, cache, state.drafter, Verified(
         inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
     return (state.replace(cache=cache, drafter=dstate), emitted, jnp.where(inp.active, n_acc, 0),
-            drafts, logits if keep_logits else None)
+            drafts, logits)

@@ -184,7 +184,8 @@ def test_rules():
     assert r4.spec(("layers", 0, "mixer", "in_proj", "kernel"), (32, 200)) == P(None, "tp")
     assert r4.spec(("layers", 0, "mixer", "out_proj", "kernel"), (64, 32)) == P("tp", None)
     assert r4.spec(("layers", 5, "mixer", "up"), (8, 32, 32)) == P(None, None, "tp")
-    assert r4.spec(("lm_head", "kernel"), (32, 128)) == P()
+    assert r4.spec(("lm_head", "kernel"), (32, 128)) == P(None, "tp")   # vocab-parallel
+    assert r4.spec(("lm_head", "kernel"), (32, 130)) == P()   # tp does not divide V
     assert r4.fused(("layers", 0, "mixer", "conv_weight"))
     assert not r4.fused(("layers", 0, "mixer", "out_proj", "kernel"))
     qwen = load_config(_dir("qwen3_next"))
