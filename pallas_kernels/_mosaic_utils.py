@@ -21,6 +21,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.validation import bounded_block, check
+
 F32 = jnp.float32
 # One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
 TILE_ROWS = 64
@@ -67,6 +69,18 @@ def store_async(value, smem, dst):
 def write_out(value, live, smem, dst):
     """An output vector through `smem` to `dst` (see `store_async`): zeros for padding rows."""
     store_async(select(live, value, jnp.zeros_like(value)), smem, dst)
+
+
+def state_block(name, dim_name, dim, bound, state_dtype):
+    """The state chunk a tiling's `bound` gives (`bounded_block`): at least 8 columns (the WGMMA
+    layout) and rows of at least 32 bytes (Mosaic GPU swizzles 32, 64 or 128 bytes; a bf16 chunk
+    of 8 would need a 16-byte one)."""
+    block = bounded_block(name, dim_name, dim, bound, 8)
+    dtype = jnp.dtype(state_dtype)
+    check(block * dtype.itemsize >= 32,
+          f"pallas_mosaic_gpu needs state chunk rows of >= 32 bytes: {name} = {block} of a "
+          f"{dtype.name} state is {block * dtype.itemsize}")
+    return block
 
 
 def state_layout(block, dtype):

@@ -31,8 +31,8 @@ k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The 
 the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does.
 
 Requires V % 64 == 0 (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
-K % block_k == 0 with block_k % 8 == 0. The public entries take validated arguments (see
-`pallas_kernels.gdn.api`).
+K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+entries take validated arguments (see `pallas_kernels.gdn.api`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from pallas_kernels._mosaic_utils import (
     mosaic_call,
     rows,
     staging_smem,
+    state_block,
     state_layout,
     state_spec,
     store_async,
@@ -68,7 +69,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import bounded_block, check, resolve_tiling
+from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -76,9 +77,9 @@ GRID_NAMES = ("row", "head", "vtile")
 @dataclasses.dataclass(frozen=True)
 class GDNMosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_k bounds the key chunk the state
-    tile is copied in (the largest power of two dividing K up to it, at least 8), num_stages the
-    replay pipelines' chunks in flight (the standard kernel has all of its tile in flight). The
-    V tile is one warpgroup's 64 rows."""
+    tile is copied in (the largest power of two dividing K up to it: at least 8, and 16 for a
+    bf16 state), num_stages the replay pipelines' chunks in flight (the standard kernel has all
+    of its tile in flight). The V tile is one warpgroup's 64 rows."""
     block_k: int
     num_stages: int = 2
 
@@ -87,34 +88,35 @@ class GDNMosaicTiling:
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
-_MIN_BLOCK_K = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, V, K):
+def _tiles(tiling, default, V, K, state_dtype):
     t = resolve_tiling(tiling, default)
     check(V % TILE_ROWS == 0,
           f"pallas_mosaic_gpu needs value dim V a multiple of {TILE_ROWS}, got V = {V}")
     check(K <= _MAX_K, f"pallas_mosaic_gpu needs key dim K <= {_MAX_K}, got K = {K}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_k=bounded_block("block_k", "key dim K", K, t.block_k, _MIN_BLOCK_K),
+    return dict(block_k=state_block("block_k", "key dim K", K, t.block_k, state_dtype),
                 num_stages=t.num_stages)
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2])
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"])
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2]))
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2],
+                                 buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3]))
+                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3],
+                                     buffers.checkpoint.dtype))
     return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
 
 

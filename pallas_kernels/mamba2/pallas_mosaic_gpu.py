@@ -26,8 +26,8 @@ c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after
 XLA (`write_window`), as the Triton verify does.
 
 Requires P % 64 == 0 (Nemotron-H: P = 64), N <= 256 (B and C are one TMA box each) and
-N % block_n == 0 with block_n % 8 == 0. The
-public entries take validated arguments (see `pallas_kernels.mamba2.api`).
+N % block_n == 0 with block_n >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+entries take validated arguments (see `pallas_kernels.mamba2.api`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from pallas_kernels._mosaic_utils import (
     mosaic_call,
     rows,
     staging_smem,
+    state_block,
     state_spec,
     store_async,
     write_chunk,
@@ -62,7 +63,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import bounded_block, check, resolve_tiling
+from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -70,8 +71,8 @@ GRID_NAMES = ("row", "head", "ptile")
 @dataclasses.dataclass(frozen=True)
 class Mamba2MosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_n bounds the d_state chunk streamed
-    per pipeline step (the largest power of two dividing N up to it, at least 8), num_stages the
-    chunks in flight. The P tile is one warpgroup's 64 rows."""
+    per pipeline step (the largest power of two dividing N up to it: at least 8, and 16 for a bf16
+    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows."""
     block_n: int
     num_stages: int = 2
 
@@ -80,33 +81,35 @@ class Mamba2MosaicTiling:
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=64)
-_MIN_BLOCK_N = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, P, N):
+def _tiles(tiling, default, P, N, state_dtype):
     t = resolve_tiling(tiling, default)
     check(P % TILE_ROWS == 0,
           f"pallas_mosaic_gpu needs head_dim P a multiple of {TILE_ROWS}, got P = {P}")
     check(N <= _MAX_N, f"pallas_mosaic_gpu needs d_state N <= {_MAX_N}, got N = {N}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_n=bounded_block("block_n", "d_state N", N, t.block_n, _MIN_BLOCK_N),
+    return dict(block_n=state_block("block_n", "d_state N", N, t.block_n, state_dtype),
                 num_stages=t.num_stages)
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
-                            **_tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2]))
+                            **_tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2],
+                                   state.dtype))
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2]))
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2],
+                                 buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3]))
+                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3],
+                                  buffers.checkpoint.dtype))
     return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
 
 

@@ -70,6 +70,16 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
                                tiling=tiling)
 
 
+def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
+    """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
+    pb = Mamba2(1, P=64, N=64)
+    with pytest.raises(ValueError, match=r"state chunk rows of >= 32 bytes: block_n = 8 of a "
+                                         r"bfloat16 state is 16"):
+        mamba2.standard_decode(pb.random_state(BF16), *pb.step_inputs(2), pb.A, pb.D,
+                               jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu",
+                               tiling=mamba2.Mamba2MosaicTiling(block_n=8))
+
+
 def test_an_op_without_mosaic_kernel_is_named():
     pb = Mamba2(1, P=64)
     x, B, C, dt = pb.window_inputs(2, 2)
