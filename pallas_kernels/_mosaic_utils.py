@@ -21,6 +21,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.validation import bounded_block, check
+
 F32 = jnp.float32
 # One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
 TILE_ROWS = 64
@@ -47,10 +49,13 @@ def select(pred, on_true, on_false):
     return jnp.where(lax.broadcast_in_dim(pred, jnp.shape(on_true), ()), on_true, on_false)
 
 
-def load_wait(src, dst, barrier):
-    """Synchronous TMA copy GMEM -> SMEM."""
-    plgpu.copy_gmem_to_smem(src, dst, barrier)
-    plgpu.barrier_wait(barrier)
+def load_all(bars, *copies):
+    """TMA copies GMEM -> SMEM, (src, dst) each, all in flight at once (copy i completes
+    barrier i of `bars`); returns when all have landed."""
+    for i, (src, dst) in enumerate(copies):
+        plgpu.copy_gmem_to_smem(src, dst, bars.at[i])
+    for i in range(len(copies)):
+        plgpu.barrier_wait(bars.at[i])
 
 
 def store_async(value, smem, dst):
@@ -66,6 +71,18 @@ def write_out(value, live, smem, dst):
     store_async(select(live, value, jnp.zeros_like(value)), smem, dst)
 
 
+def state_block(name, dim_name, dim, bound, state_dtype):
+    """The state chunk a tiling's `bound` gives (`bounded_block`): at least 8 columns (the WGMMA
+    layout) and rows of at least 32 bytes (Mosaic GPU swizzles 32, 64 or 128 bytes; a bf16 chunk
+    of 8 would need a 16-byte one)."""
+    block = bounded_block(name, dim_name, dim, bound, 8)
+    dtype = jnp.dtype(state_dtype)
+    check(block * dtype.itemsize >= 32,
+          f"pallas_mosaic_gpu needs state chunk rows of >= 32 bytes: {name} = {block} of a "
+          f"{dtype.name} state is {block * dtype.itemsize}")
+    return block
+
+
 def state_layout(block, dtype):
     """SMEM transforms of a state chunk [64, block]: 8-row tiles, swizzled as wide as the rows
     allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
@@ -74,18 +91,21 @@ def state_layout(block, dtype):
     return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
-def chunk_specs(state_dtype, *leads, block):
-    """BlockSpecs of one chunk of the state's last axis per pipeline step, for each lead given:
-    "state" (a swizzled [64, block] state tile), an int (a [lead, block] tile) or None (a
-    [block] vector)."""
-    def spec(lead):
-        if lead is None:
-            return plgpu.BlockSpec((block,), lambda n: (n,))
-        if lead == "state":
-            return plgpu.BlockSpec((TILE_ROWS, block), lambda n: (0, n),
-                                   transforms=state_layout(block, state_dtype))
-        return plgpu.BlockSpec((lead, block), lambda n: (0, n))
-    return [spec(lead) for lead in leads]
+def state_spec(state_dtype, block):
+    """The BlockSpec of one [64, block] chunk of the state tile per pipeline step (swizzled).
+
+    The pipelines stream the state only. Each of their SMEM buffers holds `num_stages` slots back
+    to back, and a TMA tensor copy needs its SMEM address 128-byte aligned: a slot of a [block]
+    vector (block x itemsize bytes) breaks that (64 bytes at block 32, bf16; CUDA reports
+    CUDA_ERROR_MISALIGNED_ADDRESS), so the kernels copy their vectors whole before the pipeline
+    and read chunks of them with `chunk` (a register load, no alignment rule)."""
+    return plgpu.BlockSpec((TILE_ROWS, block), lambda n: (0, n),
+                           transforms=state_layout(block, state_dtype))
+
+
+def chunk(ref, n, block):
+    """Chunk n [block] of the SMEM vector `ref` [N] as a COL vector, fp32."""
+    return plgpu.load(ref.at[pl.ds(n * block, block)], layout=COL).astype(F32)
 
 
 def staging_smem(block, dtype):

@@ -5,7 +5,8 @@ state-per-draft baseline verify runs on the other backends.
 Grid (batch, Hv, V // 64): one CTA (one warpgroup) per (row, value head, 64-row V tile). The
 slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state
 tile [64, K] is copied into shared memory in key chunks of block_k (tiled and swizzled) and
-computed on in registers (WGMMA layout, see `_mosaic_utils`). Updated chunks go back by TMA, for
+computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the ring's
+keys in a fold) are copied whole (`state_spec` says why). Updated chunks go back by TMA, for
 live rows only (the null slot is never written).
 
 Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once
@@ -30,8 +31,8 @@ k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The 
 the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does.
 
 Requires V % 64 == 0 (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
-K % block_k == 0 with block_k % 8 == 0. The public entries take validated arguments (see
-`pallas_kernels.gdn.api`).
+K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+entries take validated arguments (see `pallas_kernels.gdn.api`).
 """
 
 from __future__ import annotations
@@ -52,13 +53,15 @@ from pallas_kernels._mosaic_utils import (
     F32,
     ROW,
     TILE_ROWS,
-    chunk_specs,
+    chunk,
     cols,
-    load_wait,
+    load_all,
     mosaic_call,
     rows,
     staging_smem,
+    state_block,
     state_layout,
+    state_spec,
     store_async,
     write_chunk,
     write_out,
@@ -66,7 +69,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import bounded_block, check, resolve_tiling
+from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -74,9 +77,9 @@ GRID_NAMES = ("row", "head", "vtile")
 @dataclasses.dataclass(frozen=True)
 class GDNMosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_k bounds the key chunk the state
-    tile is copied in (the largest power of two dividing K up to it, at least 8), num_stages the
-    replay pipelines' chunks in flight (the standard kernel has all of its tile in flight). The
-    V tile is one warpgroup's 64 rows."""
+    tile is copied in (the largest power of two dividing K up to it: at least 8, and 16 for a
+    bf16 state), num_stages the replay pipelines' chunks in flight (the standard kernel has all
+    of its tile in flight). The V tile is one warpgroup's 64 rows."""
     block_k: int
     num_stages: int = 2
 
@@ -85,34 +88,35 @@ class GDNMosaicTiling:
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
-_MIN_BLOCK_K = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, V, K):
+def _tiles(tiling, default, V, K, state_dtype):
     t = resolve_tiling(tiling, default)
     check(V % TILE_ROWS == 0,
           f"pallas_mosaic_gpu needs value dim V a multiple of {TILE_ROWS}, got V = {V}")
     check(K <= _MAX_K, f"pallas_mosaic_gpu needs key dim K <= {_MAX_K}, got K = {K}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_k=bounded_block("block_k", "key dim K", K, t.block_k, _MIN_BLOCK_K),
+    return dict(block_k=state_block("block_k", "key dim K", K, t.block_k, state_dtype),
                 num_stages=t.num_stages)
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2])
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"])
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2]))
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2],
+                                 buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3]))
+                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3],
+                                     buffers.checkpoint.dtype))
     return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
 
 
@@ -133,30 +137,28 @@ def _walk(body, init, *, count, ring_g):
     return lax.fori_loop(0, count, step, (jnp.float32(0), init))
 
 
-def _fold(tile, ring_k, k_cur, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
+def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
           num_stages):
     """The fold of the ring and one more token (k, d, g = log alpha) into the state tile [64, K]
     in GMEM: S0 <- big_e alpha S0 + d k^T + sum_j alpha e_j d_j k_j^T (big_e = exp of the ring's
-    g sum), chunk by chunk, as fp32 rank-1 updates. ring_k: the key head's ring keys [L, K]
-    (GMEM); k_cur: the token's key [K] (GMEM); d [64] ROW; walk: `_walk` bound to the ring."""
-    L, K = ring_k.shape
+    g sum), chunk by chunk, as fp32 rank-1 updates. rk_smem: the key head's ring keys [L, K]
+    (SMEM); kc_smem: the token's key [K] (SMEM); d [64] ROW; walk: `_walk` bound to the ring."""
+    K = kc_smem.shape[0]
 
-    def fold_chunk(idx, s_smem, rk_smem, kc_smem):
+    def fold_chunk(idx, s_smem):
         (n,) = idx
         s = s_smem[...].astype(F32)
-        kc = plgpu.load(kc_smem, layout=COL).astype(F32)
-        upd = (big_e * alpha) * s + rows(d, s.shape) * cols(kc, s.shape)
+        upd = (big_e * alpha) * s + rows(d, s.shape) * cols(chunk(kc_smem, n, block_k), s.shape)
 
         def entry(j, ej, acc):
-            kj = plgpu.load(rk_smem.at[j], layout=COL).astype(F32)
+            kj = chunk(rk_smem.at[j], n, block_k)
             return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
         write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
 
     plgpu.emit_pipeline(
-        fold_chunk, grid=(K // block_k,),
-        in_specs=chunk_specs(tile.dtype, "state", L, None, block=block_k),
+        fold_chunk, grid=(K // block_k,), in_specs=[state_spec(tile.dtype, block_k)],
         max_concurrent_steps=num_stages,
-    )(tile, ring_k, k_cur)
+    )(tile)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,22 +183,19 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         plgpu.barrier_wait(bars.at[n_chunks + i])
     v = plgpu.load(v_smem, layout=ROW).astype(F32)
 
-    def chunk_vec(ref, n):
-        return plgpu.load(ref.at[pl.ds(n * block_k, block_k)], layout=COL).astype(F32)
-
     # Pass 1: S k of the old state, chunk by chunk as the copies land.
     sk = zeros_row()
     for n in range(n_chunks):
         plgpu.barrier_wait(bars.at[n])
         s = s_smem.at[n][...].astype(F32)                             # [64, bk]
-        sk = sk + jnp.sum(s * cols(chunk_vec(k_smem, n), s.shape), axis=1)
+        sk = sk + jnp.sum(s * cols(chunk(k_smem, n, block_k), s.shape), axis=1)
     d = beta * (v - alpha * sk)                                       # [64]
     # Pass 2: S <- alpha S + d k^T in each chunk's buffer, copied out for live rows; o = S q.
     o = zeros_row()
     for n in range(n_chunks):
         s = s_smem.at[n][...].astype(F32)
-        s = alpha * s + rows(d, s.shape) * cols(chunk_vec(k_smem, n), s.shape)
-        o = o + jnp.sum(s * cols(chunk_vec(q_smem, n), s.shape), axis=1)
+        s = alpha * s + rows(d, s.shape) * cols(chunk(k_smem, n, block_k), s.shape)
+        o = o + jnp.sum(s * cols(chunk(q_smem, n, block_k), s.shape), axis=1)
         s_smem.at[n][...] = s.astype(s_smem.dtype)
         plgpu.commit_smem()
 
@@ -234,20 +233,18 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, v_smem, rd_smem,
-                   d_smem, k_smem, kr_smem, out_smem, bars, *, heads_per_key_head, block_k,
-                   num_stages):
+                   k_smem, q_smem, rk_smem, d_smem, kr_smem, out_smem, bars, fold_bar, *,
+                   heads_per_key_head, block_k, num_stages):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    # Both copies in flight at once: the current token's v and the ring's d rows.
-    plgpu.copy_gmem_to_smem(v_ref.at[b, hv, vs], v_smem, bars.at[0])
-    plgpu.copy_gmem_to_smem(rd_ref.at[slot, hv, :, vs], rd_smem, bars.at[1])
     g, beta = g_ref[b, hv], beta_ref[b, hv]
     alpha = jnp.exp(g)
-    plgpu.barrier_wait(bars.at[0])
-    plgpu.barrier_wait(bars.at[1])
+    # The token's v, k, q and the ring's d rows, all in flight at once.
+    load_all(bars, (v_ref.at[b, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
+             (k_ref.at[b, hk], k_smem), (q_ref.at[b, hk], q_smem))
     v = plgpu.load(v_smem, layout=ROW).astype(F32)
 
     def ring_d(j):
@@ -263,21 +260,19 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     big_e = jnp.exp(total)
     tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
 
-    def readout(idx, s_smem, kc_smem, qc_smem, acc):
+    def readout(idx, s_smem, acc):
+        (n,) = idx
         s = s_smem[...].astype(F32)
-        kc = plgpu.load(kc_smem, layout=COL).astype(F32)
-        qc = plgpu.load(qc_smem, layout=COL).astype(F32)
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
         plgpu.commit_smem()
-        return (acc[0] + jnp.sum(s * cols(kc, s.shape), axis=1),
-                acc[1] + jnp.sum(s * cols(qc, s.shape), axis=1))
+        return (acc[0] + jnp.sum(s * cols(chunk(k_smem, n, block_k), s.shape), axis=1),
+                acc[1] + jnp.sum(s * cols(chunk(q_smem, n, block_k), s.shape), axis=1))
 
     s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,),
-        in_specs=chunk_specs(s_ref.dtype, "state", None, None, block=block_k),
+        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
         max_concurrent_steps=num_stages, init_carry=(zeros_row(), zeros_row()),
-    )(tile, k_ref.at[b, hk], q_ref.at[b, hk])
+    )(tile)
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [64]
     write_out(alpha * sq + kq_ref[b, hk] * d, live, v_smem, o_ref.at[b, hv, vs])
@@ -288,12 +283,13 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
     @pl.when(live & fold)
     def _():
-        _fold(tile, rk_ref.at[slot, hk], k_ref.at[b, hk], d, alpha, big_e, walk, ring_d,
-              out_smem, live, block_k=block_k, num_stages=num_stages)
+        load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
+        _fold(tile, rk_smem, k_smem, d, alpha, big_e, walk, ring_d, out_smem, live,
+              block_k=block_k, num_stages=num_stages)
 
-    # Otherwise append (k, d, g) at `c`. The fold's ring key tiles span all L rows, and no
-    # other CTA reads the ring's keys otherwise (their products come from XLA): no CTA writes a
-    # row another one reads.
+    # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
+    # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
+    # reads.
     @pl.when(live & ~fold)
     def _append():
         store_async(d, d_smem, rd_ref.at[slot, hv, c, vs])
@@ -304,7 +300,6 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
             @pl.when(hv % heads_per_key_head == 0)
             def _():
-                load_wait(k_ref.at[b, hk], k_smem, bars.at[2])
                 store_async(plgpu.load(k_smem, layout=COL), kr_smem, rk_ref.at[slot, hk, c])
     plgpu.wait_smem_to_gmem(0)
 
@@ -336,11 +331,14 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(v_smem=plgpu.SMEM((TILE_ROWS,), v.dtype),
                      rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     d_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      k_smem=plgpu.SMEM((K,), k.dtype),
+                     q_smem=plgpu.SMEM((K,), q.dtype),
+                     rk_smem=plgpu.SMEM((L, K), ring_dtype),
+                     d_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      kr_smem=plgpu.SMEM((K,), ring_dtype),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=3)),
+                     bars=plgpu.Barrier(num_barriers=4),
+                     fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, type(buffers)(*new)
 
@@ -357,19 +355,17 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
-                   v_smem, rd_smem, o_smem, d_smem, out_smem, bars, *, heads_per_key_head,
-                   block_k, num_stages):
+                   v_smem, rd_smem, k_smem, q_smem, rk_smem, o_smem, d_smem, out_smem, bars,
+                   fold_bar, *, heads_per_key_head, block_k, num_stages):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    plgpu.copy_gmem_to_smem(v_ref.at[b, :, hv, vs], v_smem, bars.at[0])          # [T, 64]
-    plgpu.copy_gmem_to_smem(rd_ref.at[slot, hv, :, vs], rd_smem, bars.at[1])     # [L, 64]
     gs = [g_ref[b, t, hv] for t in range(T)]
     betas = [beta_ref[b, t, hv] for t in range(T)]
-    plgpu.barrier_wait(bars.at[0])
-    plgpu.barrier_wait(bars.at[1])
+    load_all(bars, (v_ref.at[b, :, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
+             (k_ref.at[b, :, hk], k_smem), (q_ref.at[b, :, hk], q_smem))   # [T|L, 64], [T, K]
     vs_ = [plgpu.load(v_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_d(j):
@@ -387,19 +383,17 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     big_e = jnp.exp(total)
     tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
 
-    def readout(idx, s_smem, kc_smem, qc_smem, acc):
+    def readout(idx, s_smem, acc):
+        (n,) = idx
         s = s_smem[...].astype(F32)
-        vecs = [[plgpu.load(x.at[t], layout=COL).astype(F32) for t in range(T)]
-                for x in (kc_smem, qc_smem)]
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(tuple(acc_t + jnp.sum(s * cols(x, s.shape), axis=1)
-                           for acc_t, x in zip(a, xs)) for a, xs in zip(acc, vecs))
+        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x.at[t], n, block_k), s.shape), axis=1)
+                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (k_smem, q_smem)))
 
     s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,),
-        in_specs=chunk_specs(s_ref.dtype, "state", T, T, block=block_k),
+        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
         max_concurrent_steps=num_stages, init_carry=(zt, zt),
-    )(tile, k_ref.at[b, :, hk], q_ref.at[b, :, hk])
+    )(tile)
 
     cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
     ds = []
@@ -417,8 +411,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
     def _():
-        _fold(tile, rk_ref.at[slot, hk], k_ref.at[b, 0, hk], ds[0], jnp.exp(gs[0]), big_e,
-              walk, ring_d, out_smem, live, block_k=block_k, num_stages=num_stages)
+        load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
+        _fold(tile, rk_smem, k_smem.at[0], ds[0], jnp.exp(gs[0]), big_e, walk, ring_d,
+              out_smem, live, block_k=block_k, num_stages=num_stages)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -429,7 +424,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
     updated); the ring is not touched."""
     batch, T, Hv, V = v.shape
-    Hk = q.shape[2]
+    Hk, K = q.shape[2:]
     hi = lax.Precision.HIGHEST
     rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
     # Per-key-head products (ring x window, window x window): small next to the state.
@@ -450,9 +445,13 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         inplace=("s_ref",),
         scratch=dict(v_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
                      rd_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_d.dtype),
+                     k_smem=plgpu.SMEM((T, K), k.dtype),
+                     q_smem=plgpu.SMEM((T, K), q.dtype),
+                     rk_smem=plgpu.SMEM((buffers.window, K), buffers.ring_k.dtype),
                      o_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
                      d_smem=plgpu.SMEM((T, TILE_ROWS), F32),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=2)),
+                     bars=plgpu.Barrier(num_barriers=4),
+                     fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, d, ck

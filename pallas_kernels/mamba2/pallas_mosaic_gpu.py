@@ -6,8 +6,9 @@ Grid (batch, H, P // 64): one CTA (one warpgroup) per (row, head, 64-row P tile)
 from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N]
 streams through shared memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages
 copies in flight; chunks tiled and swizzled in SMEM) and is computed on in registers (WGMMA
-layout, see `_mosaic_utils`). Updated chunks go back by TMA from a double-buffered SMEM
-staging area, for live rows only (the null slot is never written).
+layout, see `_mosaic_utils`). The vectors B, C (and the ring's B in a fold) are copied whole
+before the pipeline (`state_spec` says why). Updated chunks go back by TMA from a
+double-buffered SMEM staging area, for live rows only (the null slot is never written).
 
 Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
 the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic), so the kernel needs
@@ -24,8 +25,9 @@ token's history term; the within-window terms use the precomputed window B_r . C
 c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after the kernel by
 XLA (`write_window`), as the Triton verify does.
 
-Requires P % 64 == 0 (Nemotron-H: P = 64) and N % block_n == 0 with block_n % 8 == 0. The
-public entries take validated arguments (see `pallas_kernels.mamba2.api`).
+Requires P % 64 == 0 (Nemotron-H: P = 64), N <= 256 (B and C are one TMA box each) and
+N % block_n == 0 with block_n >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+entries take validated arguments (see `pallas_kernels.mamba2.api`).
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ from pallas_kernels._mosaic_utils import (
     F32,
     ROW,
     TILE_ROWS,
-    chunk_specs,
+    chunk,
     cols,
-    load_wait,
+    load_all,
     mosaic_call,
     rows,
     staging_smem,
+    state_block,
+    state_spec,
     store_async,
     write_chunk,
     write_out,
@@ -59,7 +63,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import bounded_block, check, resolve_tiling
+from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -67,8 +71,8 @@ GRID_NAMES = ("row", "head", "ptile")
 @dataclasses.dataclass(frozen=True)
 class Mamba2MosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_n bounds the d_state chunk streamed
-    per pipeline step (the largest power of two dividing N up to it, at least 8), num_stages the
-    chunks in flight. The P tile is one warpgroup's 64 rows."""
+    per pipeline step (the largest power of two dividing N up to it: at least 8, and 16 for a bf16
+    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows."""
     block_n: int
     num_stages: int = 2
 
@@ -77,31 +81,35 @@ class Mamba2MosaicTiling:
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=64)
-_MIN_BLOCK_N = 8                  # WGMMA layout columns; TMA rows of >= 16 bytes
+_MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, P, N):
+def _tiles(tiling, default, P, N, state_dtype):
     t = resolve_tiling(tiling, default)
     check(P % TILE_ROWS == 0,
           f"pallas_mosaic_gpu needs head_dim P a multiple of {TILE_ROWS}, got P = {P}")
+    check(N <= _MAX_N, f"pallas_mosaic_gpu needs d_state N <= {_MAX_N}, got N = {N}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_n=bounded_block("block_n", "d_state N", N, t.block_n, _MIN_BLOCK_N),
+    return dict(block_n=state_block("block_n", "d_state N", N, t.block_n, state_dtype),
                 num_stages=t.num_stages)
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
-                            **_tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2]))
+                            **_tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2],
+                                   state.dtype))
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2]))
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2],
+                                 buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3]))
+                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3],
+                                  buffers.checkpoint.dtype))
     return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
 
 
@@ -124,61 +132,58 @@ def _walk(body, init, *, count, ring_dt, a, suffix):
     return lax.fori_loop(0, count, step, (suffix, init))
 
 
-def _fold(tile, ring_b, b_cur, x, dt, decay, walk, ring_row, out_smem, live, *, block_n,
+def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, *, block_n,
           num_stages):
     """The fold: S0 <- decay S0 + dt x B^T + sum_j s_j x_j B_j^T over the committed ring
     entries j, for the state tile [64, N] in GMEM, chunk by chunk, as fp32 rank-1 updates.
-    ring_b: the group's ring B [L, N] (GMEM); b_cur: the folded token's B [N] (GMEM); x [64] ROW
-    and dt: the folded token; walk: `_walk` bound to the ring with suffix dt."""
-    L, N = ring_b.shape
+    rb_smem: the group's ring B [L, N] (SMEM); bv_smem: the folded token's B [N] (SMEM); x [64]
+    ROW and dt: the folded token; walk: `_walk` bound to the ring with suffix dt."""
+    N = bv_smem.shape[0]
 
-    def fold_chunk(idx, s_smem, rb_smem, bv_smem):
+    def fold_chunk(idx, s_smem):
         (n,) = idx
         s = s_smem[...].astype(F32)
-        cur = plgpu.load(bv_smem, layout=COL).astype(F32)
-        upd = decay * s + rows(dt * x, s.shape) * cols(cur, s.shape)
+        upd = decay * s + rows(dt * x, s.shape) * cols(chunk(bv_smem, n, block_n), s.shape)
 
         def entry(j, sj, acc):
-            bj = plgpu.load(rb_smem.at[j], layout=COL).astype(F32)
+            bj = chunk(rb_smem.at[j], n, block_n)
             return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
         write_chunk(walk(entry, upd, suffix=dt)[1], n, out_smem, tile, block_n, live)
 
     plgpu.emit_pipeline(
-        fold_chunk, grid=(N // block_n,),
-        in_specs=chunk_specs(tile.dtype, "state", L, None, block=block_n),
+        fold_chunk, grid=(N // block_n,), in_specs=[state_spec(tile.dtype, block_n)],
         max_concurrent_steps=num_stages,
-    )(tile, ring_b, b_cur)
+    )(tile)
 
 
 # --------------------------------------------------------------------------------------------
 # Standard decode: reads and writes the state of every live row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state_ref, y_ref,
-                     x_smem, out_smem, bar, *, heads_per_group, block_n, num_stages):
+                     x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, block_n,
+                     num_stages):
     b, h, g, ps = _position(heads_per_group)
     N = b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    load_wait(x_ref.at[b, h, ps], x_smem, bar)
+    load_all(bars, (x_ref.at[b, h, ps], x_smem), (b_ref.at[b, g], bv_smem),
+             (c_ref.at[b, g], cv_smem))
     x = plgpu.load(x_smem, layout=ROW).astype(F32)
     dt = dt_ref[b, h]
     da, dtx = jnp.exp(dt * a_ref[h]), dt * x
     tile = state_ref.at[slot, h, ps]                                  # [64, N] in GMEM
 
-    def chunk(idx, s_smem, bv_smem, cv_smem, y):
+    def step(idx, s_smem, y):
         (n,) = idx
         s = s_smem[...].astype(F32)                                   # [64, bn]
-        bv = plgpu.load(bv_smem, layout=COL).astype(F32)
-        cv = plgpu.load(cv_smem, layout=COL).astype(F32)
-        s = da * s + rows(dtx, s.shape) * cols(bv, s.shape)
+        s = da * s + rows(dtx, s.shape) * cols(chunk(bv_smem, n, block_n), s.shape)
         write_chunk(s, n, out_smem, tile, block_n, live)     # the null slot is never written
-        return y + jnp.sum(s * cols(cv, s.shape), axis=1)
+        return y + jnp.sum(s * cols(chunk(cv_smem, n, block_n), s.shape), axis=1)
 
     y = plgpu.emit_pipeline(
-        chunk, grid=(N // block_n,),
-        in_specs=chunk_specs(state_ref.dtype, "state", None, None, block=block_n),
+        step, grid=(N // block_n,), in_specs=[state_spec(state_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
-    )(tile, b_ref.at[b, g], c_ref.at[b, g])
+    )(tile)
     write_out(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
     plgpu.wait_smem_to_gmem(0)
 
@@ -197,8 +202,10 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
         outputs=dict(y_ref=like(x)),
         inplace=("state_ref",),
         scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
+                     bv_smem=plgpu.SMEM(B.shape[2:], B.dtype),
+                     cv_smem=plgpu.SMEM(C.shape[2:], C.dtype),
                      out_smem=staging_smem(block_n, state.dtype),
-                     bar=plgpu.Barrier()),
+                     bars=plgpu.Barrier(num_barriers=3)),
         interpret=interpret)
     return y, state
 
@@ -207,19 +214,18 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, xr_smem,
-                   bv_smem, br_smem, out_smem, bars, *, heads_per_group, block_n, num_stages):
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, bv_smem,
+                   cv_smem, rb_smem, xr_smem, br_smem, out_smem, bars, fold_bar, *,
+                   heads_per_group, block_n, num_stages):
     b, h, g, ps = _position(heads_per_group)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    # Both copies in flight at once: the current token's x and the ring's x rows.
-    plgpu.copy_gmem_to_smem(x_ref.at[b, h, ps], x_smem, bars.at[0])
-    plgpu.copy_gmem_to_smem(rx_ref.at[slot, h, :, ps], rx_smem, bars.at[1])
     dt, a = dt_ref[b, h], a_ref[h]
-    plgpu.barrier_wait(bars.at[0])
-    plgpu.barrier_wait(bars.at[1])
+    # The token's x, B, C and the ring's x rows, all in flight at once.
+    load_all(bars, (x_ref.at[b, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
+             (b_ref.at[b, g], bv_smem), (c_ref.at[b, g], cv_smem))
     x = plgpu.load(x_smem, layout=ROW).astype(F32)
 
     def ring_row(j):
@@ -233,19 +239,18 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     decay = jnp.exp(a * total)
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
-    def readout(idx, s_smem, cv_smem, acc):
+    def readout(idx, s_smem, acc):
+        (n,) = idx
         s = s_smem[...].astype(F32)
-        cv = plgpu.load(cv_smem, layout=COL).astype(F32)
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
         plgpu.commit_smem()
-        return acc + jnp.sum(s * cols(cv, s.shape), axis=1)
+        return acc + jnp.sum(s * cols(chunk(cv_smem, n, block_n), s.shape), axis=1)
 
     s0c = plgpu.emit_pipeline(
-        readout, grid=(N // block_n,),
-        in_specs=chunk_specs(s_ref.dtype, "state", None, block=block_n),
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
-    )(tile, c_ref.at[b, g])
+    )(tile)
     write_out(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
@@ -253,12 +258,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
     @pl.when(live & fold)
     def _():
-        _fold(tile, rb_ref.at[slot, g], b_ref.at[b, g], x, dt, decay, walk, ring_row, out_smem,
-              live, block_n=block_n, num_stages=num_stages)
+        load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
+        _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live,
+              block_n=block_n, num_stages=num_stages)
 
-    # Otherwise append the current token at `c`. The fold's ring B tiles span all L rows, and
-    # rows < c are the only ones the other CTAs of the group read otherwise: no CTA writes a
-    # row another one reads.
+    # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
+    # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
+    # one reads.
     @pl.when(live & ~fold)
     def _append():
         store_async(x, xr_smem, rx_ref.at[slot, h, c, ps])
@@ -269,7 +275,6 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
             @pl.when(h % heads_per_group == 0)
             def _():
-                load_wait(b_ref.at[b, g], bv_smem, bars.at[2])
                 store_async(plgpu.load(bv_smem, layout=COL), br_smem, rb_ref.at[slot, g, c])
     plgpu.wait_smem_to_gmem(0)
 
@@ -299,11 +304,14 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
                      rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      bv_smem=plgpu.SMEM((N,), B.dtype),
+                     cv_smem=plgpu.SMEM((N,), C.dtype),
+                     rb_smem=plgpu.SMEM((L, N), ring_dtype),
+                     xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      br_smem=plgpu.SMEM((N,), ring_dtype),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=3)),
+                     bars=plgpu.Barrier(num_barriers=4),
+                     fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return y, type(buffers)(*new)
 
@@ -315,8 +323,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 # ring rows the window overwrites, in other CTAs of the same group.
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, y_smem,
-                   out_smem, bars, *, heads_per_group, block_n, num_stages):
+                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, c_smem,
+                   rb_smem, bv_smem, y_smem, out_smem, bars, fold_bars, *, heads_per_group,
+                   block_n, num_stages):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, ps = _position(heads_per_group)
@@ -324,12 +333,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    plgpu.copy_gmem_to_smem(x_ref.at[b, :, h, ps], x_smem, bars.at[0])          # [T, 64]
-    plgpu.copy_gmem_to_smem(rx_ref.at[slot, h, :, ps], rx_smem, bars.at[1])     # [L, 64]
     a = a_ref[h]
     dts = [dt_ref[b, t, h] for t in range(T)]
-    plgpu.barrier_wait(bars.at[0])
-    plgpu.barrier_wait(bars.at[1])
+    load_all(bars, (x_ref.at[b, :, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
+             (c_ref.at[b, :, g], c_smem))                # [T, 64], [L, 64], [T, N]
     xs = [plgpu.load(x_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_row(j):
@@ -346,18 +353,17 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     decay_hist = jnp.exp(a * hist_dt)
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
-    def readout(idx, s_smem, c_smem, acc):
+    def readout(idx, s_smem, acc):
+        (n,) = idx
         s = s_smem[...].astype(F32)
-        cvs = [plgpu.load(c_smem.at[t], layout=COL).astype(F32) for t in range(T)]
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(acc_t + jnp.sum(s * cols(cv, s.shape), axis=1)
-                     for acc_t, cv in zip(acc, cvs))
+        return tuple(acc_t + jnp.sum(s * cols(chunk(c_smem.at[t], n, block_n), s.shape), axis=1)
+                     for t, acc_t in enumerate(acc))
 
     s0c = plgpu.emit_pipeline(
-        readout, grid=(N // block_n,),
-        in_specs=chunk_specs(s_ref.dtype, "state", T, block=block_n),
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
-    )(tile, c_ref.at[b, :, g])
+    )(tile)
 
     # y_t = exp(A cum_t) (decay_hist S0 C_t + history_t) + sum_{r<=t} dt_r exp(A (cum_t - cum_r))
     #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r.
@@ -371,9 +377,9 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
     def _():
-        _fold(tile, rb_ref.at[slot, g], b_ref.at[b, 0, g], xs[0], dts[0],
-              jnp.exp(a * (hist_dt + dts[0])), walk, ring_row, out_smem, live,
-              block_n=block_n, num_stages=num_stages)
+        load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], bv_smem))
+        _fold(tile, rb_smem, bv_smem, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
+              ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -383,7 +389,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
-    G = B.shape[2]
+    G, N = B.shape[2:]
     hi = lax.Precision.HIGHEST
     C32 = C.astype(F32)
     bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(F32), C32,
@@ -402,8 +408,12 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         inplace=("s_ref",),
         scratch=dict(x_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
                      rx_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_x.dtype),
+                     c_smem=plgpu.SMEM((T, N), C.dtype),
+                     rb_smem=plgpu.SMEM((buffers.window, N), buffers.ring_b.dtype),
+                     bv_smem=plgpu.SMEM((N,), B.dtype),
                      y_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=2)),
+                     bars=plgpu.Barrier(num_barriers=3),
+                     fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
     return y, ck

@@ -82,6 +82,18 @@ def test_mosaic_shapes_and_tilings_are_named(K, V, tiling, match):
         gdn.replay_decode(**args, impl="pallas_mosaic_gpu", tiling=tiling)
 
 
+def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
+    """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
+    args = _valid_args(pb)
+    args["buffers"] = args["buffers"]._replace(
+        checkpoint=args["buffers"].checkpoint.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"state chunk rows of >= 32 bytes: block_k = 8 of a "
+                                         r"bfloat16 state is 16"):
+        gdn.replay_decode(**args, impl="pallas_mosaic_gpu",
+                          tiling=gdn.GDNMosaicTiling(block_k=8))
+
+
 def test_an_op_without_mosaic_kernel_is_named():
     pb = GDN(1, V=64)
     with pytest.raises(ValueError, match=r"gdn.standard_verify has no pallas_mosaic_gpu"):

@@ -59,6 +59,7 @@ def test_unknown_impl_is_named():
     (16, 16, None, r"pallas_mosaic_gpu needs head_dim P a multiple of 64, got P = 16"),
     (64, 16, mamba2.Mamba2MosaicTiling(block_n=48), r"block_n = 48 must be a power of two"),
     (64, 4, None, r"d_state N = 4 has no power-of-two tile >= 8"),
+    (64, 512, None, r"pallas_mosaic_gpu needs d_state N <= 256, got N = 512"),
     (64, 16, mamba2.STANDARD_TILING, r"tiling must be a Mamba2MosaicTiling, got Mamba2Tiling"),
 ])
 def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
@@ -67,6 +68,16 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
         mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
                                jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu",
                                tiling=tiling)
+
+
+def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
+    """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
+    pb = Mamba2(1, P=64, N=64)
+    with pytest.raises(ValueError, match=r"state chunk rows of >= 32 bytes: block_n = 8 of a "
+                                         r"bfloat16 state is 16"):
+        mamba2.standard_decode(pb.random_state(BF16), *pb.step_inputs(2), pb.A, pb.D,
+                               jnp.asarray([1, 2], jnp.int32), impl="pallas_mosaic_gpu",
+                               tiling=mamba2.Mamba2MosaicTiling(block_n=8))
 
 
 def test_an_op_without_mosaic_kernel_is_named():
