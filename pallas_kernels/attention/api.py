@@ -15,9 +15,10 @@ Returns [b, T, nh, hd] in q.dtype: token t of row i attends causally to position
 <= min(starts[i] + t, max_len - 1) of pool row slots[i], scale hd^-1/2, softmax in fp32.
 NULL_SLOT rows come out zero.
 
-impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (the dense
-`reference` over the gathered rows), "auto" (Pallas Triton on GPU, XLA elsewhere). tiling: an
-`AttentionTiling` for Pallas (None: `TILING`).
+impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere; needs max_len >= 16
+and head_dim a power of two >= 16), "xla" (the dense `reference` over the gathered rows), "auto"
+(Pallas Triton on GPU where it takes the pool, XLA elsewhere: tiny test models keep working).
+tiling: an `AttentionTiling` for Pallas (None: `TILING`).
 """
 
 from __future__ import annotations
@@ -66,5 +67,7 @@ def decode_attention(q, k_pool, v_pool, slots, starts, *, kv_head=None, impl="au
     """Causal GQA attention of T <= 8 new tokens per row over its slot's pool row (see the
     module docstring): [b, T, nh, hd] in q.dtype."""
     _check(q, k_pool, v_pool, slots, starts, kv_head)
+    if impl == "auto" and not pallas_triton.supports(k_pool):
+        impl = "xla"
     return _OPS["decode_attention"](q, k_pool, v_pool, slots, starts, kv_head, impl=impl,
                                     tiling=tiling, interpret=interpret)

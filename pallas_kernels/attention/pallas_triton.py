@@ -43,16 +43,22 @@ class AttentionTiling:
 TILING = AttentionTiling(block_k=64, num_warps=4, num_stages=2)
 
 
+def supports(k_pool) -> bool:
+    """Whether the kernel takes a pool [S, max_len, kv, hd]: Triton tiles are powers of two and
+    dots >= 16 wide, so max_len >= 16 and hd a power of two >= 16."""
+    max_len, hd = k_pool.shape[1], k_pool.shape[3]
+    return max_len >= MIN_BLOCK and is_pow2(hd) and hd >= MIN_BLOCK
+
+
 def decode_attention(q, k_pool, v_pool, slots, starts, kv_head, *, tiling, interpret):
     """`pallas_kernels.attention.decode_attention` on validated arguments."""
     t = resolve_tiling(tiling, TILING)
     max_len, hd = k_pool.shape[1], k_pool.shape[3]
     check(is_pow2(t.block_k) and t.block_k >= MIN_BLOCK,
           f"block_k = {t.block_k} must be a power of two >= {MIN_BLOCK}")
-    check(max_len >= MIN_BLOCK, f"the Pallas decode attention needs max_len >= {MIN_BLOCK}, "
-                                f"got {max_len}")
-    check(is_pow2(hd) and hd >= MIN_BLOCK,
-          f"the Pallas decode attention needs head_dim a power of two >= {MIN_BLOCK}, got {hd}")
+    check(supports(k_pool), f"the Pallas decode attention needs max_len >= {MIN_BLOCK} and "
+                            f"head_dim a power of two >= {MIN_BLOCK}, got max_len {max_len}, "
+                            f"head_dim {hd}")
     block_k = min(t.block_k, 1 << (max_len.bit_length() - 1))
     head0 = jnp.zeros((1,), jnp.int32) if kv_head is None else (
         jnp.asarray(kv_head, jnp.int32).reshape(1))
