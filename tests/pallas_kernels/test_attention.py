@@ -6,7 +6,8 @@ max_len - 1), a window running past max_len (its last tokens see all max_len pos
 random ones. For the Pallas kernel every pool position a row must not use (past its last
 visible one, the null slot, slots no row names) is NaN, so a read that reaches the output shows;
 its output starts NaN too (the interpreter fills outputs with NaN), so an unwritten element
-shows. max_len = 40 is no multiple of block_k (the last block is moved back, overlapping).
+shows. max_len = 40 is no multiple of block_k (the last block is moved back, overlapping); the
+few rows split their blocks over programs (flash decoding) unless the tiling says otherwise.
 
 Tolerances (relative Frobenius error over the live rows; padding rows must be exactly zero):
   float32 pools ... 1e-5 (HIGHEST dots in the interpreter; tf32x3 on the GPU)
@@ -31,21 +32,21 @@ S, MAX_LEN = 9, 40
 
 
 class Problem:
-    """b rows of T new tokens over a pool [S, MAX_LEN, kv, hd]."""
+    """b rows of T new tokens over a pool [S, max_len, kv, hd]."""
 
-    def __init__(self, seed, *, T, nh, kv, hd=16, b=6, dtype=F32, kv_head=None):
+    def __init__(self, seed, *, T, nh, kv, hd=16, b=6, dtype=F32, kv_head=None, max_len=MAX_LEN):
         rng = np.random.default_rng(seed)
-        self.T, self.kv_head, self.dtype = T, kv_head, dtype
+        self.T, self.kv_head, self.dtype, self.max_len = T, kv_head, dtype, max_len
         slots = rng.choice(np.arange(1, S - 1), b, replace=False)
         slots[0], slots[1] = S - 1, NULL_SLOT              # the pool's last slot; a padding row
-        starts = rng.integers(0, MAX_LEN - T + 1, b)
-        starts[0], starts[2], starts[3] = MAX_LEN - T, 0, MAX_LEN - 1   # full, length 1, past
+        starts = rng.integers(0, max_len - T + 1, b)
+        starts[0], starts[2], starts[3] = max_len - T, 0, max_len - 1   # full, length 1, past
         self.slots, self.starts = (jnp.asarray(a, jnp.int32) for a in (slots, starts))
         r = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
         self.q = r(b, T, nh, hd)
-        self.k_pool, self.v_pool = r(S, MAX_LEN, kv, hd), r(S, MAX_LEN, kv, hd)
+        self.k_pool, self.v_pool = r(S, max_len, kv, hd), r(S, max_len, kv, hd)
         self.live = slots != NULL_SLOT
-        self.last = np.minimum(starts + T - 1, MAX_LEN - 1)       # each row's last position
+        self.last = np.minimum(starts + T - 1, max_len - 1)       # each row's last position
 
     def poisoned(self, pool):
         """NaN at every pool position no live row may use."""
@@ -75,7 +76,7 @@ class Problem:
         for i in np.flatnonzero(self.live):
             s, start = int(self.slots[i]), int(self.starts[i])
             for t in range(T):
-                n = min(start + t, MAX_LEN - 1) + 1
+                n = min(start + t, self.max_len - 1) + 1
                 for h in range(nh):
                     g = self.kv_head if self.kv_head is not None else h // (nh // kv)
                     sc = kp[s, :n, g] @ q[i, t, h] * hd ** -0.5
@@ -110,12 +111,23 @@ def test_matches_oracle(impl, case, interpret):
     pb.check(pb.run(impl, interpret), TOL[pb.dtype])
 
 
-@pytest.mark.parametrize("block_k", [16, 64])
-def test_tilings(block_k, interpret):
+@pytest.mark.parametrize("block_k, min_programs, max_len", [
+    (16, 1, 40), (16, 256, 40), (64, 1, 40), (16, 256, 100)])
+def test_tilings(block_k, min_programs, max_len, interpret):
     """block_k 16: three blocks, the last moved back over the second (40 = 2 x 16 + 8); 64:
-    capped at 32, one block and one overlapping."""
-    pb = Problem(7, T=4, nh=8, kv=2)
-    pb.check(pb.run("pallas", interpret, attention.AttentionTiling(block_k, num_warps=4)), 1e-5)
+    capped at 32, one block and one overlapping. min_programs 1: one program per (row, KV head);
+    256: each row's blocks split over two programs (short rows leave the second one empty), at
+    max_len 100 over four (7 blocks: 2 per split, rows of 1..7 blocks)."""
+    pb = Problem(7, T=4, nh=8, kv=2, max_len=max_len)
+    tiling = attention.AttentionTiling(block_k, num_warps=4, min_programs=min_programs)
+    pb.check(pb.run("pallas", interpret, tiling), 1e-5)
+
+
+def test_num_splits():
+    assert attention.pallas_triton.num_splits(2048, 8192, 64, 256) == 1
+    assert attention.pallas_triton.num_splits(8, 8192, 64, 256) == 32
+    assert attention.pallas_triton.num_splits(8, 100, 64, 256) == 2       # at most the blocks
+    assert attention.pallas_triton.num_splits(8, 8192, 64, 1) == 1
 
 
 @pytest.mark.parametrize("T", [1, 4])
