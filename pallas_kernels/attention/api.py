@@ -54,7 +54,7 @@ def _check(q, k_pool, v_pool, slots, starts, kv_head) -> None:
     check(1 <= T <= MAX_VERIFY_TOKENS, f"decode attention takes T = 1..{MAX_VERIFY_TOKENS} new "
                                        f"tokens per row, got {T}")
     dims = check_fields(_FIELDS, dict(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots,
-                                      starts=starts), {"hd": q.shape[3]})
+                                      starts=starts))
     check_pool(dims["S"])
     if kv_head is None:
         check(nh % kv == 0, f"query heads ({nh}) must be a multiple of KV heads ({kv})")

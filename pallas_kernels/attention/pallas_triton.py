@@ -98,10 +98,10 @@ def _kernel(slots_ref, starts_ref, head0_ref, q_ref, k_ref, v_ref, o_ref, lse_re
     q = q_ref[i, h]                                                       # [M, hd]
     # query row r is token r // G (padding rows past T G: the last token's bound)
     r = lax.broadcasted_iota(jnp.int32, (M,), 0)
-    bound = jnp.minimum(start + jnp.minimum(r // group, tokens - 1), max_len - 1)     # [M]
+    bound = jnp.minimum(start + jnp.minimum(lax.div(r, group), tokens - 1), max_len - 1)  # [M]
     last = jnp.minimum(start + tokens - 1, max_len - 1)       # the row's last visible position
     live = slot != NULL_SLOT
-    n_blocks = jnp.where(live, last // block_k + 1, 0)
+    n_blocks = jnp.where(live, lax.div(last, block_k) + 1, 0)     # (lax.div: operands >= 0)
     per_split = pl.cdiv(n_blocks, pl.num_programs(2))
     lo = jnp.minimum(sp * per_split, n_blocks)
 

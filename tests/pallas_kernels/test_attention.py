@@ -171,3 +171,23 @@ def test_errors_are_one_line(change, match):
     with pytest.raises(ValueError, match=match) as e:
         attention.decode_attention(**kw)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("shape, T, b, dtype, kv_head", [
+    ((32, 8, 128), 1, 256, BF16, None),       # Nemotron-H-8B decode, one program per head
+    ((16, 4, 256), 4, 1, BF16, None),         # Qwen3.5-9B verify, blocks split over programs
+    ((32, 8, 128), 3, 2, F32, 1),             # fp32 pool (tf32x3 dots), TP's replicated head
+])
+def test_triton_lowering_at_model_shapes(shape, T, b, dtype, kv_head, monkeypatch):
+    """The kernel lowers to Triton for sm90 without a GPU (Pallas' lowering runs in Python; only
+    the PTX compile needs the GPU): every primitive in it has a Triton lowering."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
+                        lambda: type("Info", (), {"compute_capability": "9.0"}))
+    (nh, kv, hd), sds = shape, jax.ShapeDtypeStruct
+    pool = sds((b + 1, 4096, kv, hd), dtype)
+    fn = lambda q, k, v, s, st: attention.decode_attention(q, k, v, s, st, kv_head=kv_head,
+                                                           impl="pallas", interpret=False)
+    hlo = jax.jit(fn).trace(sds((b, T, nh, hd), dtype), pool, pool, sds((b,), jnp.int32),
+                            sds((b,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in hlo.lower()
