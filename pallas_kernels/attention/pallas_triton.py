@@ -106,7 +106,7 @@ def _kernel(slots_ref, starts_ref, head0_ref, q_ref, k_ref, v_ref, o_ref, lse_re
     lo = jnp.minimum(sp * per_split, n_blocks)
 
     def block(j, carry):
-        acc, m, l = carry
+        acc, m, denom = carry           # sum_j p_j v_j, running max, sum_j p_j
         first = jnp.minimum(j * block_k, max_len - block_k)   # the last block ends at max_len
         ks = pl.ds(first, block_k)
         k, v = k_ref[slot, ks, head, :], v_ref[slot, ks, head, :]            # [bk, hd]
@@ -123,17 +123,17 @@ def _kernel(slots_ref, starts_ref, head0_ref, q_ref, k_ref, v_ref, o_ref, lse_re
         v = jnp.where((pos <= last)[:, None], v, jnp.zeros_like(v))
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              precision=precision, preferred_element_type=F32)
-        return corr[:, None] * acc + pv, m_new, corr * l + jnp.sum(p, axis=1)
+        return corr[:, None] * acc + pv, m_new, corr * denom + jnp.sum(p, axis=1)
 
     init = (jnp.zeros((M, hd), F32), jnp.full((M,), jnp.finfo(F32).min, F32),
             jnp.zeros((M,), F32))
-    acc, m, l = lax.fori_loop(lo, jnp.minimum(lo + per_split, n_blocks), block, init)
+    acc, m, denom = lax.fori_loop(lo, jnp.minimum(lo + per_split, n_blocks), block, init)
     # a split that saw nothing (past the row's blocks, or a padding row) weighs 0 (lse -inf)
     # and writes zeros
-    some = l > 0
-    o_ref[i, h, sp] = jnp.where(some[:, None], acc / jnp.where(some, l, 1.0)[:, None],
-                                0.0).astype(o_ref.dtype)
-    lse_ref[i, h, sp] = jnp.where(some, m + jnp.log(jnp.where(some, l, 1.0)), -jnp.inf)
+    some = denom > 0
+    denom = jnp.where(some, denom, 1.0)
+    o_ref[i, h, sp] = jnp.where(some[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+    lse_ref[i, h, sp] = jnp.where(some, m + jnp.log(denom), -jnp.inf)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_k", "splits", "num_warps",
