@@ -12,7 +12,8 @@ from flax import nnx, struct
 from jax import lax
 
 from models.parallel import tp_index
-from pallas_kernels.ring import NULL_SLOT, row_index
+from pallas_kernels import attention
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, row_index
 
 _HI = lax.Precision.HIGHEST
 
@@ -82,31 +83,27 @@ class KVCache:
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None):
+def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None, impl="auto"):
     """Causal GQA attention for T new tokens per row against the slot's cached prefix.
 
     q [b, T, nh, hd]; k, v [b, T, kv, hd]; slots [b]; starts [b] = cached tokens before the new
     ones. The new k, v are written at positions starts..starts+T-1 (positions past max_len are
     dropped); token t attends to positions <= starts + t. Scale hd^-1/2, softmax in fp32.
     kv_head (int32 scalar, tensor parallel with replicated KV heads): every query head attends
-    with that one cached KV head. Returns out [b, T, nh, hd] and the updated cache.
+    with that one cached KV head. Windows of T <= MAX_VERIFY_TOKENS (decode, verify) run
+    `pallas_kernels.attention.decode_attention` with `impl` (its Pallas kernel reads each row's
+    valid K/V straight from the pool); longer ones (prefill) the dense XLA path over the gathered
+    rows. Returns out [b, T, nh, hd] and the updated cache.
     """
-    b, T, nh, hd = q.shape
-    kv = k.shape[2] if kv_head is None else 1
-    max_len = cache.k.shape[1]
+    T = q.shape[1]
     pos = starts[:, None] + jnp.arange(T)[None, :]                       # [b, T]
     live = slots != NULL_SLOT                                   # padding rows write nothing
     rows = jnp.broadcast_to(row_index(slots, live, cache.k.shape[0])[:, None], pos.shape)
     # (row, position) pairs are unique (see `set_rows`): plain stores, no atomics
     ck = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop", unique_indices=True)
     cv = cache.v.at[rows, pos].set(v.astype(cache.v.dtype), mode="drop", unique_indices=True)
-    keys, vals = ck[slots], cv[slots]                                    # [b, max_len, kv, hd]
-    if kv_head is not None:
-        keys, vals = (lax.dynamic_slice_in_dim(a, kv_head, 1, axis=2) for a in (keys, vals))
-    qg = q.reshape(b, T, kv, nh // kv, hd).astype(jnp.float32)
-    s = jnp.einsum("btgqd,bsgd->bgqts", qg, keys.astype(jnp.float32), precision=_HI) * hd ** -0.5
-    visible = jnp.arange(max_len)[None, None, :] <= pos[:, :, None]       # [b, T, max_len]
-    s = jnp.where(visible[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
-    out = jnp.einsum("bgqts,bsgd->btgqd", p, vals.astype(jnp.float32), precision=_HI)
-    return out.reshape(b, T, nh, hd).astype(q.dtype), KVCache(ck, cv)
+    if T <= MAX_VERIFY_TOKENS:
+        out = attention.decode_attention(q, ck, cv, slots, starts, kv_head=kv_head, impl=impl)
+    else:
+        out = attention.reference.attention(q, ck, cv, slots, starts, kv_head)
+    return out, KVCache(ck, cv)

@@ -8,7 +8,9 @@ vocab-parallel head, see `models.sharding`; `_logits` gathers the whole vocabula
 an MTP head `draft_hidden` (`draft` adds the logits). SSM mixers (kinds "mamba", "gdn")
 implement `prefill(h, lengths, cache, slots, starts, block, ring)`,
 `decode(h, cache, counts, slots, mode, impl)` and `verify(h, cache, counts, slots, mode, impl)`;
-attention mixers are called as `mixer(h, kv_cache, slots, starts)`. `HybridLM` turns those into:
+attention mixers are called as `mixer(h, kv_cache, slots, starts, impl)` (impl of decode
+attention, `pallas_kernels.attention`; prefill and MTP heads leave it "auto"). `HybridLM` turns
+those into:
 
     logits, cache         = model.prefill(cache, tokens, lengths, slots)   # new requests
     logits, hidden, cache = model.prefill_hidden(...)                      # + hidden, for MTP
@@ -320,7 +322,7 @@ class HybridLM(nnx.Module):
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
-            lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl))
+            lambda m, x, lc: m.decode(x, lc, cache.counts, slots, rows, mode, impl), impl)
         i = row_index(slots, slots != NULL_SLOT, cache.num_slots)
         counts = (advance_counts(cache.counts, slots, self._window(cache)) if mode == "replay"
                   else cache.counts)
@@ -344,18 +346,18 @@ class HybridLM(nnx.Module):
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
-            lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl))
+            lambda m, x, lc: m.verify(x, lc, cache.counts, slots, rows, mode, impl), impl)
         return hidden, cache.replace(layers=layers)
 
-    def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn):
+    def _window_pass(self, cache: ModelCache, tokens, slots, ssm_fn, impl):
         """tokens [b, T] at positions lengths[slot]..: SSM mixers through ssm_fn(mixer, x, lc),
-        attention at those positions. Returns (final-normed hidden, layer caches)."""
+        attention at those positions with `impl`. Returns (final-normed hidden, layer caches)."""
         starts = cache.lengths[slots]
 
         def mixer(layer, x, lc):
             if layer.kind in SSM_KINDS:
                 return ssm_fn(layer.mixer, x, lc)
-            return layer.mixer(x, lc, slots, starts)
+            return layer.mixer(x, lc, slots, starts, impl)
 
         return self._run(tokens, cache, mixer, token_validity(slots, tokens.shape[1]))
 

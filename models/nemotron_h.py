@@ -175,12 +175,13 @@ class Attention(nnx.Module):
         self.v_proj = Linear(D, kv * hd, bias=bias, dtype=dtype)
         self.o_proj = RowParallelLinear(nh * hd, D, bias=bias, dtype=dtype)
 
-    def __call__(self, h, cache: KVCache, slots, starts):
+    def __call__(self, h, cache: KVCache, slots, starts, impl="auto"):
         b, T, _ = h.shape
         q = self.q_proj(h).reshape(b, T, -1, self.hd)           # this device's heads
         k = self.k_proj(h).reshape(b, T, -1, self.hd)
         v = self.v_proj(h).reshape(b, T, -1, self.hd)
-        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv))
+        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv),
+                                    impl)
         return tp_sum(self.o_proj(o.reshape(b, T, -1))), cache
 
 

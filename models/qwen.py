@@ -195,7 +195,7 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered=True)
 
-    def __call__(self, h, cache: KVCache, slots, starts):
+    def __call__(self, h, cache: KVCache, slots, starts, impl="auto"):
         """h [b, T, D]; token t of row i sits at position starts[i] + t. Returns [b, T, D]."""
         b, T, _ = h.shape
         qg = self.q_proj(h).reshape(b, T, -1, self.hd * (2 if self.gated else 1))  # its heads
@@ -205,7 +205,8 @@ class Attention(nnx.Module):
         k = rope(self.k_norm(self.k_proj(h).reshape(b, T, -1, self.hd)), pos,
                  self.rotary_dim, self.theta)
         v = self.v_proj(h).reshape(b, T, -1, self.hd)
-        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv))
+        o, cache = cached_attention(q, k, v, cache, slots, starts, kv_head(self.nh, self.kv),
+                                    impl)
         if self.gated:
             o = o * jax.nn.sigmoid(qg[..., self.hd:])
         return tp_sum(self.o_proj(o.reshape(b, T, -1))), cache

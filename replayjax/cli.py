@@ -17,6 +17,8 @@ COMMANDS = {
     "bench serve": ("replayjax.bench.serve", "load generator over HTTP against OpenAI-compatible "
                                              "servers (latency vs throughput)"),
     "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
+    "bench attention": ("replayjax.bench.attention", "decode attention over the KV pool: "
+                                                     "Pallas kernel vs XLA (GPU)"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),
     "launch": ("replayjax.launch", "a command as one process per GPU (jax.distributed)"),
 }
@@ -25,9 +27,9 @@ GROUPS = {name.split()[0] for name in COMMANDS if " " in name}   # "bench": benc
 
 USAGE = "usage: replayjax COMMAND [options]   (replayjax COMMAND --help for each)\n\n" + \
     "Decode hybrid SSM/attention models (Nemotron-H, Qwen3-Next, Qwen3.5) in JAX with " \
-    "ReplaySSM.\n\ncommands:\n" + "".join(f"  {name:<15} {text}\n"
+    "ReplaySSM.\n\ncommands:\n" + "".join(f"  {name:<16} {text}\n"
                                             for name, (_, text) in COMMANDS.items()) + \
-    "\noptions:\n  -h, --help      this list\n  --version       print the version and exit\n" \
+    "\noptions:\n  -h, --help       this list\n  --version        print the version and exit\n" \
     "\nexamples:\n  replayjax generate --prompt \"This program is free software; \"\n" \
     "  replayjax generate --help\n"
 

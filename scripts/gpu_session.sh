@@ -31,6 +31,8 @@
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
+#   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
+#              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
 #   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path vs the pair path (and its
 #              tilings), with the per-kernel breakdown (sets PAIR_PATH_MAX_PAIRS, issue 14);
 #              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
@@ -130,6 +132,10 @@ case $stage in
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
     timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  attention)
+    limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
+      --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_warps": 8}, {"min_programs": 1}]' \
+      --json "$out/attention.json" 2>>"$out/attention.log" | grep "^|" ;;
   moe-small)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-small \
       --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},

@@ -193,6 +193,11 @@ PARSE_CASES = [
     (["bench", "moe", "--models", "gpt-4"], "--models"),
     (["bench", "moe", "--variants", "cutlass"], "--variants"),
     (["bench", "moe", "--small-tilings", "{}"], "--small-tilings"),
+    # bench attention
+    (["bench", "attention", "--tokens", "9"], "--tokens"),
+    (["bench", "attention", "--max-len", "8"], "--max-len"),
+    (["bench", "attention", "--shapes", "gpt-4"], "--shapes"),
+    (["bench", "attention", "--tune", "{}"], "--tune"),
     # profile
     (["profile", "--model", NEMOTRON, "--steps", "0"], "--steps"),
     (["profile", "--model", NEMOTRON, "--batch", "0"], "--batch"),

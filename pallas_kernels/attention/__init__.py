@@ -1,0 +1,13 @@
+"""Decode attention over the attention KV slot pool (decode and speculative verify windows):
+a Pallas Triton kernel that reads each row's K/V straight from its pool slot, and the dense XLA
+path.
+
+Modules: `api` (the public op: validate, dispatch), `reference` (the dense math over gathered
+rows, any T), `xla` and `pallas_triton` (implementations).
+"""
+
+from pallas_kernels.attention import reference
+from pallas_kernels.attention.api import decode_attention
+from pallas_kernels.attention.pallas_triton import TILING, AttentionTiling
+
+__all__ = ["decode_attention", "reference", "AttentionTiling", "TILING"]

@@ -1,0 +1,77 @@
+"""Public decode attention over the slot pool: validate, pick an implementation, run.
+
+    out = decode_attention(q, k_pool, v_pool, slots, starts, kv_head=None)
+
+Shapes: b rows of T new tokens (1 <= T <= `pallas_kernels.ring.MAX_VERIFY_TOKENS`: decode and
+speculative verify), nh query heads, kv KV heads, head dim hd, a pool of S slots of max_len
+positions.
+    q [b, T, nh, hd] float; k_pool, v_pool [S, max_len, kv, hd] float32 or bfloat16 (one dtype);
+    slots [b] int32 (NULL_SLOT = padding rows); starts [b] int32 (cached tokens before the new
+    ones, whose K and V are already in the pool at starts..starts + T - 1);
+    kv_head: None (nh a multiple of kv: query head n uses KV head n // (nh / kv)), or an int32
+    scalar, maybe traced (tensor parallel with replicated KV heads: every query head uses that
+    one KV head of the pool).
+Returns [b, T, nh, hd] in q.dtype: token t of row i attends causally to positions
+<= min(starts[i] + t, max_len - 1) of pool row slots[i], scale hd^-1/2, softmax in fp32.
+NULL_SLOT rows come out zero.
+
+impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere; needs max_len >= 16
+and head_dim a power of two >= 16), "xla" (the dense `reference` over the gathered rows), "auto"
+(Pallas Triton on GPU where it takes the pool once `AUTO_PALLAS` is set, XLA elsewhere: tiny test
+models keep working).
+tiling: an `AttentionTiling` for Pallas (None: `TILING`).
+"""
+
+from __future__ import annotations
+
+from pallas_kernels.attention import pallas_triton, xla
+from pallas_kernels.dispatch import family_ops
+from pallas_kernels.ring import MAX_VERIFY_TOKENS
+from pallas_kernels.validation import (
+    FLOAT_DTYPES,
+    INT32_ONLY,
+    STATE_DTYPES,
+    Field,
+    check,
+    check_fields,
+    check_pool,
+)
+
+_FIELDS = (
+    Field("q", ("b", "T", "nh", "hd"), FLOAT_DTYPES),
+    Field("k_pool", ("S", "max_len", "kv", "hd"), STATE_DTYPES),
+    Field("v_pool", ("S", "max_len", "kv", "hd"), "k_pool"),
+    Field("slots", ("b",), INT32_ONLY),
+    Field("starts", ("b",), INT32_ONLY),
+)
+# The kernel has not run compiled on a GPU yet (interpret mode and the sm90 lowering are tested):
+# "auto" keeps the XLA path until `replayjax bench attention` has measured it there.
+AUTO_PALLAS = False
+_OPS = family_ops("attention", ("decode_attention",), xla=xla, pallas_triton=pallas_triton)
+
+
+def _check(q, k_pool, v_pool, slots, starts, kv_head) -> None:
+    check(q.ndim == 4, f"q must be [batch, T, heads, head_dim], got shape {tuple(q.shape)}")
+    check(k_pool.ndim == 4, f"k_pool must be [slots, max_len, kv_heads, head_dim], got shape "
+                            f"{tuple(k_pool.shape)}")
+    T, nh, kv = q.shape[1], q.shape[2], k_pool.shape[2]
+    check(1 <= T <= MAX_VERIFY_TOKENS, f"decode attention takes T = 1..{MAX_VERIFY_TOKENS} new "
+                                       f"tokens per row, got {T}")
+    dims = check_fields(_FIELDS, dict(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots,
+                                      starts=starts))
+    check_pool(dims["S"])
+    if kv_head is None:
+        check(nh % kv == 0, f"query heads ({nh}) must be a multiple of KV heads ({kv})")
+    elif isinstance(kv_head, int):
+        check(0 <= kv_head < kv, f"kv_head = {kv_head} must be in [0, kv_heads = {kv})")
+
+
+def decode_attention(q, k_pool, v_pool, slots, starts, *, kv_head=None, impl="auto",
+                     tiling=None, interpret=None):
+    """Causal GQA attention of T <= 8 new tokens per row over its slot's pool row (see the
+    module docstring): [b, T, nh, hd] in q.dtype."""
+    _check(q, k_pool, v_pool, slots, starts, kv_head)
+    if impl == "auto" and not (AUTO_PALLAS and pallas_triton.supports(k_pool)):
+        impl = "xla"
+    return _OPS["decode_attention"](q, k_pool, v_pool, slots, starts, kv_head, impl=impl,
+                                    tiling=tiling, interpret=interpret)
