@@ -71,6 +71,8 @@ def decode_attention(q, k_pool, v_pool, slots, starts, *, kv_head=None, impl="au
     """Causal GQA attention of T <= 8 new tokens per row over its slot's pool row (see the
     module docstring): [b, T, nh, hd] in q.dtype."""
     _check(q, k_pool, v_pool, slots, starts, kv_head)
+    if impl == "pallas_mosaic_gpu":     # no Mosaic GPU attention: Hopper's is the Triton kernel
+        impl = "pallas_triton"
     if impl == "auto" and not (AUTO_PALLAS and pallas_triton.supports(k_pool)):
         impl = "xla"
     return _OPS["decode_attention"](q, k_pool, v_pool, slots, starts, kv_head, impl=impl,

@@ -67,6 +67,8 @@ from replayjax.bench.workload import (
 PROG = "replayjax bench"
 MODES = ("standard", "replay")
 DRAFTERS = ("ngram", "mtp")
+# pallas_kernels.dispatch.IMPLS, spelled out: importing it would import jax before any parsing
+KERNEL_IMPLS = ("auto", "pallas", "pallas_triton", "pallas_mosaic_gpu", "xla")
 MAX_LEN_SLACK = 16      # cache room past prompt + max_new_tokens: drafts (K <= 7) and MTP chains
 
 
@@ -210,7 +212,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
                             prefix_block=args.prefix_block,
                             prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0,
-                            batch_invariant=not args.dynamic_batch)
+                            batch_invariant=not args.dynamic_batch, impl=args.impl)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
@@ -450,6 +452,10 @@ def build_parser():
                     help="SSM state (checkpoint) dtype")
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=16, metavar="N",
                     help="decode steps per host visit (non-speculative variants)")
+    ap.add_argument("--impl", choices=KERNEL_IMPLS, default="auto",
+                    help="the kernels the model steps run (pallas_kernels.dispatch): auto = Pallas "
+                    "Triton SSM kernels and XLA attention on a GPU, XLA elsewhere; pallas also "
+                    "the decode attention kernel; pallas_mosaic_gpu the Mosaic GPU SSM kernels")
     cli.add_prefix_arguments(ap)
     cli.add_batching_argument(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",

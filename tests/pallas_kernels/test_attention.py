@@ -151,6 +151,19 @@ def test_auto_falls_back_to_xla_on_a_pool_the_kernel_does_not_take():
     pb.check(attention.decode_attention(pb.q, pb.k_pool, pb.v_pool, pb.slots, pb.starts), 1e-5)
 
 
+def test_mosaic_impl_runs_the_triton_kernel(monkeypatch):
+    """A model run with impl="pallas_mosaic_gpu" (its SSM kernels) gets the Triton attention
+    kernel (there is no Mosaic GPU one), not an error."""
+    seen = []
+    kernel = attention.api._OPS["decode_attention"].impls["pallas_triton"]
+    monkeypatch.setitem(attention.api._OPS["decode_attention"].impls, "pallas_triton",
+                        lambda *a, **kw: seen.append(1) or kernel(*a, **kw))
+    pb = Problem(9, T=2, nh=4, kv=2)
+    pb.check(attention.decode_attention(pb.q, pb.k_pool, pb.v_pool, pb.slots, pb.starts,
+                                        impl="pallas_mosaic_gpu", interpret=True), 1e-5)
+    assert seen
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(q=jnp.zeros((6, 9, 8, 16))), "T = 1..8"),
     (dict(q=jnp.zeros((6, 16))), "q must be"),

@@ -377,3 +377,8 @@ def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
     assert all(r["failures"] == 0 and r["ttft_p50_s"] > 0 for r in rows)
     assert rows[1]["prefix_hit_rate"] > 0.3 and rows[1]["greedy_match_vs_standard"] == 1.0
     assert 0 < rows[1]["prefix_used_gb"] <= rows[1]["prefix_pool_gb"] <= 0.001
+
+
+def test_kernel_impls_are_the_registrys():
+    from pallas_kernels.dispatch import IMPLS
+    assert set(e2e.KERNEL_IMPLS) == set(IMPLS)
