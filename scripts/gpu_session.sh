@@ -6,7 +6,8 @@
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
-#              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200
+#              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200;  e2e-attn -
+#              e2e with --impl pallas (the decode attention kernel; e2e's rows are --impl auto)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
 #              (256 slots), ReplaySSM then standard, each loaded by `replayjax bench serve` at
@@ -102,6 +103,9 @@ case $stage in
     # 2%); prompts log-uniform around 128 tokens
     e2e 330 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants standard replay
     e2e 200 --synthetic nemotron-h-8b --batch 1 --prompt-len 128 --variants standard replay ;;
+  e2e-attn)
+    e2e 330 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants standard replay \
+      --impl pallas ;;
   e2e-spec)
     # MTP K = 3, ReplaySSM vs state-per-draft (batch 64: the baseline's T + 1 states per sequence
     # did not fit next to the model at 128)
