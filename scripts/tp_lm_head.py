@@ -20,7 +20,10 @@ replicated at large batch x vocab, worse for the 80B's).
 Each variant runs `--steps` heads in one jitted loop under `shard_map` (bf16 head, fp32 logits,
 random h and head); the table gives us per step, the minimum bytes of the head one device reads
 and its copy-bandwidth time (the roofline of the GEMM; the collectives' bytes are not in it).
-Greedy tokens of the three variants are checked equal.
+A fourth variant, the replicated head with its argmax as two plain reductions (max, then the
+first index holding it), asks whether XLA's (value, index) reduction is the slow part of greedy
+sampling (an old decode profile had a 231 us reduction per step at batch 256 x 131072). Greedy
+tokens of all variants are checked equal.
 """
 
 from __future__ import annotations
@@ -61,8 +64,18 @@ def variants(tp: int):
         idxs = lax.all_gather(idx, "tp", axis=1, tiled=False)
         return jnp.take_along_axis(idxs, jnp.argmax(bests, axis=-1)[:, None], axis=1)[:, 0]
 
+    def replicated_two_pass(h, w):
+        # argmax as two plain reductions (max, then the first index holding it; NaN as argmax
+        # takes it): XLA's variadic (value, index) reduction may not run at copy bandwidth
+        logits = (h @ w).astype(f32)
+        best = jnp.max(logits, axis=-1, keepdims=True)
+        hit = (logits == best) | jnp.isnan(logits)
+        iota = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+        return jnp.min(jnp.where(hit, iota, logits.shape[1]), axis=-1)
+
     return {"replicated": (replicated, P()), "vocab, gather logits": (gather_logits, P(None, "tp")),
-            "vocab, gather argmax": (gather_argmax, P(None, "tp"))}
+            "vocab, gather argmax": (gather_argmax, P(None, "tp")),
+            "replicated, two-pass argmax": (replicated_two_pass, P())}
 
 
 def time_variant(fn, spec, mesh, h, w, steps: int, repeats: int = 3) -> tuple[float, np.ndarray]:
@@ -126,7 +139,7 @@ def main(argv=None) -> int:
             ids = {}
             for label, (fn, spec) in variants(args.tp).items():
                 us, ids[label] = time_variant(fn, spec, mesh, h, w, args.steps)
-                head = D * V * 2 / (1 if label == "replicated" else args.tp)
+                head = D * V * 2 / (1 if label.startswith("replicated") else args.tp)
                 rows.append(dict(shape=name, batch=b, tp=args.tp, variant=label, us=us,
                                  head_mb=head / 1e6, ideal_us=head / bw * 1e6))
             same = all(np.array_equal(v, ids["replicated"]) for v in ids.values())
