@@ -41,7 +41,8 @@
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
 #   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
 #              every fixture with speculation; the two-process run (`replayjax launch`) = one
-#   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x)
+#   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x);
+#              tp-8b-oneshot - its TP = 2 row with XLA's one-shot all-reduce kernel
 #   tp-profile - `profile` at TP = 2: where the step's time goes, collectives (NCCL) included
 #   tp-lm-head - the LM head replicated vs vocab-parallel (scripts/tp_lm_head.py), three shapes
 #   tp-allreduce - one block's all-reduce [b, 4096] bf16: NCCL (default, LL, LL128) vs XLA's
@@ -175,6 +176,9 @@ case $stage in
     # the TP = 1 row first, then TP = 2 (each variant in its own process)
     e2e 280 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants replay --tp 1
     e2e 280 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants replay --tp 2 ;;
+  tp-8b-oneshot)
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true" \
+      e2e 280 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants replay --tp 2 ;;
   tp-80b)
     e2e 560 --synthetic qwen3-next-80b-a3b --batch 64 --prompt-len 128 --tp 2 \
       --variants replay standard ;;
