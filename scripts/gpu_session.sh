@@ -3,6 +3,7 @@
 # machine whose python3 has jax 0.11.2 + CUDA plugin:  scripts/gpu_session.sh STAGE [OUT_DIR]
 #   tests    - the Pallas verify kernels and the tiny models of both families, compiled on the GPU
 #   kernels  - decode kernels, standard vs ReplaySSM (staggered headline), both families
+#   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
@@ -87,6 +88,15 @@ case $stage in
       python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
         --json "$out/kernels_$fam.json" 2>>"$out/kernels.log"
     done ;;
+  kernels-bf16)
+    for fam in mamba2 gdn; do
+      limit 150 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
+        --state-dtype bfloat16 --impls pallas pallas_mosaic_gpu \
+        --json "$out/kernels_bf16_$fam.json" 2>>"$out/kernels.log" | grep "^|"
+    done
+    limit 100 python3 -m replayjax.bench.kernels --family gdn --batches 1 32 256 \
+      --ring-dtype bfloat16 --impls pallas pallas_mosaic_gpu \
+      --json "$out/kernels_bf16ring_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
   verify)
     # tilings first (batch 256, T = 4), then the table with the default tiling
     python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b --tokens 4 \

@@ -114,7 +114,8 @@ HEADER = ("| impl | shape | batch | standard us | replay us (staggered) | speedu
 
 
 def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_kw=None,
-          seed=0, iterations=3, cycling=True, min_pool_bytes=MIN_POOL_BYTES, impl="pallas"):
+          seed=0, iterations=3, cycling=True, min_pool_bytes=MIN_POOL_BYTES, impl="pallas",
+          state="float32"):
     """Times both kernels of a family's Pallas `impl` at one shape and batch (tiling overrides
     in std_kw / rep_kw): standard, replay staggered and (with `cycling`) replay amortised over
     whole fold cycles. Returns the Row fields other than impl, shape, batch and copy_bw (us,
@@ -125,10 +126,11 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     from pallas_kernels.ring import advance_counts
 
     dims = fam.shapes[shape]
-    n_sets, S, ids = pool_sets(fam, dims, batch, 1, min_pool_bytes, seed)
+    state_dtype = jnp.dtype(state)
+    n_sets, S, ids = pool_sets(fam, dims, batch, 1, min_pool_bytes, seed, state_dtype.itemsize)
     sets = jnp.asarray(ids[..., 0], jnp.int32)
     ring_dtype = jnp.dtype(ring)
-    inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed))
+    inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed), state_dtype)
     std_base, rep_base = base_tilings(fam.ops(), impl)   # overrides replace their fields
     std_kw = dict(impl=impl, tiling=dataclasses.replace(std_base, **(std_kw or {})))
     rep_kw = dict(impl=impl, tiling=dataclasses.replace(rep_base, **(rep_kw or {})))
@@ -165,11 +167,12 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
         nonfold, fold = split_cycle(np.median(np.stack(cyc), axis=0), n_sets, L)
         out.update(amortised_us=float(np.median([t.mean() for t in cyc])), nonfold_us=nonfold,
                    fold_us=fold)
-    out["std_bytes"], out["rep_bytes"] = fam.min_bytes(dims, L, ring_dtype.itemsize)
+    out["std_bytes"], out["rep_bytes"] = fam.min_bytes(dims, L, ring_dtype.itemsize,
+                                                        state_dtype.itemsize)
     return out
 
 
-def tune(fam, shapes, batch, L, ring, configs, progress, impls=IMPLS[:1]):
+def tune(fam, shapes, batch, L, ring, configs, progress, impls=IMPLS[:1], state="float32"):
     """Times a list of tilings (staggered replay, the headline) of each of `impls`; prints a
     table, returns the results. A tiling the compiler rejects is reported and skipped."""
     results = []
@@ -182,7 +185,7 @@ def tune(fam, shapes, batch, L, ring, configs, progress, impls=IMPLS[:1]):
         with progress.stage(f"{impl} {shape} batch {batch} {json.dumps(cfg)}"):
             try:
                 r = bench(fam, shape, batch, L=L, ring=ring, std_kw=std_cfg, rep_kw=cfg,
-                          iterations=1, cycling=False, impl=impl)
+                          iterations=1, cycling=False, impl=impl, state=state)
             except Exception as e:   # noqa: BLE001 -- a rejected tiling is a result
                 print(f"{head} failed: {cli.one_line(e)[:100]} | |", flush=True)
                 continue
@@ -211,6 +214,8 @@ def build_parser():
                     help="ring window L")
     ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"], default=None,
                     help="ring dtype (default: bfloat16 for mamba2, float32 for gdn)")
+    ap.add_argument("--state-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="SSM state (checkpoint) dtype")
     ap.add_argument("--std-config", type=cli.json_of(dict, "a JSON object"), default={},
                     metavar="JSON",
                     help='standard kernel tiling, e.g. \'{"block_p": 32, "num_warps": 8}\'')
@@ -275,10 +280,11 @@ def _run(args):
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth()
     print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-          f"{fam.name}; L = {args.window}; fp32 state, bf16 activations, {ring} ring", flush=True)
+          f"{fam.name}; L = {args.window}; {args.state_dtype} state, bf16 activations, {ring} "
+          "ring", flush=True)
     if args.tune is not None:
         rows = tune(fam, shapes, args.batches[0], args.window, ring, args.tune, progress,
-                    args.impls)
+                    args.impls, args.state_dtype)
     else:
         print(HEADER, flush=True)
         rows = []
@@ -288,11 +294,11 @@ def _run(args):
                 with progress.stage(f"{impl} {shape} batch {batch}"):
                     r = Row(impl=impl, shape=shape, batch=batch, copy_bw=bw, **bench(
                         fam, shape, batch, L=args.window, ring=ring, std_kw=args.std_config,
-                        rep_kw=args.replay_config, impl=impl))
+                        rep_kw=args.replay_config, impl=impl, state=args.state_dtype))
                 print(r.line() + f"  <!-- {time.time() - t0:.0f}s -->", flush=True)
                 rows.append(dataclasses.asdict(r) | dict(
                     speedup=r.speedup, amortised_speedup=r.amortised_speedup, family=fam.name,
-                    ring=ring))
+                    ring=ring, state=args.state_dtype))
     progress.close()
     if args.json:
         cli.write_json(args.json, rows)

@@ -95,6 +95,30 @@ def test_bench_amortises_whole_fold_cycles(monkeypatch, family, dims):
     assert (r["std_bytes"], r["rep_bytes"]) == fam.min_bytes(dims, L, 4)
 
 
+@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
+                                         ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
+def test_bench_times_a_bf16_state(monkeypatch, family, dims):
+    """--state-dtype bfloat16: the kernels get a bf16 checkpoint (standard state and replay
+    buffers) and the byte model counts 2-byte state."""
+    fam = FAMILIES[family]()
+    fam.shapes["tiny"] = dims
+    dtypes = []
+
+    def fake_kernel_times(fn, *args, iterations):
+        state = args[0] if not hasattr(args[0], "checkpoint") else args[0].checkpoint
+        dtypes.append(state.dtype)
+        jax.block_until_ready(fn(*args))
+        name = "replay" if hasattr(args[0], "checkpoint") else "standard"
+        return [[(name, 1.0)] * 8] * iterations
+
+    monkeypatch.setattr(kernels, "kernel_times", fake_kernel_times)
+    r = kernels.bench(fam, "tiny", 2, L=4, ring="float32", iterations=1, min_pool_bytes=1,
+                      state="bfloat16")
+    assert dtypes and all(d == jnp.bfloat16 for d in dtypes)
+    assert (r["std_bytes"], r["rep_bytes"]) == fam.min_bytes(dims, 4, 4, 2)
+    assert r["std_bytes"] < fam.min_bytes(dims, 4, 4)[0]
+
+
 def test_bench_refuses_a_wrong_launch_count(monkeypatch):
     fam = FAMILIES["mamba2"]()
     fam.shapes["tiny"] = dict(H=2, P=16, N=16, G=1)
