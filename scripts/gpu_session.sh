@@ -7,7 +7,8 @@
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
-#              and Qwen3.5-9B dims;  e2e-moe - the MoE hybrids that fit one H200;  e2e-attn -
+#              and Qwen3.5-9B dims;  e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200
+#              (Nemotron-3-Nano, Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
 #              e2e with --impl pallas (the decode attention kernel; e2e's rows are --impl auto)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
@@ -126,11 +127,14 @@ case $stage in
   e2e-more)
     e2e 250 --synthetic nemotron-h-8b --batch 32 --prompt-len 128 --variants standard replay
     e2e 330 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
-  e2e-moe)
-    e2e 280 --synthetic nemotron-3-nano-30b-a3b --batch 64 --prompt-len 128 \
-      --variants standard replay
-    e2e 280 --synthetic qwen3.5-35b-a3b --batch 64 --prompt-len 128 \
-      --variants standard replay ;;
+  e2e-moe|e2e-moe-qwen)
+    # issue 14's rows: standard vs replay decode steps at batch 256, 32, 1 (equal 128-token
+    # prompts: one prefill program per process, the compilation these MoE models pay per process)
+    m=$([ $stage = e2e-moe ] && echo nemotron-3-nano-30b-a3b || echo qwen3.5-35b-a3b)
+    for b in 256 32 1; do
+      e2e 200 --synthetic $m --batch $b --prompt-len 128 --workload sync \
+        --variants standard replay
+    done ;;
   check)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
     REPLAYJAX_TEST_BACKEND=gpu timeout 270 python3 -m pytest -q -p no:cacheprovider -W ignore \
