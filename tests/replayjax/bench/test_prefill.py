@@ -126,3 +126,17 @@ def test_report_table(capsys):
                          "--ssm-mode", "replay", "--iterations", "1"]) == 0
     out = capsys.readouterr().out
     assert "no bf16 peak known" in out and "| replay |" in out and "| bytes |" in out
+
+
+def test_tensor_parallel_roofline_is_per_device(capsys):
+    """--tp 2 (virtual CPU devices): the same counts, each device doing half of them."""
+    qwen = "tests/fixtures/hf/qwen3_5"
+    assert prefill.main(["--model", qwen, "--tp", "2", "--batch", "2", "--prompt-len", "4",
+                         "--ssm-mode", "replay", "--iterations", "1", "--peak-tflops", "1",
+                         "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    (row,) = r["rows"]
+    assert r["tp"] == 2 and row["flops"] == pytest.approx(
+        prefill.prefill_flops(load_model(qwen), 2, 4))
+    assert row["flop_s"] == pytest.approx(sum(row["flops"].values()) / 2 / 1e12)
+    assert row["byte_s"] == pytest.approx(sum(row["bytes"].values()) / 2 / (r["copy_gbs"] * 1e9))
