@@ -49,11 +49,11 @@ import time
 import numpy as np
 
 from replayjax import commandline as cli
+from replayjax.bench.roofline import expert_counts, is_routed, model_params
 from replayjax.bench.synthetic import add_model_source
 
 PROG = "replayjax bench prefill"
 MODES = ("standard", "replay")
-CHUNK = 64          # models.hybrid.PREFILL_CHUNK (importing it would import jax before parsing)
 
 
 # ---------------------------------------------------------------------- the roofline
@@ -62,25 +62,16 @@ def matmul_flops(model, batch: int, prompt_len: int) -> float:
     """FLOPs of the parameters of `model` (real or abstract) over a prefill of `batch` prompts
     of `prompt_len` tokens: 2 x active params per token, the LM head once per prompt (see the
     module docstring)."""
-    from flax import nnx
-
-    from replayjax.bench.roofline import _experts
-    E, k = _experts(model.cfg)
+    E, k = expert_counts(model.cfg)
     tied = getattr(model, "lm_head", True) is None
-    nodes = list(nnx.iter_graph(model))
-    types = {tuple(p): type(n).__name__ for p, n in nodes if isinstance(n, nnx.Module)}
     per_token = per_row = 0.0
-    for path, node in nodes:
-        if not isinstance(node, nnx.Param) or path[0] == "mtp":
-            continue
-        shape = node.get_value().shape
-        n = float(np.prod(shape))
+    for path, x, owners in model_params(model):
+        n = float(np.prod(x.shape))
         if path[0] in ("embeddings", "embed_tokens"):
             per_row += n if tied else 0.0
         elif path[0] == "lm_head":
             per_row += n
-        elif (any("moe" in types.get(tuple(path[:i]), "").lower() for i in range(len(path)))
-              and len(shape) == 3 and shape[0] == E):
+        elif is_routed(owners, x.shape, E):
             per_token += n * k / E
         else:
             per_token += n
@@ -97,7 +88,8 @@ def attention_flops(cfg, batch: int, prompt_len: int) -> float:
 def ssm_flops(cfg, batch: int, prompt_len: int) -> float:
     """The chunked scans' dominant FLOPs over the prefill: Mamba-2 and Gated DeltaNet layers
     (formulas in the module docstring)."""
-    c = min(CHUNK, prompt_len)
+    from models.hybrid import PREFILL_CHUNK
+    c = min(PREFILL_CHUNK, prompt_len)
     per_token = 0.0
     if n := cfg.layer_kinds.count("mamba"):
         H, P, N, G = cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.n_groups
@@ -139,16 +131,17 @@ def roofline(flops: float, nbytes: float, seconds: float, peak: float | None,
 
 # ---------------------------------------------------------------------- measuring
 
-def time_prefill(runner, model, mode: str, args, progress) -> list[float]:
-    """Seconds of each timed `Runner.prefill` call of --batch x --prompt-len fresh random
-    tokens into a fresh `mode` cache (after a warm-up call that compiles)."""
+def time_prefill(runner, model, mode: str, args, progress):
+    """(seconds of each timed `Runner.prefill` call of --batch x --prompt-len fresh random
+    tokens into a fresh `mode` cache, after a warm-up call that compiles; the cache's shape)."""
     import jax
     import jax.numpy as jnp
 
     from replayjax import memory
     b, T = args.batch, args.prompt_len
     make = lambda: model.init_cache(b + 1, T, window=args.window, ssm_mode=mode)   # noqa: E731
-    need = memory.tree_bytes(jax.eval_shape(make)) // args.tp
+    shape = jax.eval_shape(make)
+    need = memory.tree_bytes(shape) // args.tp
     if why := memory.shortfall(need):
         raise cli.UserError(f"--batch {b} x --prompt-len {T}: the {mode} cache {why}")
     cache = runner.place(make)
@@ -172,7 +165,7 @@ def time_prefill(runner, model, mode: str, args, progress) -> list[float]:
             progress.note(f"{i}/{args.iterations}")
             s, cache = call(cache)
             secs.append(s)
-    return secs
+    return secs, shape
 
 
 def bench(args, progress) -> dict:
@@ -199,9 +192,7 @@ def bench(args, progress) -> dict:
     flops = prefill_flops(model, b, T)
     rows = []
     for mode in args.ssm_mode:
-        secs = time_prefill(runner, model, mode, args, progress)
-        cache = jax.eval_shape(lambda: model.init_cache(b + 1, T, window=args.window,
-                                                        ssm_mode=mode))   # noqa: B023
+        secs, cache = time_prefill(runner, model, mode, args, progress)
         nbytes = prefill_bytes(model, cache, b, T)
         s = float(np.median(secs))
         rows.append(dict(mode=mode, seconds=s, all_seconds=secs, tokens_per_s=b * T / s,
