@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.roofline import expert_counts, is_routed, model_params
+from replayjax.bench.roofline import expert_counts, is_routed, model_params, weight_bytes
 from replayjax.bench.synthetic import add_model_source
 
 PROG = "replayjax bench prefill"
@@ -112,7 +112,6 @@ def prefill_bytes(model, cache, batch: int, prompt_len: int) -> dict[str, float]
     """Minimum bytes of the prefill by term: weights (read once), cache (the `batch` slots'
     share of `cache`, real or abstract, written once), tokens (int32 ids read)."""
     from replayjax import memory
-    from replayjax.bench.roofline import weight_bytes
     return dict(weights=sum(weight_bytes(model, batch * prompt_len).values()),
                 cache=memory.tree_bytes(cache) * batch / cache.num_slots,
                 tokens=4.0 * batch * prompt_len)
