@@ -31,7 +31,8 @@ class Runner:
         self.model = model
         self.graphdef, self.params = nnx.split((model, *others))
         self.mesh = sharding.params_mesh(self.params)
-        self._prefill = self.jit(lambda ms, cache, *a: ms[0].prefill(cache, *a))
+        self._prefill = self.jit(lambda ms, cache, *a, **kw: ms[0].prefill(cache, *a, **kw),
+                                 static_argnames=("last_only",))
         self._prefill_hidden = self.jit(lambda ms, cache, *a: ms[0].prefill_hidden(cache, *a))
         modes = ("mode", "impl")
         self._decode = self.jit(lambda ms, cache, *a, **kw: ms[0].decode(cache, *a, **kw),
@@ -87,9 +88,10 @@ class Runner:
         """The model's `init_cache(*args, **kw)`, placed for the steps (`place`)."""
         return self.place(lambda: self.model.init_cache(*args, **kw))
 
-    def prefill(self, cache, tokens, lengths, slots):
-        """tokens [b, T] int32 right-padded, lengths [b], slots [b] -> logits [b, T, V], cache."""
-        return self._prefill(cache, tokens, lengths, slots)
+    def prefill(self, cache, tokens, lengths, slots, *, last_only=False):
+        """tokens [b, T] int32 right-padded, lengths [b], slots [b] -> logits [b, T, V] fp32
+        (with last_only those of each prompt's last token, [b, 1, V]), cache."""
+        return self._prefill(cache, tokens, lengths, slots, last_only=last_only)
 
     def prefill_hidden(self, cache, tokens, lengths, slots):
         """As `prefill`, also returning the final-normed hidden states: logits, hidden, cache."""

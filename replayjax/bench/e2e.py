@@ -414,8 +414,8 @@ def run(args, argv=()):
 # ---------------------------------------------------------------------- command line
 
 def build_parser():
-    ap = cli.parser(PROG, __doc__ + "\nOther benchmarks: replayjax bench kernels | verify | moe "
-                    "(--help for each).", [
+    ap = cli.parser(PROG, __doc__ + "\nOther benchmarks: replayjax bench kernels | verify | moe | "
+                    "attention | prefill (--help for each).", [
                         f"{PROG} --synthetic nemotron-h-8b --batch 256 --variants standard replay",
                         f"{PROG} --synthetic qwen3.5-9b --batch 64 --workload sync --variants "
                         "replay+mtp standard+mtp",

@@ -42,10 +42,32 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * x.dtype.itemsize
 
 
-def _experts(cfg) -> tuple[int, int]:
+def expert_counts(cfg) -> tuple[int, int]:
     """(routed experts E, experts per token k) of a config, (0, 0) without MoE."""
     return (getattr(cfg, "n_routed_experts", 0) or getattr(cfg, "num_experts", 0),
             cfg.num_experts_per_tok)
+
+
+def model_params(model):
+    """(path, value, type names of the modules holding it, outermost first) of every param of
+    `model` (real or abstract, `nnx.eval_shape`) outside the MTP head."""
+    from flax import nnx
+    nodes = list(nnx.iter_graph(model))          # children come before their module
+    types = {tuple(p): type(n).__name__ for p, n in nodes if isinstance(n, nnx.Module)}
+    for path, node in nodes:
+        if isinstance(node, nnx.Param) and path[0] != "mtp":
+            yield path, node.get_value(), [types.get(tuple(path[:i]), "")
+                                           for i in range(len(path))]
+
+
+def in_moe(owners) -> bool:
+    """Whether a param with these owners (`model_params`) belongs to a MoE layer."""
+    return any("moe" in o.lower() for o in owners)
+
+
+def is_routed(owners, shape, num_experts: int) -> bool:
+    """Whether a param is a MoE layer's stack of routed experts [E, ...]."""
+    return in_moe(owners) and len(shape) == 3 and shape[0] == num_experts
 
 
 def weight_bytes(model, batch: int) -> dict[str, float]:
@@ -54,25 +76,17 @@ def weight_bytes(model, batch: int) -> dict[str, float]:
     modules holding them: experts and routers in a MoE module -> moe; Linear layers elsewhere
     -> gemm; the other parameters of SSM mixers (conv, A, D, dt bias, norm) -> ssm; norms and
     gathered embedding rows -> other."""
-    from flax import nnx
-    E, k = _experts(model.cfg)
+    E, k = expert_counts(model.cfg)
     hit = hit_experts(E, k, batch) / E if E else 0.0
     tied = getattr(model, "lm_head", True) is None
-    nodes = list(nnx.iter_graph(model))          # children come before their module
-    types = {tuple(p): type(n).__name__ for p, n in nodes if isinstance(n, nnx.Module)}
     out = dict.fromkeys(CLASSES, 0.0)
-    for path, node in nodes:
-        if not isinstance(node, nnx.Param) or path[0] == "mtp":
-            continue
-        x = node.get_value()
-        owners = [types.get(tuple(path[:i]), "") for i in range(len(path))]
+    for path, x, owners in model_params(model):
         if len(path) == 1 and path[0] in ("embeddings", "embed_tokens") and tied:
             out["gemm"] += _nbytes(x)          # also the LM head: read whole
         elif len(path) == 1 and path[0] in ("embeddings", "embed_tokens"):
             out["other"] += min(batch, x.shape[0]) * _nbytes(x) / x.shape[0]   # rows gathered
-        elif any("moe" in o.lower() for o in owners):
-            routed = len(x.shape) == 3 and x.shape[0] == E
-            out["moe"] += _nbytes(x) * (hit if routed else 1.0)
+        elif in_moe(owners):
+            out["moe"] += _nbytes(x) * (hit if is_routed(owners, x.shape, E) else 1.0)
         elif any(o.endswith("Linear") for o in owners):   # Linear, RowParallelLinear
             out["gemm"] += _nbytes(x)          # projections, MLPs, the LM head
         elif any(o in _SSM_MIXERS for o in owners):
