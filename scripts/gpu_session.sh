@@ -11,6 +11,8 @@
 #              (Nemotron-3-Nano, Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
 #              e2e with --impl pallas (the decode attention kernel; e2e's rows are --impl auto)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
+#   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
+#              FLOP / byte roofline: Nemotron-H-8B and Qwen3.5-9B dims (issue 17)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
 #              (256 slots), ReplaySSM then standard, each loaded by `replayjax bench serve` at
 #              concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels on the GPU machine);
@@ -299,6 +301,11 @@ print(serve.markdown(rows))" "$out" ;;
     for m in ${PREFIX_MODELS:-nemotron-h-8b qwen3.5-9b}; do
       e2e 420 --synthetic $m --batch 64 --prompt-len 1024 --workload agents \
         --prefix-cache-gb 16 --variants replay ${PREFIX_FLAGS:-}
+    done ;;
+  prefill)
+    for m in nemotron-h-8b qwen3.5-9b; do
+      limit 360 python3 -m replayjax.bench.prefill --synthetic $m --batch 32 --prompt-len 2048 \
+        --json 2>>"$out/prefill.log" | tee -a "$out/prefill.jsonl" | tail -c 1500
     done ;;
   profile|tp-profile)
     tp=$([ $stage = tp-profile ] && echo 2 || echo 1)
