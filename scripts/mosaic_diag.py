@@ -208,7 +208,13 @@ def main(argv=None):
     ap.add_argument("--case", help=argparse.SUPPRESS)   # the child: run one case
     args = ap.parse_args(argv)
     if args.case:
-        print(json.dumps(run_case(json.loads(args.case))))
+        try:
+            print(json.dumps(run_case(json.loads(args.case))))
+        except Exception as e:  # noqa: BLE001 -- the row's message: the error itself, one line
+            # (a traceback's last line would be JAX's note on filtered frames)
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+            print(f"{type(e).__name__}: {first}"[:300], file=sys.stderr)
+            sys.exit(1)
         return
     print(HEADER, flush=True)
     rows = []
