@@ -95,16 +95,23 @@ SPEC_CASES = [("nemotron_h", 2, "replay"), ("nemotron_h", 4, "standard"),
 assert {v for v, _, _ in SPEC_CASES} == set(VARIANTS)
 
 
-@pytest.mark.parametrize("variant,tp,mode", SPEC_CASES)
-def test_speculative_greedy_equals_single_device(variant, tp, mode, monkeypatch):
-    """tp = 2: the model loaded onto the mesh (convert.load_hf); tp = 4: a single-device model
-    laid out and placed by the engine (Engine(mesh=...) -> shard_model)."""
+def oracle_prompts(variant, tp, monkeypatch):
+    """(HF reference, prompts) of a fixture with the "oracle" drafter registered to draft its
+    greedy continuations (skips without tp devices)."""
     _devices(tp)
     ref = _ref(variant)
     prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
     monkeypatch.setitem(drafters.DRAFTERS, "oracle", OracleDrafter)
     monkeypatch.setattr(OracleDrafter, "continuations",
                         {tuple(p): w for p, w in zip(prompts, ref["greedy_tokens"])})
+    return ref, prompts
+
+
+@pytest.mark.parametrize("variant,tp,mode", SPEC_CASES)
+def test_speculative_greedy_equals_single_device(variant, tp, mode, monkeypatch):
+    """tp = 2: the model loaded onto the mesh (convert.load_hf); tp = 4: a single-device model
+    laid out and placed by the engine (Engine(mesh=...) -> shard_model)."""
+    ref, prompts = oracle_prompts(variant, tp, monkeypatch)
     kw = dict(model=_model(variant, tp)) if tp == 2 else dict(model=_model(variant),
                                                               mesh=sharding.make_mesh(tp))
     engine = Engine(**kw, num_slots=3, max_len=64, window=4, num_draft=3, drafter="oracle",

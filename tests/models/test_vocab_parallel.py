@@ -16,11 +16,10 @@ from models import sharding
 from models.config import load_config
 from models.parallel import gather_vocab, vocab_argmax
 from models.runner import Runner
-from replayjax import drafters
 from replayjax.bench.synthetic import random_model
 from replayjax.engine import Engine, Request
 from replayjax.sampling import SamplingParams
-from tests.models.test_tp import OracleDrafter, _devices, _dir, _model, _ref
+from tests.models.test_tp import _devices, _dir, _model, _ref, oracle_prompts
 
 V = 16
 
@@ -86,12 +85,7 @@ def test_greedy_speculation_equals_single_device(variant, tp, drafter, monkeypat
     """Speculative steps without kept logits (verify accepts against `vocab_argmax`; a draft
     model chains its drafts with it): HF's greedy tokens. The oracle's drafts are partly
     wrong; the draft model is the target itself."""
-    _devices(tp)
-    ref = _ref(variant)
-    prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
-    monkeypatch.setitem(drafters.DRAFTERS, "oracle", OracleDrafter)
-    monkeypatch.setattr(OracleDrafter, "continuations",
-                        {tuple(p): w for p, w in zip(prompts, ref["greedy_tokens"])})
+    ref, prompts = oracle_prompts(variant, tp, monkeypatch)
     engine = Engine(_model(variant), mesh=sharding.make_mesh(tp), num_slots=4, max_len=64,
                     window=4, num_draft=3, drafter=drafter,
                     draft_model=_model(variant) if drafter == "draft" else None)
