@@ -68,7 +68,7 @@ def _scalar_offsets(lengths):
     """Offsets (fp32 elements) of vectors of `lengths` packed at 128-byte aligned starts, and
     the total."""
     step = _SMEM_ALIGN // 4
-    ends = list(itertools.accumulate(-(-n // step) * step for n in lengths))
+    ends = list(itertools.accumulate(pl.cdiv(n, step) * step for n in lengths))
     return [0, *ends[:-1]], ends[-1]
 
 
@@ -79,16 +79,16 @@ def scalars_smem(*lengths):
 
 
 def scalar_vectors(smem, *srcs):
-    """Per-entry scalars read by a loop (the ring walks), off GMEM latency: each fp32 vector
-    src [n] (GMEM) is copied whole into `smem` (`scalars_smem` of the same lengths) by TMA.
-    Returns (the copies, for `load_all`; a reader j -> src[j] per vector). A vector of a size
-    TMA cannot copy (n * 4 bytes not a multiple of 16: also its GMEM offset in a pool of such
-    rows; the short rings of tests, L < 4) is read from GMEM instead."""
+    """Per-entry scalars a loop reads (the ring walks), off GMEM latency: each fp32 vector
+    src [n] in GMEM is copied whole by TMA into its place in `smem` (`scalars_smem` of the same
+    lengths, in order). Returns (the copies, for `load_all`; per vector a reader j -> src[j]
+    from SMEM). A vector TMA cannot copy (n * 4 bytes not a multiple of 16, so neither is its
+    offset in a pool of such rows: rings of L < 4, in tests) is read from GMEM instead."""
     offsets, _ = _scalar_offsets([src.shape[0] for src in srcs])
     copies, readers = [], []
     for src, off in zip(srcs, offsets):
         (n,) = src.shape
-        if n * jnp.dtype(src.dtype).itemsize % _TMA_BYTES:
+        if n * 4 % _TMA_BYTES:
             readers.append(lambda j, src=src: src[j])
         else:
             copies.append((src, smem.at[pl.ds(off, n)]))
