@@ -14,6 +14,7 @@ per-column vectors [block_n] in its column reduction (`COL`); scalars are unifor
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,43 @@ def load_all(bars, *copies):
         plgpu.copy_gmem_to_smem(src, dst, bars.at[i])
     for i in range(len(copies)):
         plgpu.barrier_wait(bars.at[i])
+
+
+# A TMA copy's size and GMEM offset are multiples of 16 bytes; its SMEM address is 128-byte
+# aligned (`state_spec`).
+_TMA_BYTES, _SMEM_ALIGN = 16, 128
+
+
+def _scalar_offsets(lengths):
+    """Offsets (fp32 elements) of vectors of `lengths` packed at 128-byte aligned starts, and
+    the total."""
+    step = _SMEM_ALIGN // 4
+    ends = list(itertools.accumulate(pl.cdiv(n, step) * step for n in lengths))
+    return [0, *ends[:-1]], ends[-1]
+
+
+def scalars_smem(*lengths):
+    """The fp32 SMEM of `scalar_vectors` for vectors of `lengths` (one buffer: each scratch
+    buffer takes a 1024-byte aligned slot)."""
+    return plgpu.SMEM((_scalar_offsets(lengths)[1],), F32)
+
+
+def scalar_vectors(smem, *srcs):
+    """Per-entry scalars a loop reads (the ring walks), off GMEM latency: each fp32 vector
+    src [n] in GMEM is copied whole by TMA into its place in `smem` (`scalars_smem` of the same
+    lengths, in order). Returns (the copies, for `load_all`; per vector a reader j -> src[j]
+    from SMEM). A vector TMA cannot copy (n * 4 bytes not a multiple of 16, so neither is its
+    offset in a pool of such rows: rings of L < 4, in tests) is read from GMEM instead."""
+    offsets, _ = _scalar_offsets([src.shape[0] for src in srcs])
+    copies, readers = [], []
+    for src, off in zip(srcs, offsets):
+        (n,) = src.shape
+        if n * 4 % _TMA_BYTES:
+            readers.append(lambda j, src=src: src[j])
+        else:
+            copies.append((src, smem.at[pl.ds(off, n)]))
+            readers.append(lambda j, off=off: smem[off + j])
+    return copies, readers
 
 
 def store_async(value, smem, dst):

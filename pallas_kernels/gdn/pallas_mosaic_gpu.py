@@ -15,14 +15,16 @@ they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduc
 
 Replay: the per-key-head products k_j . k, k_j . q (ring x current) and k . q are computed by
 XLA before the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the
-checkpoint read at Qwen3-Next shapes; the Triton kernel reads the same keys from every CTA), so
-the kernel needs no [L]-vectors: it walks the committed ring entries backwards (a loop of
-`count` steps; entries past the count are never read), carrying the suffix sum of g for
-e_j = exp(sum_{j<i<c} g_i). One pipelined read-only pass over the checkpoint gives S0 k and
-S0 q. The fold (one step in L) re-streams the checkpoint and adds sum_j w_j d_j k_j^T + d k^T as
-rank-1 updates on the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a
-3-pass tf32 split is not worth it for a pass that runs once every L steps. Non-fold steps append
-(k, d, g) to the ring (k from the key head's first value head, g from its first V tile).
+checkpoint read at Qwen3-Next shapes; the Triton kernel reads the same keys from every CTA).
+The kernel walks the committed ring entries backwards (a loop of `count` steps; entries past
+the count are never read), carrying the suffix sum of g for e_j = exp(sum_{j<i<c} g_i); the
+walk's scalars (ring g, k_j . k, k_j . q) are copied whole into SMEM with the first vectors
+(`scalar_vectors`), so the loop waits on no GMEM round trip. One pipelined read-only pass over
+the checkpoint gives S0 k and S0 q. The fold (one step in L) re-streams the checkpoint and adds
+sum_j w_j d_j k_j^T + d k^T as rank-1 updates on the FMA units, in fp32: a tf32 wgmma would lose
+the state's precision and a 3-pass tf32 split is not worth it for a pass that runs once every L
+steps. Non-fold steps append (k, d, g) to the ring (k from the key head's first value head, g
+from its first V tile).
 
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
@@ -58,6 +60,8 @@ from pallas_kernels._mosaic_utils import (
     load_all,
     mosaic_call,
     rows,
+    scalar_vectors,
+    scalars_smem,
     staging_smem,
     state_block,
     state_layout,
@@ -233,8 +237,8 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, v_smem, rd_smem,
-                   k_smem, q_smem, rk_smem, d_smem, kr_smem, out_smem, bars, fold_bar, *,
-                   heads_per_key_head, block_k, num_stages):
+                   k_smem, q_smem, rk_smem, d_smem, kr_smem, walk_smem, out_smem, bars,
+                   fold_bar, *, heads_per_key_head, block_k, num_stages):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
@@ -242,20 +246,24 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     g, beta = g_ref[b, hv], beta_ref[b, hv]
     alpha = jnp.exp(g)
-    # The token's v, k, q and the ring's d rows, all in flight at once.
+    # The walk's scalars: the ring's g [L], k_j . k and k_j . q [L] (whole: entries >= c are not
+    # read; the append's g write at c, by another V tile's CTA, lands in an entry no walk reads).
+    walk_copies, (ring_g, ring_kk, ring_kq) = scalar_vectors(
+        walk_smem, rg_ref.at[slot, hv], rkk_ref.at[b, hk], rkq_ref.at[b, hk])
+    # The token's v, k, q, the ring's d rows and the walk's scalars, all in flight at once.
     load_all(bars, (v_ref.at[b, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
-             (k_ref.at[b, hk], k_smem), (q_ref.at[b, hk], q_smem))
+             (k_ref.at[b, hk], k_smem), (q_ref.at[b, hk], q_smem), *walk_copies)
     v = plgpu.load(v_smem, layout=ROW).astype(F32)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
 
-    walk = functools.partial(_walk, count=c, ring_g=lambda j: rg_ref[slot, hv, j])
+    walk = functools.partial(_walk, count=c, ring_g=ring_g)
 
     # The ring's parts of S k and S q: sum_j e_j (k_j . k) d_j, likewise with q.
     def through_ring(j, ej, acc):
         dj = ring_d(j)
-        return (acc[0] + (ej * rkk_ref[b, hk, j]) * dj, acc[1] + (ej * rkq_ref[b, hk, j]) * dj)
+        return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
     total, (sk_ring, sq_ring) = walk(through_ring, (zeros_row(), zeros_row()))
     big_e = jnp.exp(total)
     tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
@@ -336,8 +344,9 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                      rk_smem=plgpu.SMEM((L, K), ring_dtype),
                      d_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      kr_smem=plgpu.SMEM((K,), ring_dtype),
+                     walk_smem=scalars_smem(L, L, L),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=4),
+                     bars=plgpu.Barrier(num_barriers=7),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, type(buffers)(*new)
@@ -355,8 +364,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
-                   v_smem, rd_smem, k_smem, q_smem, rk_smem, o_smem, d_smem, out_smem, bars,
-                   fold_bar, *, heads_per_key_head, block_k, num_stages):
+                   v_smem, rd_smem, k_smem, q_smem, rk_smem, o_smem, d_smem, walk_smem, out_smem,
+                   bars, fold_bar, *, heads_per_key_head, block_k, num_stages):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
@@ -364,20 +373,24 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     gs = [g_ref[b, t, hv] for t in range(T)]
     betas = [beta_ref[b, t, hv] for t in range(T)]
+    # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major).
+    walk_copies, (ring_g, *ring_products) = scalar_vectors(
+        walk_smem, rg_ref.at[slot, hv], rkk_ref.at[b, hk], rkq_ref.at[b, hk])
     load_all(bars, (v_ref.at[b, :, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
-             (k_ref.at[b, :, hk], k_smem), (q_ref.at[b, :, hk], q_smem))   # [T|L, 64], [T, K]
+             (k_ref.at[b, :, hk], k_smem), (q_ref.at[b, :, hk], q_smem),  # [T|L, 64], [T, K]
+             *walk_copies)
     vs_ = [plgpu.load(v_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
 
-    walk = functools.partial(_walk, count=c, ring_g=lambda j: rg_ref[slot, hv, j])
+    walk = functools.partial(_walk, count=c, ring_g=ring_g)
 
     # The ring's parts of S_w k_t and S_w q_t: sum_j e_j (k_j . k_t) d_j, likewise with q_t.
     def through_ring(j, ej, acc):
         dj = ring_d(j)
-        return tuple(tuple(acc_t + (ej * ref[b, hk, t, j]) * dj for t, acc_t in enumerate(a))
-                     for ref, a in zip((rkk_ref, rkq_ref), acc))
+        return tuple(tuple(acc_t + (ej * prod(t * L + j)) * dj for t, acc_t in enumerate(a))
+                     for prod, a in zip(ring_products, acc))
     zt = (zeros_row(),) * T
     total, (sk_ring, sq_ring) = walk(through_ring, (zt, zt))
     big_e = jnp.exp(total)
@@ -426,10 +439,11 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     batch, T, Hv, V = v.shape
     Hk, K = q.shape[2:]
     hi = lax.Precision.HIGHEST
+    L = buffers.window
     rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
     # Per-key-head products (ring x window, window x window): small next to the state.
-    rkk = jnp.einsum("bhlk,bthk->bhtl", rk, kf, precision=hi)         # [b, Hk, T, L]
-    rkq = jnp.einsum("bhlk,bthk->bhtl", rk, qf, precision=hi)
+    rkk, rkq = (jnp.einsum("bhlk,bthk->bhtl", rk, w, precision=hi).reshape(batch, Hk, T * L)
+                for w in (kf, qf))                                    # [b, Hk, T L]
     wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)         # [b, Hk, T, T]
     wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
     kernel = functools.partial(_verify_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
@@ -444,14 +458,15 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
         inplace=("s_ref",),
         scratch=dict(v_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
-                     rd_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_d.dtype),
+                     rd_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_d.dtype),
                      k_smem=plgpu.SMEM((T, K), k.dtype),
                      q_smem=plgpu.SMEM((T, K), q.dtype),
-                     rk_smem=plgpu.SMEM((buffers.window, K), buffers.ring_k.dtype),
+                     rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
                      o_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
                      d_smem=plgpu.SMEM((T, TILE_ROWS), F32),
+                     walk_smem=scalars_smem(L, T * L, T * L),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=4),
+                     bars=plgpu.Barrier(num_barriers=7),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, d, ck

@@ -11,9 +11,11 @@ before the pipeline (`state_spec` says why). Updated chunks go back by TMA from 
 double-buffered SMEM staging area, for live rows only (the null slot is never written).
 
 Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
-the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic), so the kernel needs
-no [L]-vectors: it walks the committed ring entries backwards (a loop of `count` steps; entries
-past the count are never read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i).
+the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic). The kernel walks
+the committed ring entries backwards (a loop of `count` steps; entries past the count are never
+read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the walk's scalars
+(ring dt, B_j . C) are copied whole into SMEM with the first vectors (`scalar_vectors`), so the
+loop waits on no GMEM round trip.
 The fold (one step in L) re-streams the checkpoint and adds X^T diag(s) B as rank-1 updates on
 the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pass tf32 split
 is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
@@ -53,6 +55,8 @@ from pallas_kernels._mosaic_utils import (
     load_all,
     mosaic_call,
     rows,
+    scalar_vectors,
+    scalars_smem,
     staging_smem,
     state_block,
     state_spec,
@@ -215,7 +219,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, bv_smem,
-                   cv_smem, rb_smem, xr_smem, br_smem, out_smem, bars, fold_bar, *,
+                   cv_smem, rb_smem, xr_smem, br_smem, walk_smem, out_smem, bars, fold_bar, *,
                    heads_per_group, block_n, num_stages):
     b, h, g, ps = _position(heads_per_group)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
@@ -223,18 +227,22 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     dt, a = dt_ref[b, h], a_ref[h]
-    # The token's x, B, C and the ring's x rows, all in flight at once.
+    # The walk's scalars: the ring's dt [L] and B_j . C [L] (whole: entries >= c are not read;
+    # the append's dt write at c, by another P tile's CTA, lands in an entry no walk reads).
+    walk_copies, (ring_dt, ring_bc) = scalar_vectors(walk_smem, rdt_ref.at[slot, h],
+                                                     bcr_ref.at[b, g])
+    # The token's x, B, C, the ring's x rows and the walk's scalars, all in flight at once.
     load_all(bars, (x_ref.at[b, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
-             (b_ref.at[b, g], bv_smem), (c_ref.at[b, g], cv_smem))
+             (b_ref.at[b, g], bv_smem), (c_ref.at[b, g], cv_smem), *walk_copies)
     x = plgpu.load(x_smem, layout=ROW).astype(F32)
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
 
-    walk = functools.partial(_walk, count=c, ring_dt=lambda j: rdt_ref[slot, h, j], a=a)
+    walk = functools.partial(_walk, count=c, ring_dt=ring_dt, a=a)
 
     # y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current token with s = dt.
-    total, y_ring = walk(lambda j, sj, acc: acc + (sj * bcr_ref[b, g, j]) * ring_row(j),
+    total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
                          (dt * bcc_ref[b, g]) * x, suffix=dt)
     decay = jnp.exp(a * total)
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
@@ -309,8 +317,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                      rb_smem=plgpu.SMEM((L, N), ring_dtype),
                      xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
                      br_smem=plgpu.SMEM((N,), ring_dtype),
+                     walk_smem=scalars_smem(L, L),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=4),
+                     bars=plgpu.Barrier(num_barriers=6),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return y, type(buffers)(*new)
@@ -324,8 +333,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, c_smem,
-                   rb_smem, bv_smem, y_smem, out_smem, bars, fold_bars, *, heads_per_group,
-                   block_n, num_stages):
+                   rb_smem, bv_smem, y_smem, walk_smem, out_smem, bars, fold_bars, *,
+                   heads_per_group, block_n, num_stages):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, ps = _position(heads_per_group)
@@ -335,19 +344,22 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     a = a_ref[h]
     dts = [dt_ref[b, t, h] for t in range(T)]
+    # The walk's scalars: the ring's dt [L] and B_j . C_t [T * L] (t-major).
+    walk_copies, (ring_dt, ring_bc) = scalar_vectors(walk_smem, rdt_ref.at[slot, h],
+                                                     bcr_ref.at[b, g])
     load_all(bars, (x_ref.at[b, :, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
-             (c_ref.at[b, :, g], c_smem))                # [T, 64], [L, 64], [T, N]
+             (c_ref.at[b, :, g], c_smem), *walk_copies)  # [T, 64], [L, 64], [T, N]
     xs = [plgpu.load(x_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
 
-    walk = functools.partial(_walk, count=c, ring_dt=lambda j: rdt_ref[slot, h, j], a=a)
+    walk = functools.partial(_walk, count=c, ring_dt=ring_dt, a=a)
 
     # Ring history at the window start: sum_j s_j (B_j . C_t) x_j per token t, one walk.
     def entry(j, sj, acc):
         xj = ring_row(j)
-        return tuple(acc_t + (sj * bcr_ref[b, g, t, j]) * xj for t, acc_t in enumerate(acc))
+        return tuple(acc_t + (sj * ring_bc(t * L + j)) * xj for t, acc_t in enumerate(acc))
 
     hist_dt, y_hist = walk(entry, (zeros_row(),) * T, suffix=jnp.zeros((), F32))
     decay_hist = jnp.exp(a * hist_dt)
@@ -392,8 +404,9 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     G, N = B.shape[2:]
     hi = lax.Precision.HIGHEST
     C32 = C.astype(F32)
+    L = buffers.window
     bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(F32), C32,
-                         precision=hi)                                 # [b, G, T, L]
+                         precision=hi).reshape(batch, G, T * L)        # [b, G, T L]
     bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(F32), C32, precision=hi)  # [b, G, T, T]
     kernel = functools.partial(_verify_kernel, heads_per_group=H // G, block_n=block_n,
                                num_stages=num_stages)
@@ -407,13 +420,14 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref",),
         scratch=dict(x_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
-                     rx_smem=plgpu.SMEM((buffers.window, TILE_ROWS), buffers.ring_x.dtype),
+                     rx_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_x.dtype),
                      c_smem=plgpu.SMEM((T, N), C.dtype),
-                     rb_smem=plgpu.SMEM((buffers.window, N), buffers.ring_b.dtype),
+                     rb_smem=plgpu.SMEM((L, N), buffers.ring_b.dtype),
                      bv_smem=plgpu.SMEM((N,), B.dtype),
                      y_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
+                     walk_smem=scalars_smem(L, T * L),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=3),
+                     bars=plgpu.Barrier(num_barriers=5),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
     return y, ck
