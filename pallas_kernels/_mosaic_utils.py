@@ -13,8 +13,9 @@ per-column vectors [block_n] in its column reduction (`COL`); scalars are unifor
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -64,35 +65,63 @@ def load_all(bars, *copies):
 _TMA_BYTES, _SMEM_ALIGN = 16, 128
 
 
-def _scalar_offsets(lengths):
-    """Offsets (fp32 elements) of vectors of `lengths` packed at 128-byte aligned starts, and
-    the total."""
-    step = _SMEM_ALIGN // 4
-    ends = list(itertools.accumulate(pl.cdiv(n, step) * step for n in lengths))
-    return [0, *ends[:-1]], ends[-1]
+@dataclasses.dataclass(frozen=True)
+class VectorPack:
+    """Small 1-D SMEM vectors in one buffer per dtype, each at a 128-byte aligned offset (so
+    each may be a TMA source or destination). Every scratch buffer takes a 1024-byte aligned
+    slot: on their own, the replay kernels' vectors (x, B, C, the ring's appended rows, the
+    walk's scalars: under 1.5 KiB in all) took 1 KiB each, and with them an fp32 replay CTA
+    did not leave room for a third one on an SM.
+
+    vectors: (name, rows, length, dtype name) each (`of`): `rows` vectors of `length`, or one
+    if rows is None. `smem()` is the scratch type (a dict dtype name -> SMEM buffer);
+    `views(bufs)` turns those buffers into a namespace name -> vector ref [length] (a tuple of
+    `rows` of them where rows is given)."""
+    vectors: tuple[tuple[str, int | None, int, str], ...]
+
+    @classmethod
+    def of(cls, **vectors):
+        """A pack of name=(length, dtype) vectors, or name=((rows, length), dtype) rows."""
+        return cls(tuple((name, *(n if isinstance(n, tuple) else (None, n)), jnp.dtype(dt).name)
+                         for name, (n, dt) in vectors.items()))
+
+    def _offsets(self):
+        """name -> offsets (elements) of its rows in its dtype's buffer, and dtype name ->
+        buffer length."""
+        ends, offsets = {}, {}
+        for name, rows, n, dt in self.vectors:
+            step = _SMEM_ALIGN // jnp.dtype(dt).itemsize
+            size = pl.cdiv(n, step) * step
+            offsets[name] = [ends.get(dt, 0) + r * size for r in range(rows or 1)]
+            ends[dt] = offsets[name][-1] + size
+        return offsets, ends
+
+    def smem(self):
+        return {dt: plgpu.SMEM((n,), jnp.dtype(dt)) for dt, n in self._offsets()[1].items()}
+
+    def views(self, bufs):
+        offsets, _ = self._offsets()
+        views = {}
+        for name, rows, n, dt in self.vectors:
+            refs = tuple(bufs[dt].at[pl.ds(off, n)] for off in offsets[name])
+            views[name] = refs if rows else refs[0]
+        return types.SimpleNamespace(**views)
 
 
-def scalars_smem(*lengths):
-    """The fp32 SMEM of `scalar_vectors` for vectors of `lengths` (one buffer: each scratch
-    buffer takes a 1024-byte aligned slot)."""
-    return plgpu.SMEM((_scalar_offsets(lengths)[1],), F32)
-
-
-def scalar_vectors(smem, *srcs):
+def scalar_vectors(*pairs):
     """Per-entry scalars a loop reads (the ring walks), off GMEM latency: each fp32 vector
-    src [n] in GMEM is copied whole by TMA into its place in `smem` (`scalars_smem` of the same
-    lengths, in order). Returns (the copies, for `load_all`; per vector a reader j -> src[j]
+    src [n] in GMEM is copied whole by TMA into its SMEM vector dst [n] (`VectorPack`), given
+    as (src, dst) pairs. Returns (the copies, for `load_all`; per vector a reader j -> src[j]
     from SMEM). A vector TMA cannot copy (n * 4 bytes not a multiple of 16, so neither is its
     offset in a pool of such rows: rings of L < 4, in tests) is read from GMEM instead."""
-    offsets, _ = _scalar_offsets([src.shape[0] for src in srcs])
     copies, readers = [], []
-    for src, off in zip(srcs, offsets):
+    for src, dst in pairs:
         (n,) = src.shape
         if n * 4 % _TMA_BYTES:
             readers.append(lambda j, src=src: src[j])
         else:
-            copies.append((src, smem.at[pl.ds(off, n)]))
-            readers.append(lambda j, off=off: smem[off + j])
+            copies.append((src, dst))
+            readers.append(lambda j, dst=dst: dst[j])
     return copies, readers
 
 

@@ -55,13 +55,13 @@ from pallas_kernels._mosaic_utils import (
     F32,
     ROW,
     TILE_ROWS,
+    VectorPack,
     chunk,
     cols,
     load_all,
     mosaic_call,
     rows,
     scalar_vectors,
-    scalars_smem,
     staging_smem,
     state_block,
     state_layout,
@@ -236,10 +236,11 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, v_smem, rd_smem,
-                   k_smem, q_smem, rk_smem, d_smem, kr_smem, walk_smem, out_smem, bars,
-                   fold_bar, *, heads_per_key_head, block_k, num_stages):
+                   rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem,
+                   rk_smem, out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
+                   num_stages):
     b, hv, hk, t, vs = _position(heads_per_key_head)
+    sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -249,11 +250,12 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # The walk's scalars: the ring's g [L], k_j . k and k_j . q [L] (whole: entries >= c are not
     # read; the append's g write at c, by another V tile's CTA, lands in an entry no walk reads).
     walk_copies, (ring_g, ring_kk, ring_kq) = scalar_vectors(
-        walk_smem, rg_ref.at[slot, hv], rkk_ref.at[b, hk], rkq_ref.at[b, hk])
+        (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
+        (rkq_ref.at[b, hk], sv.ring_kq))
     # The token's v, k, q, the ring's d rows and the walk's scalars, all in flight at once.
-    load_all(bars, (v_ref.at[b, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
-             (k_ref.at[b, hk], k_smem), (q_ref.at[b, hk], q_smem), *walk_copies)
-    v = plgpu.load(v_smem, layout=ROW).astype(F32)
+    load_all(bars, (v_ref.at[b, hv, vs], sv.v), (rd_ref.at[slot, hv, :, vs], rd_smem),
+             (k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q), *walk_copies)
+    v = plgpu.load(sv.v, layout=ROW).astype(F32)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -274,8 +276,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
         plgpu.commit_smem()
-        return (acc[0] + jnp.sum(s * cols(chunk(k_smem, n, block_k), s.shape), axis=1),
-                acc[1] + jnp.sum(s * cols(chunk(q_smem, n, block_k), s.shape), axis=1))
+        return (acc[0] + jnp.sum(s * cols(chunk(sv.k, n, block_k), s.shape), axis=1),
+                acc[1] + jnp.sum(s * cols(chunk(sv.q, n, block_k), s.shape), axis=1))
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -283,7 +285,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     )(tile)
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [64]
-    write_out(alpha * sq + kq_ref[b, hk] * d, live, v_smem, o_ref.at[b, hv, vs])
+    write_out(alpha * sq + kq_ref[b, hk] * d, live, sv.v, o_ref.at[b, hv, vs])
 
     # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
     # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
@@ -292,7 +294,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     @pl.when(live & fold)
     def _():
         load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
-        _fold(tile, rk_smem, k_smem, d, alpha, big_e, walk, ring_d, out_smem, live,
+        _fold(tile, rk_smem, sv.k, d, alpha, big_e, walk, ring_d, out_smem, live,
               block_k=block_k, num_stages=num_stages)
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
@@ -300,7 +302,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # reads.
     @pl.when(live & ~fold)
     def _append():
-        store_async(d, d_smem, rd_ref.at[slot, hv, c, vs])
+        store_async(d, sv.ring_d, rd_ref.at[slot, hv, c, vs])
 
         @pl.when(t == 0)
         def _():
@@ -308,7 +310,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
             @pl.when(hv % heads_per_key_head == 0)
             def _():
-                store_async(plgpu.load(k_smem, layout=COL), kr_smem, rk_ref.at[slot, hk, c])
+                store_async(plgpu.load(sv.k, layout=COL), sv.ring_k, rk_ref.at[slot, hk, c])
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -325,9 +327,12 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     rkk = jnp.einsum("bhlk,bhk->bhl", rk, kf, precision=hi)
     rkq = jnp.einsum("bhlk,bhk->bhl", rk, qf, precision=hi)
     kq = jnp.einsum("bhk,bhk->bh", kf, qf, precision=hi)
-    kernel = functools.partial(_replay_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
-                               num_stages=num_stages)
     ring_dtype = buffers.ring_k.dtype
+    vectors = VectorPack.of(v=(TILE_ROWS, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
+                            ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
+                            ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
+    kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
+                               block_k=block_k, num_stages=num_stages)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -337,14 +342,9 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                     rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
-        scratch=dict(v_smem=plgpu.SMEM((TILE_ROWS,), v.dtype),
+        scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     k_smem=plgpu.SMEM((K,), k.dtype),
-                     q_smem=plgpu.SMEM((K,), q.dtype),
                      rk_smem=plgpu.SMEM((L, K), ring_dtype),
-                     d_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
-                     kr_smem=plgpu.SMEM((K,), ring_dtype),
-                     walk_smem=scalars_smem(L, L, L),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=7),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
@@ -364,9 +364,10 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
-                   v_smem, rd_smem, k_smem, q_smem, rk_smem, o_smem, d_smem, walk_smem, out_smem,
-                   bars, fold_bar, *, heads_per_key_head, block_k, num_stages):
+                   vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
+                   heads_per_key_head, block_k, num_stages):
     b, hv, hk, _, vs = _position(heads_per_key_head)
+    sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -375,11 +376,15 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     betas = [beta_ref[b, t, hv] for t in range(T)]
     # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major).
     walk_copies, (ring_g, *ring_products) = scalar_vectors(
-        walk_smem, rg_ref.at[slot, hv], rkk_ref.at[b, hk], rkq_ref.at[b, hk])
-    load_all(bars, (v_ref.at[b, :, hv, vs], v_smem), (rd_ref.at[slot, hv, :, vs], rd_smem),
-             (k_ref.at[b, :, hk], k_smem), (q_ref.at[b, :, hk], q_smem),  # [T|L, 64], [T, K]
-             *walk_copies)
-    vs_ = [plgpu.load(v_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
+        (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
+        (rkq_ref.at[b, hk], sv.ring_kq))
+    # The window's v, k, q rows one 1-D copy each (into the pack, not [T, n] buffers of their
+    # own), the ring's d rows [L, 64] and the walk's scalars.
+    load_all(bars, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
+             *((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
+             *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T)),
+             (rd_ref.at[slot, hv, :, vs], rd_smem), *walk_copies)
+    vs_ = [plgpu.load(sv.v[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -400,8 +405,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (n,) = idx
         s = s_smem[...].astype(F32)
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x.at[t], n, block_k), s.shape), axis=1)
-                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (k_smem, q_smem)))
+        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x[t], n, block_k), s.shape), axis=1)
+                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (sv.k, sv.q)))
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -418,14 +423,14 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         o = jnp.exp(cum[t]) * (big_e * s0q[t] + sq_ring[t])
         for r in range(t + 1):
             o = o + (jnp.exp(cum[t] - cum[r]) * wkq_ref[b, hk, r, t]) * ds[r]
-        write_out(o, live, o_smem.at[t], o_ref.at[b, t, hv, vs])
-        store_async(ds[t], d_smem.at[t], d_ref.at[b, t, hv, vs])
+        write_out(o, live, sv.v[t], o_ref.at[b, t, hv, vs])       # v_t is in registers
+        store_async(ds[t], sv.d[t], d_ref.at[b, t, hv, vs])
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
     def _():
         load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
-        _fold(tile, rk_smem, k_smem.at[0], ds[0], jnp.exp(gs[0]), big_e, walk, ring_d,
+        _fold(tile, rk_smem, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk, ring_d,
               out_smem, live, block_k=block_k, num_stages=num_stages)
     plgpu.wait_smem_to_gmem(0)
 
@@ -446,8 +451,11 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                 for w in (kf, qf))                                    # [b, Hk, T L]
     wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)         # [b, Hk, T, T]
     wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
-    kernel = functools.partial(_verify_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
-                               num_stages=num_stages)
+    vectors = VectorPack.of(v=((T, TILE_ROWS), v.dtype), k=((T, K), k.dtype),
+                            q=((T, K), q.dtype), d=((T, TILE_ROWS), F32), ring_g=(L, F32),
+                            ring_kk=(T * L, F32), ring_kq=(T * L, F32))
+    kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
+                               block_k=block_k, num_stages=num_stages)
     (o, d), (ck,) = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -457,16 +465,11 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                     rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
         inplace=("s_ref",),
-        scratch=dict(v_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
+        scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_d.dtype),
-                     k_smem=plgpu.SMEM((T, K), k.dtype),
-                     q_smem=plgpu.SMEM((T, K), q.dtype),
                      rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
-                     o_smem=plgpu.SMEM((T, TILE_ROWS), v.dtype),
-                     d_smem=plgpu.SMEM((T, TILE_ROWS), F32),
-                     walk_smem=scalars_smem(L, T * L, T * L),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=7),
+                     bars=plgpu.Barrier(num_barriers=3 * T + 4),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, d, ck

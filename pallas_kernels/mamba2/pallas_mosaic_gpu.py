@@ -50,13 +50,13 @@ from pallas_kernels._mosaic_utils import (
     F32,
     ROW,
     TILE_ROWS,
+    VectorPack,
     chunk,
     cols,
     load_all,
     mosaic_call,
     rows,
     scalar_vectors,
-    scalars_smem,
     staging_smem,
     state_block,
     state_spec,
@@ -218,10 +218,10 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, bv_smem,
-                   cv_smem, rb_smem, xr_smem, br_smem, walk_smem, out_smem, bars, fold_bar, *,
-                   heads_per_group, block_n, num_stages):
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
+                   out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages):
     b, h, g, ps = _position(heads_per_group)
+    v = vectors.views(vec_smem)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -229,12 +229,12 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     dt, a = dt_ref[b, h], a_ref[h]
     # The walk's scalars: the ring's dt [L] and B_j . C [L] (whole: entries >= c are not read;
     # the append's dt write at c, by another P tile's CTA, lands in an entry no walk reads).
-    walk_copies, (ring_dt, ring_bc) = scalar_vectors(walk_smem, rdt_ref.at[slot, h],
-                                                     bcr_ref.at[b, g])
+    walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
+                                                     (bcr_ref.at[b, g], v.ring_bc))
     # The token's x, B, C, the ring's x rows and the walk's scalars, all in flight at once.
-    load_all(bars, (x_ref.at[b, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
-             (b_ref.at[b, g], bv_smem), (c_ref.at[b, g], cv_smem), *walk_copies)
-    x = plgpu.load(x_smem, layout=ROW).astype(F32)
+    load_all(bars, (x_ref.at[b, h, ps], v.x), (rx_ref.at[slot, h, :, ps], rx_smem),
+             (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), *walk_copies)
+    x = plgpu.load(v.x, layout=ROW).astype(F32)
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
@@ -253,13 +253,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
         plgpu.commit_smem()
-        return acc + jnp.sum(s * cols(chunk(cv_smem, n, block_n), s.shape), axis=1)
+        return acc + jnp.sum(s * cols(chunk(v.c, n, block_n), s.shape), axis=1)
 
     s0c = plgpu.emit_pipeline(
         readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile)
-    write_out(decay * s0c + y_ring + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
+    write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h, ps])
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
     fold = c == L - 1
@@ -267,7 +267,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     @pl.when(live & fold)
     def _():
         load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
-        _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live,
+        _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
               block_n=block_n, num_stages=num_stages)
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
@@ -275,7 +275,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # one reads.
     @pl.when(live & ~fold)
     def _append():
-        store_async(x, xr_smem, rx_ref.at[slot, h, c, ps])
+        store_async(x, v.ring_x, rx_ref.at[slot, h, c, ps])
 
         @pl.when(lax.axis_index(GRID_NAMES[2]) == 0)
         def _():
@@ -283,7 +283,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
             @pl.when(h % heads_per_group == 0)
             def _():
-                store_async(plgpu.load(bv_smem, layout=COL), br_smem, rb_ref.at[slot, g, c])
+                store_async(plgpu.load(v.b, layout=COL), v.ring_b, rb_ref.at[slot, g, c])
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -298,9 +298,12 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     # Per-group B . C products (ring x current, current x current): tiny next to the state.
     bc_ring = jnp.einsum("bgln,bgn->bgl", buffers.ring_b[slots].astype(F32), C32, precision=hi)
     bc_cur = jnp.einsum("bgn,bgn->bg", B.astype(F32), C32, precision=hi)
-    kernel = functools.partial(_replay_kernel, heads_per_group=H // G, block_n=block_n,
-                               num_stages=num_stages)
     ring_dtype = buffers.ring_x.dtype
+    vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
+                            ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
+                            ring_dt=(L, F32), ring_bc=(L, F32))
+    kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
+                               block_n=block_n, num_stages=num_stages)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, P // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -310,14 +313,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
-        scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
+        scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     bv_smem=plgpu.SMEM((N,), B.dtype),
-                     cv_smem=plgpu.SMEM((N,), C.dtype),
                      rb_smem=plgpu.SMEM((L, N), ring_dtype),
-                     xr_smem=plgpu.SMEM((TILE_ROWS,), ring_dtype),
-                     br_smem=plgpu.SMEM((N,), ring_dtype),
-                     walk_smem=scalars_smem(L, L),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=6),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
@@ -332,12 +330,13 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 # ring rows the window overwrites, in other CTAs of the same group.
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, x_smem, rx_smem, c_smem,
-                   rb_smem, bv_smem, y_smem, walk_smem, out_smem, bars, fold_bars, *,
-                   heads_per_group, block_n, num_stages):
+                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
+                   out_smem, bars, fold_bars, *, vectors, heads_per_group, block_n,
+                   num_stages):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, ps = _position(heads_per_group)
+    v = vectors.views(vec_smem)
     T, L, N = x_ref.shape[1], rx_ref.shape[2], c_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -345,11 +344,14 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     a = a_ref[h]
     dts = [dt_ref[b, t, h] for t in range(T)]
     # The walk's scalars: the ring's dt [L] and B_j . C_t [T * L] (t-major).
-    walk_copies, (ring_dt, ring_bc) = scalar_vectors(walk_smem, rdt_ref.at[slot, h],
-                                                     bcr_ref.at[b, g])
-    load_all(bars, (x_ref.at[b, :, h, ps], x_smem), (rx_ref.at[slot, h, :, ps], rx_smem),
-             (c_ref.at[b, :, g], c_smem), *walk_copies)  # [T, 64], [L, 64], [T, N]
-    xs = [plgpu.load(x_smem.at[t], layout=ROW).astype(F32) for t in range(T)]
+    walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
+                                                     (bcr_ref.at[b, g], v.ring_bc))
+    # The window's x and C rows one 1-D copy each (into the pack, not a [T, n] buffer of its
+    # own), the ring's x rows [L, 64] and the walk's scalars.
+    load_all(bars, *((x_ref.at[b, t, h, ps], v.x[t]) for t in range(T)),
+             *((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
+             (rx_ref.at[slot, h, :, ps], rx_smem), *walk_copies)
+    xs = [plgpu.load(v.x[t], layout=ROW).astype(F32) for t in range(T)]
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
@@ -369,7 +371,7 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         (n,) = idx
         s = s_smem[...].astype(F32)
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(acc_t + jnp.sum(s * cols(chunk(c_smem.at[t], n, block_n), s.shape), axis=1)
+        return tuple(acc_t + jnp.sum(s * cols(chunk(v.c[t], n, block_n), s.shape), axis=1)
                      for t, acc_t in enumerate(acc))
 
     s0c = plgpu.emit_pipeline(
@@ -384,13 +386,13 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
         for r in range(t + 1):
             y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
-        write_out(y, live, y_smem.at[t], y_ref.at[b, t, h, ps])
+        write_out(y, live, v.x[t], y_ref.at[b, t, h, ps])     # x_t is in registers
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
     def _():
-        load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], bv_smem))
-        _fold(tile, rb_smem, bv_smem, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
+        load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
+        _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
               ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
     plgpu.wait_smem_to_gmem(0)
 
@@ -408,8 +410,10 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(F32), C32,
                          precision=hi).reshape(batch, G, T * L)        # [b, G, T L]
     bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(F32), C32, precision=hi)  # [b, G, T, T]
-    kernel = functools.partial(_verify_kernel, heads_per_group=H // G, block_n=block_n,
-                               num_stages=num_stages)
+    vectors = VectorPack.of(x=((T, TILE_ROWS), x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
+                            ring_dt=(L, F32), ring_bc=(T * L, F32))
+    kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
+                               block_n=block_n, num_stages=num_stages)
     (y,), (ck,) = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, P // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -419,15 +423,11 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref",),
-        scratch=dict(x_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
+        scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_x.dtype),
-                     c_smem=plgpu.SMEM((T, N), C.dtype),
                      rb_smem=plgpu.SMEM((L, N), buffers.ring_b.dtype),
-                     bv_smem=plgpu.SMEM((N,), B.dtype),
-                     y_smem=plgpu.SMEM((T, TILE_ROWS), x.dtype),
-                     walk_smem=scalars_smem(L, T * L),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=5),
+                     bars=plgpu.Barrier(num_barriers=2 * T + 3),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
     return y, ck
