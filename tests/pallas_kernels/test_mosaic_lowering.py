@@ -66,6 +66,38 @@ def test_mamba2_mosaic_verify_lowers_for_sm90(tiling, state_dtype):
     assert "mosaic_gpu" in _lower(fn, bufs, counts, *window, A, D, slots)
 
 
+# An H200 SM has 228 KiB of shared memory and reserves 1 KiB per CTA: 3 CTAs need <= 75 KiB.
+_THREE_CTAS_SMEM = 75 * 1024
+
+
+def _smem_bytes(monkeypatch, fn, *args):
+    """The SMEM scratch bytes Pallas' Mosaic GPU lowering allocates for `fn`'s kernel (its own
+    estimate, every scratch buffer in a 1 KiB aligned slot: what the CTA is launched with)."""
+    from jax._src.pallas.mosaic_gpu import lowering
+    seen, estimate = [], lowering._estimate_resources
+
+    def spy(ctx, jaxpr):
+        resources = estimate(ctx, jaxpr)
+        seen.append(resources.smem_scratch_bytes)
+        return resources
+    monkeypatch.setattr(lowering, "_estimate_resources", spy)
+    _lower(fn, *args)
+    return max(seen)
+
+
+def test_mamba2_fp32_replay_kernels_fit_three_ctas_per_sm(monkeypatch):
+    """The latency-bound replay kernels hide latency with resident CTAs: at Nemotron-H-8B shapes
+    (L = 16, N = 128, block_n 64, 2 stages, an fp32 state) a third one fits an SM."""
+    bufs, counts, (x, B, C, dt, A, D, slots) = _mamba2_args(
+        S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=F32)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=None, interpret=False)
+    window = [jax.ShapeDtypeStruct((a.shape[0], 4, *a.shape[1:]), a.dtype) for a in (x, B, C, dt)]
+    for fn, args in ((mamba2.replay_decode, (x, B, C, dt)), (mamba2.replay_verify, window)):
+        smem = _smem_bytes(monkeypatch, functools.partial(fn, **kw), bufs, counts, *args, A, D,
+                           slots)
+        assert smem <= _THREE_CTAS_SMEM, f"{fn.__name__}: {smem / 1024} KiB"
+
+
 def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     sds = jax.ShapeDtypeStruct
     bufs = gdn.GDNBuffers(sds((S, Hv, V, K), state_dtype), sds((S, Hk, L, K), ring_dtype),
