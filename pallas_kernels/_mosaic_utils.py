@@ -201,6 +201,12 @@ def interpret_params(interpret: bool):
     return plgpu.InterpretGPUParams(detect_races=True) if interpret else None
 
 
+# Every reduction sums along a tile's rows (ROW results, within a warp: no SMEM). The default
+# reserves 2 KiB of SMEM for cross-warp ones in each pipeline step's scope, which the fp32
+# replay kernels need to fit 3 CTAs per SM (a cross-warp reduction now fails to lower).
+_COMPILER_PARAMS = plgpu.CompilerParams(reduction_scratch_bytes=0)
+
+
 def mosaic_call(kernel, *, name, grid, grid_names, inputs, outputs, inplace, scratch, interpret):
     """`plgpu.kernel` with named arguments: `inputs` (name -> array), `outputs`
     (name -> ShapeDtypeStruct) and `scratch` (name -> SMEM / Barrier type) are ordered dicts whose
@@ -219,5 +225,5 @@ def mosaic_call(kernel, *, name, grid, grid_names, inputs, outputs, inplace, scr
     outs = plgpu.kernel(
         kernel, out_type=tuple(outputs.values()), scratch_types=tuple(scratch.values()),
         grid=grid, grid_names=grid_names, interpret=interpret_params(interpret),
-        kernel_name=name)(*args.values())
+        compiler_params=_COMPILER_PARAMS, kernel_name=name)(*args.values())
     return tuple(outs), tuple(jax.freeze(args[n]) for n in inplace)

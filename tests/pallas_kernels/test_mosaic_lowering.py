@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels import gdn, mamba2
+from pallas_kernels.ring import MAX_VERIFY_TOKENS
 
 try:
     from jax._src.lib import mosaic_gpu  # noqa: F401  (the bindings, from the CUDA plugin)
@@ -85,19 +86,6 @@ def _smem_bytes(monkeypatch, fn, *args):
     return max(seen)
 
 
-def test_mamba2_fp32_replay_kernels_fit_three_ctas_per_sm(monkeypatch):
-    """The latency-bound replay kernels hide latency with resident CTAs: at Nemotron-H-8B shapes
-    (L = 16, N = 128, block_n 64, 2 stages, an fp32 state) a third one fits an SM."""
-    bufs, counts, (x, B, C, dt, A, D, slots) = _mamba2_args(
-        S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=F32)
-    kw = dict(impl="pallas_mosaic_gpu", tiling=None, interpret=False)
-    window = [jax.ShapeDtypeStruct((a.shape[0], 4, *a.shape[1:]), a.dtype) for a in (x, B, C, dt)]
-    for fn, args in ((mamba2.replay_decode, (x, B, C, dt)), (mamba2.replay_verify, window)):
-        smem = _smem_bytes(monkeypatch, functools.partial(fn, **kw), bufs, counts, *args, A, D,
-                           slots)
-        assert smem <= _THREE_CTAS_SMEM, f"{fn.__name__}: {smem / 1024} KiB"
-
-
 def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     sds = jax.ShapeDtypeStruct
     bufs = gdn.GDNBuffers(sds((S, Hv, V, K), state_dtype), sds((S, Hk, L, K), ring_dtype),
@@ -134,3 +122,31 @@ def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype):
     fn = functools.partial(gdn.replay_verify, impl="pallas_mosaic_gpu", tiling=tiling,
                            interpret=False)
     assert "mosaic_gpu" in _lower(fn, bufs, counts, *window, slots)
+
+
+def _window(T, *token):
+    return [jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in token]
+
+
+@pytest.mark.parametrize("family,kernel,T", [
+    ("mamba2", "replay_decode", 1), ("mamba2", "replay_verify", MAX_VERIFY_TOKENS),
+    ("gdn", "replay_decode", 1), ("gdn", "replay_verify", 4)])
+def test_fp32_replay_kernels_fit_three_ctas_per_sm(monkeypatch, family, kernel, T):
+    """The latency-bound replay kernels hide latency with resident CTAs: at real shapes (L = 16,
+    N = K = 128, the default tilings, an fp32 state) a third one fits an SM. GDN: with a bf16
+    ring (an fp32 one's keys and d rows take 6 KiB more), and verify up to T = 4 (its window
+    rows of v, k, q and d take 1 KiB per token)."""
+    kw = dict(impl="pallas_mosaic_gpu", tiling=None, interpret=False)
+    if family == "mamba2":
+        bufs, counts, (*token, A, D, slots) = _mamba2_args(
+            S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=F32)
+        consts = (A, D, slots)
+    else:
+        bufs, counts, (*token, slots) = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128,
+                                                  L=16, state_dtype=F32, ring_dtype=BF16)
+        consts = (slots,)
+    if kernel == "replay_verify":
+        token = _window(T, *token)
+    fn = functools.partial(getattr({"mamba2": mamba2, "gdn": gdn}[family], kernel), **kw)
+    smem = _smem_bytes(monkeypatch, fn, bufs, counts, *token, *consts)
+    assert smem <= _THREE_CTAS_SMEM, f"{family} {kernel}: {smem / 1024} KiB of SMEM"
