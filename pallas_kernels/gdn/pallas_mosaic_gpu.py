@@ -6,7 +6,8 @@ Grid (batch, Hv, V // 64): one CTA (one warpgroup) per (row, value head, 64-row 
 slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state
 tile [64, K] is copied into shared memory in key chunks of block_k (tiled and swizzled) and
 computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the ring's
-keys in a fold) are copied whole (`state_spec` says why). Updated chunks go back by TMA, for
+keys in a fold) are copied whole (`state_spec` says why); the token's vectors share one SMEM
+buffer per dtype with the other small ones (`VectorPack`). Updated chunks go back by TMA, for
 live rows only (the null slot is never written).
 
 Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once

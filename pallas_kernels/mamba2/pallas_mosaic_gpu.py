@@ -7,8 +7,10 @@ from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state t
 streams through shared memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages
 copies in flight; chunks tiled and swizzled in SMEM) and is computed on in registers (WGMMA
 layout, see `_mosaic_utils`). The vectors B, C (and the ring's B in a fold) are copied whole
-before the pipeline (`state_spec` says why). Updated chunks go back by TMA from a
-double-buffered SMEM staging area, for live rows only (the null slot is never written).
+before the pipeline (`state_spec` says why); the token's vectors share one SMEM buffer per
+dtype with the other small ones (`VectorPack`: a buffer of its own takes 1 KiB). Updated chunks
+go back by TMA from a double-buffered SMEM staging area, for live rows only (the null slot is
+never written).
 
 Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
 the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic). The kernel walks
