@@ -290,12 +290,6 @@ class HybridLM(nnx.Module):
         return tuple(layer.mixer.replay_width if layer.kind in SSM_KINDS else 0
                      for layer in self.layers)
 
-    def local_logits(self, hidden):
-        """The LM head: final-normed hidden [..., D] -> fp32 logits [..., V / tp] of this
-        device's vocabulary shard under a vocab-parallel head inside shard_map, else
-        [..., V] (see `models.parallel.gather_vocab`, `vocab_argmax`)."""
-        raise NotImplementedError
-
     def _logits(self, hidden):
         """hidden [..., D] -> all the logits [..., V] fp32 (gathered under a vocab-parallel
         head)."""

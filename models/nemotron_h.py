@@ -373,4 +373,6 @@ class NemotronH(HybridLM):
         return self.norm_f(h), tuple(new_layers)
 
     def local_logits(self, hidden):
+        """The LM head (`HybridLM`'s contract): final-normed [..., D] -> fp32 logits of this
+        device's vocabulary shard under a vocab-parallel head, else all [..., V]."""
         return self.lm_head(hidden).astype(jnp.float32)

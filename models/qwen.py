@@ -357,6 +357,8 @@ class QwenHybrid(HybridLM):
         return h, cache.replace(mtp=mtp_caches)
 
     def local_logits(self, x):
+        """The LM head (`HybridLM`'s contract): final-normed [..., D] -> fp32 logits of this
+        device's vocabulary shard under a vocab-parallel head, else all [..., V]."""
         if self.lm_head is None:
             emb = self.embed_tokens[...]
             logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.validation import bounded_block, check
+from pallas_kernels.validation import bounded_block, check, resolve_tiling
 
 F32 = jnp.float32
 # One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
@@ -148,6 +148,22 @@ def state_block(name, dim_name, dim, bound, state_dtype):
           f"pallas_mosaic_gpu needs state chunk rows of >= 32 bytes: {name} = {block} of a "
           f"{dtype.name} state is {block * dtype.itemsize}")
     return block
+
+
+def resolve_tiles(tiling, default, *, field, rows, chunk, max_chunk, state_dtype):
+    """A family's validated launch tiles {field: state chunk width, "num_stages": n} for `tiling`
+    (None: `default`): rows = (name, size) of the state dim the CTAs split into one warpgroup's
+    64-row tiles; chunk = (name, size) of the dim streamed in chunks of `field` (at most
+    `max_chunk`: its vectors are one TMA box each). Names end in the dim's letter ("d_state N")."""
+    t = resolve_tiling(tiling, default)
+    (rows_name, R), (chunk_name, C) = rows, chunk
+    check(R % TILE_ROWS == 0, f"pallas_mosaic_gpu needs {rows_name} a multiple of {TILE_ROWS}, "
+          f"got {rows_name.split()[-1]} = {R}")
+    check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
+          f"got {chunk_name.split()[-1]} = {C}")
+    check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
+    return {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
+            "num_stages": t.num_stages}
 
 
 def state_layout(block, dtype):

@@ -61,10 +61,10 @@ from pallas_kernels._mosaic_utils import (
     cols,
     load_all,
     mosaic_call,
+    resolve_tiles,
     rows,
     scalar_vectors,
     staging_smem,
-    state_block,
     state_layout,
     state_spec,
     store_async,
@@ -74,7 +74,6 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -97,13 +96,8 @@ _MAX_K = 256                      # one TMA box per q / k vector
 
 
 def _tiles(tiling, default, V, K, state_dtype):
-    t = resolve_tiling(tiling, default)
-    check(V % TILE_ROWS == 0,
-          f"pallas_mosaic_gpu needs value dim V a multiple of {TILE_ROWS}, got V = {V}")
-    check(K <= _MAX_K, f"pallas_mosaic_gpu needs key dim K <= {_MAX_K}, got K = {K}")
-    check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_k=state_block("block_k", "key dim K", K, t.block_k, state_dtype),
-                num_stages=t.num_stages)
+    return resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
+                         chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):

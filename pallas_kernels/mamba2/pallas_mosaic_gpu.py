@@ -57,10 +57,10 @@ from pallas_kernels._mosaic_utils import (
     cols,
     load_all,
     mosaic_call,
+    resolve_tiles,
     rows,
     scalar_vectors,
     staging_smem,
-    state_block,
     state_spec,
     store_async,
     write_chunk,
@@ -69,7 +69,6 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
-from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -91,13 +90,8 @@ _MAX_N = 256                      # one TMA box per B / C vector
 
 
 def _tiles(tiling, default, P, N, state_dtype):
-    t = resolve_tiling(tiling, default)
-    check(P % TILE_ROWS == 0,
-          f"pallas_mosaic_gpu needs head_dim P a multiple of {TILE_ROWS}, got P = {P}")
-    check(N <= _MAX_N, f"pallas_mosaic_gpu needs d_state N <= {_MAX_N}, got N = {N}")
-    check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    return dict(block_n=state_block("block_n", "d_state N", N, t.block_n, state_dtype),
-                num_stages=t.num_stages)
+    return resolve_tiles(tiling, default, field="block_n", rows=("head_dim P", P),
+                         chunk=("d_state N", N), max_chunk=_MAX_N, state_dtype=state_dtype)
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
