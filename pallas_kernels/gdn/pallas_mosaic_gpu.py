@@ -88,16 +88,38 @@ class GDNMosaicTiling:
     num_stages: int = 2
 
 
-# Not yet measured on the H200: the key chunk of the Triton replay kernel's best tiling.
+# The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
+# H200 (docs/benchmarks.md, sixth GPU session).
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
+_DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
+                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
+# impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
+# shapes, fp32 state, batch 256): standard 274 vs 292 us, verify T = 4 528 vs 599. The replay
+# decode stays on Triton (243 vs 253 us staggered; 35 vs 37 at batch 32).
+AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
 def _tiles(tiling, default, V, K, state_dtype):
     return resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
                          chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
+
+
+def takes(op, args) -> bool:
+    """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
+    measured winner (`AUTO_OPS`) whose default tiling takes their shapes (V a multiple of 64,
+    K <= 256)."""
+    if op not in AUTO_OPS:
+        return False
+    state = args[0] if op == "standard_decode" else args[0].checkpoint
+    k, v = args[2:4] if op == "standard_decode" else args[3:5]
+    try:
+        _tiles(None, _DEFAULT_TILING[op], v.shape[-1], k.shape[-1], state.dtype)
+    except ValueError:
+        return False
+    return True
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):

@@ -14,10 +14,11 @@ counts, folds, commit and rollback) is `pallas_kernels.ring`.
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp),
 "pallas_mosaic_gpu" (Hopper; decode and replay verify, P a multiple of 64), "auto"
-(Pallas Triton on GPU, XLA elsewhere). tiling: the Pallas launch configuration
-(`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic GPU), None for the
-measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate
-the pools at your jit boundary so the in-place update is real.
+(XLA off the GPU; the Mosaic GPU kernels on sm90 where they take the shapes, see
+`pallas_mosaic_gpu.takes`; Pallas Triton on other GPUs and for the rest). tiling: the Pallas
+launch configuration (`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic
+GPU), None for the measured one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`,
+`MOSAIC_*_TILING`). Donate the pools at your jit boundary so the in-place update is real.
 """
 
 from __future__ import annotations

@@ -82,16 +82,39 @@ class Mamba2MosaicTiling:
     num_stages: int = 2
 
 
-# Not yet measured on the H200: the chunk of the Triton kernels' best tilings.
+# Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
+# fp32 state): standard 549 us at block_n 64 (573 at 32); replay (staggered) 328 us at block_n 32,
+# 379 at 64, 490 at 128; verify T = 4 552 us at 32, 571 at 64; 3 or 4 stages change nothing.
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
-MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=64)
-MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=64)
+MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32)
+MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
+_DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
+                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
+# impl="auto" on sm90 runs every Mosaic kernel: each beat the Triton one on the H200 (standard
+# 551 vs 559 us, replay 328 vs 416, verify 552 vs 613 at batch 256; batch 1 and 32 as fast or
+# faster).
+AUTO_OPS = frozenset(_DEFAULT_TILING)
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
 def _tiles(tiling, default, P, N, state_dtype):
     return resolve_tiles(tiling, default, field="block_n", rows=("head_dim P", P),
                          chunk=("d_state N", N), max_chunk=_MAX_N, state_dtype=state_dtype)
+
+
+def takes(op, args) -> bool:
+    """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
+    measured winner (`AUTO_OPS`) whose default tiling takes their shapes (P a multiple of 64,
+    N <= 256; Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
+    if op not in AUTO_OPS:
+        return False
+    state = args[0] if op == "standard_decode" else args[0].checkpoint
+    x, B = args[1:3] if op == "standard_decode" else args[2:4]
+    try:
+        _tiles(None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype)
+    except ValueError:
+        return False
+    return True
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):

@@ -21,9 +21,11 @@ def bitwise_equal(a, b):
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
-def mosaic_races_found() -> bool:
+def mosaic_races_found(interpret: bool) -> bool:
     """Whether the Mosaic GPU interpreter (race detection on, see `_mosaic_utils`) has seen a
     data race between TMA copies and SMEM accesses in this process (jax 0.11.2 keeps the state
-    in a private module)."""
+    in a private module). Compiled kernels run no race detector: False."""
+    if not interpret:
+        return False
     from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
     return bool(interpret_pallas_call.get_races().races_found)

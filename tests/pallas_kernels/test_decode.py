@@ -70,7 +70,7 @@ def test_standard_decode_matches_recurrence(family, case, impl, interpret):
             assert rel_err(out[r], ref) < 5e-5
             assert rel_err(state[s], oracle[s]) < 5e-5
     assert bitwise_equal(state[idle], idle_before)              # null slot and idle slots
-    assert impl != MOSAIC or not mosaic_races_found()
+    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 REPLAY_CASES = [
@@ -130,7 +130,7 @@ def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, ou
     for a, b in zip(bufs, idle_before):
         assert bitwise_equal(a[idle], b)                         # null slot and idle slots
     assert int(counts[NULL_SLOT]) == 0
-    assert impl != MOSAIC or not mosaic_races_found()
+    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("family,impl", family_impls())
@@ -151,7 +151,7 @@ def test_window_one_is_the_standard_step(family, impl, interpret):
         assert rel_err(out_rep, out_std) < 1e-5
         assert rel_err(bufs.checkpoint, std) < 1e-5
         assert (np.asarray(counts) == 0).all()
-    assert impl != MOSAIC or not mosaic_races_found()
+    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -1,0 +1,85 @@
+"""impl="auto": which backend runs an op, on CPU, on a GPU, and on Hopper (sm90) where the
+Mosaic GPU kernels are the measured choice for the shapes they take."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import dispatch
+from pallas_kernels.gdn import api as gdn_api
+from pallas_kernels.mamba2 import api as mamba2_api
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+
+
+def _arr(shape, dtype=BF16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _mamba2_args(op, P=64, N=128, state=F32, T=4):
+    lead = (3, T) if op == "replay_verify" else (3,)
+    x, B = _arr(lead + (8, P)), _arr(lead + (2, N))
+    pool = _arr((5, 8, P, N), state)
+    head = (pool,) if op == "standard_decode" else (types.SimpleNamespace(checkpoint=pool), None)
+    return head + (x, B)
+
+
+def _gdn_args(op, K=128, V=128, state=F32, T=4):
+    lead = (3, T) if op == "replay_verify" else (3,)
+    q, k, v = _arr(lead + (2, K)), _arr(lead + (2, K)), _arr(lead + (4, V))
+    pool = _arr((5, 4, V, K), state)
+    head = (pool,) if op == "standard_decode" else (types.SimpleNamespace(checkpoint=pool), None)
+    return head + (q, k, v)
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """device(gpu, hopper): pretend the default device is (not) a GPU, (not) an sm90 one."""
+    def pretend(gpu, hopper):
+        monkeypatch.setattr(dispatch, "on_gpu", lambda: gpu)
+        monkeypatch.setattr(dispatch, "on_hopper", lambda: hopper)
+    return pretend
+
+
+MAMBA2_OPS = ("standard_decode", "replay_decode", "replay_verify")
+
+
+@pytest.mark.parametrize("op", MAMBA2_OPS)
+def test_auto_runs_mosaic_on_hopper_only(device, op):
+    args = _mamba2_args(op)
+    for (gpu, hopper), want in (((False, False), "xla"), ((True, False), "pallas_triton"),
+                                ((True, True), "pallas_mosaic_gpu")):
+        device(gpu, hopper)
+        assert mamba2_api._OPS[op].backend(args) == want
+    assert mamba2_api._OPS[op].backend(args, impl="pallas") == "pallas_triton"
+    assert mamba2_api._OPS[op].backend(args, impl="xla") == "xla"
+
+
+@pytest.mark.parametrize("op", MAMBA2_OPS)
+@pytest.mark.parametrize("shape", [dict(P=80), dict(N=512), dict(N=8, state=BF16)])
+def test_auto_keeps_triton_for_shapes_mosaic_does_not_take(device, op, shape):
+    """P = 80 (Nemotron-Nano-9B-v2), d_state past one TMA box, bf16 chunk rows under 32 bytes."""
+    device(True, True)
+    assert mamba2_api._OPS[op].backend(_mamba2_args(op, **shape)) == "pallas_triton"
+
+
+def test_auto_with_a_tiling_stays_on_its_backend(device):
+    device(True, True)
+    args = _mamba2_args("replay_decode")
+    assert mamba2_api._OPS["replay_decode"].backend(args, tiling=object()) == "pallas_triton"
+
+
+def test_auto_follows_the_measured_choice_per_op(device):
+    """GDN: the Mosaic standard decode and verify won on the H200, its replay decode did not;
+    the state-per-draft baseline has no Mosaic kernel."""
+    device(True, True)
+    backend = {op: gdn_api._OPS[op].backend(_gdn_args(op)) for op in MAMBA2_OPS}
+    assert backend == {"standard_decode": "pallas_mosaic_gpu", "replay_decode": "pallas_triton",
+                       "replay_verify": "pallas_mosaic_gpu"}
+    assert gdn_api._OPS["standard_decode"].backend(_gdn_args("standard_decode", V=32)) == (
+        "pallas_triton")
+    device(True, True)
+    assert mamba2_api._OPS["standard_verify"].backend(_mamba2_args("standard_decode")) == (
+        "pallas_triton")
