@@ -3,6 +3,7 @@ schedule on known inputs, and the GPU code paths run on CPU (interpret-mode Pall
 stand-in for CUPTI whose launch times come from the ring counts the kernels actually saw."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -194,3 +195,32 @@ def test_without_a_gpu_the_kernel_benches_say_so_in_one_line(module, capsys):
     assert module.main(["--batches", "1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"{module.PROG}: error: needs a CUDA GPU (jax.default_backend() is 'cpu')"
+
+
+def test_a_shape_an_impl_does_not_take_is_a_row_and_the_rest_still_runs(monkeypatch, capsys,
+                                                                          tmp_path):
+    """Mosaic GPU refuses P = 80 (Nemotron-Nano-9B-v2): that impl's row says why, every other
+    (impl, shape) is timed, and --json keeps both."""
+    monkeypatch.setattr(kernels.cli, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels, "copy_bandwidth", lambda: 4e12)
+    timed = []
+
+    def fake_bench(fam, shape, batch, *, impl, **kw):
+        if impl == "pallas_mosaic_gpu" and shape == "nemotron-nano-9b-v2":
+            raise ValueError("pallas_mosaic_gpu needs head_dim P a multiple of 64, got P = 80")
+        timed.append((impl, shape))
+        return dict(standard_us=2.0, staggered_us=1.0, amortised_us=1.0, nonfold_us=1.0,
+                    fold_us=1.0, std_bytes=1e6, rep_bytes=5e5)
+
+    monkeypatch.setattr(kernels, "bench", fake_bench)
+    out = tmp_path / "rows.json"
+    assert kernels.main(["--family", "mamba2", "--shapes", "nemotron-nano-9b-v2", "nemotron-h-8b",
+                         "--batches", "1", "--impls", "pallas", "pallas_mosaic_gpu",
+                         "--json", str(out)]) == 0
+    assert timed == [("pallas", "nemotron-nano-9b-v2"), ("pallas", "nemotron-h-8b"),
+                     ("pallas_mosaic_gpu", "nemotron-h-8b")]
+    lines = capsys.readouterr().out.splitlines()
+    assert any("| pallas_mosaic_gpu | nemotron-nano-9b-v2 | 1 | not taken: pallas_mosaic_gpu "
+               "needs head_dim P a multiple of 64" in line for line in lines)
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4 and sum("error" in r for r in rows) == 1
