@@ -28,7 +28,8 @@ tokens/s of the measured run, after a warm-up that compiles every prefill bucket
 output token (p50); for speculation, the accepted drafts per verify step (mean and histogram of
 k = 0..K over requests x steps); peak device memory of the variant alone (each variant runs in a
 fresh process when a GPU is present, --isolate); failures; against `standard`, the fraction of
-greedy requests with identical tokens; and for decode variants the roofline: the minimum bytes
+greedy requests with identical tokens and the mean fraction of their tokens equal before the first
+difference (`greedy_agreement`); and for decode variants the roofline: the minimum bytes
 of a decode step (`replayjax.bench.roofline`) and the time they take at the copy bandwidth
 measured in the same process, beside the measured step.
 """
@@ -276,11 +277,29 @@ def add_roofline(row, model, args, workload, copy_bw):
                of_roofline=total / args.tp / copy_bw * 1e3 / row["step_ms"])
 
 
+def greedy_agreement(out, ref, greedy):
+    """How far the greedy requests' tokens agree with the reference's: (match, prefix), match
+    the fraction of requests (indices `greedy`) whose tokens equal the reference's, prefix the
+    mean over them of the tokens equal before the first difference over the tokens generated
+    (the longer of the two), so a late divergence (near-tied logits of a random-weight model)
+    reads near 1 and a wrong first token 0. (None, None) without greedy requests.
+    out, ref: lists of token lists, one per request."""
+    if not greedy:
+        return None, None
+    match, prefix = 0, 0.0
+    for i in greedy:
+        a, b = out[i], ref[i]
+        same = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        match += list(a) == list(b)
+        prefix += same / max(len(a), len(b)) if a or b else 1.0
+    return match / len(greedy), prefix / len(greedy)
+
+
 def compare_to_standard(rows, tokens, greedy):
-    """Adds to every successful row its step time and tokens/s relative to `standard`, and the
-    fraction of greedy requests (indices `greedy`) whose tokens match standard's (ReplaySSM and
-    speculation must not change greedy output, up to numerics). tokens: {variant: [tokens of
-    each request]}."""
+    """Adds to every successful row its step time and tokens/s relative to `standard`, and how
+    far its greedy requests' (indices `greedy`) tokens agree with standard's (`greedy_agreement`:
+    ReplaySSM and speculation must not change greedy output, up to numerics). tokens:
+    {variant: [tokens of each request]}."""
     base = next((r for r in rows if r["variant"] == "standard" and "step_ms" in r), None)
     if base is None:
         return
@@ -290,9 +309,8 @@ def compare_to_standard(rows, tokens, greedy):
             continue
         r["step_speedup_vs_standard"] = base["step_ms"] / r["step_ms"]
         r["tokens_per_s_vs_standard"] = r["tokens_per_s"] / base["tokens_per_s"]
-        out = tokens[r["variant"]]
-        r["greedy_match_vs_standard"] = (sum(out[i] == ref[i] for i in greedy) /
-                                         len(greedy)) if greedy else None
+        r["greedy_match_vs_standard"], r["greedy_prefix_vs_standard"] = greedy_agreement(
+            tokens[r["variant"]], ref, greedy)
 
 
 # ---------------------------------------------------------------------- in process / isolated
@@ -538,10 +556,10 @@ def print_table(args, rows, what):
           f"{_fmt(rows[0].get('copy_gbs') if rows else None, '.0f')} GB/s")
     print("| variant | step ms | vs standard | ideal ms (of roofline) | tokens/s | compile s "
           "| TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify | k = 0..K "
-          "| greedy = standard | peak GB | failures |\n" + "|---" * 14 + "|")
+          "| greedy = standard | greedy prefix | peak GB | failures |\n" + "|---" * 15 + "|")
     for r in rows:
         if "step_ms" not in r:
-            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11
+            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 12
                   + f" {_fmt(r['failures'], 'd')} |")
             continue
         if "prefix_hit_rate" in r:
@@ -558,7 +576,8 @@ def print_table(args, rows, what):
               f"{r['compile_s']:.1f} | {r['ttft_p50_s']:.3f}/{r['ttft_p90_s']:.3f} | "
               f"{r['latency_p50_s']:.2f}/{r['latency_p90_s']:.2f} | {r['tpot_ms']:.2f} | "
               f"{_fmt(r['accepted_per_verify'], '.2f')} | {share} | "
-              f"{_fmt(r.get('greedy_match_vs_standard'), '.0%')} | {peak} | {r['failures']} |")
+              f"{_fmt(r.get('greedy_match_vs_standard'), '.0%')} | "
+              f"{_fmt(r.get('greedy_prefix_vs_standard'), '.0%')} | {peak} | {r['failures']} |")
 
 
 def _main(args, argv):

@@ -152,7 +152,7 @@ def test_trace_serves_the_same_requests_in_every_variant(tmp_path, monkeypatch, 
     assert rows["replay+mtp"]["failures"] == 5 and "MTP head" in rows["replay+mtp"]["error"]
     ok = [rows[v] for v in ("standard", "replay", "replay+ngram")]
     assert all(r["requests"] == r["completed"] == 5 and r["failures"] == 0 for r in ok)
-    assert all(r["greedy_match_vs_standard"] == 1.0 for r in ok)
+    assert all(r["greedy_match_vs_standard"] == r["greedy_prefix_vs_standard"] == 1.0 for r in ok)
 
     reqs, outputs = seen["args"].requests, seen["outputs"]
     assert list(reqs[1].prompt) == tok.encode("the cat sat on the mat and the cat").ids
@@ -377,6 +377,20 @@ def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
     assert all(r["failures"] == 0 and r["ttft_p50_s"] > 0 for r in rows)
     assert rows[1]["prefix_hit_rate"] > 0.3 and rows[1]["greedy_match_vs_standard"] == 1.0
     assert 0 < rows[1]["prefix_used_gb"] <= rows[1]["prefix_pool_gb"] <= 0.001
+
+
+def test_greedy_agreement_tells_late_divergence_from_a_wrong_first_token():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9], [1, 2, 3, 4], [7, 7, 7, 7]]
+    out = [[1, 2, 3, 4],            # equal: 4 / 4
+           [5, 6, 7, 0],            # last token differs: 3 / 4
+           [0, 9],                  # first token differs: 0 / 2
+           [1, 2],                  # stopped early (a stop id): 2 of the longer 4
+           [0, 0, 0, 0]]            # sampled (not in greedy): ignored
+    match, prefix = e2e.greedy_agreement(out, ref, [0, 1, 2, 3])
+    assert match == 1 / 4 and prefix == pytest.approx((1 + 3 / 4 + 0 + 2 / 4) / 4)
+    assert e2e.greedy_agreement(out, ref, [0]) == (1.0, 1.0)
+    assert e2e.greedy_agreement([[]], [[]], [0]) == (1.0, 1.0)
+    assert e2e.greedy_agreement(out, ref, []) == (None, None)
 
 
 def test_kernel_impls_are_the_registrys():
