@@ -1,8 +1,10 @@
 """End-to-end A/B benchmark: the same requests through standard and ReplaySSM decoding, with and
 without speculation, on one model.
 
-Variants are MODE[+DRAFTER]: MODE standard | replay (how SSM layers decode), DRAFTER ngram (prompt
-lookup on the host) | mtp (the model's MTP head, on device). Synthetic models have real dimensions
+Variants are MODE[+DRAFTER][@IMPL]: MODE standard | replay (how SSM layers decode), DRAFTER ngram
+(prompt lookup on the host) | mtp (the model's MTP head, on device), IMPL the variant's kernels
+(--impl's choices; default --impl): `--variants standard@xla standard@pallas` checks the Pallas
+decode attention end to end by its greedy agreement with the XLA path. Synthetic models have real dimensions
 and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head (models
 whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
 variant the engine refuses or that fails is reported as a failed row.
@@ -74,18 +76,20 @@ MAX_LEN_SLACK = 16      # cache room past prompt + max_new_tokens: drafts (K <= 
 
 
 def parse_variant(text):
-    """argparse type: MODE[+DRAFTER] -> (mode, drafter or None)."""
-    mode, plus, drafter = text.partition("+")
-    if mode not in MODES or (plus and drafter not in DRAFTERS):
+    """argparse type: MODE[+DRAFTER][@IMPL] -> (mode, drafter or None, impl or None)."""
+    spec, at, impl = text.partition("@")
+    mode, plus, drafter = spec.partition("+")
+    if mode not in MODES or (plus and drafter not in DRAFTERS) or (at and impl not in
+                                                                     KERNEL_IMPLS):
         raise argparse.ArgumentTypeError(
-            f"variant {text!r} is not MODE[+DRAFTER] with MODE in {'|'.join(MODES)} and DRAFTER "
-            f"in {'|'.join(DRAFTERS)}")
-    return mode, drafter or None
+            f"variant {text!r} is not MODE[+DRAFTER][@IMPL] with MODE in {'|'.join(MODES)}, "
+            f"DRAFTER in {'|'.join(DRAFTERS)} and IMPL in {'|'.join(KERNEL_IMPLS)}")
+    return mode, drafter or None, impl or None
 
 
 def variant_name(variant):
-    mode, drafter = variant
-    return f"{mode}+{drafter}" if drafter else mode
+    mode, drafter, impl = variant
+    return mode + (f"+{drafter}" if drafter else "") + (f"@{impl}" if impl else "")
 
 
 # ---------------------------------------------------------------------- requests and model
@@ -199,7 +203,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
     import jax.numpy as jnp
 
     from replayjax.engine import Engine
-    mode, drafter = variant
+    mode, drafter, impl = variant
     name = variant_name(variant) + ("+prefix" if prefix_cache_gb else "")
     K = args.num_draft if drafter else 0
     n = len(workload.requests)
@@ -213,7 +217,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
                             prefix_block=args.prefix_block,
                             prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0,
-                            batch_invariant=not args.dynamic_batch, impl=args.impl)
+                            batch_invariant=not args.dynamic_batch, impl=impl or args.impl)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
@@ -268,7 +272,7 @@ def add_roofline(row, model, args, workload, copy_bw):
         return
     import jax.numpy as jnp
     rows = min(args.batch, len(workload.requests))
-    mode = row["variant"].partition("+")[0]
+    mode = row["variant"].partition("+")[0].partition("@")[0]
     by_class = decode_step_bytes(model, rows, workload.kv_len, mode=mode,
                                  window=args.window, state_dtype=jnp.dtype(args.state_dtype))
     total = sum(by_class.values())
@@ -296,14 +300,16 @@ def greedy_agreement(out, ref, greedy):
 
 
 def compare_to_standard(rows, tokens, greedy):
-    """Adds to every successful row its step time and tokens/s relative to `standard`, and how
-    far its greedy requests' (indices `greedy`) tokens agree with standard's (`greedy_agreement`:
-    ReplaySSM and speculation must not change greedy output, up to numerics). tokens:
-    {variant: [tokens of each request]}."""
-    base = next((r for r in rows if r["variant"] == "standard" and "step_ms" in r), None)
+    """Adds to every successful row its step time and tokens/s relative to `standard` (the first
+    successful standard row, maybe standard@IMPL), and how far its greedy requests' (indices
+    `greedy`) tokens agree with standard's (`greedy_agreement`: ReplaySSM, speculation and the
+    kernels must not change greedy output, up to numerics). tokens: {variant: [tokens of each
+    request]}."""
+    base = next((r for r in rows if r["variant"].partition("@")[0] == "standard"
+                 and "step_ms" in r), None)
     if base is None:
         return
-    ref = tokens["standard"]
+    ref = tokens[base["variant"]]
     for r in rows:
         if "step_ms" not in r:
             continue
@@ -319,7 +325,7 @@ def run_in_process(args, progress):
     """All variants in this process on one model: (rows, {variant: completions}). Peak memory is
     the process's (JAX cannot reset it), so only the first variant's is its own."""
     with progress.stage("building the model"):
-        model = build_model(args, mtp=any(d == "mtp" for _, d in args.variants)
+        model = build_model(args, mtp=any(d == "mtp" for _, d, _ in args.variants)
                             and not args.model)
     workload = make_workload(args, model.cfg.vocab_size)
     rows, outputs = [], {}
@@ -461,7 +467,8 @@ def build_parser():
                          "MODEL/tokenizer.json)")
     ap.add_argument("--variants", nargs="+", type=parse_variant,
                     default=["standard", "replay"], metavar="MODE[+DRAFTER]",
-                    help="MODE standard|replay, DRAFTER ngram|mtp")
+                    help="MODE standard|replay, DRAFTER ngram|mtp, IMPL: --impl for this variant "
+                         "(e.g. standard@xla standard@pallas: the kernels' greedy agreement)")
     ap.add_argument("--num-draft", type=cli.in_range(1, 7), metavar="K",
                     help="drafts per speculative step, < --window (default: 3)")
     ap.add_argument("--window", type=cli.window, default=16, metavar="L",
@@ -500,7 +507,7 @@ def parse_args(argv=None):
     names = [variant_name(v) for v in args.variants]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         ap.error(f"argument --variants: {', '.join(dup)} given twice")
-    drafts = any(d for _, d in args.variants)
+    drafts = any(d for _, d, _ in args.variants)
     if args.num_draft is not None and not drafts:
         ap.error("argument --num-draft: no variant drafts (add +ngram or +mtp to --variants)")
     args.num_draft = 3 if args.num_draft is None else args.num_draft

@@ -117,8 +117,8 @@ def _capture_run(monkeypatch):
 
     def run(args, argv=()):
         seen["args"] = args
-        rows, seen["outputs"], what = real(args, argv)
-        return rows, seen["outputs"], what
+        seen["rows"], seen["outputs"], what = real(args, argv)
+        return seen["rows"], seen["outputs"], what
 
     monkeypatch.setattr(e2e, "run", run)
     return seen
@@ -199,6 +199,7 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--variants", "replay+medusa"], "argument --variants: variant 'replay+medusa' is not"),
     (["--variants", "replay", "replay"], "argument --variants: replay given twice"),
+    (["--variants", "standard@cuda"], "argument --variants: variant 'standard@cuda' is not"),
     (["--trace", "t.jsonl", "--new-tokens", "8"], "argument --new-tokens: describes synthetic"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--arrivals", "poisson"], "argument --rate: arrivals poisson need a rate"),
@@ -275,6 +276,31 @@ def test_mtp_variant_on_a_synthetic_model(monkeypatch, capsys):
     assert [c.tokens for c in out["replay+mtp"]] == [c.tokens for c in out["replay"]]
     assert sum(e2e.acceptance_histogram(out["replay+mtp"], 3)) == \
         sum(c.verify_steps for c in out["replay+mtp"]) > 0
+
+
+def test_variants_pick_their_kernels_and_compare_greedy_tokens(monkeypatch, capsys):
+    """standard@xla standard@pallas: the Pallas decode attention runs in that variant only, and
+    its greedy agreement with the first standard row (the XLA one) is in the table."""
+    monkeypatch.setitem(synthetic.SYNTHETIC, "tiny", dict(TINY_MTP, head_dim=16))
+    from pallas_kernels.attention import api
+    impls, pallas_rows = api._OPS["decode_attention"].impls, []
+    real = impls["pallas_triton"]
+    monkeypatch.setitem(impls, "pallas_triton", lambda *a, **kw: (
+        pallas_rows.append(a[0].shape[0]), real(*a, **kw))[1])
+    seen = _capture_run(monkeypatch)
+    assert e2e.main(["--synthetic", "tiny", "--batch", "3", "--prompt-len", "6", "--new-tokens",
+                     "6", "--window", "4", "--steps-per-visit", "4", "--isolate", "none",
+                     "--variants", "standard@xla", "standard@pallas"]) == 0
+    table = capsys.readouterr().out
+    assert "| greedy = standard | greedy prefix |" in table
+    assert "| standard@xla | " in table and "| standard@pallas | " in table
+    assert "failed" not in table and pallas_rows        # traced in the Pallas variant
+    rows, out = {r["variant"]: r for r in seen["rows"]}, seen["outputs"]
+    assert rows["standard@xla"]["greedy_prefix_vs_standard"] == 1.0       # the reference
+    tokens = {v: [c.tokens for c in out[v]] for v in rows}
+    assert (rows["standard@pallas"]["greedy_match_vs_standard"],
+            rows["standard@pallas"]["greedy_prefix_vs_standard"]) == e2e.greedy_agreement(
+                tokens["standard@pallas"], tokens["standard@xla"], [0, 1, 2])
 
 
 def test_isolated_variants_run_in_fresh_processes(capsys):
