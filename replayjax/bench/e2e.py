@@ -4,9 +4,9 @@ without speculation, on one model.
 Variants are MODE[+DRAFTER][@IMPL]: MODE standard | replay (how SSM layers decode), DRAFTER ngram
 (prompt lookup on the host) | mtp (the model's MTP head, on device), IMPL the variant's kernels
 (--impl's choices; default --impl): `--variants standard@xla standard@pallas` checks the Pallas
-decode attention end to end by its greedy agreement with the XLA path. Synthetic models have real dimensions
-and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head (models
-whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
+decode attention end to end by its greedy agreement with the XLA path. Synthetic models have real
+dimensions and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head
+(models whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
 variant the engine refuses or that fails is reported as a failed row.
 
 Requests (every variant serves the same ones, all arriving at t = 0 and sharing --batch slots,
