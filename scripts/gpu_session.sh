@@ -10,6 +10,11 @@
 #              and Qwen3.5-9B dims;  e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200
 #              (Nemotron-3-Nano, Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
 #              e2e with --impl pallas (the decode attention kernel; e2e's rows are --impl auto)
+#              e2e-attn-check - is the Pallas decode attention exact end to end: standard
+#              decode three times, each in its own process, at batch 256: @pallas (the reference),
+#              @pallas_triton (the same kernels again: greedy 100% unless a run is not
+#              deterministic) and @xla (the kernel's greedy agreement with the XLA path; the
+#              greedy prefix column tells a late divergence from an early one)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
 #              FLOP / byte roofline: Nemotron-H-8B and Qwen3.5-9B dims (issue 17)
@@ -120,6 +125,9 @@ case $stage in
   e2e-attn)
     e2e 330 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants standard replay \
       --impl pallas ;;
+  e2e-attn-check)
+    e2e 290 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 \
+      --variants standard@pallas standard@pallas_triton standard@xla ;;
   e2e-spec)
     # MTP K = 3, ReplaySSM vs state-per-draft (batch 64: the baseline's T + 1 states per sequence
     # did not fit next to the model at 128)

@@ -1,10 +1,12 @@
 """End-to-end A/B benchmark: the same requests through standard and ReplaySSM decoding, with and
 without speculation, on one model.
 
-Variants are MODE[+DRAFTER]: MODE standard | replay (how SSM layers decode), DRAFTER ngram (prompt
-lookup on the host) | mtp (the model's MTP head, on device). Synthetic models have real dimensions
-and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head (models
-whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
+Variants are MODE[+DRAFTER][@IMPL]: MODE standard | replay (how SSM layers decode), DRAFTER ngram
+(prompt lookup on the host) | mtp (the model's MTP head, on device), IMPL the variant's kernels
+(--impl's choices; default --impl): `--variants standard@xla standard@pallas` checks the Pallas
+decode attention end to end by its greedy agreement with the XLA path. Synthetic models have real
+dimensions and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head
+(models whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
 variant the engine refuses or that fails is reported as a failed row.
 
 Requests (every variant serves the same ones, all arriving at t = 0 and sharing --batch slots,
@@ -28,7 +30,8 @@ tokens/s of the measured run, after a warm-up that compiles every prefill bucket
 output token (p50); for speculation, the accepted drafts per verify step (mean and histogram of
 k = 0..K over requests x steps); peak device memory of the variant alone (each variant runs in a
 fresh process when a GPU is present, --isolate); failures; against `standard`, the fraction of
-greedy requests with identical tokens; and for decode variants the roofline: the minimum bytes
+greedy requests with identical tokens and the mean fraction of their tokens equal before the first
+difference (`greedy_agreement`); and for decode variants the roofline: the minimum bytes
 of a decode step (`replayjax.bench.roofline`) and the time they take at the copy bandwidth
 measured in the same process, beside the measured step.
 """
@@ -73,18 +76,20 @@ MAX_LEN_SLACK = 16      # cache room past prompt + max_new_tokens: drafts (K <= 
 
 
 def parse_variant(text):
-    """argparse type: MODE[+DRAFTER] -> (mode, drafter or None)."""
-    mode, plus, drafter = text.partition("+")
-    if mode not in MODES or (plus and drafter not in DRAFTERS):
+    """argparse type: MODE[+DRAFTER][@IMPL] -> (mode, drafter or None, impl or None)."""
+    spec, at, impl = text.partition("@")
+    mode, plus, drafter = spec.partition("+")
+    if mode not in MODES or (plus and drafter not in DRAFTERS) or (at and impl not in
+                                                                     KERNEL_IMPLS):
         raise argparse.ArgumentTypeError(
-            f"variant {text!r} is not MODE[+DRAFTER] with MODE in {'|'.join(MODES)} and DRAFTER "
-            f"in {'|'.join(DRAFTERS)}")
-    return mode, drafter or None
+            f"variant {text!r} is not MODE[+DRAFTER][@IMPL] with MODE in {'|'.join(MODES)}, "
+            f"DRAFTER in {'|'.join(DRAFTERS)} and IMPL in {'|'.join(KERNEL_IMPLS)}")
+    return mode, drafter or None, impl or None
 
 
 def variant_name(variant):
-    mode, drafter = variant
-    return f"{mode}+{drafter}" if drafter else mode
+    mode, drafter, impl = variant
+    return mode + (f"+{drafter}" if drafter else "") + (f"@{impl}" if impl else "")
 
 
 # ---------------------------------------------------------------------- requests and model
@@ -198,7 +203,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
     import jax.numpy as jnp
 
     from replayjax.engine import Engine
-    mode, drafter = variant
+    mode, drafter, impl = variant
     name = variant_name(variant) + ("+prefix" if prefix_cache_gb else "")
     K = args.num_draft if drafter else 0
     n = len(workload.requests)
@@ -212,7 +217,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
                             prefix_block=args.prefix_block,
                             prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0,
-                            batch_invariant=not args.dynamic_batch, impl=args.impl)
+                            batch_invariant=not args.dynamic_batch, impl=impl or args.impl)
         finally:
             restore()
         with progress.stage(f"{name}: warm-up (compiling)"):
@@ -267,7 +272,7 @@ def add_roofline(row, model, args, workload, copy_bw):
         return
     import jax.numpy as jnp
     rows = min(args.batch, len(workload.requests))
-    mode = row["variant"].partition("+")[0]
+    mode = row["variant"].partition("+")[0].partition("@")[0]
     by_class = decode_step_bytes(model, rows, workload.kv_len, mode=mode,
                                  window=args.window, state_dtype=jnp.dtype(args.state_dtype))
     total = sum(by_class.values())
@@ -276,23 +281,42 @@ def add_roofline(row, model, args, workload, copy_bw):
                of_roofline=total / args.tp / copy_bw * 1e3 / row["step_ms"])
 
 
+def greedy_agreement(out, ref, greedy):
+    """How far the greedy requests' tokens agree with the reference's: (match, prefix), match
+    the fraction of requests (indices `greedy`) whose tokens equal the reference's, prefix the
+    mean over them of the tokens equal before the first difference over the tokens generated
+    (the longer of the two), so a late divergence (near-tied logits of a random-weight model)
+    reads near 1 and a wrong first token 0. (None, None) without greedy requests.
+    out, ref: lists of token lists, one per request."""
+    if not greedy:
+        return None, None
+    match, prefix = 0, 0.0
+    for i in greedy:
+        a, b = out[i], ref[i]
+        same = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        match += list(a) == list(b)
+        prefix += same / max(len(a), len(b)) if a or b else 1.0
+    return match / len(greedy), prefix / len(greedy)
+
+
 def compare_to_standard(rows, tokens, greedy):
-    """Adds to every successful row its step time and tokens/s relative to `standard`, and the
-    fraction of greedy requests (indices `greedy`) whose tokens match standard's (ReplaySSM and
-    speculation must not change greedy output, up to numerics). tokens: {variant: [tokens of
-    each request]}."""
-    base = next((r for r in rows if r["variant"] == "standard" and "step_ms" in r), None)
+    """Adds to every successful row its step time and tokens/s relative to `standard` (the first
+    successful standard row, maybe standard@IMPL), and how far its greedy requests' (indices
+    `greedy`) tokens agree with standard's (`greedy_agreement`: ReplaySSM, speculation and the
+    kernels must not change greedy output, up to numerics). tokens: {variant: [tokens of each
+    request]}."""
+    base = next((r for r in rows if r["variant"].partition("@")[0] == "standard"
+                 and "step_ms" in r), None)
     if base is None:
         return
-    ref = tokens["standard"]
+    ref = tokens[base["variant"]]
     for r in rows:
         if "step_ms" not in r:
             continue
         r["step_speedup_vs_standard"] = base["step_ms"] / r["step_ms"]
         r["tokens_per_s_vs_standard"] = r["tokens_per_s"] / base["tokens_per_s"]
-        out = tokens[r["variant"]]
-        r["greedy_match_vs_standard"] = (sum(out[i] == ref[i] for i in greedy) /
-                                         len(greedy)) if greedy else None
+        r["greedy_match_vs_standard"], r["greedy_prefix_vs_standard"] = greedy_agreement(
+            tokens[r["variant"]], ref, greedy)
 
 
 # ---------------------------------------------------------------------- in process / isolated
@@ -301,7 +325,7 @@ def run_in_process(args, progress):
     """All variants in this process on one model: (rows, {variant: completions}). Peak memory is
     the process's (JAX cannot reset it), so only the first variant's is its own."""
     with progress.stage("building the model"):
-        model = build_model(args, mtp=any(d == "mtp" for _, d in args.variants)
+        model = build_model(args, mtp=any(d == "mtp" for _, d, _ in args.variants)
                             and not args.model)
     workload = make_workload(args, model.cfg.vocab_size)
     rows, outputs = [], {}
@@ -443,7 +467,8 @@ def build_parser():
                          "MODEL/tokenizer.json)")
     ap.add_argument("--variants", nargs="+", type=parse_variant,
                     default=["standard", "replay"], metavar="MODE[+DRAFTER]",
-                    help="MODE standard|replay, DRAFTER ngram|mtp")
+                    help="MODE standard|replay, DRAFTER ngram|mtp, IMPL: --impl for this variant "
+                         "(e.g. standard@xla standard@pallas: the kernels' greedy agreement)")
     ap.add_argument("--num-draft", type=cli.in_range(1, 7), metavar="K",
                     help="drafts per speculative step, < --window (default: 3)")
     ap.add_argument("--window", type=cli.window, default=16, metavar="L",
@@ -482,7 +507,7 @@ def parse_args(argv=None):
     names = [variant_name(v) for v in args.variants]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         ap.error(f"argument --variants: {', '.join(dup)} given twice")
-    drafts = any(d for _, d in args.variants)
+    drafts = any(d for _, d, _ in args.variants)
     if args.num_draft is not None and not drafts:
         ap.error("argument --num-draft: no variant drafts (add +ngram or +mtp to --variants)")
     args.num_draft = 3 if args.num_draft is None else args.num_draft
@@ -538,10 +563,10 @@ def print_table(args, rows, what):
           f"{_fmt(rows[0].get('copy_gbs') if rows else None, '.0f')} GB/s")
     print("| variant | step ms | vs standard | ideal ms (of roofline) | tokens/s | compile s "
           "| TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify | k = 0..K "
-          "| greedy = standard | peak GB | failures |\n" + "|---" * 14 + "|")
+          "| greedy = standard | greedy prefix | peak GB | failures |\n" + "|---" * 15 + "|")
     for r in rows:
         if "step_ms" not in r:
-            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 11
+            print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 12
                   + f" {_fmt(r['failures'], 'd')} |")
             continue
         if "prefix_hit_rate" in r:
@@ -558,7 +583,8 @@ def print_table(args, rows, what):
               f"{r['compile_s']:.1f} | {r['ttft_p50_s']:.3f}/{r['ttft_p90_s']:.3f} | "
               f"{r['latency_p50_s']:.2f}/{r['latency_p90_s']:.2f} | {r['tpot_ms']:.2f} | "
               f"{_fmt(r['accepted_per_verify'], '.2f')} | {share} | "
-              f"{_fmt(r.get('greedy_match_vs_standard'), '.0%')} | {peak} | {r['failures']} |")
+              f"{_fmt(r.get('greedy_match_vs_standard'), '.0%')} | "
+              f"{_fmt(r.get('greedy_prefix_vs_standard'), '.0%')} | {peak} | {r['failures']} |")
 
 
 def _main(args, argv):

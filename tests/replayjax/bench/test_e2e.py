@@ -117,8 +117,8 @@ def _capture_run(monkeypatch):
 
     def run(args, argv=()):
         seen["args"] = args
-        rows, seen["outputs"], what = real(args, argv)
-        return rows, seen["outputs"], what
+        seen["rows"], seen["outputs"], what = real(args, argv)
+        return seen["rows"], seen["outputs"], what
 
     monkeypatch.setattr(e2e, "run", run)
     return seen
@@ -152,7 +152,7 @@ def test_trace_serves_the_same_requests_in_every_variant(tmp_path, monkeypatch, 
     assert rows["replay+mtp"]["failures"] == 5 and "MTP head" in rows["replay+mtp"]["error"]
     ok = [rows[v] for v in ("standard", "replay", "replay+ngram")]
     assert all(r["requests"] == r["completed"] == 5 and r["failures"] == 0 for r in ok)
-    assert all(r["greedy_match_vs_standard"] == 1.0 for r in ok)
+    assert all(r["greedy_match_vs_standard"] == r["greedy_prefix_vs_standard"] == 1.0 for r in ok)
 
     reqs, outputs = seen["args"].requests, seen["outputs"]
     assert list(reqs[1].prompt) == tok.encode("the cat sat on the mat and the cat").ids
@@ -199,6 +199,7 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--variants", "replay+medusa"], "argument --variants: variant 'replay+medusa' is not"),
     (["--variants", "replay", "replay"], "argument --variants: replay given twice"),
+    (["--variants", "standard@cuda"], "argument --variants: variant 'standard@cuda' is not"),
     (["--trace", "t.jsonl", "--new-tokens", "8"], "argument --new-tokens: describes synthetic"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--arrivals", "poisson"], "argument --rate: arrivals poisson need a rate"),
@@ -275,6 +276,31 @@ def test_mtp_variant_on_a_synthetic_model(monkeypatch, capsys):
     assert [c.tokens for c in out["replay+mtp"]] == [c.tokens for c in out["replay"]]
     assert sum(e2e.acceptance_histogram(out["replay+mtp"], 3)) == \
         sum(c.verify_steps for c in out["replay+mtp"]) > 0
+
+
+def test_variants_pick_their_kernels_and_compare_greedy_tokens(monkeypatch, capsys):
+    """standard@xla standard@pallas: the Pallas decode attention runs in that variant only, and
+    its greedy agreement with the first standard row (the XLA one) is in the table."""
+    monkeypatch.setitem(synthetic.SYNTHETIC, "tiny", dict(TINY_MTP, head_dim=16))
+    from pallas_kernels.attention import api
+    impls, pallas_rows = api._OPS["decode_attention"].impls, []
+    real = impls["pallas_triton"]
+    monkeypatch.setitem(impls, "pallas_triton", lambda *a, **kw: (
+        pallas_rows.append(a[0].shape[0]), real(*a, **kw))[1])
+    seen = _capture_run(monkeypatch)
+    assert e2e.main(["--synthetic", "tiny", "--batch", "3", "--prompt-len", "6", "--new-tokens",
+                     "6", "--window", "4", "--steps-per-visit", "4", "--isolate", "none",
+                     "--variants", "standard@xla", "standard@pallas"]) == 0
+    table = capsys.readouterr().out
+    assert "| greedy = standard | greedy prefix |" in table
+    assert "| standard@xla | " in table and "| standard@pallas | " in table
+    assert "failed" not in table and pallas_rows        # traced in the Pallas variant
+    rows, out = {r["variant"]: r for r in seen["rows"]}, seen["outputs"]
+    assert rows["standard@xla"]["greedy_prefix_vs_standard"] == 1.0       # the reference
+    tokens = {v: [c.tokens for c in out[v]] for v in rows}
+    assert (rows["standard@pallas"]["greedy_match_vs_standard"],
+            rows["standard@pallas"]["greedy_prefix_vs_standard"]) == e2e.greedy_agreement(
+                tokens["standard@pallas"], tokens["standard@xla"], [0, 1, 2])
 
 
 def test_isolated_variants_run_in_fresh_processes(capsys):
@@ -377,6 +403,20 @@ def test_agents_with_prefix_cache_reports_both_ttfts(capsys):
     assert all(r["failures"] == 0 and r["ttft_p50_s"] > 0 for r in rows)
     assert rows[1]["prefix_hit_rate"] > 0.3 and rows[1]["greedy_match_vs_standard"] == 1.0
     assert 0 < rows[1]["prefix_used_gb"] <= rows[1]["prefix_pool_gb"] <= 0.001
+
+
+def test_greedy_agreement_tells_late_divergence_from_a_wrong_first_token():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9], [1, 2, 3, 4], [7, 7, 7, 7]]
+    out = [[1, 2, 3, 4],            # equal: 4 / 4
+           [5, 6, 7, 0],            # last token differs: 3 / 4
+           [0, 9],                  # first token differs: 0 / 2
+           [1, 2],                  # stopped early (a stop id): 2 of the longer 4
+           [0, 0, 0, 0]]            # sampled (not in greedy): ignored
+    match, prefix = e2e.greedy_agreement(out, ref, [0, 1, 2, 3])
+    assert match == 1 / 4 and prefix == pytest.approx((1 + 3 / 4 + 0 + 2 / 4) / 4)
+    assert e2e.greedy_agreement(out, ref, [0]) == (1.0, 1.0)
+    assert e2e.greedy_agreement([[]], [[]], [0]) == (1.0, 1.0)
+    assert e2e.greedy_agreement(out, ref, []) == (None, None)
 
 
 def test_kernel_impls_are_the_registrys():
