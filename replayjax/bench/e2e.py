@@ -466,7 +466,7 @@ def build_parser():
                     help="tokenizer.json for a --trace's text prompts (default: "
                          "MODEL/tokenizer.json)")
     ap.add_argument("--variants", nargs="+", type=parse_variant,
-                    default=["standard", "replay"], metavar="MODE[+DRAFTER]",
+                    default=["standard", "replay"], metavar="MODE[+DRAFTER][@IMPL]",
                     help="MODE standard|replay, DRAFTER ngram|mtp, IMPL: --impl for this variant "
                          "(e.g. standard@xla standard@pallas: the kernels' greedy agreement)")
     ap.add_argument("--num-draft", type=cli.in_range(1, 7), metavar="K",
