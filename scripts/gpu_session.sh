@@ -38,6 +38,13 @@
 #              per case (OK + relative error, or the error's last line): the real shapes at
 #              block 32 / 64 / 128, then 3 stages, then the unit tests' shapes;
 #              DIAG_FLAGS="..." runs that matrix instead (e.g. --shapes real --blocks 32)
+#   peers    - issue 16's side-by-side table in one run: the peers' kernels
+#              (../shared/peer_bench copied to .peer_bench, git-ignored, carried) at batch 1 / 32 /
+#              256 / 512, then our decode kernels (Triton and Mosaic GPU) over the batch sweep
+#              1..512, both families
+#   ncu      - Nsight Compute on one launch of each replay kernel at batch 256 (Triton and Mosaic,
+#              both families; scripts/ncu_kernels.py runs them without CUPTI): speed of light,
+#              memory, occupancy, warp stalls, one CSV per kernel
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -161,6 +168,26 @@ case $stage in
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
     timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  peers)
+    limit 150 python3 .peer_bench/peer_bench.py --out "$out" --batches 1 32 256 512 \
+      2>>"$out/peers.log" | tail -40 || true
+    for fam in mamba2 gdn; do
+      limit 200 python3 -m replayjax.bench.kernels --family $fam --batches 1 8 32 64 128 256 512 \
+        --impls pallas pallas_mosaic_gpu --json "$out/kernels_sweep_$fam.json" \
+        2>>"$out/kernels.log" | grep "^|"
+    done ;;
+  ncu)
+    for fam in mamba2 gdn; do
+      for impl in pallas pallas_mosaic_gpu; do
+        limit 120 ncu --launch-skip 40 --launch-count 2 --csv --page details \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+          --section LaunchStats --section WarpStateStats \
+          python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel replay \
+          > "$out/ncu_${fam}_$impl.csv" 2>>"$out/ncu.log" || true
+        grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
+Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -20
+      done
+    done ;;
   attention)
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
       --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_warps": 8}, {"min_programs": 1}]' \

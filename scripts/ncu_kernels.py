@@ -1,0 +1,67 @@
+"""Runs one SSM decode kernel in a loop with no timer of its own, for Nsight Compute.
+
+    ncu --launch-skip 40 --launch-count 4 --section SpeedOfLight ... \\
+        python3 scripts/ncu_kernels.py --family gdn --impl pallas_mosaic_gpu --kernel replay
+
+`replayjax bench kernels` times with CUPTI, which Nsight Compute cannot share a process with;
+this runs the same kernels on the same inputs (`replayjax.bench.families`: real shapes, random
+inputs, a pool of >= 512 MiB of state, staggered ring counts) for --steps steps of one jitted
+loop. The loop's launches are the kernel and, for the replay kernel, the ring counts' update.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, pool_sets
+
+DEFAULT_SHAPE = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=list(FAMILIES), required=True)
+    ap.add_argument("--shape", help="a shape of the family (default: its 8B / Qwen3-Next one)")
+    ap.add_argument("--impl", default="pallas", choices=["pallas", "pallas_mosaic_gpu"])
+    ap.add_argument("--kernel", default="replay", choices=["standard", "replay"])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--window", type=int, default=16)
+    args = ap.parse_args(argv)
+    shape = args.shape or DEFAULT_SHAPE[args.family]
+    if shape not in SHAPES[args.family]:
+        ap.error(f"--shape: {shape!r} is not a {args.family} shape "
+                 f"({', '.join(SHAPES[args.family])})")
+
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.ring import advance_counts
+    from replayjax.bench.kernels import staggered_counts
+
+    fam = FAMILIES[args.family]()
+    dims, L = fam.shapes[shape], args.window
+    n_sets, S, ids = pool_sets(fam, dims, args.batch, 1, MIN_POOL_BYTES, 0)
+    sets = jnp.asarray(ids[..., 0], jnp.int32)
+    inputs, bufs = fam.setup(dims, args.batch, S, L, jnp.dtype(fam.default_ring),
+                             jax.random.key(0))
+
+    @jax.jit
+    def run(bufs, counts):
+        def body(i, carry):
+            bufs, counts = carry
+            slots = sets[i % n_sets]
+            if args.kernel == "standard":
+                return bufs._replace(checkpoint=fam.standard(bufs.checkpoint, inputs, slots,
+                                                             impl=args.impl)), counts
+            bufs = fam.replay(bufs, counts, inputs, slots, impl=args.impl)
+            return bufs, advance_counts(counts, slots, L)
+        return jax.lax.fori_loop(0, args.steps, body, (bufs, counts))
+
+    jax.block_until_ready(run(bufs, jnp.asarray(staggered_counts(S, L, 1))))
+    print(f"{args.family} {shape} {args.impl} {args.kernel}: {args.steps} steps of batch "
+          f"{args.batch} ran", flush=True)
+
+
+if __name__ == "__main__":
+    main()
