@@ -16,6 +16,7 @@
 #              deterministic) and @xla (the kernel's greedy agreement with the XLA path; the
 #              greedy prefix column tells a late divergence from an early one)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
+#   profile-b1 - the same at batch 1 on Nemotron-3-Nano-30B-A3B dims, standard then replay
 #   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
 #              FLOP / byte roofline: Nemotron-H-8B and Qwen3.5-9B dims (issue 17)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
@@ -341,6 +342,13 @@ print(serve.markdown(rows))" "$out" ;;
     for m in nemotron-h-8b qwen3.5-9b; do
       limit 360 python3 -m replayjax.bench.prefill --synthetic $m --batch 32 --prompt-len 2048 \
         --json 2>>"$out/prefill.log" | tee -a "$out/prefill.jsonl" | tail -c 1500
+    done ;;
+  profile-b1)
+    # batch 1 of the MoE hybrid whose replay step was 3.6% slower than standard (issue 17: at
+    # most 2%): both modes' kernels side by side
+    for mode in standard replay; do
+      limit 200 python3 -m replayjax.bench.profile --synthetic nemotron-3-nano-30b-a3b --batch 1 \
+        --prompt-len 128 --steps 16 --mode $mode --top 25 2>>"$out/profile.log"
     done ;;
   profile|tp-profile)
     tp=$([ $stage = tp-profile ] && echo 2 || echo 1)
