@@ -84,43 +84,45 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64, blo
     else:
         s0 = initial_state.astype(_F32).reshape(b, G, R, P, N)
 
-    # State passing: a scan over chunks (chunk-major inputs) that reads the state entering each
-    # chunk with C (inter-chunk output, decayed from the chunk start: exp(cs) <= 1) and adds the
-    # chunk's own contribution. No per-chunk state is kept: a [b, nc, G, R, P, N] buffer of them
-    # (64x the state per 64 tokens, 4.3 GB a layer at 32 x 2048) updated in a loop was copied
-    # whole by XLA on every chunk. The sum over chunks runs in order whatever the padded length.
-    # Chunks are grouped `per` to a block (padded with identity chunks: decay 1, inputs 0), so
-    # an outer scan emits the state after each block alone.
-    per = block // Q if block else nc
-    nb = -(-nc // per)
+    # State passing, chunk by chunk in order (a prompt's state rounds the same whatever the
+    # padded length), in place on chunk-major buffers: each chunk reads the state entering it
+    # with C (the inter-chunk output, decayed from the chunk start: exp(cs) <= 1) into its rows
+    # of y, then adds its own contribution to the state. No per-chunk state is kept: a
+    # [b, nc, G, R, P, N] buffer of them (4.3 GB a layer at 32 x 2048) read and rewritten in a
+    # loop was copied whole by XLA on every chunk. y is carried, not a scan's stacked output:
+    # XLA allocated those zero-initialised buffers up front, every layer's at once.
+    cm = lambda t: jnp.moveaxis(t, 1, 0)                                     # noqa: E731
+    Cm, Bm, xdtm, ecs = cm(C), cm(B), cm(xdt), cm(jnp.exp(cs))
+    to_end = cm(jnp.exp(csT[..., -1:] - csT))                               # [nc, b, G, R, Q]
+    decay = cm(jnp.exp(csT[..., -1]))[..., None, None]                      # [nc, b, G, R, 1, 1]
 
-    def blocked(t, fill=0.0):
-        t = jnp.moveaxis(t, 1, 0)                                            # [nc, b, ...]
-        t = jnp.pad(t, [(0, nb * per - nc)] + [(0, 0)] * (t.ndim - 1), constant_values=fill)
-        return t.reshape((nb, per) + t.shape[1:])
+    def chunk_step(c, carry):
+        s, y = carry                   # s [b, G, R, P, N]; y [nc, b, Q, G, R, P]
+        at = lambda t: lax.dynamic_index_in_dim(t, c, keepdims=False)       # noqa: E731
+        y_in = _ein("blgn,bgrpn->blgrp", at(Cm), s) * at(ecs)[..., None]
+        y = lax.dynamic_update_index_in_dim(y, at(y) + y_in, c, 0)
+        xe = at(xdtm) * jnp.moveaxis(at(to_end), -1, 1)[..., None]          # [b, Q, G, R, P]
+        return at(decay) * s + _ein("bsgrp,bsgn->bgrpn", xe, at(Bm)), y
 
-    to_end = jnp.exp(csT[..., -1:] - csT)                                    # [b, nc, G, R, Q]
-    xs = (blocked(C), blocked(B), blocked(xdt), blocked(to_end), blocked(jnp.exp(cs)),
-          blocked(jnp.exp(csT[..., -1]), fill=1.0))
+    y = cm(y)
+    if block:       # whole blocks first, keeping the state after each, then the rest
+        per, full = block // Q, T // block
 
-    def chunk_step(s, inp):            # s [b, G, R, P, N]; one chunk's inputs, no chunk axis
-        Cc, Bc, xdtc, to_endc, ecs, decay = inp
-        y_in = _ein("blgn,bgrpn->blgrp", Cc, s) * ecs[..., None]            # [b, Q, G, R, P]
-        xe = xdtc * jnp.moveaxis(to_endc, -1, 1)[..., None]                  # [b, Q, G, R, P]
-        s = decay[..., None, None] * s + _ein("bsgrp,bsgn->bgrpn", xe, Bc)
-        return s, y_in
+        def block_step(i, carry):
+            s, y, states = carry
+            s, y = lax.fori_loop(i * per, (i + 1) * per, chunk_step, (s, y))
+            return s, y, lax.dynamic_update_index_in_dim(states, s, i, 0)
 
-    def block_step(s, inp):
-        s, y_in = lax.scan(chunk_step, s, inp)
-        return s, (y_in, s)
-
-    final, (y_in, after) = lax.scan(block_step, s0, xs)
-    y_in = y_in.reshape((nb * per,) + y_in.shape[2:])[:nc]                   # [nc, b, Q, G, R, P]
-    y = y + jnp.moveaxis(y_in, 0, 1)
+        s, y, after = lax.fori_loop(0, full, block_step,
+                                    (s0, y, jnp.zeros((full,) + s0.shape, _F32)))
+        final, y = lax.fori_loop(full * per, nc, chunk_step, (s, y))
+    else:
+        final, y = lax.fori_loop(0, nc, chunk_step, (s0, y))
+    y = jnp.moveaxis(y, 0, 1)
 
     y = y.reshape(b, Tp, H, P)[:, :T]
     y = jnp.where(valid[:, :, None, None], y, 0)
     if not block:
         return y, final.reshape(b, H, P, N)
-    blocks = jnp.moveaxis(after[:T // block], 0, 1)      # after[i]: the state after block i + 1
+    blocks = jnp.moveaxis(after, 0, 1)                    # after[i]: the state after block i + 1
     return y, final.reshape(b, H, P, N), blocks.reshape(b, -1, H, P, N)
