@@ -128,7 +128,9 @@ def prefill_inputs(pre, extra, lengths, cache: SSMCache, slots, starts, weight, 
         u = ring_window(u, block, ring)
         lengths = lengths if ring is None else lengths + ring[1]
     state0, conv0 = resume_state(cache, slots, starts)
-    conv, conv_state, *conv_blocks = conv_prefill(u[..., :C], weight, bias, lengths, conv0, block)
+    with jax.named_scope("conv"):           # its own class in `replayjax bench prefill --profile`
+        conv, conv_state, *conv_blocks = conv_prefill(u[..., :C], weight, bias, lengths, conv0,
+                                                      block)
     return PrefillInputs(conv, u[..., C:], lengths, state0, conv_state,
                          conv_blocks[0] if block else None, u)
 

@@ -11,11 +11,11 @@ of a over the chunk (cs <= 0, non-increasing):
     inter:  y_l += exp(cs_l) (S_in C_l)                                   (state entering chunk)
     state:  S_out = exp(cs_{Q-1}) S_in + sum_s exp(cs_{Q-1} - cs_s) dt_s x_s B_s^T
 
-The per-chunk contributions are computed for all chunks at once; only the state passing runs
-chunk by chunk (in place, see below). Every exponent is <= 0 (masked with `where`
-before `exp`), so nothing overflows. Padded positions (t >= length) get dt = 0 and x = B = C = 0:
-those steps are the identity on the state and emit y = 0, so the final state is the state after
-`length` tokens.
+The intra-chunk terms are computed for all chunks at once; the state passing (with the inter
+term and each chunk's state contribution) runs in a `lax.scan` over chunks. Every exponent is
+<= 0 (masked with `where` before `exp`), so nothing overflows. Padded positions (t >= length)
+get dt = 0 and x = B = C = 0: those steps are the identity on the state and emit y = 0, so the
+final state is the state after `length` tokens.
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64, blo
     Returns y [b, T, H, P] float32 (exactly 0 at t >= lengths) and the final state
     [b, H, P, N] float32 after exactly lengths[i] tokens. All math in float32, HIGHEST dots.
     block > 0 (a multiple of chunk): also the states after block, 2 block, ... tokens
-    [b, T // block, H, P, N] float32 (the chunk states the scan computes anyway; past a
-    prompt's length they equal its final state).
+    [b, T // block, H, P, N] float32 (past a prompt's length they equal its final state).
     """
     b, T, H, P = x.shape
     G, N = B.shape[2:]
@@ -78,41 +77,52 @@ def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64, blo
     seg = jnp.where(causal, csT[..., :, None] - csT[..., None, :], -jnp.inf)
     cb = _ein("bclgn,bcsgn->bcgls", C, B)                                    # per group
     m = jnp.exp(seg) * cb[:, :, :, None]                                     # [b, nc, G, R, Q, Q]
-    y = _ein("bcgrls,bcsgrp->bclgrp", m, xdt)
-
-    # Each chunk's own contribution to the state at its end, and its total decay.
-    to_end = jnp.exp(csT[..., -1:] - csT)                                    # [b, nc, G, R, Q]
-    chunk_states = _ein("bcgrs,bcsgrp,bcsgn->bcgrpn", to_end, xdt, B)
+    y = _ein("bcgrls,bcsgrp->bclgrp", m, xdt) + D[:, :, None] * x
 
     if initial_state is None:
         s0 = jnp.zeros((b, G, R, P, N), _F32)
     else:
         s0 = initial_state.astype(_F32).reshape(b, G, R, P, N)
 
-    # State passing, chunk by chunk, in place: chunk_states[c] is replaced by the state
-    # entering chunk c (the state after c chunks) once read. Not a `lax.scan`: its stacked
-    # output was a zero-initialised buffer per layer that XLA allocated up front for every layer
-    # at once (~80 KB per prompt position per Mamba-2 layer of an 8B model, alive together).
-    # Not a product over chunk pairs either: its sum's order depends on the padded length, so a
-    # prompt's state would round differently in another batch.
-    decay = jnp.exp(csT[..., -1])[..., None, None]                           # [b, nc, G, R, 1, 1]
+    # State passing, chunk by chunk in order (a prompt's state rounds the same whatever the
+    # padded length), in place on chunk-major buffers: each chunk reads the state entering it
+    # with C (the inter-chunk output, decayed from the chunk start: exp(cs) <= 1) into its rows
+    # of y, then adds its own contribution to the state. No per-chunk state is kept: a
+    # [b, nc, G, R, P, N] buffer of them (4.3 GB a layer at 32 x 2048) read and rewritten in a
+    # loop was copied whole by XLA on every chunk. y is carried, not a scan's stacked output:
+    # XLA allocated those zero-initialised buffers up front, every layer's at once.
+    cm = lambda t: jnp.moveaxis(t, 1, 0)                                     # noqa: E731
+    Cm, Bm, xdtm, ecs = cm(C), cm(B), cm(xdt), cm(jnp.exp(cs))
+    to_end = cm(jnp.exp(csT[..., -1:] - csT))                               # [nc, b, G, R, Q]
+    decay = cm(jnp.exp(csT[..., -1]))[..., None, None]                      # [nc, b, G, R, 1, 1]
 
-    def step(c, carry):
-        s, buf = carry
-        add = lax.dynamic_index_in_dim(buf, c, axis=1, keepdims=False)
-        buf = lax.dynamic_update_index_in_dim(buf, s, c, axis=1)
-        d = lax.dynamic_index_in_dim(decay, c, axis=1, keepdims=False)
-        return d * s + add, buf
+    def chunk_step(c, carry):
+        s, y = carry                   # s [b, G, R, P, N]; y [nc, b, Q, G, R, P]
+        at = lambda t: lax.dynamic_index_in_dim(t, c, keepdims=False)       # noqa: E731
+        y_in = _ein("blgn,bgrpn->blgrp", at(Cm), s) * at(ecs)[..., None]
+        y = lax.dynamic_update_index_in_dim(y, at(y) + y_in, c, 0)
+        xe = at(xdtm) * jnp.moveaxis(at(to_end), -1, 1)[..., None]          # [b, Q, G, R, P]
+        return at(decay) * s + _ein("bsgrp,bsgn->bgrpn", xe, at(Bm)), y
 
-    final, s_in = lax.fori_loop(0, nc, step, (s0, chunk_states))             # s_in [b, nc, ...]
-    # Inter-chunk: the entering state read by C, decayed from the chunk start (exp(cs) <= 1).
-    y = y + _ein("bclgn,bcgrpn->bclgrp", C, s_in) * jnp.exp(cs)[..., None]
-    y = y + D[:, :, None] * x
+    y = cm(y)
+    if block:       # whole blocks first, keeping the state after each, then the rest
+        per, full = block // Q, T // block
+
+        def block_step(i, carry):
+            s, y, states = carry
+            s, y = lax.fori_loop(i * per, (i + 1) * per, chunk_step, (s, y))
+            return s, y, lax.dynamic_update_index_in_dim(states, s, i, 0)
+
+        s, y, after = lax.fori_loop(0, full, block_step,
+                                    (s0, y, jnp.zeros((full,) + s0.shape, _F32)))
+        final, y = lax.fori_loop(full * per, nc, chunk_step, (s, y))
+    else:
+        final, y = lax.fori_loop(0, nc, chunk_step, (s0, y))
+    y = jnp.moveaxis(y, 0, 1)
 
     y = y.reshape(b, Tp, H, P)[:, :T]
     y = jnp.where(valid[:, :, None, None], y, 0)
     if not block:
         return y, final.reshape(b, H, P, N)
-    per = block // Q                                # s_in[:, c]: the state after c chunks
-    blocks = jnp.concatenate([s_in[:, per::per], final[:, None]], axis=1)[:, :T // block]
+    blocks = jnp.moveaxis(after, 0, 1)                    # after[i]: the state after block i + 1
     return y, final.reshape(b, H, P, N), blocks.reshape(b, -1, H, P, N)

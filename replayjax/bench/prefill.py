@@ -38,12 +38,20 @@ Roofline (per call; with --tp N each device does 1/N of the FLOPs and bytes):
     is whichever term is larger.
 The weights (`synthetic.check_fits`, or the loader) and each cache (`replayjax.memory`) are
 checked against free memory before they are allocated; activations are not.
+
+--profile: one more call per mode under a `jax.profiler` trace (kept, for Perfetto / XProf), its
+kernels classed from the HLO they run as `replayjax profile` does (`replayjax.bench.trace`):
+ssm (the chunked scans), conv (the prompt's causal conv), gemm, attention, moe, collective,
+other; device time per class and the top kernels (on a CPU-only machine: XLA's host thunks).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -54,6 +62,7 @@ from replayjax.bench.synthetic import add_model_source
 
 PROG = "replayjax bench prefill"
 MODES = ("standard", "replay")
+TOP = 10, 25            # kernels per mode with --profile: printed, kept (in --json)
 
 
 # ---------------------------------------------------------------------- the roofline
@@ -164,7 +173,35 @@ def time_prefill(runner, model, mode: str, args, progress):
             progress.note(f"{i}/{args.iterations}")
             s, cache = call(cache)
             secs.append(s)
-    return secs, shape
+    if not args.profile:
+        return secs, shape, None
+    with progress.stage(f"{mode}: tracing one call"):
+        trace_dir = os.path.join(args.profile_dir, mode)
+        jax.profiler.start_trace(trace_dir)
+        try:
+            call(cache)
+        finally:
+            jax.profiler.stop_trace()
+    return secs, shape, kernel_profile(trace_dir, args.tp)
+
+
+def kernel_profile(trace_dir: str, tp: int) -> dict:
+    """The kernels of the trace in `trace_dir` (one prefill call): device ms per class (all
+    `tp` devices' kernels / tp) with each class's share and launches, and the TOP[1] longest
+    kernels (name, class, launches, total ms per device)."""
+    from replayjax.bench.trace import PRIORITY, kernel_table
+    kernels = [dict(name=k["name"], cls=k["cls"], count=k["count"],
+                    total_ms=k["total_ns"] * 1e-6 / tp) for k in kernel_table(trace_dir)]
+    total = sum(k["total_ms"] for k in kernels)
+    classes = []
+    for c in PRIORITY:
+        ks = [k for k in kernels if k["cls"] == c]
+        if ks:
+            ms = sum(k["total_ms"] for k in ks)
+            classes.append(dict(cls=c, ms=ms, share=ms / total if total else 0.0,
+                                launches=sum(k["count"] for k in ks)))
+    return dict(trace_dir=trace_dir, device_ms=total, classes=classes,
+                kernels=kernels[:TOP[1]])
 
 
 def bench(args, progress) -> dict:
@@ -191,13 +228,15 @@ def bench(args, progress) -> dict:
     flops = prefill_flops(model, b, T)
     rows = []
     for mode in args.ssm_mode:
-        secs, cache = time_prefill(runner, model, mode, args, progress)
+        secs, cache, prof = time_prefill(runner, model, mode, args, progress)
         nbytes = prefill_bytes(model, cache, b, T)
         s = float(np.median(secs))
         rows.append(dict(mode=mode, seconds=s, all_seconds=secs, tokens_per_s=b * T / s,
                          flops=flops, bytes=nbytes, tflops_per_s=sum(flops.values()) / s / 1e12,
                          **roofline(sum(flops.values()) / tp, sum(nbytes.values()) / tp, s,
                                     peak, bw)))
+        if prof:
+            rows[-1]["profile"] = prof
     return dict(model=args.model or args.synthetic, device=device, tp=tp, batch=b,
                 prompt_len=T, window=args.window, timer="wall", copy_gbs=bw / 1e9,
                 peak_tflops=peak / 1e12 if peak else None, rows=rows)
@@ -218,6 +257,22 @@ def print_report(r):
               f"{sum(row['flops'].values()) / 1e12:.4g} | {row['tflops_per_s']:.4g} | "
               f"{sum(row['bytes'].values()) / 1e9:.4g} | {row['ideal_s']:.4g} ({flop_s}; "
               f"{row['byte_s']:.4g}) | {row['of_roofline']:.1%} | {row['bound']} |")
+    for row in r["rows"]:
+        if "profile" in row:
+            print_profile(row["mode"], row["seconds"], row["profile"])
+
+
+def print_profile(mode: str, seconds: float, p: dict):
+    """The class table and the top kernels of one mode's traced call."""
+    print(f"\n{mode}: kernels of one traced call, {p['device_ms']:.4g} ms of device time "
+          f"({p['device_ms'] / 1e3 / seconds:.0%} of the median call's wall time); trace: "
+          f"{p['trace_dir']} (open with Perfetto / XProf)")
+    print("\n| class | device ms | share | launches |\n|---|---|---|---|")
+    for c in p["classes"]:
+        print(f"| {c['cls']} | {c['ms']:.4g} | {c['share']:.1%} | {c['launches']} |")
+    print("\n| kernel | class | launches | total ms |\n|---|---|---|---|")
+    for k in p["kernels"][:TOP[0]]:
+        print(f"| {k['name'][:80]} | {k['cls']} | {k['count']} | {k['total_ms']:.4g} |")
 
 
 def build_parser():
@@ -243,6 +298,9 @@ def build_parser():
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompt tokens")
     cli.add_tp_argument(ap)
+    ap.add_argument("--profile", action="store_true",
+                    help="also trace one call per mode: device time per kernel class and the "
+                         "top kernels (the trace is kept in a new temporary directory)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     return ap
 
@@ -262,8 +320,16 @@ def parse_args(argv=None):
 def _main(args):
     if args.model:
         cli.model_dir("--model", args.model)
-    with cli.Progress(2 + 2 * len(args.ssm_mode), cli.interactive(args)) as progress:
-        r = bench(args, progress)
+    args.profile_dir = tempfile.mkdtemp(prefix="replayjax-prefill-trace-") if args.profile \
+        else None
+    try:
+        with cli.Progress(2 + (2 + args.profile) * len(args.ssm_mode),
+                          cli.interactive(args)) as progress:
+            r = bench(args, progress)
+    except BaseException:
+        if args.profile_dir:        # a failed run leaves no trace directory behind
+            shutil.rmtree(args.profile_dir, ignore_errors=True)
+        raise
     if args.json:
         print(json.dumps(r))
     else:

@@ -8,7 +8,7 @@ module. The HLO text of those modules carries each instruction's `op_name` (with
 `PRIORITY` among the classes of the instructions it runs (a fusion runs its fused computation):
   * a collective (all-reduce, all-gather, ...: tensor parallelism's NCCL kernels) -> collective;
   * the innermost named scope equal to a class name ("ssm", "gemm", "attention", "moe",
-    "sampling");
+    "sampling", "conv");
   * else its stack: `cached_attention` -> attention; a MoE module's methods -> moe;
     replayjax/sampling.py -> sampling;
   * else the instruction: a dot or a GEMM custom call -> gemm;
@@ -32,7 +32,10 @@ import warnings
 from replayjax.bench.roofline import CLASSES
 from replayjax.commandline import UserError
 
-PRIORITY = ("collective", "attention", "moe", "sampling", "gemm", "ssm", "other")
+PRIORITY = ("collective", "attention", "moe", "sampling", "gemm", "conv", "ssm", "other")
+# named scopes that class an instruction: the roofline's classes, and the prompt's causal conv
+# (`models.hybrid.prefill_inputs`; prefill only, so decode tables never see it)
+SCOPES = CLASSES + ("conv",)
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Name Scope", "Framework Ops",
                   "Source code", "XLA TraceMe")
@@ -195,7 +198,7 @@ def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> st
     if opcode.startswith(_COLLECTIVES):     # tensor parallelism's all-reduces, in any scope
         return "collective"
     for scope in reversed(op_name.split("/")):       # the innermost named scope decides
-        if scope in CLASSES:
+        if scope in SCOPES:
             return scope
     funcs = [f for _, f in frames]
     files = [f.replace(os.sep, "/") for f, _ in frames]

@@ -3,7 +3,10 @@ run end to end through the command line on the tiny Nemotron-H fixture (pattern 
 hidden 32, vocab 128, Mamba H=4 P=16 N=16 G=4, attention 4 heads of 16, MoE 8 experts top-2 of
 width 32 plus a shared expert of 48)."""
 
+import glob
 import json
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -140,3 +143,30 @@ def test_tensor_parallel_roofline_is_per_device(capsys):
         prefill.prefill_flops(load_model(qwen), 2, 4))
     assert row["flop_s"] == pytest.approx(sum(row["flops"].values()) / 2 / 1e12)
     assert row["byte_s"] == pytest.approx(sum(row["bytes"].values()) / 2 / (r["copy_gbs"] * 1e9))
+
+
+def test_profile_classes_one_traced_call(capsys):
+    """--profile: one more call per mode under a jax.profiler trace (CPU: XLA's host thunks),
+    its kernels classed from the HLO: the scans are ssm, the prompt's causal conv is conv, the
+    projections gemm; the class times add up to the kernels' and the table follows the rows."""
+    assert prefill.main(["--model", NEMOTRON, "--batch", "2", "--prompt-len", "6",
+                         "--ssm-mode", "standard", "--iterations", "1", "--profile",
+                         "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    p = row["profile"]
+    assert list(glob.glob(f"{p['trace_dir']}/**/*.xplane.pb", recursive=True))
+    classes = {c["cls"]: c for c in p["classes"]}
+    assert {"ssm", "conv", "gemm", "attention", "moe"} <= set(classes)
+    assert all(c["ms"] > 0 and c["launches"] > 0 for c in classes.values())
+    assert sum(c["ms"] for c in classes.values()) == pytest.approx(p["device_ms"])
+    assert sum(c["share"] for c in classes.values()) == pytest.approx(1.0)
+    assert p["kernels"] and all(k["cls"] in classes for k in p["kernels"])
+    shutil.rmtree(os.path.dirname(p["trace_dir"]))
+
+    assert prefill.main(["--model", NEMOTRON, "--batch", "1", "--prompt-len", "3",
+                         "--ssm-mode", "replay", "--iterations", "1", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("| replay |") < out.index("| class | device ms |") < out.index(
+        "| kernel | class |")
+    assert "| conv |" in out and "| ssm |" in out
+    shutil.rmtree(out.split("trace: ")[1].split(" (open")[0].rsplit("/", 1)[0])
