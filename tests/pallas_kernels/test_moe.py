@@ -265,6 +265,25 @@ def test_nan_in_padding_rows_does_not_leak(impl, interpret):
     np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("n,k,E", [(1, 8, 256), (8, 10, 16), (40, 2, 3)])
+def test_plan_by_counting_is_the_plan_by_sort(n, k, E, monkeypatch):
+    """Up to RANK_MAX_PAIRS pairs the expert order is counted, not sorted: the same plan (ties
+    in token order, padding pairs last), and both ranks are a stable sort's positions."""
+    rng = np.random.default_rng(n)
+    ids, valid = routing("padding", rng, n, E, k)
+    keys = jnp.asarray(rng.integers(0, 4, n * k), jnp.int32)
+    want = np.empty(n * k, np.int32)
+    want[np.argsort(np.asarray(keys), kind="stable")] = np.arange(n * k)
+    plans = []
+    for limit in (n * k, n * k - 1):    # counted, sorted
+        monkeypatch.setattr(moe.plan, "RANK_MAX_PAIRS", limit)
+        np.testing.assert_array_equal(moe.plan.rank(keys), want)
+        plans.append(moe.make_plan(jnp.asarray(ids), jnp.ones((n, k), F32), jnp.asarray(valid),
+                                   E, 16))
+    for a, b in zip(*plans):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_tile_count_follows_pairs_not_experts():
     """The static tile count is ceil(P / m) + min(E, P): a decode step (P = 8 pairs) over 512
     experts has 9 tiles of 16 rows, and the XLA loop runs only the used ones."""
