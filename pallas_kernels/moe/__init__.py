@@ -4,8 +4,13 @@ a shared expert's width chunks as extra experts (`SharedWeights`); a dense oracl
 `reference`."""
 
 from pallas_kernels.moe import reference
-from pallas_kernels.moe.api import (PAIR_PATH_MAX_PAIRS, PATHS, SharedWeights, default_block_m,
-                                    expert_ffn)
+from pallas_kernels.moe.api import (
+    PAIR_PATH_MAX_PAIRS,
+    PATHS,
+    SharedWeights,
+    default_block_m,
+    expert_ffn,
+)
 from pallas_kernels.moe.pairs import PairTiling
 from pallas_kernels.moe.pallas_triton import TILING, MoETiling
 from pallas_kernels.moe.plan import DispatchPlan, make_plan

@@ -101,7 +101,7 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation, shar
     check_dtype("w_down", w_down, (w_up.dtype,))
     check_dtype("expert_ids", expert_ids, (jnp.int32,))
     check_dtype("weights", weights, (jnp.float32,))
-    return n, din, E, F, k
+    return n, experts, k
 
 
 def _check_shared(shared, din, F, dtype, activation) -> int:
@@ -141,14 +141,14 @@ def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
                activation="relu2", shared=None, impl="auto", path="auto", block_m=None,
                tiling=None, interpret=None):
     """Routed experts of a MoE layer, sparse (see the module docstring)."""
-    n, din, E, F, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation,
-                             shared)
+    # experts: E, and a shared expert's chunks
+    n, experts, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation,
+                           shared)
     if valid is None:
         valid = jnp.ones((n,), bool)
     if pick_path(path, impl, n * k, tiling) == "pairs":
         return _PAIR_FFN(x, expert_ids, weights, valid, w_up, w_down, w_gate, shared,
                          activation, impl=impl, tiling=tiling, interpret=interpret)
-    experts = E + (0 if shared is None else shared.w_up.shape[1] // F)
     block_m = block_m or default_block_m(n * k, experts)
     check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
           f"block_m = {block_m} must be a power of two >= {MIN_BLOCK_M}")

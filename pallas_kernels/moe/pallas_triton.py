@@ -60,9 +60,9 @@ def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: 
           bounded_block("up_block_k", "din", din, t.up_block_k, 16))
     down = (bounded_block("down_block_n", "din", din, t.down_block_n, 16),
             bounded_block("down_block_k", "F", F, t.down_block_k, 16))
-    ws = (w_up,) if w_gate is None else (w_up, w_gate)
-    shared_ws = () if shared is None else (
-        (shared.w_up,) if w_gate is None else (shared.w_up, shared.w_gate))
+    ws_of = lambda a, g: (a,) if g is None else (a, g)       # W_up[, W_gate]
+    ws = ws_of(w_up, w_gate)
+    shared_ws = () if shared is None else ws_of(shared.w_up, shared.w_gate)
     rows = _expert_ffn(x.astype(w_up.dtype)[plan.row_token], plan.num_used_tiles,
                        plan.tile_expert, plan.row_weight, ws, w_down, shared_ws,
                        None if shared is None else shared.w_down,
