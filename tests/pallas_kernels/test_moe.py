@@ -343,3 +343,31 @@ def test_bad_input_is_named(change, match):
     kw.update(change)
     with pytest.raises(ValueError, match=match):
         moe.expert_ffn(**kw)
+
+
+@pytest.mark.parametrize("path", ["grouped", "pairs"])
+@pytest.mark.parametrize("din,E,k,ffn,shared,activation", [
+    (2688, 128, 6, 1856, 3712, "relu2"),        # Nemotron-3-Nano, shared expert 2 F wide
+    (2048, 256, 8, 512, 512, "swiglu"),         # Qwen3.5-35B-A3B
+    (2048, 256, 8, 512, 0, "swiglu")])
+def test_triton_lowering_at_model_shapes(path, din, E, k, ffn, shared, activation, monkeypatch):
+    """Batch 1, bf16: both paths' kernels, with the shared expert's chunks read in place, lower
+    to Triton for sm90 without a GPU (Pallas' lowering runs in Python; only the PTX compile
+    needs the GPU): every primitive in them has a Triton lowering."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
+                        lambda: type("Info", (), {"compute_capability": "9.0"}))
+    sds, C = jax.ShapeDtypeStruct, shared // ffn
+    w = lambda *s: sds(s, BF16)
+    gate = activation == "swiglu"
+
+    def fn(x, ids, weights, up, down, wg, s_up, s_down, s_gate):
+        sh = None if not C else moe.SharedWeights(s_up, s_down, s_gate if gate else None)
+        return moe.expert_ffn(x, ids, weights, up, down, w_gate=wg if gate else None,
+                              shared=sh, activation=activation, impl="pallas", path=path,
+                              interpret=False)
+    hlo = jax.jit(fn).trace(
+        w(1, din), sds((1, k + C), jnp.int32), sds((1, k + C), F32), w(E, din, ffn),
+        w(E, ffn, din), w(E, din, ffn), w(din, max(shared, ffn)), w(max(shared, ffn), din),
+        w(din, max(shared, ffn))).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in hlo.lower()
