@@ -13,10 +13,15 @@ shape works the same); ties between scores go to the lowest expert index (`lax.t
 
 The families' MoE modules add the shared expert (Nemotron: relu^2 MLP on x; Qwen: SwiGLU times
 sigmoid(shared_expert_gate(x))) and, for Nemotron's latent MoE, the fc1 / fc2 projections around
-`routed_experts` (routing and the shared expert see the full-width x).
+`routed_experts` (routing and the shared expert see the full-width x). Where `shared_in_launch`
+says so, the shared expert runs inside `routed_experts` instead: its width's F-wide chunks are
+C more experts every token is routed to (weight 1, or Qwen's gate), read in place by the same
+grouped launch (`pallas_kernels.moe.SharedWeights`); elsewhere it is the family's XLA MLP.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +29,15 @@ from jax import lax
 
 from models.parallel import tp_index
 from pallas_kernels import moe as moe_ops
+from pallas_kernels.dispatch import resolve_impl
 
 _HI = lax.Precision.HIGHEST
+# Up to this many tokens a call, on a GPU, the shared expert runs in the routed experts' grouped
+# Pallas launch. Measured on an H200 (`replayjax bench moe --breakdown`, batch 1): XLA's GEMV
+# fusions read the shared expert at ~0.7 TB/s (Nemotron-3-Nano: ~57 us of 121), the grouped
+# kernels read the routed experts at 2.8 TB/s; at batch 32 the layer already runs at 73-80% of
+# copy bandwidth. To confirm: `bench moe --variants sparse sparse-shared --batches 1 8 32`.
+SHARED_IN_LAUNCH_MAX_TOKENS = 8
 
 
 def _logits(x, gate):
@@ -58,8 +70,19 @@ def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool):
     return ids.astype(jnp.int32), w
 
 
+def shared_in_launch(x, ffn: int, shared_ffn: int, force: bool | None = None) -> bool:
+    """Whether a MoE layer's shared expert (shared_ffn wide, on x [..., D], which the routed
+    experts F = ffn wide see too) runs inside `routed_experts`: `force` unless None, else on a
+    GPU, for at most SHARED_IN_LAUNCH_MAX_TOKENS tokens, when its width is a multiple of F
+    (static shapes: under shard_map the local widths)."""
+    if force is not None:
+        return force
+    return (shared_ffn % ffn == 0 and math.prod(x.shape[:-1]) <= SHARED_IN_LAUNCH_MAX_TOKENS
+            and resolve_impl("auto") == "pallas_triton")
+
+
 def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
-                   activation: str, num_experts: int):
+                   activation: str, num_experts: int, shared=None, shared_scale=None):
     """The routed part of a MoE layer over any leading shape: u [..., din] is what the experts
     see (x, or its latent projection), expert_ids / weights [..., k] the routing over
     `num_experts`, valid [...] bool the real tokens (None: all); the others own no (token,
@@ -69,18 +92,32 @@ def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
 
     Expert parallel (`models.sharding`, experts "experts"): under shard_map w_up holds this
     device's E / tp experts, the r-th slice; only the pairs routed to them are computed (the
-    others are invalid pairs: no rows), and the psum after the layer adds the devices' parts."""
+    others are invalid pairs: no rows), and the psum after the layer adds the devices' parts.
+
+    shared: a `pallas_kernels.moe.SharedWeights` (this device's width of it) to add, times
+    shared_scale [...] float (None: 1), in the same launch: each valid token is also routed to
+    its C = Fs / F chunks, experts local ... local + C - 1, with weight shared_scale."""
     lead, k = u.shape[:-1], expert_ids.shape[-1]
-    ids = expert_ids.reshape(-1, k)
-    valid = None if valid is None else jnp.broadcast_to(valid, lead).reshape(-1)
-    local, block_m = w_up.shape[0], None
+    ids, weights = expert_ids.reshape(-1, k), weights.reshape(-1, k)
+    n, local = ids.shape[0], w_up.shape[0]
+    tokens = None if valid is None else jnp.broadcast_to(valid, lead).reshape(-1)
+    mine = None
     if local < num_experts:                 # this device's slice of the experts
         ids = ids - tp_index() * local
         mine = (ids >= 0) & (ids < local)
-        valid = mine if valid is None else valid[:, None] & mine
         ids = jnp.clip(ids, 0, local - 1)
-        block_m = moe_ops.default_block_m(ids.size * local // num_experts, local)
-    y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), ids, weights.reshape(-1, k), w_up,
-                           w_down, w_gate=w_gate, valid=valid, activation=activation,
+    C = 0 if shared is None else shared.w_up.shape[1] // w_up.shape[2]
+    if C:
+        scale = (jnp.ones((n,), jnp.float32) if shared_scale is None
+                 else jnp.broadcast_to(shared_scale, lead).reshape(-1).astype(jnp.float32))
+        ids = jnp.concatenate([ids, jnp.broadcast_to(local + jnp.arange(C, dtype=jnp.int32),
+                                                     (n, C))], axis=1)
+        weights = jnp.concatenate([weights, jnp.broadcast_to(scale[:, None], (n, C))], axis=1)
+        mine = None if mine is None else jnp.concatenate([mine, jnp.ones((n, C), bool)], 1)
+    valid = tokens if mine is None else mine if tokens is None else tokens[:, None] & mine
+    block_m = None if local == num_experts else moe_ops.default_block_m(
+        n * k * local // num_experts + n * C, local + C)
+    y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), ids, weights, w_up, w_down,
+                           w_gate=w_gate, valid=valid, activation=activation, shared=shared,
                            block_m=block_m)
     return y.reshape(u.shape)

@@ -37,6 +37,7 @@ from models.hybrid import (
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import mamba2
 from pallas_kernels.mamba2.prefill import ssd_prefill
+from pallas_kernels.moe import SharedWeights
 from pallas_kernels.ring import conv_commit, conv_window
 
 
@@ -199,13 +200,18 @@ class MLP(nnx.Module):
         """This device's partial sum (before the all-reduce): the MoE adds it to its own."""
         return self.down_proj(relu2(self.up_proj(x)))
 
+    def weights(self):
+        """As a MoE's shared expert in the routed experts' launch (no bias there)."""
+        return SharedWeights(self.up_proj.kernel[...], self.down_proj.kernel[...])
+
 
 class MoE(nnx.Module):
     """Sigmoid router with a selection-only correction bias, top-k (optionally group-limited),
     renormalised weights times routed_scaling_factor (`models.moe.sigmoid_topk`); relu^2 experts
     run sparsely (on a latent projection of x when moe_latent_size is set); a shared expert on
-    x. Under tensor parallelism every expert (and the shared one) has 1/tp of its width on each
-    device and routing is replicated: one all-reduce for the layer."""
+    x (in the routed experts' launch where `models.moe.shared_in_launch` says so). Under tensor
+    parallelism every expert (and the shared one) has 1/tp of its width on each device and
+    routing is replicated: one all-reduce for the layer."""
 
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32):
         E, F, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -229,15 +235,22 @@ class MoE(nnx.Module):
                                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
                                 scaling=c.routed_scaling_factor)
 
-    def __call__(self, x, valid=None):
-        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts)."""
+    def __call__(self, x, valid=None, *, shared_in_launch=None):
+        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
+        shared_in_launch: force the shared expert into (True) or out of (False) the routed
+        experts' launch; None: `models.moe.shared_in_launch`. Never with a latent MoE (its
+        experts see another input)."""
         ids, weights = self.route(x)
-        u = self.fc1_latent(x) if self.cfg.moe_latent_size else x
-        y = moe.routed_experts(u, ids, weights, valid, self.up[...], self.down[...],
-                               activation="relu2", num_experts=self.cfg.n_routed_experts)
-        if self.cfg.moe_latent_size:
+        latent, up = self.cfg.moe_latent_size, self.up[...]
+        join = self.shared is not None and not latent and moe.shared_in_launch(
+            x, up.shape[2], self.shared.up_proj.kernel.shape[1], shared_in_launch)
+        u = self.fc1_latent(x) if latent else x
+        y = moe.routed_experts(u, ids, weights, valid, up, self.down[...], activation="relu2",
+                               num_experts=self.cfg.n_routed_experts,
+                               shared=self.shared.weights() if join else None)
+        if latent:
             y = self.fc2_latent(y)          # linear: applied to the partial sum
-        return tp_sum((y + self.shared.partial(x)) if self.shared is not None else y)
+        return tp_sum(y + self.shared.partial(x) if self.shared is not None and not join else y)
 
 
 class Block(nnx.Module):

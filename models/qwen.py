@@ -43,6 +43,7 @@ from models.hybrid import (
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import gdn
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
+from pallas_kernels.moe import SharedWeights
 from pallas_kernels.ring import conv_commit, conv_window
 
 _HI = lax.Precision.HIGHEST
@@ -227,12 +228,19 @@ class MLP(nnx.Module):
         """This device's partial sum (before the all-reduce): the MoE adds it to its own."""
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
+    def weights(self):
+        """As a MoE's shared expert in the routed experts' launch."""
+        return SharedWeights(self.up_proj.kernel[...], self.down_proj.kernel[...],
+                             self.gate_proj.kernel[...])
+
 
 class MoE(nnx.Module):
     """Softmax router (fp32), top-k, renormalised if norm_topk_prob (`models.moe.softmax_topk`);
     SwiGLU experts run sparsely; plus a shared SwiGLU expert scaled by
-    sigmoid(shared_expert_gate(x)). Under tensor parallelism every expert (and the shared one)
-    has 1/tp of its width on each device and routing is replicated: one all-reduce."""
+    sigmoid(shared_expert_gate(x)) (in the routed experts' launch where
+    `models.moe.shared_in_launch` says so). Under tensor parallelism every expert (and the
+    shared one) has 1/tp of its width on each device and routing is replicated: one all-reduce.
+    """
 
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32):
         E, F, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
@@ -250,14 +258,23 @@ class MoE(nnx.Module):
         return moe.softmax_topk(x, self.gate[...], top_k=self.cfg.num_experts_per_tok,
                                 norm_topk_prob=self.cfg.norm_topk_prob)
 
-    def __call__(self, x, valid=None):
-        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts)."""
+    def __call__(self, x, valid=None, *, shared_in_launch=None):
+        """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
+        shared_in_launch: force the shared expert into (True) or out of (False) the routed
+        experts' launch; None: `models.moe.shared_in_launch`."""
         ids, weights = self.route(x)
-        y = moe.routed_experts(x, ids, weights, valid, self.up[...], self.down[...],
+        up = self.up[...]
+        join = self.shared is not None and moe.shared_in_launch(
+            x, up.shape[2], self.shared.up_proj.kernel.shape[1], shared_in_launch)
+        # a replicated gate times a partial sum
+        scale = None if self.shared is None else jax.nn.sigmoid(self.shared_gate(x))
+        y = moe.routed_experts(x, ids, weights, valid, up, self.down[...],
                                w_gate=self.gate_w[...], activation="swiglu",
-                               num_experts=self.cfg.num_experts)
-        if self.shared is not None:     # a replicated gate times a partial sum
-            y = y + jax.nn.sigmoid(self.shared_gate(x)) * self.shared.partial(x)
+                               num_experts=self.cfg.num_experts,
+                               shared=self.shared.weights() if join else None,
+                               shared_scale=scale[..., 0] if join else None)
+        if self.shared is not None and not join:
+            y = y + scale * self.shared.partial(x)
         return tp_sum(y)
 
 

@@ -1,14 +1,19 @@
 """Public sparse MoE op: validate, plan, pick an implementation, run.
 
     y = expert_ffn(x, expert_ids, weights, w_up, w_down, w_gate=None, valid=None,
-                   activation="relu2")
+                   activation="relu2", shared=None)
 
 Shapes: n tokens of width din, E experts of width F, k experts per token.
-    x [n, din] float; expert_ids [n, k] int32 in [0, E) (distinct per row, as top-k gives);
+    x [n, din] float; expert_ids [n, k] int32 in [0, E) (E + C: `shared`), distinct per row;
     weights [n, k] float32 (the routing weights, applied here); valid [n] bool (None: all rows)
     or [n, k] bool (which pairs to compute: an expert-parallel shard's own; top_k may exceed E)
     w_up [E, din, F], w_gate [E, din, F] (SwiGLU only), w_down [E, F, din]; one float dtype.
     activation: "relu2" (relu(x W_up)^2, Nemotron-H) or "swiglu" (silu(x W_gate) * x W_up, Qwen).
+    shared: None or `SharedWeights` (w_up [din, Fs], w_down [Fs, din], w_gate [din, Fs] for
+    SwiGLU), Fs a multiple of F: C = Fs / F more experts, ids E + c naming the F-wide column
+    chunk c of these arrays (rows c F ... of w_down), read in place. The FFN is linear in its
+    width's chunks, so routing a token to all C of them with weight s is s times the whole
+    shared FFN: a MoE layer's shared expert in the routed experts' launch (`models.moe`).
 Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x.dtype; rows that
 are not valid own no (token, expert) pairs, do no expert work and come out zero.
 
@@ -27,6 +32,9 @@ path: how the pairs are laid out,
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from pallas_kernels.dispatch import Op, resolve_impl
@@ -35,7 +43,7 @@ from pallas_kernels.moe.plan import make_plan
 from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.validation import FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2
 
-__all__ = ["expert_ffn", "default_block_m", "PATHS", "PAIR_PATH_MAX_PAIRS"]
+__all__ = ["expert_ffn", "default_block_m", "SharedWeights", "PATHS", "PAIR_PATH_MAX_PAIRS"]
 
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 128      # Triton dots need >= 16 rows
 PATHS = ("auto", "grouped", "pairs")
@@ -49,13 +57,22 @@ _EXPERT_FFN = Op("moe.expert_ffn", {"xla": xla.expert_ffn,
 _PAIR_FFN = Op("moe.expert_ffn path 'pairs'", {"pallas_triton": pairs.expert_ffn})
 
 
+class SharedWeights(NamedTuple):
+    """A shared expert's matrices, as experts E ... E + Fs / F - 1 (`expert_ffn`'s `shared`):
+    w_up [din, Fs], w_down [Fs, din], w_gate [din, Fs] (SwiGLU) or None; the routed experts'
+    dtype."""
+    w_up: jax.Array
+    w_down: jax.Array
+    w_gate: jax.Array | None = None
+
+
 def default_block_m(num_pairs: int, num_experts: int) -> int:
     """Rows per tile: the mean pairs per expert rounded up to a power of two, in [16, 128]."""
     mean = -(-num_pairs // num_experts)
     return min(MAX_BLOCK_M, max(MIN_BLOCK_M, 1 << (mean - 1).bit_length()))
 
 
-def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
+def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation, shared):
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got "
                                      f"{activation!r}")
     check(x.ndim == 2, f"x must be [tokens, din], got shape {tuple(x.shape)}")
@@ -66,7 +83,8 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
           f"expert_ids must be [tokens = {n}, top_k], got shape {tuple(expert_ids.shape)}")
     k = expert_ids.shape[1]
     pairs = valid is not None and valid.ndim == 2
-    check(1 <= k and (pairs or k <= E), f"top_k = {k} must be in [1, experts = {E}]")
+    experts = E + _check_shared(shared, din, F, w_up.dtype, activation)
+    check(1 <= k and (pairs or k <= experts), f"top_k = {k} must be in [1, experts = {experts}]")
     check_shape("w_up", w_up, (E, din, F))
     check_shape("w_down", w_down, (E, F, din))
     check_shape("weights", weights, (n, k))
@@ -83,7 +101,29 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation):
     check_dtype("w_down", w_down, (w_up.dtype,))
     check_dtype("expert_ids", expert_ids, (jnp.int32,))
     check_dtype("weights", weights, (jnp.float32,))
-    return n, din, E, F, k
+    return n, experts, k
+
+
+def _check_shared(shared, din, F, dtype, activation) -> int:
+    """The shared expert's chunk count C (0 without one)."""
+    if shared is None:
+        return 0
+    check(isinstance(shared, SharedWeights),
+          f"shared must be a SharedWeights, got {type(shared).__name__}")
+    check(shared.w_up.ndim == 2 and shared.w_up.shape[0] == din,
+          f"shared.w_up must be [din = {din}, Fs], got shape {tuple(shared.w_up.shape)}")
+    Fs = shared.w_up.shape[1]
+    check(Fs % F == 0, f"the shared expert's width {Fs} must be a multiple of the experts' {F}")
+    check_shape("shared.w_down", shared.w_down, (Fs, din))
+    check((shared.w_gate is not None) == (activation == "swiglu"),
+          f"shared.w_gate is needed by activation 'swiglu' and only by it (activation "
+          f"{activation!r})")
+    if shared.w_gate is not None:
+        check_shape("shared.w_gate", shared.w_gate, (din, Fs))
+    for name, w in zip(SharedWeights._fields, shared):
+        if w is not None:
+            check_dtype(f"shared.{name}", w, (dtype,))
+    return Fs // F
 
 
 def pick_path(path: str, impl: str, num_pairs: int, tiling=None) -> str:
@@ -98,18 +138,20 @@ def pick_path(path: str, impl: str, num_pairs: int, tiling=None) -> str:
 
 
 def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
-               activation="relu2", impl="auto", path="auto", block_m=None, tiling=None,
-               interpret=None):
+               activation="relu2", shared=None, impl="auto", path="auto", block_m=None,
+               tiling=None, interpret=None):
     """Routed experts of a MoE layer, sparse (see the module docstring)."""
-    n, din, E, F, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation)
+    # experts: E, and a shared expert's chunks
+    n, experts, k = _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation,
+                           shared)
     if valid is None:
         valid = jnp.ones((n,), bool)
     if pick_path(path, impl, n * k, tiling) == "pairs":
-        return _PAIR_FFN(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation,
-                         impl=impl, tiling=tiling, interpret=interpret)
-    block_m = block_m or default_block_m(n * k, E)
+        return _PAIR_FFN(x, expert_ids, weights, valid, w_up, w_down, w_gate, shared,
+                         activation, impl=impl, tiling=tiling, interpret=interpret)
+    block_m = block_m or default_block_m(n * k, experts)
     check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
           f"block_m = {block_m} must be a power of two >= {MIN_BLOCK_M}")
-    plan = make_plan(expert_ids, weights, valid, E, block_m)
-    return _EXPERT_FFN(x, plan, w_up, w_down, w_gate, activation, block_m, impl=impl,
+    plan = make_plan(expert_ids, weights, valid, experts, block_m)
+    return _EXPERT_FFN(x, plan, w_up, w_down, w_gate, shared, activation, block_m, impl=impl,
                        tiling=tiling, interpret=interpret)

@@ -12,7 +12,8 @@ per pair; with few pairs that is about once per distinct expert, and the F chunk
 call enough programs to fill the GPU. The XLA reduction sums the chunks and a token's pairs,
 each pair times its routing weight. Rounding is the grouped path's: x in the weights' dtype,
 float32 accumulation, the hidden activations rounded to the weights' dtype before the down
-product. Invalid pairs (expert -1) do no work and their (unwritten) parts are masked out.
+product. Invalid pairs (expert -1) do no work and their (unwritten) parts are masked out. A
+shared expert's chunk c (e = E + c) reads columns c F + chunk of the shared matrices in place.
 Bodies are backend-neutral Pallas; `PairTiling` holds the launch's tile caps, `TILING` the
 default.
 """
@@ -56,8 +57,8 @@ def chunk_width(num_pairs: int, F: int, t: PairTiling) -> int:
     return bf
 
 
-def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation: str, *,
-               tiling, interpret):
+def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, shared, activation: str,
+               *, tiling, interpret):
     """The routed experts of `pallas_kernels.moe.expert_ffn` by pairs: x [n, din]; expert_ids,
     weights [n, k]; valid [n] or [n, k] bool. Returns [n, din] in x.dtype."""
     t = resolve_tiling(tiling, TILING)
@@ -67,8 +68,11 @@ def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation: 
     block_d = bounded_block("block_d", "din", din, t.block_d, 16)
     ok = valid if valid.ndim == 2 else jnp.broadcast_to(valid[:, None], (n, k))
     pair_expert = jnp.where(ok, expert_ids, -1).reshape(n * k)
-    ws = (w_up,) if w_gate is None else (w_up, w_gate)
-    part = _pair_ffn(pair_expert, x.astype(w_up.dtype), ws, w_down, top_k=k,
+    mats = lambda up, gate, down: (up, down) if gate is None else (up, gate, down)
+    ws = mats(w_up, w_gate, w_down)
+    if shared is not None:
+        ws += mats(shared.w_up, shared.w_gate, shared.w_down)
+    part = _pair_ffn(pair_expert, x.astype(w_up.dtype), ws, top_k=k,
                      activation=activation, block_f=block_f, block_d=block_d,
                      num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
     part = jnp.where(ok[:, :, None, None], part.reshape(n, k, F // block_f, din), 0.0)
@@ -76,38 +80,48 @@ def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, activation: 
 
 
 def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation):
-    *w_refs, down_ref, part_ref = refs      # W_up (and W_gate for SwiGLU), W_down, out
+    # W_up (and W_gate for SwiGLU), W_down; the shared expert's (if any); the out
+    *w_refs, part_ref = refs
+    n = 3 if activation == "swiglu" else 2
+    routed, shared = w_refs[:n], w_refs[n:]
+    E, F = routed[0].shape[0], routed[0].shape[2]
     p, c = pl.program_id(0), pl.program_id(1)
     e, fs = expert_ref[p], pl.ds(c * block_f, block_f)
 
-    @pl.when(e >= 0)
-    def _():
+    def run(mats, up_block, down_block):    # (w, ds) -> the [bd, bf] / [bf, bd] weight block
+        *ups, down_ref = mats
         tok = p // top_k
 
         def up(ds, accs):                   # [bd] x [bd, bf] -> [bf], per weight matrix
             xa = x_ref[tok, ds].astype(F32)[:, None]
-            return tuple(acc + jnp.sum(xa * w[e, ds, fs].astype(F32), axis=0)
-                         for acc, w in zip(accs, w_refs))
+            return tuple(acc + jnp.sum(xa * up_block(w, ds).astype(F32), axis=0)
+                         for acc, w in zip(accs, ups))
 
         zero = jnp.zeros((block_f,), F32)
-        accs = n_chunks(x_ref.shape[1], block_d, up, (zero,) * len(w_refs))
+        accs = n_chunks(x_ref.shape[1], block_d, up, (zero,) * len(ups))
         hid = activate(accs[0], accs[1] if len(accs) > 1 else None, activation)
         hid = hid.astype(down_ref.dtype).astype(F32)[:, None]                    # [bf, 1]
 
         def down(ds, carry):                # [bf] x [bf, bd] -> [bd]
-            part_ref[p, c, ds] = jnp.sum(hid * down_ref[e, fs, ds].astype(F32), axis=0)
+            part_ref[p, c, ds] = jnp.sum(hid * down_block(down_ref, ds).astype(F32), axis=0)
             return carry
 
         n_chunks(x_ref.shape[1], block_d, down, None)
 
+    pl.when((e >= 0) & (e < E))(lambda: run(routed, lambda w, ds: w[e, ds, fs],
+                                            lambda w, ds: w[e, fs, ds]))
+    if shared:                  # chunk e - E: columns (rows of W_down) (e - E) F + fs
+        sf = pl.ds((e - E) * F + fs.start, block_f)
+        pl.when(e >= E)(lambda: run(shared, lambda w, ds: w[ds, sf], lambda w, ds: w[sf, ds]))
+
 
 @functools.partial(jax.jit, static_argnames=("top_k", "activation", "block_f", "block_d",
                                              "num_warps", "num_stages", "interpret"))
-def _pair_ffn(pair_expert, x, ws, w_down, *, top_k, activation, block_f, block_d, num_warps,
+def _pair_ffn(pair_expert, x, ws, *, top_k, activation, block_f, block_d, num_warps,
               num_stages, interpret):
-    """pair_expert [P] int32 (-1: no work); x [n, din] in the weights' dtype; ws (W_up[, W_gate])
-    [E, din, F]; w_down [E, F, din]. Returns part [P, F / block_f, din] float32 (rows of
-    invalid pairs unwritten)."""
+    """pair_expert [P] int32 (-1: no work); x [n, din] in the weights' dtype; ws: W_up[, W_gate]
+    [E, din, F] and W_down [E, F, din], then the shared expert's [din, Fs] and [Fs, din], if
+    any. Returns part [P, F / block_f, din] float32 (rows of invalid pairs unwritten)."""
     P, (din, F) = pair_expert.shape[0], ws[0].shape[1:]
     return pl.pallas_call(
         functools.partial(_pair_kernel, top_k=top_k, block_f=block_f, block_d=block_d,
@@ -116,4 +130,4 @@ def _pair_ffn(pair_expert, x, ws, w_down, *, top_k, activation, block_f, block_d
         out_shape=jax.ShapeDtypeStruct((P, F // block_f, din), F32),
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret, name="moe_pair_ffn",
-    )(pair_expert, x, *ws, w_down)
+    )(pair_expert, x, *ws)

@@ -10,7 +10,10 @@ The number of tiles is static,
     num_tiles = ceil(P / m) + min(E, P)      (>= sum over non-empty groups of ceil(size / m)),
 
 and only the first `num_used_tiles` hold pairs: the rest are skipped, so the work and the weight
-bytes read follow the distinct experts hit, not E.
+bytes read follow the distinct experts hit, not E. A pair's place in the expert order is its rank
+among the keys: counted ([P, P] comparisons, one fusion) for up to RANK_MAX_PAIRS pairs (a decode
+step), where a sort would be XLA's sort kernels (two launches, ~2.5 us each at batch 1 on an
+H200, `replayjax bench moe --breakdown`), else the inverse of a stable argsort.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+RANK_MAX_PAIRS = 128        # [128, 128] comparisons: batch 8 of top-8 with a shared expert
 
 class DispatchPlan(NamedTuple):
     """R = num_tiles * m padded rows; rows past a group's size are padding (token 0, weight 0)."""
@@ -36,6 +40,17 @@ def num_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-num_pairs // block_m) + min(num_experts, num_pairs)
 
 
+def rank(keys):
+    """Each key's position in a stable sort of keys [P] int32 (ties in index order): [P] int32."""
+    P = keys.shape[0]
+    idx = jnp.arange(P, dtype=jnp.int32)
+    if P <= RANK_MAX_PAIRS:
+        before = (keys[None, :] < keys[:, None]) | ((keys[None, :] == keys[:, None])
+                                                    & (idx[None, :] < idx[:, None]))
+        return before.sum(1, dtype=jnp.int32)
+    return jnp.zeros((P,), jnp.int32).at[jnp.argsort(keys, stable=True)].set(idx)
+
+
 def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> DispatchPlan:
     """expert_ids [n, k] int32 in [0, E); weights [n, k] float32; valid [n] bool (tokens) or
     [n, k] bool (pairs: an expert-parallel shard's own pairs)."""
@@ -43,17 +58,17 @@ def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> Dis
     P, E, m = n * k, num_experts, block_m
     R = num_tiles(P, E, m) * m
     keys = jnp.where(valid if valid.ndim == 2 else valid[:, None], expert_ids, E).reshape(P)
-    order = jnp.argsort(keys, stable=True)          # by expert, then token; invalid pairs last
-    sorted_keys = keys[order]
     group_sizes = jnp.zeros((E + 1,), jnp.int32).at[keys].add(1)[:E]
     group_start = jnp.cumsum(group_sizes) - group_sizes
     group_tiles = -(-group_sizes // m)
     tile_end = jnp.cumsum(group_tiles)              # first tile after each group
-    key = jnp.minimum(sorted_keys, E - 1)
-    row = (tile_end - group_tiles)[key] * m + jnp.arange(P) - group_start[key]
-    row = jnp.where(sorted_keys < E, row, R).astype(jnp.int32)
-    pair_row = jnp.zeros((P,), jnp.int32).at[order].set(row).reshape(n, k)
-    row_pair = jnp.full((R,), P, jnp.int32).at[row].set(order.astype(jnp.int32), mode="drop")
+    key = jnp.minimum(keys, E - 1)
+    # by expert, then token (the rank); invalid pairs own no row (R)
+    row = (tile_end - group_tiles)[key] * m + rank(keys) - group_start[key]
+    row = jnp.where(keys < E, row, R).astype(jnp.int32)
+    pair_row = row.reshape(n, k)
+    row_pair = jnp.full((R,), P, jnp.int32).at[row].set(jnp.arange(P, dtype=jnp.int32),
+                                                         mode="drop")
     filled = row_pair < P
     pair = jnp.minimum(row_pair, P - 1)
     # compare_all: one fused [tiles, E] comparison (the default binary search is ~log2 E small

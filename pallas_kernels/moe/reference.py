@@ -40,10 +40,24 @@ def dense_weights(expert_ids, weights, valid, num_experts: int):
     return jnp.zeros((expert_ids.shape[0], num_experts), F32).at[rows, expert_ids].add(w)
 
 
+def with_shared(w_up, w_down, w_gate, shared):
+    """The experts' arrays with a shared expert's F-wide chunks appended as experts E ...
+    (`pallas_kernels.moe.expert_ffn`'s `shared`): [E + C, din, F] / [E + C, F, din]. A copy of
+    every weight: the oracle's way, not the kernels'."""
+    if shared is None:
+        return w_up, w_down, w_gate
+    E, din, F = w_up.shape
+    chunks = lambda w, s: jnp.concatenate([w, jnp.moveaxis(s.reshape(din, -1, F), 1, 0)])
+    gate = None if w_gate is None else chunks(w_gate, shared.w_gate)
+    down = jnp.concatenate([w_down, shared.w_down.reshape(-1, F, din)])
+    return chunks(w_up, shared.w_up), down, gate
+
+
 def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
-               activation="relu2"):
+               activation="relu2", shared=None):
     """y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]), densely. Shapes as
     `pallas_kernels.moe.expert_ffn`; returns [n, din] in x.dtype (zero rows where not valid)."""
+    w_up, w_down, w_gate = with_shared(w_up, w_down, w_gate, shared)
     E, dt = w_up.shape[0], w_up.dtype
     if valid is None:
         valid = jnp.ones(x.shape[:1], bool)

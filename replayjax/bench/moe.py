@@ -5,6 +5,9 @@ sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row
 routed experts run as
   * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas", path="grouped")` (sort by expert,
     grouped GEMMs),
+  * "sparse-shared": the shared expert in the routed experts' launch, as the models run it at
+    <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` tokens on a GPU (`models.moe.routed_experts`
+    with shared=, impl and path "auto"), forced at every batch,
   * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
     over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
     at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
@@ -160,6 +163,12 @@ def expert_weights(layer) -> dict:
     return ws
 
 
+def shared_weights(layer) -> dict:
+    """`expert_weights` and the shared expert's (`pallas_kernels.moe.SharedWeights`): a
+    variant given these runs the shared expert itself (`layer_call`)."""
+    return expert_weights(layer) | {"shared": layer.shared.weights()}
+
+
 def _activation(ws):
     return "swiglu" if "gate" in ws else "relu2"
 
@@ -168,6 +177,14 @@ def sparse_experts(u, ids, w, ws):
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
                           activation=_activation(ws), impl="pallas", path="grouped")
+
+
+def shared_experts(u, ids, w, ws, shared_scale):
+    """Routed + shared expert in one launch; shared_scale [n] float32 (Qwen's gate) or None."""
+    from models import moe
+    return moe.routed_experts(u, ids, w, None, ws["up"], ws["down"], w_gate=ws.get("gate"),
+                              activation=_activation(ws), num_experts=ws["up"].shape[0],
+                              shared=ws["shared"], shared_scale=shared_scale)
 
 
 def small_experts(u, ids, w, ws, tiling=None):
@@ -190,9 +207,10 @@ def dense_experts(u, ids, w, ws):
                                     activation=_activation(ws))
 
 
-def tokamax_prepare(ws):
+def tokamax_prepare(layer):
     """SwiGLU's gate and up as one [E, din, 2F] GEMM (concatenated once, outside the timing)."""
     import jax.numpy as jnp
+    ws = expert_weights(layer)
     if "gate" not in ws:
         return ws
     return dict(down=ws["down"], gate_up=jnp.concatenate([ws["gate"], ws["up"]], axis=2))
@@ -224,28 +242,32 @@ def tokamax_experts(u, ids, w, ws):
 
 def layer_call(layer, x, ws, experts):
     """The family's MoE layer on x [n, D] with the routed experts computed by
-    experts(u, ids, weights, ws) (the same composition as the modules' __call__)."""
+    experts(u, ids, weights, ws) (the same composition as the modules' __call__); with the
+    shared expert in ws (`shared_weights`), experts(u, ids, weights, ws, shared_scale)
+    computes it too."""
     import jax
     ids, w = layer.route(x)
+    gate = jax.nn.sigmoid(layer.shared_gate(x)) if hasattr(layer, "shared_gate") else None
+    if "shared" in ws:
+        return experts(x, ids, w, ws, None if gate is None else gate[..., 0])
     y = experts(x, ids, w, ws)
-    if hasattr(layer, "shared_gate"):
-        return y + jax.nn.sigmoid(layer.shared_gate(x)) * layer.shared(x)
-    return y + layer.shared(x)
+    return y + (layer.shared(x) if gate is None else gate * layer.shared(x))
 
 
 def variants(small_tilings=({},)):
-    """name -> (prepare(ws) -> ws, experts fn); sparse-small once per PairTiling override;
+    """name -> (prepare(layer) -> ws, experts fn); sparse-small once per PairTiling override;
     tokamax only when it imports."""
-    out = {"sparse": (lambda ws: ws, sparse_experts)}
+    out = {"sparse": (expert_weights, sparse_experts),
+           "sparse-shared": (shared_weights, shared_experts)}
     for config in small_tilings:
         name, fn = small_variant(config)
-        out[name] = (lambda ws: ws, fn)
+        out[name] = (expert_weights, fn)
     try:
         import tokamax  # noqa: F401
         out["tokamax"] = (tokamax_prepare, tokamax_experts)
     except ImportError:
         pass
-    out["dense"] = (lambda ws: ws, dense_experts)
+    out["dense"] = (expert_weights, dense_experts)
     return out
 
 
@@ -333,7 +355,7 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
         if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
             us[vname], notes[vname] = None, f"batch > {SMALL_MAX_BATCH}"
             continue
-        wss = [prepare(expert_weights(layer)) for layer in layers]
+        wss = [prepare(layer) for layer in layers]
 
         @jax.jit
         def run(states, wss, xs, experts=experts):
@@ -355,7 +377,7 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256 --json moe.json",
-        f"{PROG} --batches 1 8 32 --variants sparse sparse-small --breakdown",
+        f"{PROG} --batches 1 8 32 --variants sparse sparse-shared --breakdown",
         f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
         '\'[{}, {"block_f": 32}, {"block_d": 64}]\''])
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
@@ -363,7 +385,7 @@ def build_parser():
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
                     metavar="N", help="rows (tokens) per layer call")
     ap.add_argument("--variants", nargs="+",
-                    choices=["sparse", "sparse-small", "tokamax", "dense"],
+                    choices=["sparse", "sparse-shared", "sparse-small", "tokamax", "dense"],
                     help="expert implementations (default: all that import)")
     ap.add_argument("--small-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
                     help='sparse-small once per PairTiling override, a JSON list: e.g. '

@@ -1,6 +1,9 @@
 """MoE routing (`models.moe`) against numpy ports of the HF routers (transformers 5.24
-NemotronHTopkRouter, Qwen3NextTopKRouter), ties going to the lowest expert index, and the validity
-mask the models hand their MoE layers (padding rows get no experts)."""
+NemotronHTopkRouter, Qwen3NextTopKRouter), ties going to the lowest expert index, the validity
+mask the models hand their MoE layers (padding rows get no experts), and the shared expert in the
+routed experts' launch against the family's MLP (one device, tensor and expert parallel)."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -8,11 +11,12 @@ import numpy as np
 import pytest
 
 from convert import load_hf
-from models import moe
+from models import moe, sharding
 from models.config import load_config
 from models.qwen import QwenHybrid
 from models.runner import Runner
 from pallas_kernels.ring import NULL_SLOT
+from replayjax.bench.synthetic import random_model
 
 FIXTURES = "tests/fixtures/hf"
 
@@ -154,3 +158,60 @@ def test_qwen_and_its_mtp_head_hand_padding_rows_to_the_moe_as_invalid(seen_vali
     jax.block_until_ready(jax.jit(model.draft)(cache, hidden, jnp.ones((2, 3), jnp.int32),
                                                slots, jnp.zeros((2,), jnp.int32)))
     _expect(seen_valid, 1, [[0, 0, 0], [1, 1, 1]])
+
+
+@pytest.mark.parametrize("variant,tp,experts", [
+    ("nemotron_h", 1, "width"), ("qwen3_5_moe", 1, "width"), ("nemotron_h", 2, "width"),
+    ("qwen3_5_moe", 2, "width"), ("qwen3_5_moe", 2, "experts")])
+def test_shared_expert_in_the_routed_launch(variant, tp, experts, monkeypatch):
+    """A fixture's config with the shared expert 2 F wide, random fp32 weights: with
+    `models.moe.shared_in_launch`'s rule made to hold on CPU (the XLA implementation of the
+    same routing), every MoE call takes the shared expert's C = 2 (tp 2, experts split: 1)
+    chunks as experts, and prefill and decode logits of the real rows equal the family's
+    MLP's within 1e-5 (relative); at tp = 2 the shared expert is split on its width."""
+    cfg = load_config(f"{FIXTURES}/{variant}")
+    field = ("moe_shared_expert_intermediate_size" if variant == "nemotron_h"
+             else "shared_expert_intermediate_size")
+    cfg = dataclasses.replace(cfg, **{field: 2 * cfg.moe_intermediate_size})
+    model = random_model(cfg, jnp.float32, seed=3, experts=experts,
+                         mesh=sharding.make_mesh(tp) if tp > 1 else None)
+    tokens = jnp.asarray([[5, 9, 2, 7], [3, 3, 3, 3], [11, 4, 8, 1]], jnp.int32)
+    lengths, slots = jnp.asarray([4, 4, 2], jnp.int32), jnp.asarray([4, NULL_SLOT, 3], jnp.int32)
+
+    def logits():
+        runner = Runner(model)
+        cache = runner.init_cache(6, 16, window=4)
+        prefill, cache = runner.prefill(cache, tokens, lengths, slots)
+        decode, _ = runner.decode(cache, tokens[:, :1], slots)
+        prefill = np.asarray(prefill)           # the real positions only
+        return prefill[0], prefill[2, :2], np.asarray(decode)[[0, 2]]
+
+    want = logits()
+    joined, inner = [], moe.moe_ops.expert_ffn
+
+    def spy(*args, shared=None, **kw):
+        joined.append(None if shared is None else shared.w_up.shape[1] // args[3].shape[2])
+        return inner(*args, shared=shared, **kw)
+
+    monkeypatch.setattr(moe.moe_ops, "expert_ffn", spy)
+    monkeypatch.setattr(moe, "resolve_impl", lambda impl: "pallas_triton")
+    monkeypatch.setattr(moe, "SHARED_IN_LAUNCH_MAX_TOKENS", 12)
+    got = logits()
+    # (the runner also traces the step outside shard_map, on global shapes: C = 2)
+    assert None not in joined and (1 if experts == "experts" else 2) in joined
+    for g, w in zip(got, want):
+        assert np.linalg.norm(g - w) <= 1e-5 * np.linalg.norm(w)
+
+
+def test_shared_in_launch_rule(monkeypatch):
+    """On a GPU up to SHARED_IN_LAUNCH_MAX_TOKENS tokens when the width divides; never on CPU
+    unless forced."""
+    x = jnp.zeros((2, 4, 8))
+    assert not moe.shared_in_launch(x, 16, 32)
+    assert moe.shared_in_launch(x, 16, 48, force=True)
+    monkeypatch.setattr(moe, "resolve_impl", lambda impl: "pallas_triton")
+    limit = moe.SHARED_IN_LAUNCH_MAX_TOKENS
+    assert moe.shared_in_launch(jnp.zeros((limit, 8)), 16, 32)
+    assert not moe.shared_in_launch(jnp.zeros((limit + 1, 8)), 16, 32)
+    assert not moe.shared_in_launch(x, 16, 24)
+    assert not moe.shared_in_launch(x, 16, 32, force=False)

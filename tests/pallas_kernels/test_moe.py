@@ -7,6 +7,8 @@ Tolerances (relative Frobenius error over the valid rows):
   bfloat16 .......................... 1e-2 (x and the hidden activations are rounded to bf16; the
                                       oracle is fed the bf16-rounded inputs and rounds nothing)
 Rows that are not valid must come out exactly zero and own no (token, expert) pairs.
+With a shared expert (`moe.SharedWeights`, C = Fs / F chunks routed to every token with one
+per-token scale), the oracle adds the scale times the whole shared FFN.
 """
 
 from __future__ import annotations
@@ -54,8 +56,11 @@ def run(impl, interpret, *args, **kw):
 
 
 class Problem:
+    """A routing problem; shared = C > 0 adds a shared expert C F wide, scaled per token by
+    uniform(0.1, 1) (Qwen's sigmoid gate) or 1 (Nemotron, and where tokens tie)."""
+
     def __init__(self, seed, *, n=12, E=6, k=2, activation="relu2", dtype=F32, kind="random",
-                 ffn=F):
+                 ffn=F, shared=0):
         rng = np.random.default_rng(seed)
         self.activation, self.dtype = activation, dtype
         ids, valid = routing(kind, rng, n, E, k)
@@ -68,10 +73,30 @@ class Problem:
             self.x = jnp.repeat(self.x[::2], 2, axis=0)[:n]
         self.w_up, self.w_down = r(E, DIN, ffn), r(E, ffn, DIN)
         self.w_gate = r(E, DIN, ffn) if activation == "swiglu" else None
+        self.shared, self.scale = None, np.ones(n)
+        if shared:
+            fs = shared * ffn
+            self.shared = moe.SharedWeights(r(DIN, fs), r(fs, DIN),
+                                            r(DIN, fs) if activation == "swiglu" else None)
+            if activation == "swiglu" and kind != "ties":
+                self.scale = rng.uniform(0.1, 1.0, n)
+
+    def routing(self):
+        """(expert_ids, weights) as `moe.expert_ffn` takes them: the shared expert's chunks
+        E ... E + C - 1 appended to every row, each with the row's scale."""
+        if self.shared is None:
+            return self.ids, self.weights
+        n, E, F = self.ids.shape[0], self.w_up.shape[0], self.w_up.shape[2]
+        C = self.shared.w_up.shape[1] // F
+        ids = jnp.concatenate([self.ids, jnp.broadcast_to(E + jnp.arange(C, dtype=jnp.int32),
+                                                          (n, C))], axis=1)
+        scale = jnp.broadcast_to(jnp.asarray(self.scale, F32)[:, None], (n, C))
+        return ids, jnp.concatenate([self.weights, scale], axis=1)
 
     def run(self, impl, interpret=True, **kw):
-        args = (self.x, self.ids, self.weights, self.w_up, self.w_down)
-        kw = dict(w_gate=self.w_gate, valid=self.valid, activation=self.activation, **kw)
+        args = (self.x, *self.routing(), self.w_up, self.w_down)
+        kw = dict(w_gate=self.w_gate, valid=self.valid, activation=self.activation,
+                  shared=self.shared, **kw)
         return run(impl, interpret, *args, **kw)
 
     def oracle(self):
@@ -79,13 +104,15 @@ class Problem:
         f = lambda a: None if a is None else np.asarray(jnp.asarray(a, F32), np.float64)
         x, wu, wd, wg = f(self.x), f(self.w_up), f(self.w_down), f(self.w_gate)
         ids, w, valid = np.asarray(self.ids), np.asarray(self.weights), np.asarray(self.valid)
+        ffn = lambda v, up, down, gate: (
+            np.maximum(v @ up, 0) ** 2 if self.activation == "relu2"
+            else (g := v @ gate) / (1 + np.exp(-g)) * (v @ up)) @ down
         y = np.zeros_like(x)
         for i in np.flatnonzero(valid):
             for j, e in enumerate(ids[i]):
-                u = x[i] @ wu[e]
-                h = (np.maximum(u, 0) ** 2 if self.activation == "relu2"
-                     else (g := x[i] @ wg[e]) / (1 + np.exp(-g)) * u)
-                y[i] += w[i, j] * (h @ wd[e])
+                y[i] += w[i, j] * ffn(x[i], wu[e], wd[e], None if wg is None else wg[e])
+            if self.shared is not None:
+                y[i] += self.scale[i] * ffn(x[i], *map(f, self.shared))
         return y
 
 
@@ -99,8 +126,9 @@ def check(pb: Problem, y, tol):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("activation", ["relu2", "swiglu"])
 @pytest.mark.parametrize("kind", ["random", "empty_experts", "one_expert", "padding", "ties"])
-def test_matches_oracle(impl, activation, kind, interpret):
-    pb = Problem(0, activation=activation, kind=kind)
+@pytest.mark.parametrize("shared", [0, 2])
+def test_matches_oracle(impl, activation, kind, shared, interpret):
+    pb = Problem(0, activation=activation, kind=kind, shared=shared)
     y = pb.run(impl, interpret)
     check(pb, y, 1e-5)
     if kind == "ties":                  # equal tokens, experts and weights: equal rows, exactly
@@ -109,33 +137,37 @@ def test_matches_oracle(impl, activation, kind, interpret):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("k", [1, 6])
-def test_top1_and_top_all_experts(impl, k, interpret):
-    pb = Problem(1, E=6, k=k, activation="swiglu", kind="padding")
+@pytest.mark.parametrize("shared", [0, 1])
+def test_top1_and_top_all_experts(impl, k, shared, interpret):
+    pb = Problem(1, E=6, k=k, activation="swiglu", kind="padding", shared=shared)
     check(pb, pb.run(impl, interpret), 1e-5)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_bfloat16(impl, interpret):
-    pb = Problem(2, dtype=BF16, activation="swiglu", kind="padding")
+@pytest.mark.parametrize("activation,shared", [("swiglu", 0), ("swiglu", 1), ("relu2", 2)])
+def test_bfloat16(impl, activation, shared, interpret):
+    pb = Problem(2, dtype=BF16, activation=activation, kind="padding", shared=shared)
     check(pb, pb.run(impl, interpret), 1e-2)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
-def test_several_tiles_per_expert_and_tilings(impl, interpret):
-    """More pairs than a tile per expert (n k = 80 over 3 experts, m = 16), jitted; Pallas with
-    several column blocks and contraction chunks in both GEMMs."""
-    pb = Problem(3, n=40, E=3, k=2, activation="relu2", kind="padding")
+@pytest.mark.parametrize("shared", [0, 2])
+def test_several_tiles_per_expert_and_tilings(impl, shared, interpret):
+    """More pairs than a tile per expert (n k = 80 over 3 experts, m = 16; a shared expert's
+    chunks: 40 rows each), jitted; Pallas with several column blocks and contraction chunks in
+    both GEMMs."""
+    pb = Problem(3, n=40, E=3, k=2, activation="relu2", kind="padding", shared=shared)
     kw = dict(block_m=16)
     if impl == "pallas":
         kw.update(tiling=moe.MoETiling(16, 16, 16, 16, num_warps=4))
     check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
 
 
-@pytest.mark.parametrize("ffn,block_f", [(48, 16), (64, 32)])
-def test_pairs_several_chunks_and_din_slices(ffn, block_f, interpret):
+@pytest.mark.parametrize("ffn,block_f,shared", [(48, 16, 0), (64, 32, 0), (48, 16, 2)])
+def test_pairs_several_chunks_and_din_slices(ffn, block_f, shared, interpret):
     """The pair path with several chunks of F (3 x 16, 2 x 32) and 2 slices of din (32 / 16),
     jitted."""
-    pb = Problem(3, n=5, E=4, k=3, activation="swiglu", kind="padding", ffn=ffn)
+    pb = Problem(3, n=5, E=4, k=3, activation="swiglu", kind="padding", ffn=ffn, shared=shared)
     kw = dict(tiling=moe.PairTiling(block_f, block_d=16, num_warps=4, min_programs=1))
     check(pb, jax.jit(lambda: pb.run("pairs", interpret, **kw))(), 1e-5)
 
@@ -179,6 +211,28 @@ def test_expert_shards_with_pair_validity_sum_to_the_whole(impl, interpret):
     check(pb, sum(parts), 1e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_expert_shards_with_a_width_split_shared_expert(impl, interpret):
+    """Expert parallelism with a shared expert (`models.moe.routed_experts`' layout): each of 3
+    shards holds 2 whole experts and a third of the shared width (one F-wide chunk, its expert
+    2), routed to every valid token; the shards sum to the whole layer."""
+    pb = Problem(8, n=12, E=6, k=2, activation="swiglu", kind="padding", shared=3)
+    ids, valid, parts = np.asarray(pb.ids), np.asarray(pb.valid), []
+    cols = lambda r: slice(F * r, F * (r + 1))
+    for r in range(3):
+        local = ids - 2 * r
+        mine = valid[:, None] & (local >= 0) & (local < 2)
+        shard_ids = np.c_[np.clip(local, 0, 1), np.full(12, 2)].astype(np.int32)
+        shared = moe.SharedWeights(pb.shared.w_up[:, cols(r)], pb.shared.w_down[cols(r)],
+                                   pb.shared.w_gate[:, cols(r)])
+        parts.append(run(impl, interpret, pb.x, jnp.asarray(shard_ids),
+                         jnp.c_[pb.weights, jnp.asarray(pb.scale, F32)],
+                         pb.w_up[2 * r:2 * r + 2], pb.w_down[2 * r:2 * r + 2],
+                         w_gate=pb.w_gate[2 * r:2 * r + 2], shared=shared,
+                         valid=jnp.asarray(np.c_[mine, valid]), activation=pb.activation))
+    check(pb, sum(parts), 1e-5)
+
+
 def test_padding_rows_own_no_pairs():
     pb = Problem(4, n=12, E=6, k=2, kind="padding")
     plan = moe.make_plan(pb.ids, pb.weights, pb.valid, 6, 16)
@@ -211,6 +265,25 @@ def test_nan_in_padding_rows_does_not_leak(impl, interpret):
     np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("n,k,E", [(1, 8, 256), (8, 10, 16), (40, 2, 3)])
+def test_plan_by_counting_is_the_plan_by_sort(n, k, E, monkeypatch):
+    """Up to RANK_MAX_PAIRS pairs the expert order is counted, not sorted: the same plan (ties
+    in token order, padding pairs last), and both ranks are a stable sort's positions."""
+    rng = np.random.default_rng(n)
+    ids, valid = routing("padding", rng, n, E, k)
+    keys = jnp.asarray(rng.integers(0, 4, n * k), jnp.int32)
+    want = np.empty(n * k, np.int32)
+    want[np.argsort(np.asarray(keys), kind="stable")] = np.arange(n * k)
+    plans = []
+    for limit in (n * k, n * k - 1):    # counted, sorted
+        monkeypatch.setattr(moe.plan, "RANK_MAX_PAIRS", limit)
+        np.testing.assert_array_equal(moe.plan.rank(keys), want)
+        plans.append(moe.make_plan(jnp.asarray(ids), jnp.ones((n, k), F32), jnp.asarray(valid),
+                                   E, 16))
+    for a, b in zip(*plans):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_tile_count_follows_pairs_not_experts():
     """The static tile count is ceil(P / m) + min(E, P): a decode step (P = 8 pairs) over 512
     experts has 9 tiles of 16 rows, and the XLA loop runs only the used ones."""
@@ -226,6 +299,10 @@ def test_tile_count_follows_pairs_not_experts():
                                      (4096, 8, 64, 128)])
 def test_default_block_m(n, k, E, m):
     assert moe.default_block_m(n * k, E) == m
+
+
+def _shared(*shapes, dtype=F32):
+    return moe.SharedWeights(*(jnp.zeros(s, dtype) for s in shapes))
 
 
 @pytest.mark.parametrize("change,match", [
@@ -247,6 +324,17 @@ def test_default_block_m(n, k, E, m):
     (dict(impl="xla", path="pairs"), "moe.expert_ffn path 'pairs' has no xla implementation"),
     (dict(impl="pallas", path="pairs", tiling=moe.TILING), "tiling must be a PairTiling"),
     (dict(impl="pallas", tiling=moe.PairTiling(64, 24, 4)), r"block_d = 24 must be a power"),
+    (dict(shared=(jnp.zeros((DIN, F)),) * 3), "shared must be a SharedWeights, got tuple"),
+    (dict(shared=_shared((DIN, 40), (40, DIN), (DIN, 40))),
+     "the shared expert's width 40 must be a multiple of the experts' 48"),
+    (dict(shared=_shared((DIN, F), (F, DIN))), "shared.w_gate is needed by activation 'swiglu'"),
+    (dict(shared=_shared((DIN, F), (DIN, F), (DIN, F))),
+     r"shared.w_down has shape \(32, 48\), expected \(48, 32\)"),
+    (dict(shared=_shared((DIN, F), (F, DIN), (DIN, F), dtype=BF16)),
+     "shared.w_up has dtype bfloat16"),
+    (dict(expert_ids=jnp.zeros((12, 8), jnp.int32), weights=jnp.zeros((12, 8), F32),
+          shared=_shared((DIN, F), (F, DIN), (DIN, F))),
+     r"top_k = 8 must be in \[1, experts = 7\]"),
 ])
 def test_bad_input_is_named(change, match):
     pb = Problem(7, activation="swiglu")
@@ -255,3 +343,31 @@ def test_bad_input_is_named(change, match):
     kw.update(change)
     with pytest.raises(ValueError, match=match):
         moe.expert_ffn(**kw)
+
+
+@pytest.mark.parametrize("path", ["grouped", "pairs"])
+@pytest.mark.parametrize("din,E,k,ffn,shared,activation", [
+    (2688, 128, 6, 1856, 3712, "relu2"),        # Nemotron-3-Nano, shared expert 2 F wide
+    (2048, 256, 8, 512, 512, "swiglu"),         # Qwen3.5-35B-A3B
+    (2048, 256, 8, 512, 0, "swiglu")])
+def test_triton_lowering_at_model_shapes(path, din, E, k, ffn, shared, activation, monkeypatch):
+    """Batch 1, bf16: both paths' kernels, with the shared expert's chunks read in place, lower
+    to Triton for sm90 without a GPU (Pallas' lowering runs in Python; only the PTX compile
+    needs the GPU): every primitive in them has a Triton lowering."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
+                        lambda: type("Info", (), {"compute_capability": "9.0"}))
+    sds, C = jax.ShapeDtypeStruct, shared // ffn
+    w = lambda *s: sds(s, BF16)
+    gate = activation == "swiglu"
+
+    def fn(x, ids, weights, up, down, wg, s_up, s_down, s_gate):
+        sh = None if not C else moe.SharedWeights(s_up, s_down, s_gate if gate else None)
+        return moe.expert_ffn(x, ids, weights, up, down, w_gate=wg if gate else None,
+                              shared=sh, activation=activation, impl="pallas", path=path,
+                              interpret=False)
+    hlo = jax.jit(fn).trace(
+        w(1, din), sds((1, k + C), jnp.int32), sds((1, k + C), F32), w(E, din, ffn),
+        w(E, ffn, din), w(E, din, ffn), w(din, max(shared, ffn)), w(max(shared, ffn), din),
+        w(din, max(shared, ffn))).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in hlo.lower()

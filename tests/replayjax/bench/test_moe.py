@@ -34,14 +34,19 @@ def test_bytes_and_flops_by_hand():
                                    bench.MoEShape("qwen", 32, 8, 3, 16, 16)])
 def test_layer_call_is_the_models_layer(shape):
     """The benchmark's composition with the sparse experts is the model's MoE __call__ (the
-    Pallas variant runs in interpret mode here), and the dense variant agrees."""
+    Pallas variant runs in interpret mode here), with the shared expert in the launch too (as
+    the module forced to), and the dense variant agrees."""
     layer = bench.make_layer(shape, jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (5, shape.hidden), jnp.bfloat16)
     ws = bench.expert_weights(layer)
-    call = lambda experts: np.asarray(jax.jit(
+    call = lambda experts, ws=ws: np.asarray(jax.jit(
         lambda x: bench.layer_call(layer, x, ws, experts))(x), np.float32)
     want = np.asarray(jax.jit(layer)(x), np.float32)
     np.testing.assert_allclose(call(bench.sparse_experts), want, rtol=2e-2, atol=2e-2)
+    joined = call(bench.shared_experts, bench.shared_weights(layer))
+    np.testing.assert_allclose(joined, want, rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(joined, np.asarray(jax.jit(
+        lambda x: layer(x, shared_in_launch=True))(x), np.float32))
     np.testing.assert_allclose(call(bench.small_experts), want, rtol=2e-2, atol=2e-2)
     dense = call(bench.dense_experts)
     np.testing.assert_allclose(dense, want, rtol=2e-2, atol=2e-2)
@@ -72,7 +77,7 @@ def test_bench_plumbing_runs_on_cpu(monkeypatch):
         jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
     shape = bench.MoEShape("qwen", 32, 8, 2, 16, 16)
     row = bench.bench("tiny", shape, 3, copies=2, iterations=1)
-    assert set(row.us) >= {"sparse", "sparse-small", "dense"}
+    assert set(row.us) >= {"sparse", "sparse-shared", "sparse-small", "dense"}
     assert all(v == 8.0 for v in row.us.values()) and set(row.kernels) == set(row.us)
     lines = bench.breakdown_lines(row)
     assert "\ntiny, batch 3, sparse-small: kernels of one layer call" in lines
