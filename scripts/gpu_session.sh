@@ -18,7 +18,8 @@
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   profile-b1 - the same at batch 1 on Nemotron-3-Nano-30B-A3B dims, standard then replay
 #   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
-#              FLOP / byte roofline: Nemotron-H-8B and Qwen3.5-9B dims (issue 17)
+#              FLOP / byte roofline and the kernels by class: Nemotron-H-8B and Qwen3.5-9B dims
+#              (issue 17)
 #   serve    - latency-throughput curves over HTTP: `replayjax serve --synthetic nemotron-h-8b`
 #              (256 slots), ReplaySSM then standard, each loaded by `replayjax bench serve` at
 #              concurrency 1 / 16 / 64 / 256 (needs starlette + uvicorn wheels on the GPU machine);
@@ -51,8 +52,9 @@
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
-#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path vs the pair path (and its
-#              tilings), with the per-kernel breakdown (sets PAIR_PATH_MAX_PAIRS, issue 14);
+#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path, with the shared expert in
+#              its launch (sets SHARED_IN_LAUNCH_MAX_TOKENS), and the pair path (and its
+#              tilings), with the per-kernel breakdown (issue 14);
 #              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
@@ -194,7 +196,8 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
       --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_warps": 8}, {"min_programs": 1}]' \
       --json "$out/attention.json" 2>>"$out/attention.log" | grep "^|" ;;
   moe-small)
-    limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-small \
+    limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
+      --variants sparse sparse-shared sparse-small \
       --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},
       {"num_warps": 8}]' --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-grid)
@@ -339,9 +342,10 @@ print(serve.markdown(rows))" "$out" ;;
         --prefix-cache-gb 16 --variants replay ${PREFIX_FLAGS:-}
     done ;;
   prefill)
+    # tokens/s and, per mode, one traced call's device time by kernel class (--profile)
     for m in nemotron-h-8b qwen3.5-9b; do
       limit 360 python3 -m replayjax.bench.prefill --synthetic $m --batch 32 --prompt-len 2048 \
-        --json 2>>"$out/prefill.log" | tee -a "$out/prefill.jsonl" | tail -c 1500
+        --profile 2>>"$out/prefill.log" | tee -a "$out/prefill.md"
     done ;;
   profile-b1)
     # batch 1 of the MoE hybrid whose replay step was 3.6% slower than standard (issue 17: at
