@@ -150,6 +150,19 @@ def state_block(name, dim_name, dim, bound, state_dtype):
     return block
 
 
+def auto_takes(op, auto_ops, resolve) -> bool:
+    """Whether impl="auto" runs op's Mosaic kernel on sm90 (a family's `takes`): op is one of
+    `auto_ops` (the measured winners) and resolve() (its default tiling for the call's shapes)
+    raises no ValueError."""
+    if op not in auto_ops:
+        return False
+    try:
+        resolve()
+    except ValueError:
+        return False
+    return True
+
+
 def resolve_tiles(tiling, default, *, field, rows, chunk, max_chunk, state_dtype):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n} for `tiling`
     (None: `default`): rows = (name, size) of the state dim the CTAs split into one warpgroup's

@@ -57,6 +57,7 @@ from pallas_kernels._mosaic_utils import (
     ROW,
     TILE_ROWS,
     VectorPack,
+    auto_takes,
     chunk,
     cols,
     load_all,
@@ -111,15 +112,10 @@ def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) whose default tiling takes their shapes (V a multiple of 64,
     K <= 256)."""
-    if op not in AUTO_OPS:
-        return False
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     k, v = args[2:4] if op == "standard_decode" else args[3:5]
-    try:
-        _tiles(None, _DEFAULT_TILING[op], v.shape[-1], k.shape[-1], state.dtype)
-    except ValueError:
-        return False
-    return True
+    return auto_takes(op, AUTO_OPS, lambda: _tiles(
+        None, _DEFAULT_TILING[op], v.shape[-1], k.shape[-1], state.dtype))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):

@@ -53,6 +53,7 @@ from pallas_kernels._mosaic_utils import (
     ROW,
     TILE_ROWS,
     VectorPack,
+    auto_takes,
     chunk,
     cols,
     load_all,
@@ -106,15 +107,10 @@ def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) whose default tiling takes their shapes (P a multiple of 64,
     N <= 256; Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
-    if op not in AUTO_OPS:
-        return False
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
-    try:
-        _tiles(None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype)
-    except ValueError:
-        return False
-    return True
+    return auto_takes(op, AUTO_OPS, lambda: _tiles(
+        None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype))
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
