@@ -32,8 +32,8 @@
 #              in its own process (a CUDA error is sticky for its process: one crash no longer
 #              hides the others; a PASS / FAIL line per test with its first error line), then
 #              decode of Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
-#              small tiling sweep at batch 256 (issue 16 targets: replay <= 320 us amortised,
-#              staggered within 5%, standard <= 530 us);  mosaic-verify - verify T = 4 at
+#              small tiling sweep of each at batch 256 (issue 16 targets: Mamba-2 replay <= 320 us
+#              amortised, staggered within 5%, standard <= 530 us; GDN replay <= 145 us);  mosaic-verify - verify T = 4 at
 #              batch 256 of both families beside the Triton verify, a Mamba-2 tiling sweep
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
 #              with a fold, verify) x shape x tiling in its own process against XLA, one row
@@ -281,7 +281,11 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
       --json "$out/kernels_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
     limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
-      --tune '[{}, {"block_n": 32}, {"block_n": 128}, {"num_stages": 3}, {"num_stages": 4}]' \
+      --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"num_stages": 3}]' \
+      2>>"$out/mosaic.log" | grep "^|"
+    limit 200 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
+      --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_stages": 3}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
