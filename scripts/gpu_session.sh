@@ -193,7 +193,7 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     done ;;
   attention)
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
-      --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_warps": 8}, {"min_programs": 1}]' \
+      --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"block_k": 128}, {"num_stages": 3}]' \
       --json "$out/attention.json" 2>>"$out/attention.log" | grep "^|" ;;
   moe-small)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \

@@ -8,6 +8,6 @@ rows, any T), `xla` and `pallas_triton` (implementations).
 
 from pallas_kernels.attention import reference
 from pallas_kernels.attention.api import decode_attention
-from pallas_kernels.attention.pallas_triton import TILING, AttentionTiling
+from pallas_kernels.attention.pallas_triton import TILING, AttentionTiling, default_tiling
 
-__all__ = ["decode_attention", "reference", "AttentionTiling", "TILING"]
+__all__ = ["decode_attention", "reference", "AttentionTiling", "TILING", "default_tiling"]

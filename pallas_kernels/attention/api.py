@@ -19,7 +19,7 @@ impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere; nee
 and head_dim a power of two >= 16), "xla" (the dense `reference` over the gathered rows), "auto"
 (Pallas Triton on GPU where it takes the pool once `AUTO_PALLAS` is set, XLA elsewhere: tiny test
 models keep working).
-tiling: an `AttentionTiling` for Pallas (None: `TILING`).
+tiling: an `AttentionTiling` for Pallas (None: `default_tiling(head_dim)`).
 """
 
 from __future__ import annotations

@@ -46,9 +46,18 @@ class AttentionTiling:
     min_programs: int = 256
 
 
-# Not yet measured on a GPU (`python -m replayjax.bench.attention` times it): flash decoding's
-# usual 64-position blocks, 4 warps, double-buffered loads; ~2 programs per H200 SM.
-TILING = AttentionTiling(block_k=64, num_warps=4, num_stages=2, min_programs=256)
+# Measured on the H200 (docs/benchmarks.md, sixth GPU session; bf16 pools, GQA 4, batch 1 /
+# 32 / 256): 128-position blocks for head_dim 128 (Nemotron-H-8B, batch 32: 187 vs 221 us at
+# 64), 64 for head_dim 256 (Qwen3.5-9B, batch 32: 181 vs 204 at 128): a K block of 16K elements;
+# 4 warps (8: 10-20% slower), the split from 256 programs (1: 6x slower at batch 1).
+TILING = AttentionTiling(block_k=128, num_warps=4, num_stages=2, min_programs=256)
+_BLOCK_ELEMENTS = 128 * 128
+
+
+def default_tiling(head_dim: int) -> AttentionTiling:
+    """The measured tiling for a head_dim: `TILING` with block_k * head_dim <= 16K elements."""
+    return dataclasses.replace(TILING, block_k=max(MIN_BLOCK, min(
+        TILING.block_k, _BLOCK_ELEMENTS // head_dim)))
 
 
 def num_splits(rows: int, max_len: int, block_k: int, min_programs: int) -> int:
@@ -69,8 +78,8 @@ def supports(k_pool) -> bool:
 
 def decode_attention(q, k_pool, v_pool, slots, starts, kv_head, *, tiling, interpret):
     """`pallas_kernels.attention.decode_attention` on validated arguments."""
-    t = resolve_tiling(tiling, TILING)
     max_len, hd = k_pool.shape[1], k_pool.shape[3]
+    t = resolve_tiling(tiling, default_tiling(hd))
     check(is_pow2(t.block_k) and t.block_k >= MIN_BLOCK,
           f"block_k = {t.block_k} must be a power of two >= {MIN_BLOCK}")
     check(t.min_programs >= 1, f"min_programs = {t.min_programs} must be >= 1")

@@ -92,7 +92,8 @@ def bench(shape, batch, tokens, max_len, tilings, iterations=5):
     us, err, outs = {}, {}, {}
     names = {"xla": ("xla", None)} | {
         "pallas" + (f" {cfg}" if cfg else ""): ("pallas", attention.AttentionTiling(
-            **dataclasses.asdict(attention.TILING) | cfg)) for cfg in tilings}
+            **dataclasses.asdict(attention.default_tiling(args[1].shape[3])) | cfg))
+        for cfg in tilings}
     for name, (impl, tiling) in names.items():
         run = variant(impl, tiling)
         outs[name] = np.asarray(run(*args)[0], np.float32)

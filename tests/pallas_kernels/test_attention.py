@@ -204,3 +204,10 @@ def test_triton_lowering_at_model_shapes(shape, T, b, dtype, kv_head, monkeypatc
     hlo = jax.jit(fn).trace(sds((b, T, nh, hd), dtype), pool, pool, sds((b,), jnp.int32),
                             sds((b,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in hlo.lower()
+
+
+def test_default_tiling_keeps_a_k_block_of_16k_elements():
+    """Measured on the H200: 128-position blocks at head_dim 128, 64 at 256."""
+    from pallas_kernels.attention import default_tiling
+    assert [default_tiling(hd).block_k for hd in (16, 64, 128, 256, 512)] == [128, 128, 128, 64,
+                                                                              32]
