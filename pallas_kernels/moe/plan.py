@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 RANK_MAX_PAIRS = 128        # [128, 128] comparisons: batch 8 of top-8 with a shared expert
 
+
 class DispatchPlan(NamedTuple):
     """R = num_tiles * m padded rows; rows past a group's size are padding (token 0, weight 0)."""
     row_token: jax.Array        # [R] int32: token whose pair fills the row
