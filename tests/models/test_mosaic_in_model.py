@@ -66,13 +66,13 @@ def _forced_logits(runner, mode, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("mode", ["replay", "standard"])
-def test_decode_logits_equal_the_xla_path(runner, mode, impl):
+def test_decode_logits_equal_the_jnp_path(runner, mode, impl):
     want = _forced_logits(runner, mode, "xla")
     np.testing.assert_allclose(_forced_logits(runner, mode, impl), want, atol=ATOL)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_speculative_rollbacks_give_the_xla_tokens(runner, impl):
+def test_speculative_rollbacks_give_the_jnp_path_tokens(runner, impl):
     """ReplaySSM verify (the Mosaic kernel) + commit over corrupted drafts: the greedy tokens."""
     prompts, lens, slots = _batch()
     want, _, _ = runner.greedy(runner.init_cache(4, 48, window=4), prompts, lens, slots, 12,

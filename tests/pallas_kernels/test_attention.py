@@ -131,7 +131,7 @@ def test_num_splits():
 
 
 @pytest.mark.parametrize("T", [1, 4])
-def test_cached_attention_pallas_matches_xla(T, interpret):
+def test_cached_attention_pallas_matches_the_jnp_path(T, interpret):
     """The models' entry: writes the new K/V into the pool, then attends; both impls agree and
     the cache they return is the same."""
     rng = np.random.default_rng(T)
