@@ -39,10 +39,10 @@ def alias_indices(inputs, outputs, aliases) -> dict[int, int]:
 
 
 def call(kernel, *, name, grid, inputs, outputs, aliases, num_warps, num_stages, interpret):
-    """`pl.pallas_call` with named arguments: `inputs` (name -> array) and `outputs`
-    (name -> ShapeDtypeStruct) are ordered dicts whose names are the kernel's ref parameters in
-    order (checked); `aliases` maps input names to the output names that update them in place.
-    Returns the outputs as a tuple."""
+    """`pl.pallas_call` with named arguments: `inputs` (name -> array, or None: the kernel gets
+    None, an input a variant does without) and `outputs` (name -> ShapeDtypeStruct) are ordered
+    dicts whose names are the kernel's ref parameters in order (checked); `aliases` maps input
+    names to the output names that update them in place. Returns the outputs as a tuple."""
     refs = [p.name for p in inspect.signature(kernel).parameters.values()
             if p.kind is p.POSITIONAL_OR_KEYWORD]
     if refs != [*inputs, *outputs]:
@@ -52,11 +52,30 @@ def call(kernel, *, name, grid, inputs, outputs, aliases, num_warps, num_stages,
         kernel,
         grid=grid,
         out_shape=tuple(outputs.values()),
-        input_output_aliases=alias_indices(inputs, outputs, aliases),
+        input_output_aliases=alias_indices([n for n, a in inputs.items() if a is not None],
+                                           outputs, aliases),
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret,
         name=name,
     )(*inputs.values())
+
+
+def ring_entries(ref, count):
+    """The ring rows of one slot, `ref` [L, ...] (a view: `ring.at[slot, h, :, tile]`), loaded
+    with a mask: rows at positions >= count are never fetched (Triton issues no memory access
+    for masked lanes) and read exactly 0. Callers still select them away with `where` (the ring
+    contract). -> [L, ...] of the ring's dtype."""
+    from jax.experimental.pallas import triton as pltr
+    keep = lax.broadcasted_iota(jnp.int32, ref.shape, 0) < count
+    return pltr.load(ref, mask=keep, other=jnp.zeros((), ref.dtype))
+
+
+def stream(ref, eviction):
+    """`ref[...]` loaded with the L2 eviction policy `eviction` (`validation.EVICTION_POLICIES`): a
+    read-once stream such as the checkpoint marked "evict_first" leaves L2 to the data that is
+    read again (rings, token vectors). The interpreter ignores the policy."""
+    from jax.experimental.pallas import triton as pltr
+    return pltr.load(ref, eviction_policy=eviction)
 
 
 def dot_precision(interpret):

@@ -16,11 +16,18 @@ FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 STATE_DTYPES = (jnp.float32, jnp.bfloat16)
 F32_ONLY = (jnp.float32,)
 INT32_ONLY = (jnp.int32,)
+# Triton's L2 eviction policies of a load (a tiling's `state_eviction`).
+EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
 
 
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+def check_choice(name: str, value, choices) -> None:
+    check(value in choices,
+          f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def check_shape(name: str, arr, shape: tuple) -> None:

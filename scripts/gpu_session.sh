@@ -4,6 +4,10 @@
 #   tests    - the Pallas verify kernels and the tiny models of both families, compiled on the GPU
 #   kernels  - decode kernels, standard vs ReplaySSM (staggered headline), both families
 #   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic
+#   triton-tune - the Triton replay decode's tiling options at batch 256 (staggered counts), to
+#              pick their defaults: state_eviction "evict_first" (the checkpoint read once, kept
+#              from pushing the rings out of L2) and, GDN, ring_scalars "xla" (k_j . k, k_j . q
+#              by one einsum per step instead of every program reading the ring keys); < 5 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
@@ -106,6 +110,14 @@ case $stage in
       python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
         --json "$out/kernels_$fam.json" 2>>"$out/kernels.log"
     done ;;
+  triton-tune)
+    limit 120 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
+      --tune '[{}, {"state_eviction": "evict_first"}]' \
+      --json "$out/kernels_triton_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|"
+    limit 150 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
+      --tune '[{}, {"state_eviction": "evict_first"}, {"ring_scalars": "xla"},
+               {"ring_scalars": "xla", "state_eviction": "evict_first"}]' \
+      --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
     for fam in mamba2 gdn; do
       limit 150 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \

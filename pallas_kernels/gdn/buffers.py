@@ -59,3 +59,12 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
     rk, rd, rg = write_window_rings((buffers.ring_k, buffers.ring_d, buffers.ring_g),
                                     (k, d, g), counts, slots, buffers.window)
     return buffers._replace(ring_k=rk, ring_d=rd, ring_g=rg)
+
+
+def ring_key_products(ring_k, slots, *vectors):
+    """k_j . x for the L ring keys of each row's slot (ring_k [S, Hk, L, K], slots [b]) and each
+    window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, fp32-exact
+    (HIGHEST). Entries past a slot's count are garbage: select them away."""
+    rk = ring_k[slots].astype(jnp.float32)
+    return tuple(jnp.einsum("bhlk,bthk->bhtl", rk, x.astype(jnp.float32),
+                            precision=jax.lax.Precision.HIGHEST) for x in vectors)

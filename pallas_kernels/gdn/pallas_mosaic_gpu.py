@@ -73,7 +73,7 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.gdn.buffers import write_window
+from pallas_kernels.gdn.buffers import ring_key_products, write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
 
 GRID_NAMES = ("row", "head", "vtile")
@@ -336,9 +336,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     hi = lax.Precision.HIGHEST
     qf, kf = q.astype(F32), k.astype(F32)
     # Per-key-head products (ring x current, current x current): small next to the state.
-    rk = buffers.ring_k[slots].astype(F32)                            # [b, Hk, L, K]
-    rkk = jnp.einsum("bhlk,bhk->bhl", rk, kf, precision=hi)
-    rkq = jnp.einsum("bhlk,bhk->bhl", rk, qf, precision=hi)
+    rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
+        buffers.ring_k, slots, k[:, None], q[:, None]))
     kq = jnp.einsum("bhk,bhk->bh", kf, qf, precision=hi)
     ring_dtype = buffers.ring_k.dtype
     vectors = VectorPack.of(v=(TILE_ROWS, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
@@ -458,10 +457,10 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     Hk, K = q.shape[2:]
     hi = lax.Precision.HIGHEST
     L = buffers.window
-    rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
+    kf, qf = k.astype(F32), q.astype(F32)
     # Per-key-head products (ring x window, window x window): small next to the state.
-    rkk, rkq = (jnp.einsum("bhlk,bthk->bhtl", rk, w, precision=hi).reshape(batch, Hk, T * L)
-                for w in (kf, qf))                                    # [b, Hk, T L]
+    rkk, rkq = (p.reshape(batch, Hk, T * L)                             # [b, Hk, T L]
+                for p in ring_key_products(buffers.ring_k, slots, k, q))
     wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)         # [b, Hk, T, T]
     wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
     vectors = VectorPack.of(v=((T, TILE_ROWS), v.dtype), k=((T, K), k.dtype),

@@ -27,11 +27,21 @@ from pallas_kernels._kernel_utils import (
     masked_window,
     n_chunks,
     outer_fold,
+    ring_entries,
+    stream,
     suffix_sums,
 )
-from pallas_kernels.gdn.buffers import write_window
+from pallas_kernels.gdn.buffers import ring_key_products, write_window
 from pallas_kernels.ring import NULL_SLOT
-from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
+from pallas_kernels.validation import (
+    EVICTION_POLICIES,
+    bounded_block,
+    check_choice,
+    fold_uses_dot,
+    resolve_tiling,
+)
+
+RING_SCALARS = ("kernel", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +59,19 @@ class GDNReplayTiling:
     """Launch configuration of the replay decode kernel: block_v as in `GDNTiling`, block_k
     bounds the key chunk the checkpoint is streamed in; `fold` is how the fold forms
     sum_j w_j d_j k_j^T: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
-    (rank-1 updates) or "auto" (dot where it can)."""
+    (rank-1 updates) or "auto" (dot where it can). `state_eviction` is the L2 eviction policy
+    of the checkpoint reads (`validation.EVICTION_POLICIES`: "evict_first" keeps the read-once
+    state from pushing the rings out of L2). `ring_scalars` is where k_j . k and k_j . q come
+    from: "kernel" (every program reads the ring keys of its slot, [L, K]) or "xla" (one
+    einsum per step computes them per key head; programs read [L] scalars, and the ring keys
+    only to fold)."""
     block_v: int
     block_k: int
     num_warps: int
     num_stages: int = 2
     fold: str = "auto"
+    state_eviction: str = "evict_normal"
+    ring_scalars: str = "kernel"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -64,13 +81,15 @@ class GDNReplayTiling:
 class GDNVerifyTiling:
     """Launch configuration of the replay verify kernel, as `GDNReplayTiling` except that the key
     chunk depends on the window: the kernel keeps T accumulators per key chunk, so larger T wants
-    narrower chunks. block_k bounds it for T <= 2, block_k_long for T > 2."""
+    narrower chunks. block_k bounds it for T <= 2, block_k_long for T > 2. (The ring key
+    products always come from XLA here.)"""
     block_v: int
     block_k: int
     block_k_long: int
     num_warps: int
     num_stages: int = 2
     fold: str = "auto"
+    state_eviction: str = "evict_normal"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k if num_tokens <= 2 else self.block_k_long
@@ -90,12 +109,18 @@ _MIN_BLOCK_V = 4
 
 def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     """The launch keywords of a tiling (None: `default`) for value dim V; with key dim K and the
-    ring window L, also the key chunk (for a window of `num_tokens`) and the fold mode."""
+    ring window L, also the key chunk (for a window of `num_tokens`), the fold mode, the state's
+    eviction policy and (replay decode) where the ring scalars come from."""
     t = resolve_tiling(tiling, default)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
         tiles["block_k"] = bounded_block("block_k", "key dim K", K, t.key_block(num_tokens))
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
+        check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
+        tiles["eviction"] = t.state_eviction
+    if hasattr(t, "ring_scalars"):
+        check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
+        tiles["ring_scalars"] = t.ring_scalars
     return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -168,32 +193,39 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, num_warps, num_
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
-                   s_in, rk_in, rd_in, rg_in, o_ref, s_out, rk_out, rd_out, rg_out, *,
-                   heads_per_key_head, block_v, block_k, window, fold_dot, precision):
+                   s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
+                   heads_per_key_head, block_v, block_k, window, fold_dot, precision, eviction):
+    # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
+    # float32, those products precomputed per key head (ring_scalars="xla").
     b, hv, hk, t, vs = _program(heads_per_key_head, block_v)
     L, K = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    # Loads that need only the slot go out before the state pass; their values are used after.
     c = counts_ref[slot]
-    ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
-    ring_g = rg_in[slot, hv, :]                       # [L]
+    # Only the committed ring entries are fetched (masked loads): ~half the ring on average.
+    ring_d = ring_entries(rd_in.at[slot, hv, :, vs], c)                     # [L, bv]
+    ring_g = ring_entries(rg_in.at[slot, hv, :], c)                         # [L]
     v = v_ref[b, hv, vs].astype(F32)                  # [bv]
     g, beta = g_ref[b, hv], beta_ref[b, hv]
 
-    # Read-only pass over the checkpoint: S0 k, S0 q, and k_j . k, k_j . q for every ring entry.
+    # Read-only pass over the checkpoint: S0 k, S0 q (and k_j . k, k_j . q for every ring entry
+    # when they do not come precomputed).
     def readout(ks, carry):
         s0k, s0q, rkk, rkq, kq = carry
         kc = k_ref[b, hk, ks].astype(F32)
         qc = q_ref[b, hk, ks].astype(F32)
-        s0 = s_in[slot, hv, vs, ks].astype(F32)                        # [bv, bk]
-        rk = rk_in[slot, hk, :, ks].astype(F32)                        # [L, bk]
+        s0 = stream(s_in.at[slot, hv, vs, ks], eviction).astype(F32)    # [bv, bk]
+        if rkx_ref is None:
+            rk = ring_entries(rk_in.at[slot, hk, :, ks], c).astype(F32)  # [L, bk]
+            rkk = rkk + jnp.sum(rk * kc[None, :], axis=1)
+            rkq = rkq + jnp.sum(rk * qc[None, :], axis=1)
         return (s0k + jnp.sum(s0 * kc[None, :], axis=1), s0q + jnp.sum(s0 * qc[None, :], axis=1),
-                rkk + jnp.sum(rk * kc[None, :], axis=1), rkq + jnp.sum(rk * qc[None, :], axis=1),
-                kq + jnp.sum(kc * qc))
+                rkk, rkq, kq + jnp.sum(kc * qc))
 
     zv, zl = jnp.zeros((block_v,), F32), jnp.zeros((L,), F32)
     s0k, s0q, rkk, rkq, kq = n_chunks(K, block_k, readout, (zv, zv, zl, zl, jnp.float32(0)))
+    if rkx_ref is not None:
+        rkk, rkq = rkx_ref[b, hk, 0, :], rkx_ref[b, hk, 1, :]
 
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid, cur = j < c, j == c
@@ -216,7 +248,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         wd = w[:, None] * masked_window(valid, cur, ring_d, d)              # [L, bv]
 
         def fold_chunk(ks, carry):
-            kw = masked_window(valid, cur, rk_in[slot, hk, :, ks],
+            kw = masked_window(valid, cur, ring_entries(rk_in.at[slot, hk, :, ks], c),
                                k_ref[b, hk, ks].astype(F32))                # [L, bk]
             s0 = s_in[slot, hv, vs, ks].astype(F32)
             upd = outer_fold(wd, kw, precision, fold_dot)                   # [bv, bk]
@@ -238,21 +270,24 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                 rk_out[slot, hk, c, :] = k_ref[b, hk, :].astype(rk_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
+                                             "ring_scalars", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   num_warps, num_stages, interpret):
+                   eviction, ring_scalars, num_warps, num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
+    rkx = (jnp.concatenate(ring_key_products(buffers.ring_k, slots, k[:, None], q[:, None]),
+                           axis=2) if ring_scalars == "xla" else None)     # [b, Hk, 2, L]
     kernel = functools.partial(
         _replay_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k, window=L,
-        fold_dot=fold_dot, precision=dot_precision(interpret))
+        fold_dot=fold_dot, precision=dot_precision(interpret), eviction=eviction)
     o, *new = call(
         kernel, name="gdn_replay_decode", grid=(batch, Hv, V // block_v),
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, s_in=buffers.checkpoint, rk_in=buffers.ring_k,
-                    rd_in=buffers.ring_d, rg_in=buffers.ring_g),
+                    rd_in=buffers.ring_d, rg_in=buffers.ring_g, rkx_ref=rkx),
         outputs=dict(o_ref=like(v), s_out=like(buffers.checkpoint), rk_out=like(buffers.ring_k),
                      rd_out=like(buffers.ring_d), rg_out=like(buffers.ring_g)),
         aliases={"s_in": "s_out", "rk_in": "rk_out", "rd_in": "rd_out", "rg_in": "rg_out"},
@@ -271,7 +306,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *,
                    heads_per_key_head, block_v, block_k, window, num_tokens, fold_dot,
-                   precision):
+                   precision, eviction):
     # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
     # S0 q_t (the decode kernel's readout, T times). The key products (ring x window, window x
     # window) are per key head, not per program: they come precomputed (rkk/rkq/wkk/wkq_ref).
@@ -281,8 +316,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
-    ring_d = rd_in[slot, hv, :, vs]                   # [L, bv]
-    ring_g = rg_in[slot, hv, :]                       # [L]
+    ring_d = ring_entries(rd_in.at[slot, hv, :, vs], c)                     # [L, bv]
+    ring_g = ring_entries(rg_in.at[slot, hv, :], c)                         # [L]
     vs_ = [v_ref[b, t, hv, vs].astype(F32) for t in range(T)]             # T x [bv]
     gs = [g_ref[b, t, hv] for t in range(T)]                               # T scalars
     betas = [beta_ref[b, t, hv] for t in range(T)]
@@ -293,7 +328,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     wkq = {rt: wkq_ref[b, hk, rt[0], rt[1]] for rt in pairs}               # k_r . q_t
 
     def readout(ks, carry):
-        s0 = s_in[slot, hv, vs, ks].astype(F32)                            # [bv, bk]
+        s0 = stream(s_in.at[slot, hv, vs, ks], eviction).astype(F32)      # [bv, bk]
         s0k, s0q = carry
         return (tuple(acc + jnp.sum(s0 * k_ref[b, t, hk, ks].astype(F32)[None, :], axis=1)
                       for t, acc in enumerate(s0k)),
@@ -336,7 +371,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         wd = w[:, None] * masked_window(valid, cur, ring_d, ds[0])              # [L, bv]
 
         def fold_chunk(ks, carry):
-            kw = masked_window(valid, cur, rk_in[slot, hk, :, ks],
+            kw = masked_window(valid, cur, ring_entries(rk_in.at[slot, hk, :, ks], c),
                                k_ref[b, 0, hk, ks].astype(F32))                  # [L, bk]
             s0 = s_in[slot, hv, vs, ks].astype(F32)
             s_out[slot, hv, vs, ks] = (decay * s0 + outer_fold(wd, kw, precision, fold_dot)
@@ -345,26 +380,24 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         n_chunks(K, block_k, fold_chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   num_warps, num_stages, interpret):
+                   eviction, num_warps, num_stages, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool; the ring is
     not touched."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
     hi = lax.Precision.HIGHEST
-    rk, kf, qf = buffers.ring_k[slots].astype(F32), k.astype(F32), q.astype(F32)
-    products = (jnp.einsum("bhlk,bthk->bhtl", rk, kf, precision=hi),    # [b, Hk, T, L]
-                jnp.einsum("bhlk,bthk->bhtl", rk, qf, precision=hi),
-                jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi),    # [b, Hk, T, T]
-                jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi))
+    kf, qf = k.astype(F32), q.astype(F32)
+    rkk, rkq = ring_key_products(buffers.ring_k, slots, k, q)           # [b, Hk, T, L]
+    wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)           # [b, Hk, T, T]
+    wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
     kernel = functools.partial(
         _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
         window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret))
-    rkk, rkq, wkk, wkq = products
+        precision=dot_precision(interpret), eviction=eviction)
     return call(
         kernel, name="gdn_replay_verify", grid=(batch, Hv, V // block_v),
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,

@@ -30,11 +30,19 @@ from pallas_kernels._kernel_utils import (
     masked_window,
     n_chunks,
     outer_fold,
+    ring_entries,
+    stream,
     suffix_sums,
 )
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
-from pallas_kernels.validation import bounded_block, fold_uses_dot, resolve_tiling
+from pallas_kernels.validation import (
+    EVICTION_POLICIES,
+    bounded_block,
+    check_choice,
+    fold_uses_dot,
+    resolve_tiling,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +60,11 @@ class Mamba2Tiling:
 class Mamba2ReplayTiling(Mamba2Tiling):
     """Launch configuration of the replay decode and verify kernels: the tiles, plus how the fold
     forms X^T diag(s) B: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
-    (rank-1 updates) or "auto" (dot where it can)."""
+    (rank-1 updates) or "auto" (dot where it can); `state_eviction`, the L2 eviction policy of
+    the checkpoint reads (`validation.EVICTION_POLICIES`: "evict_first" keeps the read-once
+    state from pushing the rings out of L2)."""
     fold: str = "auto"
+    state_eviction: str = "evict_normal"
 
 
 # Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md).
@@ -70,12 +81,14 @@ _MIN_BLOCK_P = 4
 
 def _tiles(tiling, default, P, N, window=None):
     """The launch keywords of a tiling (None: `default`) for head dim P and d_state N; with the
-    ring window L, also the fold mode."""
+    ring window L, also the fold mode and the state's eviction policy."""
     t = resolve_tiling(tiling, default)
     tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
                  block_n=bounded_block("block_n", "d_state N", N, t.block_n))
     if window is not None:
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
+        check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
+        tiles["eviction"] = t.state_eviction
     return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -152,16 +165,16 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_w
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
-                   heads_per_group, block_p, block_n, window, fold_dot, precision):
+                   heads_per_group, block_p, block_n, window, fold_dot, precision, eviction):
     b, h, g, t, ps = _row_head_tile(heads_per_group, block_p)
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    # Issue every load that needs only the slot before the state pass and use the values after
-    # it: one round trip of latency per program instead of three (slot -> count -> ring).
+    # Issue the ring loads before the state pass and use the values after it. Only the committed
+    # entries are fetched (masked loads): ~half the ring on average.
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
-    ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
-    ring_dt = rdt_in[slot, h, :]                      # [L]
+    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c)                      # [L, bp]
+    ring_dt = ring_entries(rdt_in.at[slot, h, :], c)                        # [L]
     x = x_ref[b, h, ps].astype(_F32)                  # current token
     dt = dt_ref[b, h]
 
@@ -169,9 +182,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     def readout(ns, carry):
         s0c, bc_ring, bc_cur = carry
         cv = c_ref[b, g, ns].astype(_F32)
-        s0 = s_in[slot, h, ps, ns].astype(_F32)                        # [bp, bn]
+        s0 = stream(s_in.at[slot, h, ps, ns], eviction).astype(_F32)     # [bp, bn]
+        rb = ring_entries(rb_in.at[slot, g, :, ns], c).astype(_F32)      # [L, bn]
         return (s0c + jnp.sum(s0 * cv[None, :], axis=1),
-                bc_ring + jnp.sum(rb_in[slot, g, :, ns].astype(_F32) * cv[None, :], axis=1),
+                bc_ring + jnp.sum(rb * cv[None, :], axis=1),
                 bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
 
     zero_p = jnp.zeros((block_p,), _F32)
@@ -196,7 +210,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     @pl.when(fold)
     def _fold():
         def fold_chunk(ns, carry):
-            sbw = s[:, None] * masked_window(valid, cur, rb_in[slot, g, :, ns],
+            sbw = s[:, None] * masked_window(valid, cur, ring_entries(rb_in.at[slot, g, :, ns], c),
                                              b_ref[b, g, ns].astype(_F32))  # [L, bn]
             s0 = s_in[slot, h, ps, ns].astype(_F32)
             upd = outer_fold(xw, sbw, precision, fold_dot)              # [bp, bn]
@@ -221,16 +235,16 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                 rb_out[slot, g, c, :] = b_ref[b, g, :].astype(rb_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   num_warps, num_stages, interpret):
+                   eviction, num_warps, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
         _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
-        fold_dot=fold_dot, precision=dot_precision(interpret))
+        fold_dot=fold_dot, precision=dot_precision(interpret), eviction=eviction)
     y, *new = call(
         kernel, name="mamba2_replay_decode", grid=(batch, H, P // block_p),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
@@ -251,7 +265,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group,
-                   block_p, block_n, window, num_tokens, fold_dot, precision):
+                   block_p, block_n, window, num_tokens, fold_dot, precision, eviction):
     # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
     # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
     # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
@@ -261,15 +275,15 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
-    ring_x = rx_in[slot, h, :, ps]                    # [L, bp]
-    ring_dt = rdt_in[slot, h, :]                      # [L]
+    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c)                      # [L, bp]
+    ring_dt = ring_entries(rdt_in.at[slot, h, :], c)                        # [L]
     xs = [x_ref[b, t, h, ps].astype(_F32) for t in range(T)]              # T x [bp]
     dts = [dt_ref[b, t, h] for t in range(T)]                              # T scalars
     bc_ring = [bcr_ref[b, g, t, :] for t in range(T)]                      # T x [L] B_j . C_t
     bc_win = {(r, t): bcw_ref[b, g, r, t] for t in range(T) for r in range(t + 1)}  # B_r . C_t
 
     def readout(ns, s0c):
-        s0 = s_in[slot, h, ps, ns].astype(_F32)                            # [bp, bn]
+        s0 = stream(s_in.at[slot, h, ps, ns], eviction).astype(_F32)      # [bp, bn]
         return tuple(acc + jnp.sum(s0 * c_ref[b, t, g, ns].astype(_F32)[None, :], axis=1)
                      for t, acc in enumerate(s0c))
 
@@ -301,7 +315,8 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         xf = masked_window(valid, cur, ring_x, xs[0])                        # [L, bp]
 
         def fold_chunk(ns, carry):
-            sbw = sf[:, None] * masked_window(valid, cur, rb_in[slot, g, :, ns],
+            sbw = sf[:, None] * masked_window(valid, cur,
+                                              ring_entries(rb_in.at[slot, g, :, ns], c),
                                               b_ref[b, 0, g, ns].astype(_F32))  # [L, bn]
             s0 = s_in[slot, h, ps, ns].astype(_F32)
             s_out[slot, h, ps, ns] = (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)
@@ -310,10 +325,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         n_chunks(N, block_n, fold_chunk, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   num_warps, num_stages, interpret):
+                   eviction, num_warps, num_stages, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
@@ -325,7 +340,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     kernel = functools.partial(
         _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
         window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret))
+        precision=dot_precision(interpret), eviction=eviction)
     ck = buffers.checkpoint
     return call(
         kernel, name="mamba2_replay_verify", grid=(batch, H, P // block_p),

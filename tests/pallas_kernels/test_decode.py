@@ -86,20 +86,28 @@ REPLAY_CASES = [
 MOSAIC_REPLAY_CASE = pytest.param(4, BF16, None, F32, 1e-2, 5e-5, "fma", id="L4-bf16act")
 
 
+# The Triton kernel's tiling options (the family's REPLAY_OPTIONS) run these cases.
+OPTION_CASES = ("L16-f32-dot", "L8-bf16-fma")
+
+
 def _replay_params():
-    params = [pytest.param(f, *c.values, impl, id=f"{name}-{c.id}-{impl}")
+    params = [pytest.param(f, *c.values, {}, impl, id=f"{name}-{c.id}-{impl}")
               for name, f in FAMILIES.items() for c in REPLAY_CASES for impl in IMPLS]
+    params += [pytest.param(f, *c.values, opts, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
+               for name, f in FAMILIES.items() for opt_id, opts in f.REPLAY_OPTIONS
+               for c in REPLAY_CASES if c.id in OPTION_CASES]
     c = MOSAIC_REPLAY_CASE
-    return params + [pytest.param(f, *c.values, MOSAIC, id=f"{name}-{c.id}-{MOSAIC}")
+    return params + [pytest.param(f, *c.values, {}, MOSAIC, id=f"{name}-{c.id}-{MOSAIC}")
                      for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None]
 
 
-@pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,impl", _replay_params())
+@pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,impl",
+                         _replay_params())
 def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, out_tol, ck_tol,
-                                              fold, impl, interpret):
+                                              fold, options, impl, interpret):
     """Outputs every step and the checkpoint after every fold equal the standard recurrence,
     over > 3 fold cycles, with rows at different counts (NaN ring entries past them), a padding
-    row and untouched slots (bitwise)."""
+    row and untouched slots (bitwise); `options`: tiling fields beside the fold mode."""
     pb = family(L, batch=4, act=act, **impl_dims(family, family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, state_dt, ring or family.BF16_RING)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
@@ -108,7 +116,7 @@ def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, ou
     idle_before = [np.asarray(a[idle]) for a in bufs]
     step = jitted(pb.ops, "replay_decode",                     # two state chunks
                   **impl_kw(impl, interpret,
-                            pb.tiling("replay", chunk=16, impl=impl, fold=fold)))
+                            pb.tiling("replay", chunk=16, impl=impl, fold=fold, **options)))
     folds = 0
     for _ in range(3 * L + 5):
         args = pb.step_inputs()

@@ -62,6 +62,11 @@ def test_bad_tiles_are_named():
     with pytest.raises(ValueError, match=r"fold=.dot. needs L and the tiles >= 16"):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", block_k=8, fold="dot"))
+    with pytest.raises(ValueError, match=r"ring_scalars must be one of 'kernel', 'xla', got 'gpu'"):
+        gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", ring_scalars="gpu"))
+    with pytest.raises(ValueError, match=r"state_eviction must be one of 'evict_normal', "):
+        gdn.replay_decode(**args, impl="pallas",
+                          tiling=GDN(1).tiling("replay", state_eviction="first"))
 
 
 @pytest.mark.parametrize("K,V,tiling,match", [

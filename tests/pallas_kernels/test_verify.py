@@ -46,19 +46,23 @@ def verify_params(cases, mosaic_cases):
             if impl != MOSAIC or has_mosaic(f, "replay_verify") for c in cs]
 
 
-@pytest.mark.parametrize("family,T,L,impl", verify_params(
-    [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)]))
-def test_random_acceptance_matches_recurrence(family, T, L, impl, interpret):
+@pytest.mark.parametrize("family,T,L,impl,options", [
+    *(pytest.param(*p.values, {}, id=p.id) for p in verify_params(
+        [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)])),
+    *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, id=f"{name}-4-16-options-pallas")
+      for name, f in FAMILIES.items())])
+def test_random_acceptance_matches_recurrence(family, T, L, impl, options, interpret):
     """>= 64 verify steps (16 on the Mosaic GPU interpreter) with random acceptance (all
     accepted and all rejected included), rows folding and not folding in one batch: every
     window output and every committed checkpoint equals the recurrence over the accepted
-    tokens."""
+    tokens; `options`: the Triton verify tiling's options (the family's VERIFY_OPTIONS)."""
     pb = family(100 + 10 * T + L, batch=4, **impl_dims(family, family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, F32, F32)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]
     step = verify_step(pb.ops, T, L,                  # several state chunks
-                       **impl_kw(impl, interpret, pb.tiling("verify", chunk=16, impl=impl)))
+                       **impl_kw(impl, interpret,
+                                 pb.tiling("verify", chunk=16, impl=impl, **options)))
     folds = all_acc = none_acc = 0
     for it in range(16 if impl == MOSAIC and interpret else 64):
         window = pb.window_inputs(T)

@@ -1,0 +1,106 @@
+"""The Triton replay kernels lower for an H200 (sm90) at real model shapes, without a GPU, and
+their Triton IR reads the ring with masked loads (entries past the count are never fetched) and
+the checkpoint with the tiling's L2 eviction policy.
+
+Pallas lowers a Triton kernel to Triton IR in Python (an abstract H200 stands in for the GPU);
+only Triton's own compile to PTX happens on the GPU, so what the IR says is what runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax._src import mesh as mesh_lib
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
+from jax._src.lib.triton import dialect as tt
+
+from pallas_kernels import gdn, mamba2
+
+F32, BF16, I32 = jnp.float32, jnp.bfloat16, jnp.int32
+S, B, L, T = 257, 256, 16, 4
+H200 = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=mesh_lib.AbstractDevice(
+    device_kind="NVIDIA H200", num_cores=132, platform="cuda"))
+sds = jax.ShapeDtypeStruct
+
+
+def triton_loads(fn, *args):
+    """The `tt.load` lines of the one Triton kernel `fn` lowers to for an H200."""
+    with jax.sharding.use_abstract_mesh(H200):
+        module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
+    calls = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
+    assert len(calls) == 1, [op.name for op in calls]
+    config = ir.DictAttr(calls[0].attributes["mhlo.backend_config"])
+    ctx = mlir.make_ir_context()
+    tt.register_dialect(ctx)
+    with ctx:
+        text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
+    return [line.strip() for line in text.splitlines() if "tt.load" in line]
+
+
+def _ops(op):
+    """Every operation nested in `op`."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner
+                yield from _ops(inner.operation)
+
+
+def masked(loads):
+    """tt.load with a mask and an `other` value: `tt.load %ptr, %mask, %other`."""
+    return [ld for ld in loads if ld.split(" : ")[0].count(",") == 2]
+
+
+def gdn_args(T=None):
+    Hk, Hv, K, V = 16, 32, 128, 128
+    bufs = gdn.GDNBuffers(sds((S, Hv, V, K), F32), sds((S, Hk, L, K), F32),
+                          sds((S, Hv, L, V), F32), sds((S, Hv, L), F32))
+    w = () if T is None else (T,)
+    return (bufs, sds((S,), I32), sds((B, *w, Hk, K), BF16), sds((B, *w, Hk, K), BF16),
+            sds((B, *w, Hv, V), BF16), sds((B, *w, Hv), F32), sds((B, *w, Hv), F32),
+            sds((B,), I32))
+
+
+def mamba2_args(T=None):
+    H, P, N, G = 128, 64, 128, 8
+    bufs = mamba2.ReplayBuffers(sds((S, H, P, N), F32), sds((S, H, L, P), BF16),
+                                sds((S, G, L, N), BF16), sds((S, H, L), F32))
+    w = () if T is None else (T,)
+    return (bufs, sds((S,), I32), sds((B, *w, H, P), BF16), sds((B, *w, G, N), BF16),
+            sds((B, *w, G, N), BF16), sds((B, *w, H), F32), sds((H,), F32), sds((H,), F32),
+            sds((B,), I32))
+
+
+# (family, op, tiling overrides, masked ring loads: the [L, tile] ring vectors and the [L]
+# scalars read once, and the ring's keys / B in the state pass and in the fold)
+CASES = [
+    (gdn, "replay_decode", {}, 4),                         # d, g; k in the readout and fold
+    (gdn, "replay_decode", dict(ring_scalars="xla"), 3),   # the readout reads no ring keys
+    (gdn, "replay_verify", {}, 3),                         # d, g; k in the fold
+    (mamba2, "replay_decode", {}, 4),                      # x, dt; B in the readout and fold
+    (mamba2, "replay_verify", {}, 3),                      # x, dt; B in the fold
+]
+
+
+@pytest.mark.parametrize("eviction", ["evict_normal", "evict_first"])
+@pytest.mark.parametrize("ops,op,overrides,n_masked", CASES,
+                         ids=[f"{c[0].__name__.split('.')[-1]}-{c[1]}-{'-'.join(c[2].values())}"
+                              for c in CASES])
+def test_replay_kernels_mask_ring_loads(ops, op, overrides, n_masked, eviction):
+    """Real shapes (Qwen3-Next GDN, Nemotron-H-8B Mamba-2), batch 256, L = 16, T = 4."""
+    default = ops.REPLAY_TILING if op == "replay_decode" else ops.VERIFY_TILING
+    tiling = dataclasses.replace(default, state_eviction=eviction, **overrides)
+    args = (gdn_args if ops is gdn else mamba2_args)(None if op == "replay_decode" else T)
+    fn = functools.partial(getattr(ops, op), impl="pallas_triton", tiling=tiling,
+                           interpret=False)
+    loads = triton_loads(fn, *args)
+    assert len(masked(loads)) == n_masked, loads
+    assert all(ld.split(" : ")[1].startswith(f"tensor<{L}") for ld in masked(loads)), loads
+    evicting = [ld for ld in loads if "evict_first" in ld]
+    # the checkpoint tile [tile, chunk] in the state pass: one load, or one per window token
+    assert len(evicting) == (eviction == "evict_first"), loads
