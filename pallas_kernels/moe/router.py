@@ -75,9 +75,7 @@ def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_p
           interpret=None):
     """Expert ids [n, k] int32 and weights [n, k] float32 of x [n, D] (module docstring)."""
     n, E = _check(x, gate, bias, top_k, score, n_group, topk_group)
-    backend = resolve_impl(impl)
-    if impl == "auto" and not (n <= MAX_TOKENS and kernel_fits(E, top_k, n_group)):
-        backend = "xla"
+    backend = pick_backend(impl, n, E, top_k, n_group)
     if backend != "xla":
         check(n_group == 1, f"group-limited routing (n_group = {n_group}) has no Pallas kernel")
         check(is_pow2(E), f"the router kernel needs a power-of-two expert count, got E = {E}")
@@ -86,9 +84,12 @@ def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_p
                   topk_group, impl=backend, tiling=tiling, interpret=interpret)
 
 
-def kernel_fits(num_experts: int, top_k: int, n_group: int = 1) -> bool:
-    """Whether the router kernel takes this routing (at any token count)."""
-    return n_group == 1 and is_pow2(num_experts) and top_k <= MAX_TOP_K
+def pick_backend(impl: str, n: int, num_experts: int, top_k: int, n_group: int = 1) -> str:
+    """The backend `route` runs for n tokens: `impl` resolved, except that "auto" keeps XLA
+    above MAX_TOKENS tokens and for routings the kernel does not take (module docstring)."""
+    backend = resolve_impl(impl)
+    fits = n_group == 1 and is_pow2(num_experts) and top_k <= MAX_TOP_K
+    return "xla" if impl == "auto" and not (fits and n <= MAX_TOKENS) else backend
 
 
 def _check(x, gate, bias, top_k, score, n_group, topk_group):
@@ -149,10 +150,14 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
                   num_stages=t.num_stages, interpret=interpret)
 
 
+def _first_max(v, index):
+    """The lowest index where v [E] is largest (`lax.top_k`'s tie rule)."""
+    return jnp.min(jnp.where(v == jnp.max(v), index, v.shape[0]))
+
+
 def _route_kernel(x_ref, gate_ref, *refs, top_k, score, norm_eps, scaling, block_d):
     *bias_ref, ids_ref, w_ref = refs        # the bias (if any), the outs
-    row = pl.program_id(0)
-    E = gate_ref.shape[0]
+    row, E = pl.program_id(0), gate_ref.shape[0]
 
     def dot(ds, acc):           # exact float32 products, summed over the chunk
         xs = x_ref[row, ds].astype(F32)
@@ -162,8 +167,8 @@ def _route_kernel(x_ref, gate_ref, *refs, top_k, score, norm_eps, scaling, block
     sel = s + bias_ref[0][...] if bias_ref else s
     expert = lax.broadcasted_iota(jnp.int32, (E,), 0)
     ws = []
-    for j in range(top_k):      # argmax, ties to the lowest index; then out of the running
-        e = jnp.min(jnp.where(sel == jnp.max(sel), expert, E))
+    for j in range(top_k):      # the best expert, then out of the running
+        e = _first_max(sel, expert)
         ids_ref[row, j] = e
         ws.append(jnp.max(jnp.where(expert == e, s, -jnp.inf)))
         sel = jnp.where(expert == e, -jnp.inf, sel)
