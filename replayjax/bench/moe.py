@@ -5,9 +5,11 @@ sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row
 routed experts run as
   * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas", path="grouped")` (sort by expert,
     grouped GEMMs),
-  * "sparse-shared": the shared expert in the routed experts' launch, as the models run it at
-    <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` tokens on a GPU (`models.moe.routed_experts`
-    with shared=, impl and path "auto"), forced at every batch,
+  * "sparse-shared": the shared expert in the routed experts' launch and the routing in one
+    kernel, as the models run them at <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` /
+    `pallas_kernels.moe.router.MAX_TOKENS` tokens on a GPU (`models.moe.routed_experts` with
+    shared=, impl and path "auto"; the modules' `route` with impl "pallas"), forced at every
+    batch,
   * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
     over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
     at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
@@ -17,6 +19,8 @@ routed experts run as
     tokamax can be imported,
   * "dense": `pallas_kernels.moe.reference.expert_ffn`, every token through every expert (what
     the models ran before); skipped with a note when it does not fit.
+The other variants route in XLA (the router's GEMM, softmax, top-k and the weights' fusions),
+as the models do above those bounds.
 Method:
   * device time of every kernel of the layer from CUPTI (`profiler.measure`), median over
     iterations of one jitted call that runs `copies` independent layers (own weights, own
@@ -240,13 +244,13 @@ def tokamax_experts(u, ids, w, ws):
     return jnp.zeros(u.shape, jnp.float32).at[tok].add(out).astype(u.dtype)
 
 
-def layer_call(layer, x, ws, experts):
-    """The family's MoE layer on x [n, D] with the routed experts computed by
-    experts(u, ids, weights, ws) (the same composition as the modules' __call__); with the
-    shared expert in ws (`shared_weights`), experts(u, ids, weights, ws, shared_scale)
-    computes it too."""
+def layer_call(layer, x, ws, experts, route="xla"):
+    """The family's MoE layer on x [n, D] routed by the module's `route` with impl `route`, the
+    routed experts computed by experts(u, ids, weights, ws) (the same composition as the
+    modules' __call__); with the shared expert in ws (`shared_weights`),
+    experts(u, ids, weights, ws, shared_scale) computes it too."""
     import jax
-    ids, w = layer.route(x)
+    ids, w = layer.route(x, impl=route)
     gate = jax.nn.sigmoid(layer.shared_gate(x)) if hasattr(layer, "shared_gate") else None
     if "shared" in ws:
         return experts(x, ids, w, ws, None if gate is None else gate[..., 0])
@@ -255,19 +259,19 @@ def layer_call(layer, x, ws, experts):
 
 
 def variants(small_tilings=({},)):
-    """name -> (prepare(layer) -> ws, experts fn); sparse-small once per PairTiling override;
-    tokamax only when it imports."""
-    out = {"sparse": (expert_weights, sparse_experts),
-           "sparse-shared": (shared_weights, shared_experts)}
+    """name -> (prepare(layer) -> ws, experts fn, the route impl); sparse-small once per
+    PairTiling override; tokamax only when it imports."""
+    out = {"sparse": (expert_weights, sparse_experts, "xla"),
+           "sparse-shared": (shared_weights, shared_experts, "pallas")}
     for config in small_tilings:
         name, fn = small_variant(config)
-        out[name] = (expert_weights, fn)
+        out[name] = (expert_weights, fn, "xla")
     try:
         import tokamax  # noqa: F401
-        out["tokamax"] = (tokamax_prepare, tokamax_experts)
+        out["tokamax"] = (tokamax_prepare, tokamax_experts, "xla")
     except ImportError:
         pass
-    out["dense"] = (expert_weights, dense_experts)
+    out["dense"] = (expert_weights, dense_experts, "xla")
     return out
 
 
@@ -347,9 +351,9 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
           for c in range(copies)]
     graphdef = nnx.split(layers[0])[0]
     states = [nnx.split(layer)[1] for layer in layers]
-    distinct = [distinct_experts(layer.route(x)[0]) for layer, x in zip(layers, xs)]
+    distinct = [distinct_experts(layer.route(x, impl="xla")[0]) for layer, x in zip(layers, xs)]
     us, notes, kernels = {}, {}, {}
-    for vname, (prepare, experts) in variants(small_tilings).items():
+    for vname, (prepare, experts, route) in variants(small_tilings).items():
         if only and vname.split(" ")[0] not in only:
             continue
         if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
@@ -358,8 +362,8 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
         wss = [prepare(layer) for layer in layers]
 
         @jax.jit
-        def run(states, wss, xs, experts=experts):
-            return [layer_call(nnx.merge(graphdef, st), x, ws, experts)
+        def run(states, wss, xs, experts=experts, route=route):
+            return [layer_call(nnx.merge(graphdef, st), x, ws, experts, route)
                     for st, ws, x in zip(states, wss, xs)]
         try:
             times = _kernel_times(run, (states, wss, xs), iterations)
