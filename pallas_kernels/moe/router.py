@@ -16,7 +16,8 @@ weights [n, k] float32:
 impl: "xla" (any shape: the models' routers as they always were), "pallas" (one Pallas launch,
 one program per token: the fp32 logits as broadcast products summed over D chunks, the scores,
 top-k as k rounds of argmax (lowest index on ties), the weights; n_group 1, E a power of two,
-top_k <= MAX_TOP_K), "auto": the kernel on a GPU for at most MAX_TOKENS tokens where it applies
+top_k <= MAX_TOP_K; `RouterTiling.logits` "xla" leaves the logits to XLA's GEMM), "auto": the
+kernel on a GPU for at most MAX_TOKENS tokens where it applies
 (a decode step: at batch 1 the XLA routing is five launches, ~10-15 us of a 68-121 us layer on
 an H200), XLA elsewhere.
 
@@ -60,14 +61,19 @@ _NORM_EPS = {"softmax": 0.0, "sigmoid": 1e-20}      # HF's routers: only Nemotro
 @dataclasses.dataclass(frozen=True)
 class RouterTiling:
     """The router kernel's launch: each program reads gate [E, D] in [E, block_d] tiles, block_d
-    the largest power of two dividing D with E block_d <= tile_elems; warps and stages."""
+    the largest power of two dividing D with E block_d <= tile_elems; warps and stages.
+    logits "xla": XLA's einsum (as `route_xla`) computes the logits before the kernel, which
+    then does the rest: two launches, the gate read by the whole GPU rather than by one
+    program per token (which of the two is faster at batch 1 is for `replayjax bench moe`)."""
     tile_elems: int
     num_warps: int
     num_stages: int = 3
+    logits: str = "kernel"
 
 
 # Not yet measured: 4096-element tiles keep 32 float32 registers a thread at 4 warps.
 TILING = RouterTiling(tile_elems=4096, num_warps=4, num_stages=3)
+LOGITS = ("kernel", "xla")
 
 
 def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_prob=True,
@@ -118,10 +124,14 @@ def _scores(logits, score):
     return jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
 
 
+def _logits(x, gate):
+    """x [n, D] -> float32 logits [n, E] (gate [E, D] float32)."""
+    return jnp.einsum("nd,ed->ne", x.astype(F32), gate, precision=lax.Precision.HIGHEST)
+
+
 def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group):
     """The routing in XLA: HIGHEST-precision einsum logits, `lax.top_k` selection."""
-    s = _scores(jnp.einsum("nd,ed->ne", x.astype(F32), gate, precision=lax.Precision.HIGHEST),
-                score)
+    s = _scores(_logits(x, gate), score)
     sel = s if bias is None else s + bias
     if n_group > 1:     # keep the topk_group groups with the largest sum of their top-2
         grp = sel.reshape(sel.shape[:-1] + (n_group, -1))
@@ -141,10 +151,13 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
     del n_group, topk_group                             # 1: checked by `route`
     t = resolve_tiling(tiling, TILING)
     E, D = gate.shape
+    check(t.logits in LOGITS, f"logits must be one of {LOGITS}, got {t.logits!r}")
     check(is_pow2(t.tile_elems) and t.tile_elems >= E,
           f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
-    block_d = bounded_block("block_d", "D", D, t.tile_elems // E)
-    return _route(x, gate, () if bias is None else (bias,), top_k=top_k,
+    fused = t.logits == "kernel"
+    block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
+    return _route((x, gate) if fused else (_logits(x, gate),), () if bias is None else (bias,),
+                  top_k=top_k,
                   score=score, norm_eps=_NORM_EPS[score] if norm_topk_prob else None,
                   scaling=scaling, block_d=block_d, num_warps=t.num_warps,
                   num_stages=t.num_stages, interpret=interpret)
@@ -155,15 +168,22 @@ def _first_max(v, index):
     return jnp.min(jnp.where(v == jnp.max(v), index, v.shape[0]))
 
 
-def _route_kernel(x_ref, gate_ref, *refs, top_k, score, norm_eps, scaling, block_d):
-    *bias_ref, ids_ref, w_ref = refs        # the bias (if any), the outs
-    row, E = pl.program_id(0), gate_ref.shape[0]
+def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d):
+    # x and gate (block_d None: the logits), the bias (if any), the outs
+    *ins, ids_ref, w_ref = refs
+    row = pl.program_id(0)
+    if block_d is None:
+        z_ref, *bias_ref = ins
+        z = z_ref[row, :]
+    else:
+        x_ref, gate_ref, *bias_ref = ins
 
-    def dot(ds, acc):           # exact float32 products, summed over the chunk
-        xs = x_ref[row, ds].astype(F32)
-        return acc + jnp.sum(gate_ref[:, ds] * xs[None, :], axis=1)
+        def dot(ds, acc):       # exact float32 products, summed over the chunk
+            xs = x_ref[row, ds].astype(F32)
+            return acc + jnp.sum(gate_ref[:, ds] * xs[None, :], axis=1)
 
-    s = _scores(n_chunks(gate_ref.shape[1], block_d, dot, jnp.zeros((E,), F32)), score)
+        z = n_chunks(gate_ref.shape[1], block_d, dot, jnp.zeros(gate_ref.shape[:1], F32))
+    s, E = _scores(z, score), z.shape[0]
     sel = s + bias_ref[0][...] if bias_ref else s
     expert = lax.broadcasted_iota(jnp.int32, (E,), 0)
     ws = []
@@ -179,11 +199,11 @@ def _route_kernel(x_ref, gate_ref, *refs, top_k, score, norm_eps, scaling, block
 
 @functools.partial(jax.jit, static_argnames=("top_k", "score", "norm_eps", "scaling", "block_d",
                                              "num_warps", "num_stages", "interpret"))
-def _route(x, gate, bias, *, top_k, score, norm_eps, scaling, block_d, num_warps, num_stages,
+def _route(inputs, bias, *, top_k, score, norm_eps, scaling, block_d, num_warps, num_stages,
            interpret):
-    """x [n, D]; gate [E, D] float32, bias () or ([E] float32,) -> ids [n, k] int32, weights
-    [n, k] float32."""
-    n = x.shape[0]
+    """inputs (x [n, D], gate [E, D] float32), or (logits [n, E] float32,) for block_d None;
+    bias () or ([E] float32,) -> ids [n, k] int32, weights [n, k] float32."""
+    n = inputs[0].shape[0]
     return pl.pallas_call(
         functools.partial(_route_kernel, top_k=top_k, score=score, norm_eps=norm_eps,
                           scaling=scaling, block_d=block_d),
@@ -192,7 +212,7 @@ def _route(x, gate, bias, *, top_k, score, norm_eps, scaling, block_d, num_warps
                    jax.ShapeDtypeStruct((n, top_k), F32)),
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret, name="moe_route",
-    )(x, gate, *bias)
+    )(*inputs, *bias)
 
 
 _ROUTE = Op("moe.route", {"xla": route_xla, "pallas_triton": route_pallas})

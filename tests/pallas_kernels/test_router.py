@@ -29,10 +29,13 @@ def problem(seed, n, D, E, bias_scale=0.1, dtype=F32):
     return x, gate, bias
 
 
-def both(x, gate, bias, interpret, **kw):
+def both(x, gate, bias, interpret, tiling=None, **kw):
     """(XLA, Pallas) routings of the same call."""
     return (moe.route(x, gate, bias, impl="xla", **kw),
-            moe.route(x, gate, bias, impl="pallas", interpret=interpret, **kw))
+            moe.route(x, gate, bias, impl="pallas", interpret=interpret, tiling=tiling, **kw))
+
+
+XLA_LOGITS = moe.RouterTiling(4096, 4, logits="xla")
 
 
 def assert_same(want, got, rtol=1e-6):
@@ -54,6 +57,14 @@ SOFTMAX = dict(score="softmax", norm_topk_prob=True)                     # Qwen
 def test_matches_xla(n, D, E, k, kw, with_bias, interpret):
     x, gate, bias = problem(n * E + k, n, D, E)
     assert_same(*both(x, gate, bias if with_bias else None, interpret, top_k=k, **kw))
+
+
+@pytest.mark.parametrize("kw,with_bias", [(SIGMOID, True), (SOFTMAX, False)])
+def test_logits_from_xla(kw, with_bias, interpret):
+    """RouterTiling(logits="xla"): XLA's logits, the rest in the kernel."""
+    x, gate, bias = problem(9, 3, 64, 128)
+    assert_same(*both(x, gate, bias if with_bias else None, interpret, XLA_LOGITS, top_k=8,
+                      **kw))
 
 
 def test_bfloat16_tokens(interpret):
@@ -134,6 +145,8 @@ def test_auto_takes_the_kernel_for_a_decode_step_on_a_gpu(impl, gpu, n, E, k, n_
     (dict(n_group=4, topk_group=2), r"group-limited routing \(n_group = 4\) has no Pallas"),
     (dict(gate=jnp.zeros((12, 32), F32), bias=None), "power-of-two expert count, got E = 12"),
     (dict(gate=jnp.zeros((32, 32), F32), bias=None, top_k=17), "takes top_k <= 16, got 17"),
+    (dict(tiling=moe.RouterTiling(8, 4)), "tile_elems = 8 must be a power of two >= E = 16"),
+    (dict(tiling=moe.RouterTiling(4096, 4, logits="dot")), "logits must be one of"),
 ])
 def test_bad_input_is_named(change, match):
     kw = dict(x=jnp.zeros((2, 32), F32), gate=jnp.zeros((16, 32), F32),
@@ -143,11 +156,12 @@ def test_bad_input_is_named(change, match):
         moe.route(**kw)
 
 
+@pytest.mark.parametrize("tiling", [None, XLA_LOGITS])
 @pytest.mark.parametrize("n", [1, router.MAX_TOKENS])
 @pytest.mark.parametrize("D,E,k,score", [(2688, 128, 6, "sigmoid"),     # Nemotron-3-Nano
                                          (2048, 256, 8, "softmax"),     # Qwen3.5-35B-A3B
                                          (2048, 512, 10, "softmax")])   # Qwen3-Next-80B-A3B
-def test_triton_lowering_at_model_shapes(n, D, E, k, score, monkeypatch):
+def test_triton_lowering_at_model_shapes(n, D, E, k, score, tiling, monkeypatch):
     """bf16 tokens: the kernel lowers to Triton for sm90 without a GPU (every primitive in it
     has a Triton lowering; only the PTX compile needs the GPU)."""
     from jax._src.pallas.triton import pallas_call_registration as registration
@@ -158,7 +172,7 @@ def test_triton_lowering_at_model_shapes(n, D, E, k, score, monkeypatch):
 
     def fn(x, gate, bias):
         return moe.route(x, gate, bias, top_k=k, score=score, scaling=2.5, impl="pallas",
-                         interpret=False)
+                         tiling=tiling, interpret=False)
     hlo = jax.jit(fn).trace(sds((n, D), BF16), sds((E, D), F32), bias).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "triton" in hlo.lower()
