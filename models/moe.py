@@ -39,26 +39,28 @@ from pallas_kernels.dispatch import resolve_impl
 SHARED_IN_LAUNCH_MAX_TOKENS = 8
 
 
-def _route(x, gate, bias, impl, **kw):
+def _route(x, gate, bias, **kw):
     """`pallas_kernels.moe.route` over any leading shape: x [..., D] -> ids, weights [..., k]."""
-    ids, w = moe_ops.route(x.reshape(-1, x.shape[-1]), gate, bias, impl=impl, **kw)
+    ids, w = moe_ops.route(x.reshape(-1, x.shape[-1]), gate, bias, **kw)
     return ids.reshape(x.shape[:-1] + ids.shape[-1:]), w.reshape(x.shape[:-1] + w.shape[-1:])
 
 
 def sigmoid_topk(x, gate, correction_bias, *, top_k: int, n_group: int = 1,
                  topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0,
-                 impl: str = "auto"):
+                 impl: str = "auto", tiling=None):
     """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32. impl "auto":
-    the router kernel on a GPU for a decode step (`pallas_kernels.moe.router.MAX_TOKENS`)."""
-    return _route(x, gate, correction_bias, impl, top_k=top_k, score="sigmoid",
+    the router kernel on a GPU for a decode step (`pallas_kernels.moe.router.MAX_TOKENS`);
+    tiling: the kernel's `RouterTiling` (None: its default)."""
+    return _route(x, gate, correction_bias, top_k=top_k, score="sigmoid",
                   norm_topk_prob=norm_topk_prob, scaling=scaling, n_group=n_group,
-                  topk_group=topk_group)
+                  topk_group=topk_group, impl=impl, tiling=tiling)
 
 
-def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool, impl: str = "auto"):
-    """Qwen routing: x [..., D]; gate [E, D] float32. impl as `sigmoid_topk`."""
-    return _route(x, gate, None, impl, top_k=top_k, score="softmax",
-                  norm_topk_prob=norm_topk_prob)
+def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool, impl: str = "auto",
+                 tiling=None):
+    """Qwen routing: x [..., D]; gate [E, D] float32. impl and tiling as `sigmoid_topk`."""
+    return _route(x, gate, None, top_k=top_k, score="softmax", norm_topk_prob=norm_topk_prob,
+                  impl=impl, tiling=tiling)
 
 
 def shared_in_launch(x, ffn: int, shared_ffn: int, force: bool | None = None) -> bool:
