@@ -13,19 +13,24 @@ weights [n, k] float32:
   * weights s at the chosen experts, divided by their sum (+ 1e-20 for sigmoid scores) if
     norm_topk_prob, times scaling.
 
-impl: "xla" (any shape: the models' routers as they always were), "pallas" (one Pallas launch,
-one program per token: the fp32 logits as broadcast products summed over D chunks, the scores,
-top-k as k rounds of argmax (lowest index on ties), the weights; n_group 1, E a power of two,
-top_k <= MAX_TOP_K; `RouterTiling.logits` "xla" leaves the logits to XLA's GEMM), "auto": the
-kernel on a GPU for at most MAX_TOKENS tokens where it applies
-(a decode step: at batch 1 the XLA routing is five launches, ~10-15 us of a 68-121 us layer on
-an H200), XLA elsewhere.
+impl: "xla" (any shape: the models' routers as they always were), "pallas" (a Pallas kernel,
+one program per token: the scores, top-k as k rounds of argmax (lowest index on ties), the
+weights; n_group 1, E a power of two, top_k <= MAX_TOP_K), "auto": the kernel on a GPU for at
+most MAX_TOKENS tokens where it applies (a decode step: at batch 1 the XLA routing is five
+launches, ~10-15 us of a 68-121 us layer on an H200), XLA elsewhere.
 
-Rounding: the kernel computes every logit as exact float32 products and float32 sums, in
-another order than XLA's HIGHEST-precision einsum (D-chunked partial sums): logits agree to a
-few float32 ulps of sum |x_d g_ed|, and so do the weights (1e-6 relative in the tests); ids are
-equal unless two scores are that close without being equal. Equal scores (equal gate rows, or
-x = 0) come out equal in both, so ties resolve alike.
+The logits (`RouterTiling.logits`): "kernel" computes them in the same launch, as broadcast
+products summed over D chunks, so each token's program reads the whole gate (1.4-4 MB at the
+models' shapes) alone; "xla" (the default until `replayjax bench moe --router-tilings` has
+timed both) leaves them to XLA's GEMM, which spreads that read over the GPU: two launches.
+
+Rounding: "kernel" computes every logit as exact float32 products and float32 sums, in another
+order than XLA's HIGHEST-precision einsum (D-chunked partial sums): logits agree to a few
+float32 ulps of sum |x_d g_ed|, and so do the weights (a softmax weight's relative error is its
+logits' absolute one; 1e-6 relative in the tests); ids are equal unless two scores are that
+close without being equal. Equal scores (equal gate rows, or x = 0) come out equal in both, so
+ties resolve alike. With "xla" the logits are XLA's own and only the sums over E and over the
+chosen k round differently.
 """
 
 from __future__ import annotations
@@ -60,19 +65,21 @@ _NORM_EPS = {"softmax": 0.0, "sigmoid": 1e-20}      # HF's routers: only Nemotro
 
 @dataclasses.dataclass(frozen=True)
 class RouterTiling:
-    """The router kernel's launch: each program reads gate [E, D] in [E, block_d] tiles, block_d
-    the largest power of two dividing D with E block_d <= tile_elems; warps and stages.
-    logits "xla": XLA's einsum (as `route_xla`) computes the logits before the kernel, which
-    then does the rest: two launches, the gate read by the whole GPU rather than by one
-    program per token (which of the two is faster at batch 1 is for `replayjax bench moe`)."""
+    """The router kernel's launch: logits "kernel" (in the launch: each program reads gate
+    [E, D] in [E, block_d] tiles, block_d the largest power of two dividing D with
+    E block_d <= tile_elems) or "xla" (XLA's einsum, as `route_xla`, before the kernel);
+    warps and stages."""
     tile_elems: int
     num_warps: int
     num_stages: int = 3
-    logits: str = "kernel"
+    logits: str = "xla"
 
 
-# Not yet measured: 4096-element tiles keep 32 float32 registers a thread at 4 warps.
-TILING = RouterTiling(tile_elems=4096, num_warps=4, num_stages=3)
+# Not yet measured. One program per token streaming the whole gate alone is likely slower than
+# XLA's GEMM (decode attention measured 6x slower with one program at batch 1), so the logits
+# stay XLA's until `bench moe --router-tilings '[{}, {"logits": "kernel"}]'` says otherwise;
+# 4096-element tiles keep 32 float32 registers a thread at 4 warps.
+TILING = RouterTiling(tile_elems=4096, num_warps=4, num_stages=3, logits="xla")
 LOGITS = ("kernel", "xla")
 
 
@@ -152,9 +159,9 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
     t = resolve_tiling(tiling, TILING)
     E, D = gate.shape
     check(t.logits in LOGITS, f"logits must be one of {LOGITS}, got {t.logits!r}")
-    check(is_pow2(t.tile_elems) and t.tile_elems >= E,
-          f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
     fused = t.logits == "kernel"
+    check(not fused or (is_pow2(t.tile_elems) and t.tile_elems >= E),
+          f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
     block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
     return _route((x, gate) if fused else (_logits(x, gate),), () if bias is None else (bias,),
                   top_k=top_k,

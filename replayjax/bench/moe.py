@@ -10,7 +10,7 @@ routed experts run as
     `pallas_kernels.moe.router.MAX_TOKENS` tokens on a GPU (`models.moe.routed_experts` with
     shared=, impl and path "auto"; the modules' `route` with impl "pallas"), forced at every
     batch; once per --router-tilings config (fields of `pallas_kernels.moe.RouterTiling` over
-    its default, e.g. {"logits": "xla"}: XLA's GEMM for the logits), named with the config,
+    its default, e.g. {"logits": "kernel"}: the logits in the same launch), named with the config,
   * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
     over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
     at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
@@ -397,7 +397,7 @@ def build_parser():
         f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
         '\'[{}, {"block_f": 32}, {"block_d": 64}]\'',
         f"{PROG} --batches 1 8 --variants sparse sparse-shared --breakdown --router-tilings "
-        '\'[{}, {"logits": "xla"}, {"num_warps": 8}]\''])
+        '\'[{}, {"logits": "kernel"}, {"logits": "kernel", "num_warps": 8}]\''])
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
                     metavar="MODEL", help=f"MoE layer shapes: {', '.join(SHAPES)}")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
@@ -410,7 +410,8 @@ def build_parser():
                          '\'[{}, {"block_f": 32}, {"min_programs": 128, "num_warps": 8}]\'')
     ap.add_argument("--router-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
                     help='sparse-shared once per RouterTiling override (its routing kernel), a '
-                         'JSON list: e.g. \'[{}, {"logits": "xla"}, {"tile_elems": 8192}]\'')
+                         'JSON list: e.g. \'[{}, {"logits": "kernel"}, {"logits": "kernel", '
+                         '"tile_elems": 8192}]\'')
     ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
     ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
@@ -434,7 +435,7 @@ def _run(args):
         check_tiling("--small-tilings", config, pairs.TILING)
     for config in args.router_tilings:
         check_tiling("--router-tilings", config, router.TILING)
-        if config.get("logits", "kernel") not in router.LOGITS:
+        if config.get("logits", router.TILING.logits) not in router.LOGITS:
             raise cli.UserError(f"--router-tilings: logits must be one of {router.LOGITS}, got "
                                 f"{config['logits']!r}")
     cli.require_gpu()

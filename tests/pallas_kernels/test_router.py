@@ -35,6 +35,7 @@ def both(x, gate, bias, interpret, tiling=None, **kw):
             moe.route(x, gate, bias, impl="pallas", interpret=interpret, tiling=tiling, **kw))
 
 
+FUSED = moe.RouterTiling(4096, 4, logits="kernel")      # the logits in the launch
 XLA_LOGITS = moe.RouterTiling(4096, 4, logits="xla")
 
 
@@ -49,31 +50,32 @@ SIGMOID = dict(score="sigmoid", norm_topk_prob=True, scaling=2.5)       # Nemotr
 SOFTMAX = dict(score="softmax", norm_topk_prob=True)                     # Qwen
 
 
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
 @pytest.mark.parametrize("n,D,E,k", [(3, 64, 32, 6), (8, 48, 128, 6), (2, 64, 512, 10),
                                      (4, 32, 16, 1), (2, 32, 16, 16)])
 @pytest.mark.parametrize("kw,with_bias", [
     (SIGMOID, True), (dict(SIGMOID, norm_topk_prob=False), True), (SOFTMAX, False),
     (dict(SOFTMAX, norm_topk_prob=False), False), (SOFTMAX, True)])
-def test_matches_xla(n, D, E, k, kw, with_bias, interpret):
+def test_matches_xla(n, D, E, k, kw, with_bias, tiling, interpret):
     x, gate, bias = problem(n * E + k, n, D, E)
-    assert_same(*both(x, gate, bias if with_bias else None, interpret, top_k=k, **kw))
+    assert_same(*both(x, gate, bias if with_bias else None, interpret, tiling, top_k=k, **kw))
 
 
-@pytest.mark.parametrize("kw,with_bias", [(SIGMOID, True), (SOFTMAX, False)])
-def test_logits_from_xla(kw, with_bias, interpret):
-    """RouterTiling(logits="xla"): XLA's logits, the rest in the kernel."""
+def test_default_tiling(interpret):
+    """tiling None is `router.TILING`."""
     x, gate, bias = problem(9, 3, 64, 128)
-    assert_same(*both(x, gate, bias if with_bias else None, interpret, XLA_LOGITS, top_k=8,
-                      **kw))
+    assert_same(*both(x, gate, bias, interpret, top_k=8, **SIGMOID))
 
 
-def test_bfloat16_tokens(interpret):
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
+def test_bfloat16_tokens(tiling, interpret):
     x, gate, bias = problem(5, 4, 64, 128, dtype=BF16)
-    assert_same(*both(x, gate, bias, interpret, top_k=6, **SIGMOID))
+    assert_same(*both(x, gate, bias, interpret, tiling, top_k=6, **SIGMOID))
 
 
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
 @pytest.mark.parametrize("kw", [SIGMOID, SOFTMAX])
-def test_ties_go_to_the_lowest_index(kw, interpret):
+def test_ties_go_to_the_lowest_index(kw, tiling, interpret):
     """Equal gate rows give bitwise-equal scores: experts 9, 3 and 12 share the best row, 5 and
     1 the next (the others score far lower); x = 0 makes every score equal. Both paths pick
     them lowest index first."""
@@ -81,10 +83,10 @@ def test_ties_go_to_the_lowest_index(kw, interpret):
     v = jnp.full((32,), 5 / 32, F32)
     gate = (gate * 0.1).at[jnp.array([9, 3, 12])].set(v).at[jnp.array([5, 1])].set(v / 2)
     x = jnp.ones((2, 32), F32)
-    want, got = both(x, gate, None, interpret, top_k=5, **kw)
+    want, got = both(x, gate, None, interpret, tiling, top_k=5, **kw)
     assert_same(want, got)
     np.testing.assert_array_equal(got[0], [[3, 9, 12, 1, 5]] * 2)
-    zero, got = both(jnp.zeros_like(x), gate, None, interpret, top_k=4, **kw)
+    zero, got = both(jnp.zeros_like(x), gate, None, interpret, tiling, top_k=4, **kw)
     assert_same(zero, got)
     np.testing.assert_array_equal(got[0], [[0, 1, 2, 3]] * 2)
 
@@ -96,13 +98,14 @@ def test_a_highest_index_tie_rule_fails_the_tie_test(interpret, monkeypatch):
     router._route.clear_cache()
     try:
         with pytest.raises(AssertionError):
-            test_ties_go_to_the_lowest_index(SOFTMAX, interpret)
+            test_ties_go_to_the_lowest_index(SOFTMAX, FUSED, interpret)
     finally:
         monkeypatch.undo()
         router._route.clear_cache()
 
 
-def test_bias_selects_but_never_weighs(interpret):
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
+def test_bias_selects_but_never_weighs(tiling, interpret):
     """A bias of 1 on the expert with the lowest score makes it the first choice; its weight is
     still its unbiased sigmoid score (times scaling, without normalisation)."""
     x, gate, _ = problem(4, 3, 64, 32)
@@ -111,8 +114,8 @@ def test_bias_selects_but_never_weighs(interpret):
     s = jax.nn.sigmoid(x @ gate.T)
     worst = int(jnp.argmin(s[0]))
     bias = jnp.zeros(32, F32).at[worst].set(1.0)
-    want, got = both(x, gate, bias, interpret, top_k=4, score="sigmoid", norm_topk_prob=False,
-                     scaling=2.0)
+    want, got = both(x, gate, bias, interpret, tiling, top_k=4, score="sigmoid",
+                     norm_topk_prob=False, scaling=2.0)
     assert_same(want, got)
     assert got[0][0, 0] == worst and worst not in np.asarray(plain[0][0])
     np.testing.assert_allclose(got[1][0, 0], 2.0 * s[0, worst], rtol=1e-6)
@@ -145,7 +148,8 @@ def test_auto_takes_the_kernel_for_a_decode_step_on_a_gpu(impl, gpu, n, E, k, n_
     (dict(n_group=4, topk_group=2), r"group-limited routing \(n_group = 4\) has no Pallas"),
     (dict(gate=jnp.zeros((12, 32), F32), bias=None), "power-of-two expert count, got E = 12"),
     (dict(gate=jnp.zeros((32, 32), F32), bias=None, top_k=17), "takes top_k <= 16, got 17"),
-    (dict(tiling=moe.RouterTiling(8, 4)), "tile_elems = 8 must be a power of two >= E = 16"),
+    (dict(tiling=moe.RouterTiling(8, 4, logits="kernel")),
+     "tile_elems = 8 must be a power of two >= E = 16"),
     (dict(tiling=moe.RouterTiling(4096, 4, logits="dot")), "logits must be one of"),
 ])
 def test_bad_input_is_named(change, match):
@@ -156,7 +160,7 @@ def test_bad_input_is_named(change, match):
         moe.route(**kw)
 
 
-@pytest.mark.parametrize("tiling", [None, XLA_LOGITS])
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
 @pytest.mark.parametrize("n", [1, router.MAX_TOKENS])
 @pytest.mark.parametrize("D,E,k,score", [(2688, 128, 6, "sigmoid"),     # Nemotron-3-Nano
                                          (2048, 256, 8, "softmax"),     # Qwen3.5-35B-A3B

@@ -119,9 +119,9 @@ def test_router_tilings_are_variants(monkeypatch):
         jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
     shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
     row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse-shared"],
-                      router_tilings=[{}, {"logits": "xla", "num_warps": 8}])
-    assert list(row.us) == ["sparse-shared", 'sparse-shared {"logits":"xla","num_warps":8}']
+                      router_tilings=[{}, {"logits": "kernel", "num_warps": 8}])
+    assert list(row.us) == ["sparse-shared", 'sparse-shared {"logits":"kernel","num_warps":8}']
     assert [r["impl"] for r in seen] == ["pallas", "pallas"]
-    assert [(r["tiling"].logits, r["tiling"].num_warps) for r in seen] == [("kernel", 4),
-                                                                         ("xla", 8)]
+    assert [(r["tiling"].logits, r["tiling"].num_warps) for r in seen] == [("xla", 4),
+                                                                         ("kernel", 8)]
     assert {v[2]["impl"] for k, v in bench.variants().items() if k != "sparse-shared"} == {"xla"}
