@@ -154,7 +154,8 @@ def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, top
 
 def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group, *,
                  tiling, interpret):
-    """The routing in one Pallas launch (n_group 1): grid (token,)."""
+    """The routing in a Pallas launch over grid (token,) (n_group 1), after XLA's logits GEMM
+    for tiling logits "xla"."""
     del n_group, topk_group                             # 1: checked by `route`
     t = resolve_tiling(tiling, TILING)
     E, D = gate.shape
@@ -164,10 +165,10 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
           f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
     block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
     return _route((x, gate) if fused else (_logits(x, gate),), () if bias is None else (bias,),
-                  top_k=top_k,
-                  score=score, norm_eps=_NORM_EPS[score] if norm_topk_prob else None,
-                  scaling=scaling, block_d=block_d, num_warps=t.num_warps,
-                  num_stages=t.num_stages, interpret=interpret)
+                  top_k=top_k, score=score,
+                  norm_eps=_NORM_EPS[score] if norm_topk_prob else None, scaling=scaling,
+                  block_d=block_d, num_warps=t.num_warps, num_stages=t.num_stages,
+                  interpret=interpret)
 
 
 def _first_max(v, index):
