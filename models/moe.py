@@ -49,7 +49,7 @@ def sigmoid_topk(x, gate, correction_bias, *, top_k: int, n_group: int = 1,
                  topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0,
                  impl: str = "auto", tiling=None):
     """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32. impl "auto":
-    the router kernel on a GPU for a decode step (`pallas_kernels.moe.router.MAX_TOKENS`);
+    the router kernel on a GPU for a decode step once timed (`pallas_kernels.moe.router.AUTO`);
     tiling: the kernel's `RouterTiling` (None: its default)."""
     return _route(x, gate, correction_bias, top_k=top_k, score="sigmoid",
                   norm_topk_prob=norm_topk_prob, scaling=scaling, n_group=n_group,

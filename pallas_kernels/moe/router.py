@@ -15,9 +15,9 @@ weights [n, k] float32:
 
 impl: "xla" (any shape: the models' routers as they always were), "pallas" (a Pallas kernel,
 one program per token: the scores, top-k as k rounds of argmax (lowest index on ties), the
-weights; n_group 1, E a power of two, top_k <= MAX_TOP_K), "auto": the kernel on a GPU for at
-most MAX_TOKENS tokens where it applies (a decode step: at batch 1 the XLA routing is five
-launches, ~10-15 us of a 68-121 us layer on an H200), XLA elsewhere.
+weights; n_group 1, E a power of two, top_k <= MAX_TOP_K), "auto": once `AUTO` is set, the
+kernel on a GPU for at most MAX_TOKENS tokens where it applies (a decode step: at batch 1 the
+XLA routing is five launches, ~10-15 us of a 68-121 us layer on an H200), XLA elsewhere.
 
 The logits (`RouterTiling.logits`): "kernel" computes them in the same launch, as broadcast
 products summed over D chunks, so each token's program reads the whole gate (1.4-4 MB at the
@@ -59,6 +59,9 @@ SCORES = ("softmax", "sigmoid")
 # "auto" takes the kernel up to this many tokens a call (a decode step); larger batches read
 # the gate once per token there, XLA's GEMM reads it once.
 MAX_TOKENS = 8
+# The kernel has not run compiled on a GPU yet (interpret mode and the sm90 lowering are tested):
+# "auto" keeps XLA's routing until `gpu_session.sh moe-router` has timed it on the H200.
+AUTO = False
 MAX_TOP_K = 16          # the kernel's k argmax rounds are unrolled
 _NORM_EPS = {"softmax": 0.0, "sigmoid": 1e-20}      # HF's routers: only Nemotron-H adds one
 
@@ -99,10 +102,11 @@ def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_p
 
 def pick_backend(impl: str, n: int, num_experts: int, top_k: int, n_group: int = 1) -> str:
     """The backend `route` runs for n tokens: `impl` resolved, except that "auto" keeps XLA
-    above MAX_TOKENS tokens and for routings the kernel does not take (module docstring)."""
+    until `AUTO` is set, above MAX_TOKENS tokens and for routings the kernel does not take
+    (module docstring)."""
     backend = resolve_impl(impl)
     fits = n_group == 1 and is_pow2(num_experts) and top_k <= MAX_TOP_K
-    return "xla" if impl == "auto" and not (fits and n <= MAX_TOKENS) else backend
+    return "xla" if impl == "auto" and not (AUTO and fits and n <= MAX_TOKENS) else backend
 
 
 def _check(x, gate, bias, top_k, score, n_group, topk_group):

@@ -134,7 +134,14 @@ def test_bias_selects_but_never_weighs(tiling, interpret):
 def test_auto_takes_the_kernel_for_a_decode_step_on_a_gpu(impl, gpu, n, E, k, n_group, want,
                                                           monkeypatch):
     monkeypatch.setattr(dispatch, "on_gpu", lambda: gpu)
+    monkeypatch.setattr(router, "AUTO", True)
     assert router.pick_backend(impl, n, E, k, n_group) == want
+
+
+def test_auto_keeps_xla_routing_until_the_kernel_is_timed(monkeypatch):
+    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    assert not router.AUTO and router.pick_backend("auto", 1, 128, 6) == "xla"
+    assert router.pick_backend("pallas", 1, 128, 6) == "pallas_triton"
 
 
 @pytest.mark.parametrize("change,match", [
