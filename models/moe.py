@@ -1,7 +1,9 @@
 """Mixture-of-experts routing of both families and the sparse routed-expert call.
 
 Routers return (expert ids [n, k] int32, weights [n, k] float32) from x [n, D] (any leading
-shape works the same); ties between scores go to the lowest expert index (`lax.top_k`).
+shape works the same); ties between scores go to the lowest expert index (`lax.top_k`). Both are
+`pallas_kernels.moe.route`: one Pallas kernel on a GPU for a decode step's few tokens, XLA
+elsewhere.
 
 * Nemotron-H (`sigmoid_topk`, HF NemotronHTopkRouter): s = sigmoid(x W_g^T) in float32; experts
   are chosen on s + e_score_correction_bias (the bias selects, it never weighs), optionally only
@@ -23,15 +25,12 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 
 from models.parallel import tp_index
 from pallas_kernels import moe as moe_ops
 from pallas_kernels.dispatch import resolve_impl
 
-_HI = lax.Precision.HIGHEST
 # Up to this many tokens a call, on a GPU, the shared expert runs in the routed experts' grouped
 # Pallas launch. Measured on an H200 (`replayjax bench moe --breakdown`, batch 1): XLA's GEMV
 # fusions read the shared expert at ~0.7 TB/s (Nemotron-3-Nano: ~57 us of 121), the grouped
@@ -40,34 +39,28 @@ _HI = lax.Precision.HIGHEST
 SHARED_IN_LAUNCH_MAX_TOKENS = 8
 
 
-def _logits(x, gate):
-    """x [n, D] -> float32 router logits [n, E] (gate [E, D] float32)."""
-    return jnp.einsum("...d,ed->...e", x.astype(jnp.float32), gate, precision=_HI)
+def _route(x, gate, bias, **kw):
+    """`pallas_kernels.moe.route` over any leading shape: x [..., D] -> ids, weights [..., k]."""
+    ids, w = moe_ops.route(x.reshape(-1, x.shape[-1]), gate, bias, **kw)
+    return ids.reshape(x.shape[:-1] + ids.shape[-1:]), w.reshape(x.shape[:-1] + w.shape[-1:])
 
 
 def sigmoid_topk(x, gate, correction_bias, *, top_k: int, n_group: int = 1,
-                 topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0):
-    """Nemotron-H routing: x [n, D]; gate [E, D], correction_bias [E] float32."""
-    s = jax.nn.sigmoid(_logits(x, gate))
-    sel = s + correction_bias
-    if n_group > 1:     # keep the topk_group groups with the largest sum of their top-2
-        grp = sel.reshape(sel.shape[:-1] + (n_group, -1))
-        best = lax.top_k(grp, min(2, grp.shape[-1]))[0].sum(-1)                  # [n, n_group]
-        keep = jax.nn.one_hot(lax.top_k(best, topk_group)[1], n_group, dtype=bool).any(-2)
-        sel = jnp.where(jnp.repeat(keep, grp.shape[-1], axis=-1), sel, -jnp.inf)
-    _, ids = lax.top_k(sel, top_k)
-    w = jnp.take_along_axis(s, ids, axis=-1)
-    if norm_topk_prob:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    return ids.astype(jnp.int32), w * scaling
+                 topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0,
+                 impl: str = "auto", tiling=None):
+    """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32. impl "auto":
+    the router kernel on a GPU for a decode step once timed (`pallas_kernels.moe.router.AUTO`);
+    tiling: the kernel's `RouterTiling` (None: its default)."""
+    return _route(x, gate, correction_bias, top_k=top_k, score="sigmoid",
+                  norm_topk_prob=norm_topk_prob, scaling=scaling, n_group=n_group,
+                  topk_group=topk_group, impl=impl, tiling=tiling)
 
 
-def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool):
-    """Qwen routing: x [n, D]; gate [E, D] float32."""
-    w, ids = lax.top_k(jax.nn.softmax(_logits(x, gate), axis=-1), top_k)
-    if norm_topk_prob:
-        w = w / w.sum(-1, keepdims=True)
-    return ids.astype(jnp.int32), w
+def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool, impl: str = "auto",
+                 tiling=None):
+    """Qwen routing: x [..., D]; gate [E, D] float32. impl and tiling as `sigmoid_topk`."""
+    return _route(x, gate, None, top_k=top_k, score="softmax", norm_topk_prob=norm_topk_prob,
+                  impl=impl, tiling=tiling)
 
 
 def shared_in_launch(x, ffn: int, shared_ffn: int, force: bool | None = None) -> bool:

@@ -227,13 +227,15 @@ class MoE(nnx.Module):
         self.shared = (MLP(D, cfg.moe_shared_expert_intermediate_size, dtype)
                        if cfg.n_shared_experts else None)
 
-    def route(self, x):
-        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32."""
+    def route(self, x, impl="auto", tiling=None):
+        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32 (impl, tiling:
+        `models.moe.sigmoid_topk`'s)."""
         c = self.cfg
         return moe.sigmoid_topk(x, self.gate[...], self.correction_bias[...],
                                 top_k=c.num_experts_per_tok, n_group=c.n_group,
                                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                scaling=c.routed_scaling_factor)
+                                scaling=c.routed_scaling_factor, impl=impl,
+                                tiling=tiling)
 
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).

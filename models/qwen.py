@@ -253,10 +253,12 @@ class MoE(nnx.Module):
         self.shared = MLP(D, Fs, dtype) if Fs else None
         self.shared_gate = Linear(D, 1, dtype=dtype) if Fs else None
 
-    def route(self, x):
-        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32."""
+    def route(self, x, impl="auto", tiling=None):
+        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32 (impl, tiling:
+        `models.moe.softmax_topk`'s)."""
         return moe.softmax_topk(x, self.gate[...], top_k=self.cfg.num_experts_per_tok,
-                                norm_topk_prob=self.cfg.norm_topk_prob)
+                                norm_topk_prob=self.cfg.norm_topk_prob, impl=impl,
+                                tiling=tiling)
 
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).

@@ -60,6 +60,10 @@
 #              its launch (sets SHARED_IN_LAUNCH_MAX_TOKENS), and the pair path (and its
 #              tilings), with the per-kernel breakdown (issue 14);
 #              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
+#   moe-router - one MoE layer at batch 1 / 8 / 32, routing in XLA (sparse) vs the router kernel
+#              (sparse-shared) with XLA's logits GEMM (the default) or the logits in the kernel
+#              at three launch sizes, with the per-kernel breakdown (sets router.TILING.logits
+#              and MAX_TOKENS)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
 #   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
@@ -212,6 +216,12 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
       --variants sparse sparse-shared sparse-small \
       --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},
       {"num_warps": 8}]' --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-router)
+    limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
+      --breakdown --router-tilings '[{}, {"logits": "kernel"}, {"logits": "kernel",
+      "num_warps": 8, "tile_elems": 16384}, {"logits": "kernel", "num_warps": 16,
+      "tile_elems": 32768}]' --json "$out/moe_router.json" 2>>"$out/moe.log" \
+      | grep -v "^WARNING" ;;
   moe-grid)
     limit 300 python3 -m replayjax.bench.moe --models qwen3.5-35b-a3b qwen3-next-80b-a3b \
       --batches 1 8 32 128 256 --variants sparse tokamax --json "$out/moe_grid.json" \

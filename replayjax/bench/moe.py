@@ -5,9 +5,13 @@ sigmoid(shared_expert_gate(x))), bf16 weights and activations, one token per row
 routed experts run as
   * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas", path="grouped")` (sort by expert,
     grouped GEMMs),
-  * "sparse-shared": the shared expert in the routed experts' launch, as the models run it at
-    <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` tokens on a GPU (`models.moe.routed_experts`
-    with shared=, impl and path "auto"), forced at every batch,
+  * "sparse-shared": the shared expert in the routed experts' launch and the routing in one
+    kernel, as the models run them at <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` tokens on a
+    GPU (and <= `pallas_kernels.moe.router.MAX_TOKENS` once `router.AUTO` is set after this
+    bench has timed it) (`models.moe.routed_experts` with
+    shared=, impl and path "auto"; the modules' `route` with impl "pallas"), forced at every
+    batch; once per --router-tilings config (fields of `pallas_kernels.moe.RouterTiling` over
+    its default, e.g. {"logits": "kernel"}: the logits in the same launch), named with the config,
   * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
     over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
     at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
@@ -17,6 +21,8 @@ routed experts run as
     tokamax can be imported,
   * "dense": `pallas_kernels.moe.reference.expert_ffn`, every token through every expert (what
     the models ran before); skipped with a note when it does not fit.
+The other variants route in XLA (the router's GEMM, softmax, top-k and the weights' fusions),
+as the models do above those bounds.
 Method:
   * device time of every kernel of the layer from CUPTI (`profiler.measure`), median over
     iterations of one jitted call that runs `copies` independent layers (own weights, own
@@ -193,12 +199,16 @@ def small_experts(u, ids, w, ws, tiling=None):
                           activation=_activation(ws), impl="pallas", path="pairs", tiling=tiling)
 
 
+def _named(variant: str, config: dict) -> str:
+    """A variant's name with its tiling override, if any."""
+    return variant + (f" {json.dumps(config, separators=(',', ':'))}" if config else "")
+
+
 def small_variant(config: dict):
     """The "sparse-small" variant name and experts fn of a PairTiling override."""
     from pallas_kernels.moe import pairs
-    name = "sparse-small" + (f" {json.dumps(config, separators=(',', ':'))}" if config else "")
     tiling = dataclasses.replace(pairs.TILING, **config)
-    return name, functools.partial(small_experts, tiling=tiling)
+    return _named("sparse-small", config), functools.partial(small_experts, tiling=tiling)
 
 
 def dense_experts(u, ids, w, ws):
@@ -240,13 +250,16 @@ def tokamax_experts(u, ids, w, ws):
     return jnp.zeros(u.shape, jnp.float32).at[tok].add(out).astype(u.dtype)
 
 
-def layer_call(layer, x, ws, experts):
-    """The family's MoE layer on x [n, D] with the routed experts computed by
-    experts(u, ids, weights, ws) (the same composition as the modules' __call__); with the
-    shared expert in ws (`shared_weights`), experts(u, ids, weights, ws, shared_scale)
-    computes it too."""
+XLA_ROUTE = {"impl": "xla"}
+
+
+def layer_call(layer, x, ws, experts, route=XLA_ROUTE):
+    """The family's MoE layer on x [n, D] routed by the module's `route(x, **route)`, the
+    routed experts computed by experts(u, ids, weights, ws) (the same composition as the
+    modules' __call__); with the shared expert in ws (`shared_weights`),
+    experts(u, ids, weights, ws, shared_scale) computes it too."""
     import jax
-    ids, w = layer.route(x)
+    ids, w = layer.route(x, **route)
     gate = jax.nn.sigmoid(layer.shared_gate(x)) if hasattr(layer, "shared_gate") else None
     if "shared" in ws:
         return experts(x, ids, w, ws, None if gate is None else gate[..., 0])
@@ -254,20 +267,24 @@ def layer_call(layer, x, ws, experts):
     return y + (layer.shared(x) if gate is None else gate * layer.shared(x))
 
 
-def variants(small_tilings=({},)):
-    """name -> (prepare(layer) -> ws, experts fn); sparse-small once per PairTiling override;
-    tokamax only when it imports."""
-    out = {"sparse": (expert_weights, sparse_experts),
-           "sparse-shared": (shared_weights, shared_experts)}
+def variants(small_tilings=({},), router_tilings=({},)):
+    """name -> (prepare(layer) -> ws, experts fn, `layer_call`'s route); sparse-shared once per
+    RouterTiling override, sparse-small once per PairTiling override; tokamax only when it
+    imports."""
+    from pallas_kernels import moe
+    out = {"sparse": (expert_weights, sparse_experts, XLA_ROUTE)}
+    for config in router_tilings:
+        route = {"impl": "pallas", "tiling": dataclasses.replace(moe.router.TILING, **config)}
+        out[_named("sparse-shared", config)] = (shared_weights, shared_experts, route)
     for config in small_tilings:
         name, fn = small_variant(config)
-        out[name] = (expert_weights, fn)
+        out[name] = (expert_weights, fn, XLA_ROUTE)
     try:
         import tokamax  # noqa: F401
-        out["tokamax"] = (tokamax_prepare, tokamax_experts)
+        out["tokamax"] = (tokamax_prepare, tokamax_experts, XLA_ROUTE)
     except ImportError:
         pass
-    out["dense"] = (expert_weights, dense_experts)
+    out["dense"] = (expert_weights, dense_experts, XLA_ROUTE)
     return out
 
 
@@ -334,7 +351,7 @@ class Row:
 
 
 def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None,
-          small_tilings=({},)):
+          small_tilings=({},), router_tilings=({},)):
     """Times every variant (of `only`'s kinds; None: all) on `copies` independent layers;
     returns a Row."""
     import jax
@@ -347,9 +364,9 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
           for c in range(copies)]
     graphdef = nnx.split(layers[0])[0]
     states = [nnx.split(layer)[1] for layer in layers]
-    distinct = [distinct_experts(layer.route(x)[0]) for layer, x in zip(layers, xs)]
+    distinct = [distinct_experts(layer.route(x, **XLA_ROUTE)[0]) for layer, x in zip(layers, xs)]
     us, notes, kernels = {}, {}, {}
-    for vname, (prepare, experts) in variants(small_tilings).items():
+    for vname, (prepare, experts, route) in variants(small_tilings, router_tilings).items():
         if only and vname.split(" ")[0] not in only:
             continue
         if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
@@ -358,8 +375,8 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
         wss = [prepare(layer) for layer in layers]
 
         @jax.jit
-        def run(states, wss, xs, experts=experts):
-            return [layer_call(nnx.merge(graphdef, st), x, ws, experts)
+        def run(states, wss, xs, experts=experts, route=route):
+            return [layer_call(nnx.merge(graphdef, st), x, ws, experts, route)
                     for st, ws, x in zip(states, wss, xs)]
         try:
             times = _kernel_times(run, (states, wss, xs), iterations)
@@ -379,7 +396,9 @@ def build_parser():
         f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256 --json moe.json",
         f"{PROG} --batches 1 8 32 --variants sparse sparse-shared --breakdown",
         f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
-        '\'[{}, {"block_f": 32}, {"block_d": 64}]\''])
+        '\'[{}, {"block_f": 32}, {"block_d": 64}]\'',
+        f"{PROG} --batches 1 8 --variants sparse sparse-shared --breakdown --router-tilings "
+        '\'[{}, {"logits": "kernel"}, {"logits": "kernel", "num_warps": 8}]\''])
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
                     metavar="MODEL", help=f"MoE layer shapes: {', '.join(SHAPES)}")
     ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
@@ -390,6 +409,10 @@ def build_parser():
     ap.add_argument("--small-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
                     help='sparse-small once per PairTiling override, a JSON list: e.g. '
                          '\'[{}, {"block_f": 32}, {"min_programs": 128, "num_warps": 8}]\'')
+    ap.add_argument("--router-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='sparse-shared once per RouterTiling override (its routing kernel), a '
+                         'JSON list: e.g. \'[{}, {"logits": "kernel"}, {"logits": "kernel", '
+                         '"tile_elems": 8192}]\'')
     ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
     ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
@@ -407,10 +430,15 @@ def _run(args):
     if missing := [v for v in args.variants or () if v not in variants()]:
         raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
                             f"installed")
-    from pallas_kernels.moe import pairs
+    from pallas_kernels.moe import pairs, router
     from replayjax.bench.kernels import check_tiling
     for config in args.small_tilings:
         check_tiling("--small-tilings", config, pairs.TILING)
+    for config in args.router_tilings:
+        check_tiling("--router-tilings", config, router.TILING)
+        if config.get("logits", router.TILING.logits) not in router.LOGITS:
+            raise cli.UserError(f"--router-tilings: logits must be one of {router.LOGITS}, got "
+                                f"{config['logits']!r}")
     cli.require_gpu()
     from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
@@ -420,7 +448,7 @@ def _run(args):
             bw = copy_bandwidth()
         print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
               f"{peak or '?'} TF/s; variants: "
-              f"{', '.join(args.variants or variants(args.small_tilings))}",
+              f"{', '.join(args.variants or variants(args.small_tilings, args.router_tilings))}",
               flush=True)
         print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
               "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
@@ -429,7 +457,8 @@ def _run(args):
             for batch in args.batches:
                 with progress.stage(f"{model} batch {batch}"):
                     r = bench(model, SHAPES[model], batch, copies=args.copies,
-                              only=args.variants, small_tilings=args.small_tilings)
+                              only=args.variants, small_tilings=args.small_tilings,
+                              router_tilings=args.router_tilings)
                 rows.append(r)
                 print(r.line(bw, peak), flush=True)
     if args.breakdown:

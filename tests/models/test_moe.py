@@ -57,15 +57,18 @@ def _sorted(ids, w):
     return np.take_along_axis(ids, o, -1), np.take_along_axis(w, o, -1)
 
 
-@pytest.mark.parametrize("n_group,topk_group,norm,scaling", [(1, 1, True, 2.5), (4, 2, True, 1.0),
-                                                             (4, 1, False, 1.5)])
-def test_sigmoid_router_matches_hf(n_group, topk_group, norm, scaling):
+@pytest.mark.parametrize("n_group,topk_group,norm,scaling,impl", [
+    (1, 1, True, 2.5, "xla"), (1, 1, True, 2.5, "pallas"), (1, 1, False, 1.5, "pallas"),
+    (4, 2, True, 1.0, "xla"), (4, 1, False, 1.5, "xla")])
+def test_sigmoid_router_matches_hf(n_group, topk_group, norm, scaling, impl):
+    """impl "pallas": the router kernel (interpret mode on CPU); group-limited is XLA only."""
     rng = np.random.default_rng(0)
     x, gate = rng.standard_normal((16, 24)), rng.standard_normal((16, 24)) * 0.3
     bias = rng.standard_normal(16) * 0.1
     ids, w = moe.sigmoid_topk(jnp.asarray(x, jnp.float32), jnp.asarray(gate, jnp.float32),
                               jnp.asarray(bias, jnp.float32), top_k=3, n_group=n_group,
-                              topk_group=topk_group, norm_topk_prob=norm, scaling=scaling)
+                              topk_group=topk_group, norm_topk_prob=norm, scaling=scaling,
+                              impl=impl)
     assert ids.dtype == jnp.int32 and w.dtype == jnp.float32 and ids.shape == (16, 3)
     want_ids, want_w = hf_sigmoid_router(
         np.asarray(jnp.asarray(x, jnp.float32), np.float64),
@@ -77,12 +80,13 @@ def test_sigmoid_router_matches_hf(n_group, topk_group, norm, scaling):
     np.testing.assert_allclose(w, want_w, rtol=1e-6)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
 @pytest.mark.parametrize("norm", [True, False])
-def test_softmax_router_matches_hf(norm):
+def test_softmax_router_matches_hf(norm, impl):
     rng = np.random.default_rng(1)
     x, gate = rng.standard_normal((16, 24)), rng.standard_normal((8, 24)) * 0.3
     ids, w = moe.softmax_topk(jnp.asarray(x, jnp.float32), jnp.asarray(gate, jnp.float32),
-                              top_k=2, norm_topk_prob=norm)
+                              top_k=2, norm_topk_prob=norm, impl=impl)
     want_ids, want_w = hf_softmax_router(np.asarray(jnp.asarray(x, jnp.float32), np.float64),
                                          np.asarray(jnp.asarray(gate, jnp.float32), np.float64),
                                          2, norm)

@@ -193,6 +193,7 @@ PARSE_CASES = [
     (["bench", "moe", "--models", "gpt-4"], "--models"),
     (["bench", "moe", "--variants", "cutlass"], "--variants"),
     (["bench", "moe", "--small-tilings", "{}"], "--small-tilings"),
+    (["bench", "moe", "--router-tilings", "[]"], "--router-tilings"),
     # bench attention
     (["bench", "attention", "--tokens", "9"], "--tokens"),
     (["bench", "attention", "--max-len", "8"], "--max-len"),
@@ -374,6 +375,8 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
     (["bench", "moe", "--batches", "1"], "CUDA GPU", INPUT_S),
     (["bench", "moe", "--small-tilings", '[{"block_f": 0}]'], "--small-tilings", INPUT_S),
     (["bench", "moe", "--small-tilings", '[{"block_m": 16}]'], "--small-tilings", INPUT_S),
+    (["bench", "moe", "--router-tilings", '[{"logits": "dot"}]'], "--router-tilings", INPUT_S),
+    (["bench", "moe", "--router-tilings", '[{"block_d": 16}]'], "--router-tilings", INPUT_S),
     (["bench", "prefill", "--model", "no/such/dir"], "--model", INPUT_S),
     (["bench", "prefill", "--model", "{weights_truncated}"], "--model", INPUT_S),
     (["bench", "prefill", *N, "--tp", "64"], "--tp 64", INPUT_S),

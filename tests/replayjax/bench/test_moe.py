@@ -35,18 +35,21 @@ def test_bytes_and_flops_by_hand():
 def test_layer_call_is_the_models_layer(shape):
     """The benchmark's composition with the sparse experts is the model's MoE __call__ (the
     Pallas variant runs in interpret mode here), with the shared expert in the launch too (as
-    the module forced to), and the dense variant agrees."""
+    the module forced to; and routed by the router kernel, as sparse-shared runs it), and the
+    dense variant agrees."""
     layer = bench.make_layer(shape, jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (5, shape.hidden), jnp.bfloat16)
     ws = bench.expert_weights(layer)
-    call = lambda experts, ws=ws: np.asarray(jax.jit(
-        lambda x: bench.layer_call(layer, x, ws, experts))(x), np.float32)
+    call = lambda experts, ws=ws, route=bench.XLA_ROUTE: np.asarray(jax.jit(
+        lambda x: bench.layer_call(layer, x, ws, experts, route))(x), np.float32)
     want = np.asarray(jax.jit(layer)(x), np.float32)
     np.testing.assert_allclose(call(bench.sparse_experts), want, rtol=2e-2, atol=2e-2)
     joined = call(bench.shared_experts, bench.shared_weights(layer))
     np.testing.assert_allclose(joined, want, rtol=2e-2, atol=2e-2)
     np.testing.assert_array_equal(joined, np.asarray(jax.jit(
         lambda x: layer(x, shared_in_launch=True))(x), np.float32))
+    routed = call(bench.shared_experts, bench.shared_weights(layer), {"impl": "pallas"})
+    np.testing.assert_allclose(routed, joined, rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(call(bench.small_experts), want, rtol=2e-2, atol=2e-2)
     dense = call(bench.dense_experts)
     np.testing.assert_allclose(dense, want, rtol=2e-2, atol=2e-2)
@@ -104,3 +107,21 @@ def test_small_tilings_are_variants(monkeypatch):
                       small_tilings=[{}, {"block_f": 32, "num_warps": 8}])
     assert list(row.us) == ["sparse-small", 'sparse-small {"block_f":32,"num_warps":8}']
     assert [(t.block_f, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
+
+
+def test_router_tilings_are_variants(monkeypatch):
+    """--router-tilings: one sparse-shared variant per RouterTiling override, each routing
+    through the router kernel with it (the other variants route in XLA)."""
+    seen = []
+    monkeypatch.setattr(bench, "layer_call", lambda layer, x, ws, experts, route: (
+        seen.append(route), experts(x, *layer.route(x, **route), ws, None))[1])
+    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
+    shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
+    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse-shared"],
+                      router_tilings=[{}, {"logits": "kernel", "num_warps": 8}])
+    assert list(row.us) == ["sparse-shared", 'sparse-shared {"logits":"kernel","num_warps":8}']
+    assert [r["impl"] for r in seen] == ["pallas", "pallas"]
+    assert [(r["tiling"].logits, r["tiling"].num_warps) for r in seen] == [("xla", 4),
+                                                                         ("kernel", 8)]
+    assert {v[2]["impl"] for k, v in bench.variants().items() if k != "sparse-shared"} == {"xla"}

@@ -1,0 +1,230 @@
+"""MoE routing as one op: router logits, scores, top-k selection and weights.
+
+    ids, weights = route(x, gate, bias=None, *, top_k, score="softmax", norm_topk_prob=True,
+                         scaling=1.0, n_group=1, topk_group=1)
+
+x [n, D] float; gate [E, D] float32; bias [E] float32 or None. Returns expert ids [n, k] int32
+(best first; ties between selection scores go to the lowest expert index, as `lax.top_k`) and
+weights [n, k] float32:
+  * logits z = x . gate^T in float32; scores s = softmax(z) over E (Qwen) or sigmoid(z)
+    (Nemotron-H);
+  * experts chosen on s + bias (the bias selects, it never weighs), with n_group > 1 only inside
+    the topk_group groups of E / n_group experts whose two best biased scores sum highest;
+  * weights s at the chosen experts, divided by their sum (+ 1e-20 for sigmoid scores) if
+    norm_topk_prob, times scaling.
+
+impl: "xla" (any shape: the models' routers as they always were), "pallas" (a Pallas kernel,
+one program per token: the scores, top-k as k rounds of argmax (lowest index on ties), the
+weights; n_group 1, E a power of two, top_k <= MAX_TOP_K), "auto": once `AUTO` is set, the
+kernel on a GPU for at most MAX_TOKENS tokens where it applies (a decode step: at batch 1 the
+XLA routing is five launches, ~10-15 us of a 68-121 us layer on an H200), XLA elsewhere.
+
+The logits (`RouterTiling.logits`): "kernel" computes them in the same launch, as broadcast
+products summed over D chunks, so each token's program reads the whole gate (1.4-4 MB at the
+models' shapes) alone; "xla" (the default until `replayjax bench moe --router-tilings` has
+timed both) leaves them to XLA's GEMM, which spreads that read over the GPU: two launches.
+
+Rounding: "kernel" computes every logit as exact float32 products and float32 sums, in another
+order than XLA's HIGHEST-precision einsum (D-chunked partial sums): logits agree to a few
+float32 ulps of sum |x_d g_ed|, and so do the weights (a softmax weight's relative error is its
+logits' absolute one; 1e-6 relative in the tests); ids are equal unless two scores are that
+close without being equal. Equal scores (equal gate rows, or x = 0) come out equal in both, so
+ties resolve alike. With "xla" the logits are XLA's own and only the sums over E and over the
+chosen k round differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._kernel_utils import F32, compiler_params, n_chunks
+from pallas_kernels.dispatch import Op, resolve_impl
+from pallas_kernels.validation import (
+    FLOAT_DTYPES,
+    bounded_block,
+    check,
+    check_dtype,
+    check_shape,
+    is_pow2,
+    resolve_tiling,
+)
+
+SCORES = ("softmax", "sigmoid")
+# "auto" takes the kernel up to this many tokens a call (a decode step); larger batches read
+# the gate once per token there, XLA's GEMM reads it once.
+MAX_TOKENS = 8
+# The kernel has not run compiled on a GPU yet (interpret mode and the sm90 lowering are tested):
+# "auto" keeps XLA's routing until `gpu_session.sh moe-router` has timed it on the H200.
+AUTO = False
+MAX_TOP_K = 16          # the kernel's k argmax rounds are unrolled
+_NORM_EPS = {"softmax": 0.0, "sigmoid": 1e-20}      # HF's routers: only Nemotron-H adds one
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterTiling:
+    """The router kernel's launch: logits "kernel" (in the launch: each program reads gate
+    [E, D] in [E, block_d] tiles, block_d the largest power of two dividing D with
+    E block_d <= tile_elems) or "xla" (XLA's einsum, as `route_xla`, before the kernel);
+    warps and stages."""
+    tile_elems: int
+    num_warps: int
+    num_stages: int = 3
+    logits: str = "xla"
+
+
+# Not yet measured. One program per token streaming the whole gate alone is likely slower than
+# XLA's GEMM (decode attention measured 6x slower with one program at batch 1), so the logits
+# stay XLA's until `bench moe --router-tilings '[{}, {"logits": "kernel"}]'` says otherwise;
+# 4096-element tiles keep 32 float32 registers a thread at 4 warps.
+TILING = RouterTiling(tile_elems=4096, num_warps=4, num_stages=3, logits="xla")
+LOGITS = ("kernel", "xla")
+
+
+def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_prob=True,
+          scaling: float = 1.0, n_group: int = 1, topk_group: int = 1, impl="auto", tiling=None,
+          interpret=None):
+    """Expert ids [n, k] int32 and weights [n, k] float32 of x [n, D] (module docstring)."""
+    n, E = _check(x, gate, bias, top_k, score, n_group, topk_group)
+    backend = pick_backend(impl, n, E, top_k, n_group)
+    if backend != "xla":
+        check(n_group == 1, f"group-limited routing (n_group = {n_group}) has no Pallas kernel")
+        check(is_pow2(E), f"the router kernel needs a power-of-two expert count, got E = {E}")
+        check(top_k <= MAX_TOP_K, f"the router kernel takes top_k <= {MAX_TOP_K}, got {top_k}")
+    return _ROUTE(x, gate, bias, top_k, score, bool(norm_topk_prob), float(scaling), n_group,
+                  topk_group, impl=backend, tiling=tiling, interpret=interpret)
+
+
+def pick_backend(impl: str, n: int, num_experts: int, top_k: int, n_group: int = 1) -> str:
+    """The backend `route` runs for n tokens: `impl` resolved, except that "auto" keeps XLA
+    until `AUTO` is set, above MAX_TOKENS tokens and for routings the kernel does not take
+    (module docstring)."""
+    backend = resolve_impl(impl)
+    fits = n_group == 1 and is_pow2(num_experts) and top_k <= MAX_TOP_K
+    return "xla" if impl == "auto" and not (AUTO and fits and n <= MAX_TOKENS) else backend
+
+
+def _check(x, gate, bias, top_k, score, n_group, topk_group):
+    check(score in SCORES, f"score must be one of {SCORES}, got {score!r}")
+    check(x.ndim == 2, f"x must be [tokens, D], got shape {tuple(x.shape)}")
+    check(gate.ndim == 2, f"gate must be [experts, D], got shape {tuple(gate.shape)}")
+    n, D = x.shape
+    E = gate.shape[0]
+    check_shape("gate", gate, (E, D))
+    check_dtype("x", x, FLOAT_DTYPES)
+    check_dtype("gate", gate, (F32,))
+    if bias is not None:
+        check_shape("bias", bias, (E,))
+        check_dtype("bias", bias, (F32,))
+    check(n_group >= 1 and E % n_group == 0,
+          f"n_group = {n_group} must divide the expert count E = {E}")
+    check(1 <= topk_group <= n_group, f"topk_group = {topk_group} must be in [1, n_group = "
+                                      f"{n_group}]")
+    eligible = topk_group * (E // n_group)
+    check(1 <= top_k <= eligible, f"top_k = {top_k} must be in [1, {eligible}] (the experts of "
+                                  f"topk_group = {topk_group} of n_group = {n_group} groups)")
+    return n, E
+
+
+def _scores(logits, score):
+    return jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
+
+
+def _logits(x, gate):
+    """x [n, D] -> float32 logits [n, E] (gate [E, D] float32)."""
+    return jnp.einsum("nd,ed->ne", x.astype(F32), gate, precision=lax.Precision.HIGHEST)
+
+
+def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group):
+    """The routing in XLA: HIGHEST-precision einsum logits, `lax.top_k` selection."""
+    s = _scores(_logits(x, gate), score)
+    sel = s if bias is None else s + bias
+    if n_group > 1:     # keep the topk_group groups with the largest sum of their top-2
+        grp = sel.reshape(sel.shape[:-1] + (n_group, -1))
+        best = lax.top_k(grp, min(2, grp.shape[-1]))[0].sum(-1)                  # [n, n_group]
+        keep = jax.nn.one_hot(lax.top_k(best, topk_group)[1], n_group, dtype=bool).any(-2)
+        sel = jnp.where(jnp.repeat(keep, grp.shape[-1], axis=-1), sel, -jnp.inf)
+    _, ids = lax.top_k(sel, top_k)
+    w = jnp.take_along_axis(s, ids, axis=-1)
+    if norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + _NORM_EPS[score])
+    return ids.astype(jnp.int32), w * scaling
+
+
+def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group, *,
+                 tiling, interpret):
+    """The routing in a Pallas launch over grid (token,) (n_group 1), after XLA's logits GEMM
+    for tiling logits "xla"."""
+    del n_group, topk_group                             # 1: checked by `route`
+    t = resolve_tiling(tiling, TILING)
+    E, D = gate.shape
+    check(t.logits in LOGITS, f"logits must be one of {LOGITS}, got {t.logits!r}")
+    fused = t.logits == "kernel"
+    check(not fused or (is_pow2(t.tile_elems) and t.tile_elems >= E),
+          f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
+    block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
+    return _route((x, gate) if fused else (_logits(x, gate),), () if bias is None else (bias,),
+                  top_k=top_k, score=score,
+                  norm_eps=_NORM_EPS[score] if norm_topk_prob else None, scaling=scaling,
+                  block_d=block_d, num_warps=t.num_warps, num_stages=t.num_stages,
+                  interpret=interpret)
+
+
+def _first_max(v, index):
+    """The lowest index where v [E] is largest (`lax.top_k`'s tie rule)."""
+    return jnp.min(jnp.where(v == jnp.max(v), index, v.shape[0]))
+
+
+def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d):
+    # x and gate (block_d None: the logits), the bias (if any), the outs
+    *ins, ids_ref, w_ref = refs
+    row = pl.program_id(0)
+    if block_d is None:
+        z_ref, *bias_ref = ins
+        z = z_ref[row, :]
+    else:
+        x_ref, gate_ref, *bias_ref = ins
+
+        def dot(ds, acc):       # exact float32 products, summed over the chunk
+            xs = x_ref[row, ds].astype(F32)
+            return acc + jnp.sum(gate_ref[:, ds] * xs[None, :], axis=1)
+
+        z = n_chunks(gate_ref.shape[1], block_d, dot, jnp.zeros(gate_ref.shape[:1], F32))
+    s, E = _scores(z, score), z.shape[0]
+    sel = s + bias_ref[0][...] if bias_ref else s
+    expert = lax.broadcasted_iota(jnp.int32, (E,), 0)
+    ws = []
+    for j in range(top_k):      # the best expert, then out of the running
+        e = _first_max(sel, expert)
+        ids_ref[row, j] = e
+        ws.append(jnp.max(jnp.where(expert == e, s, -jnp.inf)))
+        sel = jnp.where(expert == e, -jnp.inf, sel)
+    total = functools.reduce(lambda a, b: a + b, ws)
+    for j, w in enumerate(ws):
+        w_ref[row, j] = (w if norm_eps is None else w / (total + norm_eps)) * scaling
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "score", "norm_eps", "scaling", "block_d",
+                                             "num_warps", "num_stages", "interpret"))
+def _route(inputs, bias, *, top_k, score, norm_eps, scaling, block_d, num_warps, num_stages,
+           interpret):
+    """inputs (x [n, D], gate [E, D] float32), or (logits [n, E] float32,) for block_d None;
+    bias () or ([E] float32,) -> ids [n, k] int32, weights [n, k] float32."""
+    n = inputs[0].shape[0]
+    return pl.pallas_call(
+        functools.partial(_route_kernel, top_k=top_k, score=score, norm_eps=norm_eps,
+                          scaling=scaling, block_d=block_d),
+        grid=(n,),
+        out_shape=(jax.ShapeDtypeStruct((n, top_k), jnp.int32),
+                   jax.ShapeDtypeStruct((n, top_k), F32)),
+        compiler_params=compiler_params(num_warps, num_stages, interpret),
+        interpret=interpret, name="moe_route",
+    )(*inputs, *bias)
+
+
+_ROUTE = Op("moe.route", {"xla": route_xla, "pallas_triton": route_pallas})
