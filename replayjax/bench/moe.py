@@ -394,7 +394,6 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --models qwen3.5-35b-a3b --batches 1 32 256 --json moe.json",
-        f"{PROG} --batches 1 8 32 --variants sparse sparse-shared --breakdown",
         f"{PROG} --batches 1 8 --variants sparse-small --small-tilings "
         '\'[{}, {"block_f": 32}, {"block_d": 64}]\'',
         f"{PROG} --batches 1 8 --variants sparse sparse-shared --breakdown --router-tilings "

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Why Qwen3.5's greedy outputs differ between ReplaySSM and standard decoding (docs/benchmarks.md,
-"Qwen replay-vs-standard divergence"): rounding, not a defect.
+"""Why greedy outputs of random-weight models differ between ReplaySSM and standard decoding
+(docs/benchmarks.md): rounding or a defect?
 
-The same random Qwen3.5-9B-shaped model (real GDN heads, gated attention 3:1, the 248320-token
-vocabulary; `replayjax.bench.synthetic`) decodes the same greedy requests in both SSM modes, once
-with fp32 weights and once with those weights rounded to bf16. Per weight dtype it reports:
+The same random model of a `--synthetic` preset's dimensions (scaled down on a CPU: the first
+--layers layers, --hidden; real SSM and attention heads and vocabulary; `replayjax.bench.synthetic`)
+decodes the same greedy requests in both SSM modes, once with fp32 weights and once with those
+weights rounded to bf16, with the decode attention of `--attention` (xla: the dense reference;
+pallas: the Pallas kernel, interpret mode off the GPU). Per weight dtype it reports:
   * the largest relative difference of replay vs standard logits, ||l_r - l_s|| / ||l_s|| per
     token, over every step up to a request's first differing token;
   * how many requests' greedy tokens are identical;
@@ -12,9 +14,9 @@ with fp32 weights and once with those weights rounded to bf16. Per weight dtype 
   * at each first differing token, the gap between the standard logits' top two entries, in bf16
     ulps of the top logit (a tie or one ulp means the argmax flips on rounding).
 
-    PYTHONPATH=. python scripts/qwen_divergence.py                 # CPU: 8 layers, hidden 1024
-    PYTHONPATH=. python scripts/qwen_divergence.py --full          # GPU: the 9B's dimensions
-    PYTHONPATH=. python scripts/qwen_divergence.py --vocab 32768 --new-tokens 24   # quicker
+    PYTHONPATH=. python scripts/greedy_divergence.py                 # Qwen3.5-9B, CPU: 8 layers
+    PYTHONPATH=. python scripts/greedy_divergence.py --synthetic nemotron-h-8b --attention pallas
+    PYTHONPATH=. python scripts/greedy_divergence.py --full          # GPU: the real dimensions
 """
 
 from __future__ import annotations
@@ -26,24 +28,39 @@ import numpy as np
 
 
 def config(args):
-    """The preset (--full) or a scaled copy: --layers, --hidden (MLP 3x hidden), --vocab; the
-    9B's GDN and attention heads either way."""
+    """The preset (--full) or a scaled copy: its first --layers layers, --hidden (MLP 3x
+    hidden), --vocab; the preset's SSM and attention heads either way."""
     from models.config import parse_config
     from replayjax.bench.synthetic import SYNTHETIC
-    c = dict(SYNTHETIC["qwen3.5-9b"])
+    c = dict(SYNTHETIC[args.synthetic])
     if not args.full:
-        c.update(num_hidden_layers=args.layers, hidden_size=args.hidden,
-                 intermediate_size=3 * args.hidden, vocab_size=args.vocab)
+        c.update(hidden_size=args.hidden, intermediate_size=3 * args.hidden)
+        if args.vocab:
+            c.update(vocab_size=args.vocab)
+        if "hybrid_override_pattern" in c:          # Nemotron-H: one character per layer
+            c.update(hybrid_override_pattern=c["hybrid_override_pattern"][:args.layers])
+        else:
+            c.update(num_hidden_layers=args.layers)
     return parse_config(c)
+
+
+def force_attention(impl):
+    """Every model's decode attention runs `impl` (the engine's `impl` would change the SSM
+    kernels too)."""
+    import functools
+
+    from models import common
+    common.attention.decode_attention = functools.partial(
+        common.attention.decode_attention, impl=impl)
 
 
 def decode(cfg, dtype, mode, prompts, args):
     """Greedy tokens and the logits each was chosen from, per request (lists of arrays)."""
     import jax.numpy as jnp
 
+    from models.registry import model_class
     from replayjax.bench.synthetic import randomize
     from replayjax.engine import Engine, Request
-    from replayjax.loading import model_class
     # randomize draws fp32 values keyed by parameter path, then casts: the bf16 model is the
     # fp32 model rounded
     model = randomize(model_class(cfg)(cfg, dtype=jnp.dtype(dtype)), args.seed)
@@ -87,10 +104,15 @@ def compare(runs, prompts):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--full", action="store_true", help="the 9B's dimensions (a GPU)")
+    ap.add_argument("--synthetic", default="qwen3.5-9b",
+                    choices=("qwen3.5-9b", "nemotron-h-8b"), help="the preset")
+    ap.add_argument("--attention", default="xla", choices=("xla", "pallas"),
+                    help="decode attention implementation")
+    ap.add_argument("--full", action="store_true", help="the preset's dimensions (a GPU)")
     ap.add_argument("--layers", type=int, default=8, help="layers when scaled down")
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size when scaled down")
-    ap.add_argument("--vocab", type=int, default=248320, help="vocabulary when scaled down")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="vocabulary when scaled down (0: the preset's)")
     ap.add_argument("--requests", type=int, default=8, help="greedy requests")
     ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens")
     ap.add_argument("--new-tokens", type=int, default=48, help="tokens generated per request")
@@ -99,12 +121,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     cfg = config(args)
+    force_attention(args.attention)
     prompts = np.random.default_rng(args.seed).integers(
         3, cfg.vocab_size, (args.requests, args.prompt_len)).tolist()
     runs = {(d, m): decode(cfg, d, m, prompts, args)
             for d in ("float32", "bfloat16") for m in ("standard", "replay")}
-    print(f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
-          f"{args.requests} greedy requests x {args.new_tokens} tokens, L = {args.window}")
+    print(f"{args.synthetic}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab "
+          f"{cfg.vocab_size}, {args.attention} attention; {args.requests} greedy requests x "
+          f"{args.new_tokens} tokens, L = {args.window}")
     print("| weights | max rel. dev. replay vs standard | greedy tokens equal | model vs fp32 "
           "(first token's logits) | top-2 gap at first difference (bf16 ulps) |\n"
           "|---|---|---|---|---|")
