@@ -7,8 +7,8 @@ attention`), `prefill` (`replayjax bench prefill`), `profile` (`replayjax profil
 argument types, help, error handling and progress come from `replayjax.commandline`.
 
 Shared helpers, imported by the commands and never the other way round: `timing` (CUPTI device
-times, copy bandwidth, percentiles), `synthetic` (model presets with real dimensions and random
-weights), `workload` (requests: traces, synthetic workloads, arrival schedules), `roofline`
-(minimum bytes of a step) and `trace` (profiler traces: per-kernel times classified by the HLO
-they come from).
+times, copy bandwidth, bf16 peak by device, percentiles), `synthetic` (model presets with real
+dimensions and random weights), `workload` (requests: traces, synthetic workloads, arrival
+schedules), `roofline` (minimum bytes and FLOPs of a decode step, the ideal time they take) and
+`trace` (profiler traces: per-kernel times classified by the HLO they come from).
 """

@@ -31,9 +31,12 @@ output token (p50); for speculation, the accepted drafts per verify step (mean a
 k = 0..K over requests x steps); peak device memory of the variant alone (each variant runs in a
 fresh process when a GPU is present, --isolate); failures; against `standard`, the fraction of
 greedy requests with identical tokens and the mean fraction of their tokens equal before the first
-difference (`greedy_agreement`); and for decode variants the roofline: the minimum bytes
-of a decode step (`replayjax.bench.roofline`) and the time they take at the copy bandwidth
-measured in the same process, beside the measured step.
+difference (`greedy_agreement`); and for decode variants the roofline
+(`replayjax.bench.roofline`): the minimum bytes and FLOPs of a decode step, the time the bytes
+take at the copy bandwidth measured in the same process and the FLOPs at the bf16 dense peak
+(--peak-tflops; default from the device name, none on a CPU: then the bytes alone), per kernel
+class the larger of the two, the step's ideal their sum, beside the measured step, with the bound
+that binds (flops or bytes: of the classes making up most of the ideal).
 """
 
 from __future__ import annotations
@@ -51,9 +54,14 @@ from collections import deque
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.roofline import decode_step_bytes
+from replayjax.bench.roofline import (
+    decode_step_bytes,
+    decode_step_flops,
+    peak_note,
+    step_roofline,
+)
 from replayjax.bench.synthetic import add_model_source, build
-from replayjax.bench.timing import copy_bandwidth, percentile
+from replayjax.bench.timing import copy_bandwidth, peak_flops, percentile
 from replayjax.bench.workload import (
     AGENT_TURNS,
     ARRIVALS,
@@ -262,23 +270,33 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
     return row, out
 
 
-def add_roofline(row, model, args, workload, copy_bw):
-    """Decode rows: the minimum bytes of a decode step at the run's batch and mean KV length,
-    the ideal step time at `copy_bw` and the fraction of it the measured step achieves. With
-    --tp the bytes are taken as split evenly over the devices (replicated embedding and LM head
-    make the real share a little larger)."""
-    row["copy_gbs"] = copy_bw / 1e9
+def add_roofline(row, model, args, workload, copy_bw, peak):
+    """Decode rows: the minimum bytes and FLOPs of a decode step at the run's batch and mean KV
+    length, per class and in all; the ideal step (`roofline.step_roofline`: per class the
+    larger of bytes at `copy_bw` bytes/s and FLOPs at `peak` FLOP/s, None: bytes only), the
+    bytes' and the FLOPs' alone, the bound that binds and the fraction of the ideal the measured
+    step achieves. With --tp both are taken as split evenly over the devices (replicated
+    embedding and LM head make the real share a little larger)."""
+    row.update(copy_gbs=copy_bw / 1e9, peak_tflops=peak / 1e12 if peak else None)
     if row.get("step_kind") != "decode":
         return
     import jax.numpy as jnp
     rows = min(args.batch, len(workload.requests))
     mode = row["variant"].partition("+")[0].partition("@")[0]
-    by_class = decode_step_bytes(model, rows, workload.kv_len, mode=mode,
-                                 window=args.window, state_dtype=jnp.dtype(args.state_dtype))
-    total = sum(by_class.values())
-    row.update(roofline_mb={c: b / 1e6 for c, b in by_class.items()},
-               min_mb_per_step=total / 1e6, ideal_step_ms=total / args.tp / copy_bw * 1e3,
-               of_roofline=total / args.tp / copy_bw * 1e3 / row["step_ms"])
+    kw = dict(mode=mode, window=args.window, state_dtype=jnp.dtype(args.state_dtype))
+    by_bytes = decode_step_bytes(model, rows, workload.kv_len, **kw)
+    by_flops = decode_step_flops(model, rows, workload.kv_len, **kw)
+    roof = step_roofline({c: b / args.tp for c, b in by_bytes.items()},
+                         {c: f / args.tp for c, f in by_flops.items()}, copy_bw, peak)
+    total = roof.pop("total")
+    row.update(roofline_mb={c: b / 1e6 for c, b in by_bytes.items()},
+               roofline_gflop={c: f / 1e9 for c, f in by_flops.items()},
+               roofline_bound={c: r["bound"] for c, r in roof.items()},
+               min_mb_per_step=sum(by_bytes.values()) / 1e6,
+               min_gflop_per_step=sum(by_flops.values()) / 1e9,
+               ideal_step_ms=total["ideal_s"] * 1e3, ideal_bytes_ms=total["byte_s"] * 1e3,
+               ideal_flops_ms=None if total["flop_s"] is None else total["flop_s"] * 1e3,
+               bound=total["bound"], of_roofline=total["ideal_s"] * 1e3 / row["step_ms"])
 
 
 def greedy_agreement(out, ref, greedy):
@@ -336,8 +354,9 @@ def run_in_process(args, progress):
             outputs[row["variant"]] = out
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth()
+    peak = peak_flops(args.peak_tflops)
     for row in rows:
-        add_roofline(row, model, args, workload, bw)
+        add_roofline(row, model, args, workload, bw, peak)
     return rows, outputs, workload.description
 
 
@@ -485,6 +504,10 @@ def build_parser():
     cli.add_batching_argument(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
+    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
+                    help="bf16 dense peak TFLOP/s per device for the roofline's FLOP bound "
+                         "(default: from the device name, H100/H200: 989; none on other "
+                         "devices: the bytes alone)")
     cli.add_tp_argument(ap)
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "
@@ -558,12 +581,14 @@ def _fmt(x, spec):
 
 def print_table(args, rows, what):
     """The rows as a markdown table."""
+    measured = next((r for r in rows if "copy_gbs" in r), {})
     print(f"{args.model or args.synthetic}: {what}; {args.batch} slots, L = {args.window}, "
           f"K = {args.num_draft}, tp = {args.tp}; copy bandwidth "
-          f"{_fmt(rows[0].get('copy_gbs') if rows else None, '.0f')} GB/s")
-    print("| variant | step ms | vs standard | ideal ms (of roofline) | tokens/s | compile s "
-          "| TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify | k = 0..K "
-          "| greedy = standard | greedy prefix | peak GB | failures |\n" + "|---" * 15 + "|")
+          f"{_fmt(measured.get('copy_gbs'), '.0f')} GB/s; {peak_note(measured.get('peak_tflops'))}")
+    print("| variant | step ms | vs standard | ideal ms (of roofline, bound) | tokens/s "
+          "| compile s | TTFT p50/p90 s | latency p50/p90 s | TPOT ms | drafts accepted / verify "
+          "| k = 0..K | greedy = standard | greedy prefix | peak GB | failures |\n"
+          + "|---" * 15 + "|")
     for r in rows:
         if "step_ms" not in r:
             print(f"| {r['variant']} | failed: {r['error']} |" + " |" * 12
@@ -574,8 +599,8 @@ def print_table(args, rows, what):
                      f"{r['prefix_used_gb']:.1f} of {r['prefix_pool_gb']:.1f} GB)")
         hist = r["accept_hist"]
         share = "/".join(f"{100 * c / max(sum(hist), 1):.0f}" for c in hist) + "%" if hist else "-"
-        ideal = (f"{r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%})" if "ideal_step_ms" in r
-                 else "-")
+        ideal = (f"{r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%}, {r['bound']})"
+                 if "ideal_step_ms" in r else "-")
         peak = _fmt(r["peak_mem_gb"], ".2f") + (" (process)" if r["peak_mem_scope"] == "process"
                                                 and r["peak_mem_gb"] else "")
         print(f"| {r['variant']} | {r['step_ms']:.2f} ({r['step_kind']}) | "

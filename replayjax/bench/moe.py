@@ -51,12 +51,11 @@ import sys
 import numpy as np
 
 from replayjax import commandline as cli
+from replayjax.bench.timing import peak_tflops
 
 PROG = "replayjax bench moe"
 BATCHES = (1, 8, 32, 128, 256)
 SMALL_MAX_BATCH = 32    # the pair path reads each expert once per pair: no use at large batches
-# bf16 dense tensor-core peak (TFLOP/s) by device name (NVIDIA H100/H200 SXM datasheets).
-BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +106,6 @@ def layer_flops(s: MoEShape, batch: int) -> int:
     per_row = (s.top_k * mats * s.ffn + mats * s.shared_ffn + s.experts
                + (1 if s.swiglu else 0)) * s.hidden
     return 2 * batch * per_row
-
-
-def peak_tflops(device_kind: str) -> float | None:
-    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_kind), None)
 
 
 # ------------------------------------------------------------------------------------- layers

@@ -57,7 +57,13 @@ import time
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.roofline import expert_counts, is_routed, model_params, weight_bytes
+from replayjax.bench.roofline import (
+    bound,
+    expert_counts,
+    is_routed,
+    model_params,
+    weight_bytes,
+)
 from replayjax.bench.synthetic import add_model_source
 
 PROG = "replayjax bench prefill"
@@ -129,12 +135,9 @@ def prefill_bytes(model, cache, batch: int, prompt_len: int) -> dict[str, float]
 def roofline(flops: float, nbytes: float, seconds: float, peak: float | None,
              copy_bw: float) -> dict:
     """Ideal seconds of `flops` at `peak` FLOP/s (None: unknown) and `nbytes` at `copy_bw`
-    bytes/s, the binding bound, and the fraction of it `seconds` achieves."""
-    flop_s = flops / peak if peak else None
-    byte_s = nbytes / copy_bw
-    ideal = max(byte_s, flop_s or 0.0)
-    return dict(flop_s=flop_s, byte_s=byte_s, ideal_s=ideal, of_roofline=ideal / seconds,
-                bound="flops" if flop_s is not None and flop_s >= byte_s else "bytes")
+    bytes/s, the binding bound (`roofline.bound`), and the fraction of it `seconds` achieves."""
+    r = bound(nbytes, flops, copy_bw, peak)
+    return r | dict(of_roofline=r["ideal_s"] / seconds)
 
 
 # ---------------------------------------------------------------------- measuring
@@ -210,9 +213,8 @@ def bench(args, progress) -> dict:
     import jax.numpy as jnp
 
     from models.runner import Runner
-    from replayjax.bench.moe import peak_tflops
     from replayjax.bench.synthetic import build
-    from replayjax.bench.timing import copy_bandwidth
+    from replayjax.bench.timing import copy_bandwidth, peak_tflops
     from replayjax.loading import load_model
     with progress.stage("building the model"):
         mesh, experts = cli.tp_placement(args)

@@ -1,8 +1,10 @@
 """`replayjax profile`: a jax.profiler trace of decode steps, a per-kernel time table with each
 kernel's class (ssm, gemm, attention, moe, sampling, other; from the HLO it runs,
-`replayjax.bench.trace`), and the roofline per class: the minimum bytes of a decode step
-(`replayjax.bench.roofline`) and their ideal time at the copy bandwidth measured in the same
-process, beside the measured device time.
+`replayjax.bench.trace`), and the roofline per class (`replayjax.bench.roofline`): the minimum
+bytes and FLOPs of a decode step, their ideal time -- the larger of the bytes at the copy
+bandwidth measured in the same process and the FLOPs at the bf16 dense peak (--peak-tflops;
+default from the device name, none on a CPU: then the bytes alone) -- and which of the two binds,
+beside the measured device time.
 
 The trace (open it in Perfetto or XProf) covers one host visit of --steps decode steps of --batch
 requests of --prompt-len tokens, after a warm-up that compiles everything, without the prompts'
@@ -19,9 +21,15 @@ import tempfile
 import time
 
 from replayjax import commandline as cli
-from replayjax.bench.roofline import CLASSES, decode_step_bytes, table
+from replayjax.bench.roofline import (
+    CLASSES,
+    decode_step_bytes,
+    decode_step_flops,
+    peak_note,
+    table,
+)
 from replayjax.bench.synthetic import add_model_source, build
-from replayjax.bench.timing import copy_bandwidth
+from replayjax.bench.timing import copy_bandwidth, peak_flops
 from replayjax.bench.trace import kernel_table
 
 PROG = "replayjax profile"
@@ -45,6 +53,10 @@ def build_parser():
                     help="ReplaySSM ring window L")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
+    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
+                    help="bf16 dense peak TFLOP/s per device for the roofline's FLOP bound "
+                         "(default: from the device name, H100/H200: 989; none on other "
+                         "devices: the bytes alone)")
     cli.add_tp_argument(ap)
     ap.add_argument("--top", type=cli.at_least(1), default=25, metavar="N",
                     help="kernels listed")
@@ -94,6 +106,7 @@ def profile(args, progress):
     # an abort) once jax.profiler's has run in the process
     with progress.stage("copy bandwidth"):
         bw = copy_bandwidth()
+    peak = peak_flops(args.peak_tflops)
     trace_dir = args.trace_dir
     engine.visits.clear()
     # prefill stays outside the trace: every visit waits for its results, so nothing of the
@@ -112,32 +125,37 @@ def profile(args, progress):
         kernels = kernel_table(trace_dir)
     steps = sum(n for kind, n, _ in engine.visits if kind == "decode")
     visit_s = sum(s for kind, _, s in engine.visits if kind == "decode")
-    # with --tp: per device (kernel time of all tp devices / tp, bytes split evenly)
+    # with --tp: per device (kernel time of all tp devices / tp, bytes and FLOPs split evenly)
     # the conv class (the prompt's causal conv) counts as ssm here, as its state bytes do
     cls = lambda k: "ssm" if k["cls"] == "conv" else k["cls"]           # noqa: E731
     measured = {c: sum(k["total_ns"] for k in kernels if cls(k) == c) * 1e-9 / args.tp
                 for c in CLASSES}
-    min_bytes = decode_step_bytes(model, args.batch, args.prompt_len + (steps - 1) / 2,
-                                  mode=args.mode, window=args.window, state_dtype=jnp.float32)
-    min_bytes = {c: b / args.tp for c, b in min_bytes.items()}
+    kw = dict(mode=args.mode, window=args.window, state_dtype=jnp.float32)
+    kv_len = args.prompt_len + (steps - 1) / 2
+    min_bytes = decode_step_bytes(model, args.batch, kv_len, **kw)
+    min_flops = decode_step_flops(model, args.batch, kv_len, **kw)
     return dict(trace_dir=trace_dir, steps=steps, compile_s=compile_s,
                 host_ms_per_step=visit_s / max(steps, 1) * 1e3, copy_gbs=bw / 1e9,
+                peak_tflops=peak / 1e12 if peak else None,
                 kernels=[dict(name=k["name"], cls=k["cls"], count=k["count"],
                               total_us=k["total_ns"] / 1e3) for k in kernels],
-                classes=table(min_bytes, bw, measured, max(steps, 1)))
+                classes=table({c: b / args.tp for c, b in min_bytes.items()}, bw, measured,
+                              max(steps, 1), {c: f / args.tp for c, f in min_flops.items()},
+                              peak))
 
 
 def print_report(args, r):
     print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} decode steps of "
           f"{args.batch} rows, {args.mode}, tp = {args.tp}; "
           f"host visit {r['host_ms_per_step']:.2f} ms per step; "
-          f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s")
-    print("\n| class | measured us per step | min MB per step | ideal us | of roofline |\n"
-          "|---|---|---|---|---|")
+          f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s; "
+          f"{peak_note(r['peak_tflops'])}")
+    print("\n| class | measured us per step | min MB per step | min GFLOP per step | "
+          "ideal us (bound) | of roofline |\n|---|---|---|---|---|---|")
     for c in r["classes"]:
         frac = "-" if c["of_roofline"] is None else f"{c['of_roofline']:.0%}"
         print(f"| {c['cls']} | {c['measured_us']:.1f} | {c['min_mb']:.2f} | "
-              f"{c['ideal_us']:.1f} | {frac} |")
+              f"{c['min_gflop']:.3g} | {c['ideal_us']:.1f} ({c['bound']}) | {frac} |")
     print("\n| kernel | class | launches | total us | us per step |\n|---|---|---|---|---|")
     for k in r["kernels"][:args.top]:
         print(f"| {k['name'][:80]} | {k['cls']} | {k['count']} | {k['total_us']:.1f} | "

@@ -1,5 +1,6 @@
 """Timing helpers shared by the benchmarks: per-kernel device times from CUPTI, the copy
-bandwidth that "% of copy" and ideal times are measured against, percentiles."""
+bandwidth and the bf16 peak that "% of copy", "% of peak" and ideal times are measured against,
+percentiles."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 
 GPU_COPY_BYTES = 2 * 2**30      # >> the H200's 60 MB L2
 CPU_COPY_BYTES = 256 * 2**20
+# bf16 dense tensor-core peak (TFLOP/s) by device name (NVIDIA H100/H200 SXM datasheets).
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}
 
 
 def kernel_times(fn, *args, iterations: int = 3) -> list[list[tuple[str, float]]]:
@@ -70,6 +73,22 @@ def copy_bandwidth(nbytes: int | None = None) -> float:
             x = step(x).block_until_ready()
             secs.append(time.perf_counter() - t0)
     return 2 * nbytes / float(np.median(secs))
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    """The bf16 dense peak TFLOP/s of a device by its name (`jax.Device.device_kind`); None when
+    unknown (a CPU, another GPU: give --peak-tflops)."""
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_kind), None)
+
+
+def peak_flops(tflops: float | None = None) -> float | None:
+    """FLOP/s the FLOP bound of a roofline is taken at: `tflops` (a --peak-tflops) if given,
+    else the first device's `peak_tflops`; None when neither is known."""
+    if tflops:
+        return tflops * 1e12
+    import jax
+    known = peak_tflops(jax.devices()[0].device_kind)
+    return known * 1e12 if known else None
 
 
 def percentile(values, q: float) -> float:

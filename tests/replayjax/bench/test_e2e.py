@@ -34,6 +34,10 @@ def test_ab_bench_runs_every_variant_with_its_roofline(capsys):
         assert r["ideal_step_ms"] == pytest.approx(r["min_mb_per_step"] * 1e6 /
                                                    (r["copy_gbs"] * 1e9) * 1e3)
         assert r["of_roofline"] == pytest.approx(r["ideal_step_ms"] / r["step_ms"])
+        # no bf16 peak on a CPU: the FLOPs are counted but the ideal is the bytes' alone
+        assert r["peak_tflops"] is None and r["ideal_flops_ms"] is None
+        assert r["ideal_bytes_ms"] == r["ideal_step_ms"] and r["bound"] == "bytes"
+        assert set(r["roofline_bound"].values()) == {"bytes"} and r["min_gflop_per_step"] > 0
         assert set(r["roofline_mb"]) == {"ssm", "gemm", "attention", "moe", "sampling",
                                           "collective", "other"}
     # ReplaySSM reads the state once and writes it once per L steps: less SSM traffic
@@ -41,6 +45,33 @@ def test_ab_bench_runs_every_variant_with_its_roofline(capsys):
     assert rows["replay"]["roofline_mb"]["gemm"] == rows["standard"]["roofline_mb"]["gemm"]
     assert "ideal_step_ms" not in rows["replay+ngram"]           # a verify step: no decode model
     assert all(r["peak_mem_scope"] == "process" for r in rows.values())
+
+
+def test_roofline_with_a_peak_takes_per_class_the_larger_bound(capsys):
+    """--peak-tflops: per class the larger of the bytes at the copy bandwidth and the FLOPs at
+    the peak, summed; a peak so low that every class doing FLOPs is flops-bound."""
+    argv = ["--model", NEMOTRON, *SMALL, "--variants", "replay", "--isolate", "none",
+            "--peak-tflops", "1e-6"]
+    assert e2e.main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (r,) = out["rows"]
+    peak, bw = 1e6, r["copy_gbs"] * 1e9
+    assert r["peak_tflops"] == out["config"]["peak_tflops"] == 1e-6
+    ideal = {c: max(r["roofline_mb"][c] * 1e6 / bw, r["roofline_gflop"][c] * 1e9 / peak)
+             for c in r["roofline_mb"]}
+    assert r["ideal_step_ms"] == pytest.approx(sum(ideal.values()) * 1e3)
+    assert r["ideal_bytes_ms"] == pytest.approx(r["min_mb_per_step"] * 1e6 / bw * 1e3)
+    assert r["ideal_flops_ms"] == pytest.approx(r["min_gflop_per_step"] * 1e9 / peak * 1e3)
+    assert r["ideal_step_ms"] > r["ideal_flops_ms"] > r["ideal_bytes_ms"]
+    assert r["roofline_bound"] == dict(ssm="flops", gemm="flops", attention="flops",
+                                       moe="flops", sampling="bytes", collective="bytes",
+                                       other="bytes")
+    assert r["bound"] == "flops" and r["of_roofline"] == pytest.approx(
+        r["ideal_step_ms"] / r["step_ms"])
+    e2e.print_table(e2e.parse_args(argv), out["rows"], out["workload"])
+    table = capsys.readouterr().out
+    assert "; bf16 peak 1e-06 TFLOP/s\n" in table
+    assert f"| {r['ideal_step_ms']:.2f} ({r['of_roofline']:.0%}, flops) |" in table
 
 
 def test_mixed_workload_spreads_prompt_lengths_and_sync_does_not():
@@ -213,6 +244,9 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
      "argument --num-draft: K = 4 must be < --window 4"),
     (["--steps-per-visit", "0"], "argument --steps-per-visit: must be >= 1, got 0"),
     (["--batch", "two"], "argument --batch: expected an integer, got 'two'"),
+    (["--peak-tflops", "0"], "argument --peak-tflops: must be a finite number > 0, got 0"),
+    (["--peak-tflops", "-1"], "argument --peak-tflops: must be a finite number > 0, got -1"),
+    (["--peak-tflops", "nan"], "argument --peak-tflops: must be a finite number > 0, got nan"),
 ])
 def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -272,6 +306,8 @@ def test_mtp_variant_on_a_synthetic_model(monkeypatch, capsys):
     table = capsys.readouterr().out
     assert "| replay+mtp | " in table and "(verify)" in table and "failed" not in table
     assert "sync prompts (mean 6 tokens, 6-6)" in table
+    assert "; no bf16 peak known (--peak-tflops): ideal from bytes alone\n" in table
+    assert "%, bytes) |" in table                    # the decode row's roofline: bytes alone
     out = seen["outputs"]
     assert [c.tokens for c in out["replay+mtp"]] == [c.tokens for c in out["replay"]]
     assert sum(e2e.acceptance_histogram(out["replay+mtp"], 3)) == \

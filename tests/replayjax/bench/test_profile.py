@@ -4,15 +4,19 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from replayjax.bench import profile, trace
+from replayjax.bench import profile, roofline, trace
+from replayjax.loading import load_model
+
+NEMOTRON = "tests/fixtures/hf/nemotron_h"
 
 
 def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
     """A decode step of the tiny Nemotron-H (Mamba-2, attention, MLP, MoE) on CPU: every class
-    the step runs shows up, classed from the HLO of the traced module, with its roofline."""
-    assert profile.main(["--model", "tests/fixtures/hf/nemotron_h", "--batch", "2",
-                         "--prompt-len", "6", "--steps", "3", "--window", "4", "--trace-dir",
-                         str(tmp_path), "--top", "1000", "--json"]) == 0
+    the step runs shows up, classed from the HLO of the traced module, with its roofline (at a
+    --peak-tflops so low that every class doing FLOPs is flops-bound)."""
+    assert profile.main(["--model", NEMOTRON, "--batch", "2", "--prompt-len", "6", "--steps",
+                         "3", "--window", "4", "--trace-dir", str(tmp_path), "--top", "1000",
+                         "--peak-tflops", "1e-6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(tmp_path.rglob("*.xplane.pb")) and out["steps"] == 3
     seen = {k["cls"] for k in out["kernels"]}
@@ -26,6 +30,31 @@ def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
     assert classes["total"]["min_mb"] == pytest.approx(
         sum(c["min_mb"] for n, c in classes.items() if n != "total"))
     assert out["copy_gbs"] > 0 and out["compile_s"] > 0
+    # FLOPs at 3 steps from a 6-token prompt: KV lengths 6, 7, 8, i.e. 7 on average
+    flops = roofline.decode_step_flops(load_model(NEMOTRON), 2, 7, mode="replay", window=4,
+                                       state_dtype=jnp.float32)
+    assert out["peak_tflops"] == 1e-6
+    for c, f in flops.items():
+        r = classes[c]
+        assert r["min_gflop"] == pytest.approx(f / 1e9) and r["flops_us"] == pytest.approx(f)
+        assert r["ideal_us"] == max(r["bytes_us"], r["flops_us"])
+        assert r["bound"] == ("flops" if f else "bytes")
+    assert classes["total"]["ideal_us"] == pytest.approx(
+        sum(c["ideal_us"] for n, c in classes.items() if n != "total"))
+
+
+def test_report_says_which_bound_binds_and_when_there_is_no_peak(capsys):
+    args = profile.parse_args(["--model", NEMOTRON])
+    for peak, note in ((None, "no bf16 peak known (--peak-tflops): ideal from bytes alone"),
+                       (2e12, "bf16 peak 2 TFLOP/s")):
+        classes = roofline.table({"gemm": 1e6}, 1e9, {"gemm": 4e-3}, 2, {"gemm": 4e9}, peak)
+        profile.print_report(args, dict(trace_dir="t", steps=2, compile_s=1.0,
+                                        host_ms_per_step=1.0, copy_gbs=1.0, kernels=[],
+                                        peak_tflops=peak and peak / 1e12, classes=classes))
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].endswith(f"copy bandwidth 1 GB/s; {note}")
+        ideal = "2000.0 (flops) | 100%" if peak else "1000.0 (bytes) | 50%"
+        assert f"| gemm | 2000.0 | 1.00 | 4 | {ideal} |" in out
 
 
 def cached_attention(x):
@@ -98,6 +127,9 @@ def test_nested_thunks_keep_the_innermost():
     (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--window", "10"], "argument --window: must be a power of two in [1, 64], got 10"),
+    (["--peak-tflops", "0"], "argument --peak-tflops: must be a finite number > 0, got 0"),
+    (["--peak-tflops", "-1"], "argument --peak-tflops: must be a finite number > 0, got -1"),
+    (["--peak-tflops", "nan"], "argument --peak-tflops: must be a finite number > 0, got nan"),
 ])
 def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
