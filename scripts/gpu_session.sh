@@ -204,7 +204,7 @@ case $stage in
           python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel replay \
           > "$out/ncu_${fam}_$impl.csv" 2>>"$out/ncu.log" || true
         grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
-Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -20
+Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -20 || true
       done
     done ;;
   attention)
@@ -353,7 +353,7 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
         2>>"$out/serve_bench.log" || true
       timeout 150 $bench --concurrency 1 16 64 256 --num-requests 8 64 256 512 --prompt-len 128 \
         > "$out/serve_$mode.json" 2>>"$out/serve_bench.log" || true
-      kill -TERM $pid; wait $pid || true
+      kill -TERM $pid 2>/dev/null || true; wait $pid || true   # (a server that died: go on)
     done
     python3 -c "import json, sys; from replayjax.bench import serve
 rows = [dict(r, server=m) for m in ('replay', 'standard')
