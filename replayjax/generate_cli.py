@@ -45,6 +45,12 @@ class Prompt:
 
 
 def _text_prompt(text):
+    try:        # bytes that are not UTF-8 reach argv as lone surrogates: no tokenizer takes them
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: byte "
+                                         f"{text[e.start].encode('utf-8', 'surrogateescape')!r} "
+                                         f"at character {e.start}") from None
     return Prompt(text=cli.nonempty(text))
 
 

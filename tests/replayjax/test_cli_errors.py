@@ -121,6 +121,7 @@ PARSE_CASES = [
     (["generate"], "--prompt"),
     (["generate", "--prompt", ""], "--prompt"),
     (["generate", "--prompt", "   "], "--prompt"),
+    (["generate", "--prompt", "ab\udcff"], "--prompt"),      # argv bytes that are not UTF-8
     (["generate", "--prompt-ids", ""], "--prompt-ids"),
     (["generate", "--prompt-ids", "1,,2"], "--prompt-ids"),
     (["generate", "--prompt-ids", "a,b"], "--prompt-ids"),
