@@ -309,7 +309,7 @@ def generate(args, tok, model_dir, prompts):
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None
             except ValueError as e:     # settings this model cannot serve
-                raise cli.UserError(" ".join(str(e).split())) from None
+                raise cli.engine_error(e) from None
         load_s = time.perf_counter() - t0
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         requests = [Request(prompt=list(p), max_new_tokens=args.max_new_tokens,
