@@ -75,8 +75,8 @@ def _is_number(v):
     return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
-def _shown(v):
-    text = repr(v)
+def _shown(v, spell=repr):
+    text = spell(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -179,8 +179,8 @@ def _checked_fields(body, known) -> dict:
                 raise _invalid(name, want, value)
         elif name in _NEUTRAL and not _is_neutral(value, _NEUTRAL[name]):
             supported = " or ".join(map(_json, _NEUTRAL[name])) or "null"
-            raise ApiError(f"'{name}' = {_shown(value)} is not supported by this server (only "
-                           f"{supported}).", param=name, code="unsupported_parameter")
+            raise ApiError(f"'{name}' = {_shown(value, _json)} is not supported by this server "
+                           f"(only {supported}).", param=name, code="unsupported_parameter")
     if "model" not in fields:
         raise ApiError("You must provide a model parameter.", param="model")
     return fields

@@ -40,6 +40,11 @@ def test_fields_become_params():
     assert p.stream and p.include_usage
 
 
+def test_unsupported_values_are_shown_as_json():
+    with pytest.raises(ApiError, match=r"'n' = true is not supported by this server \(only 1\)"):
+        completion(n=True)
+
+
 def test_chat_messages_and_max_completion_tokens():
     p = parse_chat({"model": "m", "messages": [
         {"role": "system", "content": "s"},
