@@ -45,6 +45,14 @@ def read_metadata(out_dir) -> dict:
         raise ConvertError(f"{path}: cannot read: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ConvertError(f"{path}: unsupported format (expected format {FORMAT})")
+    for key, ok, want in (("dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+                          ("mtp", lambda v: isinstance(v, bool), "true or false"),
+                          ("params_dir", lambda v: isinstance(v, str) and v.strip(),
+                           "a directory name")):
+        if key in meta and not ok(meta[key]):         # the fields loading reads
+            raise ConvertError(f"{path}: field {key!r} must be {want}, got {meta[key]!r:.60}")
+    if "dtype" not in meta:
+        raise ConvertError(f"{path}: missing field 'dtype'")
     return meta
 
 

@@ -329,6 +329,20 @@ def engine_settings(args) -> dict:
                 batch_invariant=not args.dynamic_batch)
 
 
+# the Engine arguments of `engine_settings` whose names the engine's errors use -> their flags
+ENGINE_FLAGS = {"num_slots": "--num-slots", "max_len": "--max-len", "num_draft": "--num-draft",
+                "steps_per_visit": "--steps-per-visit", "prefix_cache_gb": "--prefix-cache-gb",
+                "prefix_block": "--prefix-block", "prefix_host_gb": "--prefix-cache-host-gb"}
+
+
+def engine_error(e: Exception) -> UserError:
+    """The engine's refusal of the settings (a ValueError naming its arguments, e.g.
+    "prefix_block must be ...") as a one-line UserError naming the flags instead."""
+    text = " ".join(str(e).split())
+    return UserError(re.sub(r"\b(" + "|".join(ENGINE_FLAGS) + r")\b",
+                            lambda m: ENGINE_FLAGS[m[1]], text))
+
+
 def add_batching_argument(ap):
     """--dynamic-batch: `Engine(batch_invariant=False)`."""
     ap.add_argument("--dynamic-batch", action="store_true",

@@ -243,7 +243,8 @@ class Engine:
 
     def _prefix_index(self, model, cache, gb, block, host_gb) -> PrefixCache:
         """The host index of a prefix pool of `gb` GB and a host pool of `host_gb` GB
-        (ValueError when no entry fits or the setup cannot cache prefixes)."""
+        (ValueError when no entry fits, a pool does not fit in free memory, or the setup cannot
+        cache prefixes)."""
         if sharding.mesh_tp(self.runner.mesh) > 1:
             raise ValueError("prefix_cache_gb is not supported with tensor parallelism yet")
         if self.drafter.models:
@@ -266,6 +267,12 @@ class Engine:
         if host_gb and host < 1:
             raise ValueError(f"prefix_host_gb = {host_gb} holds no entry: one block of {block} "
                              f"tokens takes {one / 1e6:.2f} MB")
+        # refused here, before the index lists its free entries (a list of n ints) and before
+        # the host pool is allocated at the first spill, mid-run
+        if why := memory.shortfall(n * one):
+            raise ValueError(f"prefix_cache_gb = {gb:g}: the pool of {n} entries {why}")
+        if host and (why := memory.shortfall(host * one, host=True)):
+            raise ValueError(f"prefix_host_gb = {host_gb:g}: the host pool of {host} entries {why}")
         self._host_pool = None         # numpy leaves [host, ...] of the pool's, made at need
         return PrefixCache(n, block, one, host)
 

@@ -45,6 +45,12 @@ class Prompt:
 
 
 def _text_prompt(text):
+    try:        # bytes that are not UTF-8 reach argv as lone surrogates: no tokenizer takes them
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: byte "
+                                         f"{text[e.start].encode('utf-8', 'surrogateescape')!r} "
+                                         f"at character {e.start}") from None
     return Prompt(text=cli.nonempty(text))
 
 
@@ -303,7 +309,7 @@ def generate(args, tok, model_dir, prompts):
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None
             except ValueError as e:     # settings this model cannot serve
-                raise cli.UserError(" ".join(str(e).split())) from None
+                raise cli.engine_error(e) from None
         load_s = time.perf_counter() - t0
         sp = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         requests = [Request(prompt=list(p), max_new_tokens=args.max_new_tokens,

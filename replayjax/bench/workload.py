@@ -68,6 +68,16 @@ def _is_number(x):
     return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
 
 
+def _unicode(text):
+    """Whether `text` is valid Unicode: JSON's escapes can spell a lone surrogate, which no
+    tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _field_error(where, field, why):
     return TraceError(f"{where}: field {field!r} {why}")
 
@@ -97,6 +107,8 @@ def parse_trace_line(line, where, encode):
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceError(f"{where}: not valid JSON ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: the JSON nests too deeply") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if unknown := sorted(set(obj) - set(TRACE_FIELDS)):
@@ -105,8 +117,9 @@ def parse_trace_line(line, where, encode):
         raise TraceError(f"{where}: give exactly one of 'prompt_ids' (token ids) or 'prompt' "
                          f"(text)")
     if "prompt" in obj:
-        text = _checked(obj, "prompt", where, lambda v: isinstance(v, str) and v != "",
-                        "a non-empty string", None)
+        text = _checked(obj, "prompt", where, lambda v: isinstance(v, str) and v != "" and
+                        _unicode(v), "a non-empty string of valid Unicode (no lone surrogate "
+                        "escape such as \\ud800)", None)
         prompt, prompt_field = tuple(encode(text, where)), "prompt"
         if not prompt:
             raise _field_error(where, "prompt", "encodes to no tokens")

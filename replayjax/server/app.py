@@ -109,12 +109,18 @@ class ServerState:
 # ---------------------------------------------------------------------- generation endpoints
 
 async def _json_body(request: Request):
+    """The parsed body (ApiError 400 when it is not JSON, nests past the parser's depth limit, or
+    holds a string that is not valid Unicode)."""
     try:
-        return json.loads(await request.body())
+        body = json.loads(await request.body())
+    except RecursionError:
+        raise ApiError("The JSON body of your request nests too deeply.") from None
     except (ValueError, UnicodeDecodeError):
         raise ApiError("We could not parse the JSON body of your request. (HINT: This likely "
                        "means you aren't using your HTTP library correctly. The OpenAI API "
                        "expects a JSON payload.)") from None
+    protocol.check_unicode(body)
+    return body
 
 
 async def _disconnect(receive) -> None:

@@ -156,7 +156,7 @@ def build_engine(args, model_dir: str | None):
     try:
         engine = Engine(model, draft_model=draft, **cli.engine_settings(args))
     except ValueError as e:
-        raise ServeError(str(e)) from None
+        raise ServeError(cli.engine_error(e)) from None
     engine.warm_up_buckets(every_bucket=args.warmup == "all")     # compile before serving
     return engine
 

@@ -12,6 +12,7 @@ refused, as OpenAI refuses them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import time
@@ -74,8 +75,8 @@ def _is_number(v):
     return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
-def _shown(v):
-    text = repr(v)
+def _shown(v, spell=repr):
+    text = spell(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -123,6 +124,47 @@ CHAT_FIELDS = frozenset(_COMMON + (
     "web_search_options", "chat_template_kwargs"))
 
 
+def _json(v) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _is_neutral(value, allowed) -> bool:
+    """Whether `value` is one of the neutral `allowed` values, booleans and numbers kept apart
+    (Python's True == 1 and 0 == False: `n: true` is not `n: 1`, and `logprobs: 0` asks a
+    completion for the sampled tokens' log probabilities, which `false` does not)."""
+    return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
+
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_unicode(body) -> None:
+    """ApiError naming the top-level field when a string of the parsed body (a key or a value,
+    at any depth) holds a lone UTF-16 surrogate such as "\\ud800": JSON can escape one, but it is
+    no Unicode text, so it could be neither tokenized nor written back in a response."""
+    stack = [(body, None)]
+    while stack:                    # iterative: a body may nest as deep as the JSON parser lets
+        v, field = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                name = k if field is None else field
+                if _lone_surrogate(k):
+                    raise ApiError("The request body has a field name that is not valid Unicode "
+                                   "(a lone surrogate escape such as \\ud800).")
+                stack.append((x, name))
+        elif isinstance(v, list):
+            stack.extend((x, field) for x in v)
+        elif isinstance(v, str) and _lone_surrogate(v):
+            where = f"'{field}'" if field is not None else "The request body"
+            raise ApiError(f"Invalid value for {where}: the text is not valid Unicode (a lone "
+                           f"surrogate escape such as \\ud800).", param=field)
+
+
 def _checked_fields(body, known) -> dict:
     """body's fields, each valid (nulls dropped); ApiError for the first that is not."""
     if not isinstance(body, dict):
@@ -135,10 +177,10 @@ def _checked_fields(body, known) -> dict:
             ok, want = _CHECKS[name]
             if not ok(value):
                 raise _invalid(name, want, value)
-        elif name in _NEUTRAL and value not in _NEUTRAL[name]:
-            supported = " or ".join(map(repr, _NEUTRAL[name])) or "null"
-            raise ApiError(f"'{name}' = {_shown(value)} is not supported by this server (only "
-                           f"{supported}).", param=name, code="unsupported_parameter")
+        elif name in _NEUTRAL and not _is_neutral(value, _NEUTRAL[name]):
+            supported = " or ".join(map(_json, _NEUTRAL[name])) or "null"
+            raise ApiError(f"'{name}' = {_shown(value, _json)} is not supported by this server "
+                           f"(only {supported}).", param=name, code="unsupported_parameter")
     if "model" not in fields:
         raise ApiError("You must provide a model parameter.", param="model")
     return fields
@@ -255,6 +297,21 @@ def _message(m, i) -> dict:
     return {**m, "content": content}
 
 
+def _template_kwargs(fields) -> dict:
+    """chat_template_kwargs, refusing the variables the server sets itself (the template would
+    not see the request's values: a silent change of the prompt)."""
+    kwargs = fields.get("chat_template_kwargs", {})
+    if "messages" in kwargs:
+        raise ApiError("'chat_template_kwargs' cannot set 'messages'; give the conversation as "
+                       "the request's 'messages'.", param="chat_template_kwargs")
+    if (v := kwargs.get("add_generation_prompt", True)) is not True:
+        raise ApiError(f"'chat_template_kwargs.add_generation_prompt' = {_json(v)} is not "
+                       f"supported by this server (only true: the reply follows the template's "
+                       f"generation prompt).", param="chat_template_kwargs",
+                       code="unsupported_parameter")
+    return kwargs
+
+
 def parse_chat(body, served: ServedModel,
                render: Callable[[list, dict], list]) -> GenerationParams:
     """A /v1/chat/completions body -> GenerationParams. `render(messages, kwargs)` applies the
@@ -266,8 +323,7 @@ def parse_chat(body, served: ServedModel,
         raise ApiError("Missing required parameter: 'messages'.", param="messages")
     if not isinstance(messages, list) or not messages:
         raise _invalid("messages", "a non-empty list of messages", messages)
-    ids = render([_message(m, i) for i, m in enumerate(messages)],
-                 fields.get("chat_template_kwargs", {}))
+    ids = render([_message(m, i) for i, m in enumerate(messages)], _template_kwargs(fields))
     if "max_tokens" in fields and "max_completion_tokens" in fields:
         raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
                        param="max_completion_tokens")

@@ -201,6 +201,17 @@ def _params_manifest_truncated(tmp_path):
     return out
 
 
+def _meta_dtype_unknown(tmp_path):
+    """convert.json edited by hand: a dtype that no converter writes."""
+    out = _converted(tmp_path)
+    path = os.path.join(out, "convert.json")
+    with open(path) as f:
+        meta = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(meta, dtype="float16"), f)
+    return out
+
+
 def _empty_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     return str(tmp_path / "empty")
@@ -228,6 +239,9 @@ BROKEN = {   # directory maker -> what the one-line message must say
     "missing tensor": (_missing_tensor, "missing 1 tensor.* requires: lm_head.weight$"),
     "params truncated": (_params_truncated, r"/out: damaged checkpoint, cannot restore its "
                                             r"params: OUT_OF_RANGE: Error reading \""),
+    "convert.json dtype unknown": (_meta_dtype_unknown, r"/out/convert.json: field 'dtype' must "
+                                                        r"be one of bfloat16, float32, got "
+                                                        r"'float16'$"),
     "params manifest truncated": (_params_manifest_truncated,
                                   "/out: damaged checkpoint, orbax cannot read the metadata"),
 }

@@ -121,6 +121,7 @@ PARSE_CASES = [
     (["generate"], "--prompt"),
     (["generate", "--prompt", ""], "--prompt"),
     (["generate", "--prompt", "   "], "--prompt"),
+    (["generate", "--prompt", "ab\udcff"], "--prompt"),      # argv bytes that are not UTF-8
     (["generate", "--prompt-ids", ""], "--prompt-ids"),
     (["generate", "--prompt-ids", "1,,2"], "--prompt-ids"),
     (["generate", "--prompt-ids", "a,b"], "--prompt-ids"),
@@ -331,7 +332,16 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
      INPUT_S),
     (["generate", *N, "--prompt-ids", "1", "--save-logits", "{existing_out}"], "--save-logits",
      INPUT_S),
+    # generate: the engine's refusals name the flags
+    (["generate", *N, "--prompt-ids", "1", "--prefix-cache-gb", "1", "--prefix-block", "8"],
+     "--prefix-block", LOAD_S),
+    (["generate", *N, "--prompt-ids", "1", "--prefix-cache-host-gb", "1"],
+     "--prefix-cache-host-gb needs --prefix-cache-gb", LOAD_S),
     # generate: a cache that cannot fit is refused before it is allocated
+    (["generate", *N, "--prompt-ids", "1", "--prefix-cache-gb", "1e12"], "--prefix-cache-gb",
+     LOAD_S),
+    (["generate", *N, "--prompt-ids", "1", "--prefix-cache-gb", "1", "--prefix-cache-host-gb",
+      "1e9"], "--prefix-cache-host-gb", LOAD_S),
     (["generate", *N, "--prompt-ids", "1", "--num-slots", "1000000", "--max-len", "1000000"],
      "--num-slots", LOAD_S),
     # convert

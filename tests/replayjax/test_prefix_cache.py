@@ -255,6 +255,10 @@ def test_index_host_spills_and_loads():
     (dict(prefix_cache_gb=1, prefix_block=2), "prefix_block must be a power of two >= window"),
     (dict(prefix_cache_gb=1, prefix_block=24), "prefix_block must be a power of two"),
     (dict(prefix_cache_gb=1, prefix_block=128), "prefix_block = 128 exceeds max_len = 64"),
+    # pools past free memory: refused before the index or the (lazily made) host pool exist
+    (dict(prefix_cache_gb=1e12), r"prefix_cache_gb = 1e\+12: the pool of \d+ entries needs"),
+    (dict(prefix_cache_gb=1, prefix_host_gb=1e9), r"prefix_host_gb = 1e\+09: the host pool "
+                                                   r"of \d+ entries needs"),
 ])
 def test_bad_settings(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -104,3 +104,25 @@ def test_prefix_cache_usage_and_metrics():
                  "replayjax_prefix_cache_hit_tokens_total 5.0",
                  "replayjax_prefix_cache_hit_rate 0.5"):
         assert line in text.splitlines(), line
+
+
+def test_bodies_json_accepts_but_no_request_can_use_are_400():
+    """A body nested past the JSON parser's depth limit, and strings with a lone surrogate
+    escape (valid JSON, not Unicode: neither tokenizable nor writable in a response), in a
+    value or a field name, answer 400 naming the field, never 500."""
+    c, _ = client(StubWorker())
+    post = lambda text: c.post("/v1/completions", content=text,
+                               headers={"content-type": "application/json"})
+    assert "nests too deeply" in error(post("[" * 100_000), 400)["message"]
+    for body, param in (('{"model": "stub", "prompt": "a\\ud800b"}', "prompt"),
+                        ('{"model": "\\udfff", "prompt": "ab"}', "model"),
+                        ('{"model": "stub", "prompt": "ab", "stop": ["x", "\\ud800"]}', "stop"),
+                        ('{"model": "stub", "prompt": "ab", "x\\ud800": 1}', None)):
+        err = error(post(body), 400)
+        assert err["param"] == param and "Unicode" in err["message"], err
+    err = error(c.post("/v1/chat/completions", content='{"model": "stub", "messages": [{"role": '
+                       '"user", "content": [{"type": "text", "text": "\\ud83d"}]}]}',
+                       headers={"content-type": "application/json"}), 400)
+    assert err["param"] == "messages"
+    r = post('{"model": "stub", "prompt": "\\ud83d\\ude00", "max_tokens": 2}')   # a pair: fine
+    assert r.status_code == 200, r.text

@@ -54,6 +54,7 @@ def broken_template(tmp_path):
     (["--speculative", "draft:/nonexistent"],
      "--speculative draft: model directory '/nonexistent' does not exist"),
     (None, "chat_template: line 1"),
+    (["--prefix-cache-gb", "1", "--prefix-block", "8"], "--prefix-block must be a power of two"),
 ])
 def test_model_problems_exit_1(argv, msg, tmp_path, capsys):
     argv = argv or ["--model", broken_template(tmp_path)]

@@ -33,10 +33,16 @@ def test_defaults_fit_the_cache_and_eos_stops():
 def test_fields_become_params():
     p = completion(prompt=[1, 2, 3], max_tokens=5, temperature=0.7, top_p=0.9, top_k=-1, seed=3,
                    stop="x", stream=True, stream_options={"include_usage": True}, n=1,
-                   presence_penalty=0, user="u", logprobs=None)
+                   presence_penalty=0.0, frequency_penalty=0, user="u", logprobs=None,
+                   echo=False)
     assert p.prompt == [1, 2, 3] and p.max_tokens == 5 and p.stop == ("x",)
     assert p.sampling == SamplingParams(0.7, 0, 0.9, 3)
     assert p.stream and p.include_usage
+
+
+def test_unsupported_values_are_shown_as_json():
+    with pytest.raises(ApiError, match=r"'n' = true is not supported by this server \(only 1\)"):
+        completion(n=True)
 
 
 def test_chat_messages_and_max_completion_tokens():
@@ -46,6 +52,11 @@ def test_chat_messages_and_max_completion_tokens():
                                                                       "text": "b"}]}],
         "max_completion_tokens": 4}, SERVED, render)
     assert p.prompt == encode("system:s\nuser:a\nb\n") and p.max_tokens == 4
+    seen = []
+    parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                "chat_template_kwargs": {"enable_thinking": True, "add_generation_prompt": True}},
+               SERVED, lambda messages, kwargs: seen.append(kwargs) or [1])
+    assert seen == [{"enable_thinking": True, "add_generation_prompt": True}]
 
 
 @pytest.mark.parametrize("body,status,param,code", [
@@ -72,6 +83,13 @@ def test_chat_messages_and_max_completion_tokens():
     ({"model": "m", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    # booleans are not numbers: True == 1 and 0 == False in Python, not in the API (logprobs 0
+    # asks for the sampled tokens' log probabilities)
+    ({"model": "m", "prompt": "x", "logprobs": 0}, 400, "logprobs", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "n": True}, 400, "n", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "echo": 0}, 400, "echo", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "presence_penalty": False}, 400, "presence_penalty",
+     "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
     ({"model": "m", "prompt": "x", "stop": [""]}, 400, "stop", None),
     ({"model": "m", "prompt": "x", "stop": 3}, 400, "stop", None),
@@ -106,6 +124,14 @@ def test_completion_errors(body, status, param, code):
       "max_completion_tokens": 2}, "max_completion_tokens"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 0}, "logprobs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": False},
+     "top_logprobs"),
+    # variables the server sets itself: the template would not see the request's values
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
 ])
 def test_chat_errors(body, param):
     with pytest.raises(ApiError) as e:
