@@ -329,6 +329,16 @@ def engine_settings(args) -> dict:
                 batch_invariant=not args.dynamic_batch)
 
 
+def is_unicode(text: str) -> bool:
+    """Whether `text` is Unicode a tokenizer takes: JSON's escapes (and argv's undecodable
+    bytes) can put a lone surrogate such as \\ud800 into a Python str."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 # the Engine arguments of `engine_settings` whose names the engine's errors use -> their flags
 ENGINE_FLAGS = {"num_slots": "--num-slots", "max_len": "--max-len", "num_draft": "--num-draft",
                 "steps_per_visit": "--steps-per-visit", "prefix_cache_gb": "--prefix-cache-gb",

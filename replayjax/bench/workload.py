@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from replayjax import memory
-from replayjax.commandline import UserError
+from replayjax.commandline import UserError, is_unicode
 
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
@@ -68,16 +68,6 @@ def _is_number(x):
     return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
 
 
-def _unicode(text):
-    """Whether `text` is valid Unicode: JSON's escapes can spell a lone surrogate, which no
-    tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _field_error(where, field, why):
     return TraceError(f"{where}: field {field!r} {why}")
 
@@ -118,7 +108,7 @@ def parse_trace_line(line, where, encode):
                          f"(text)")
     if "prompt" in obj:
         text = _checked(obj, "prompt", where, lambda v: isinstance(v, str) and v != "" and
-                        _unicode(v), "a non-empty string of valid Unicode (no lone surrogate "
+                        is_unicode(v), "a non-empty string of valid Unicode (no lone surrogate "
                         "escape such as \\ud800)", None)
         prompt, prompt_field = tuple(encode(text, where)), "prompt"
         if not prompt:

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from replayjax.commandline import is_unicode
 from replayjax.sampling import SEED_LIMIT, SamplingParams
 
 MAX_STOP_STRINGS = 4
@@ -135,14 +136,6 @@ def _is_neutral(value, allowed) -> bool:
     return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
 
 
-def _lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def check_unicode(body) -> None:
     """ApiError naming the top-level field when a string of the parsed body (a key or a value,
     at any depth) holds a lone UTF-16 surrogate such as "\\ud800": JSON can escape one, but it is
@@ -153,13 +146,13 @@ def check_unicode(body) -> None:
         if isinstance(v, dict):
             for k, x in v.items():
                 name = k if field is None else field
-                if _lone_surrogate(k):
+                if not is_unicode(k):
                     raise ApiError("The request body has a field name that is not valid Unicode "
                                    "(a lone surrogate escape such as \\ud800).")
                 stack.append((x, name))
         elif isinstance(v, list):
             stack.extend((x, field) for x in v)
-        elif isinstance(v, str) and _lone_surrogate(v):
+        elif isinstance(v, str) and not is_unicode(v):
             where = f"'{field}'" if field is not None else "The request body"
             raise ApiError(f"Invalid value for {where}: the text is not valid Unicode (a lone "
                            f"surrogate escape such as \\ud800).", param=field)
