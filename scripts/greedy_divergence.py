@@ -47,11 +47,12 @@ def config(args):
 def force_attention(impl):
     """Every model's decode attention runs `impl` (the engine's `impl` would change the SSM
     kernels too)."""
-    import functools
-
     from models import common
-    common.attention.decode_attention = functools.partial(
-        common.attention.decode_attention, impl=impl)
+    run = common.attention.decode_attention
+
+    def forced(*args, **kwargs):
+        return run(*args, **{**kwargs, "impl": impl})     # the caller passes impl="auto"
+    common.attention.decode_attention = forced
 
 
 def decode(cfg, dtype, mode, prompts, args):
