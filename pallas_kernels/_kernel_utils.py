@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.validation import GRID_ORDERS, check_choice
+
 F32 = jnp.float32
 
 
@@ -58,6 +60,27 @@ def call(kernel, *, name, grid, inputs, outputs, aliases, num_warps, num_stages,
         interpret=interpret,
         name=name,
     )(*inputs.values())
+
+
+def launch_grid(dims, order):
+    """The launch grid of a kernel with one program per (row, *inner) = `dims`, e.g. (batch,
+    heads, tiles), in `order` (`validation.GRID_ORDERS`). Pallas Triton launches grid axis i as
+    CUDA's blockIdx axis i, and the GPU hands out CTAs with blockIdx.x fastest:
+      "row_fastest": `dims` as given: consecutive CTAs are the rows of one (head, tile);
+      "row_slowest": reversed, (tiles, heads, batch): consecutive CTAs are the tiles, then the
+        heads, of one row, so a row's programs run together (its ring / token reads shared
+        through L2, its slot's state read as one region).
+    `program_ids(order, len(dims))` maps a program back to (row, *inner)."""
+    check_choice("grid_order", order, GRID_ORDERS)
+    return tuple(dims) if order == "row_fastest" else tuple(reversed(dims))
+
+
+def program_ids(order, n=3):
+    """This program's logical ids (row, *inner) in a grid of `n` axes built by `launch_grid` in
+    `order`: int32 scalars."""
+    check_choice("grid_order", order, GRID_ORDERS)
+    ids = tuple(pl.program_id(i) for i in range(n))
+    return ids if order == "row_fastest" else ids[::-1]
 
 
 def ring_entries(ref, count):

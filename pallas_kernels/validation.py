@@ -18,6 +18,9 @@ F32_ONLY = (jnp.float32,)
 INT32_ONLY = (jnp.int32,)
 # Triton's L2 eviction policies of a load (a tiling's `state_eviction`).
 EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
+# How a Triton kernel's programs (row, head, tile) are launched (a tiling's `grid_order`, see
+# `_kernel_utils.launch_grid`).
+GRID_ORDERS = ("row_fastest", "row_slowest")
 
 
 def check(cond: bool, msg: str) -> None:

@@ -1,9 +1,20 @@
 """Pallas Triton kernels for Gated DeltaNet decode and verify (`impl="pallas_triton"`/"pallas").
 
-Grid (batch, Hv, V // block_v): one program per (row, value head, V tile). The standard kernel
-holds its [block_v, K] state tile in registers (S k is needed before the update); the replay
-kernel streams the checkpoint over K in chunks of block_k. Pools are gathered by slot inside the
-kernel and updated in place through input_output_aliases, as in the Mamba-2 kernels.
+One program per (row, value head, V tile). The standard kernel holds its [block_v, K] state tile
+in registers (S k is needed before the update); the replay kernel streams the checkpoint over K in
+chunks of block_k. Pools are gathered by slot inside the kernel and updated in place through
+input_output_aliases, as in the Mamba-2 kernels.
+
+Launch order (every tiling's `grid_order`, `_kernel_utils.launch_grid`): "row_fastest" launches
+the grid (batch, Hv, V // block_v), "row_slowest" (V // block_v, Hv, batch). The GPU hands out
+CTAs with the first grid axis (blockIdx.x) fastest, so "row_fastest" runs one head and tile of
+consecutive rows side by side, while the programs that share data are those of one row: the ring
+keys ring_k[slot, hk] ([L, K], read by every value head of the key head and by every V tile), the
+row's q / k vectors, and its slot's state [Hv, V, K], one contiguous region. At batch 256 a row's
+programs are then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them
+adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row). Not yet
+measured: the default stays "row_fastest" until the GPU says otherwise (`gpu_session.sh
+triton-tune`, `verify`).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
@@ -23,10 +34,12 @@ from pallas_kernels._kernel_utils import (
     F32,
     call,
     dot_precision,
+    launch_grid,
     like,
     masked_window,
     n_chunks,
     outer_fold,
+    program_ids,
     ring_entries,
     stream,
     suffix_sums,
@@ -35,6 +48,7 @@ from pallas_kernels.gdn.buffers import ring_key_products, write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    GRID_ORDERS,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -48,10 +62,14 @@ RING_SCALARS = ("kernel", "xla")
 class GDNTiling:
     """Launch configuration of the standard kernels (the [block_v, K] state tile is held
     whole). block_v bounds the value tile: a kernel uses the largest power of two dividing V,
-    at least 4, up to it."""
+    at least 4, up to it. `grid_order` (every Triton tiling of both families): the launch order
+    of the programs, "row_fastest" (the default until measured) or "row_slowest" (a row's
+    programs adjacent: its ring / token reads shared through L2, its slot's state read as one
+    region; see the module docstring)."""
     block_v: int
     num_warps: int
     num_stages: int = 2
+    grid_order: str = "row_fastest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +82,7 @@ class GDNReplayTiling:
     state from pushing the rings out of L2). `ring_scalars` is where k_j . k and k_j . q come
     from: "kernel" (every program reads the ring keys of its slot, [L, K]) or "xla" (one
     einsum per step computes them per key head; programs read [L] scalars, and the ring keys
-    only to fold)."""
+    only to fold). `grid_order` as in `GDNTiling`."""
     block_v: int
     block_k: int
     num_warps: int
@@ -72,6 +90,7 @@ class GDNReplayTiling:
     fold: str = "auto"
     state_eviction: str = "evict_normal"
     ring_scalars: str = "kernel"
+    grid_order: str = "row_fastest"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -90,6 +109,7 @@ class GDNVerifyTiling:
     num_stages: int = 2
     fold: str = "auto"
     state_eviction: str = "evict_normal"
+    grid_order: str = "row_fastest"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k if num_tokens <= 2 else self.block_k_long
@@ -112,6 +132,7 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     ring window L, also the key chunk (for a window of `num_tokens`), the fold mode, the state's
     eviction policy and (replay decode) where the ring scalars come from."""
     t = resolve_tiling(tiling, default)
+    check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
         tiles["block_k"] = bounded_block("block_k", "key dim K", K, t.key_block(num_tokens))
@@ -121,7 +142,7 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     if hasattr(t, "ring_scalars"):
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
-    return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
+    return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -147,8 +168,10 @@ def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, tiling, inte
                             **_tiles(tiling, STANDARD_VERIFY_TILING, v.shape[3]))
 
 
-def _program(heads_per_key_head, block_v):
-    b, hv, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _program(grid_order, heads_per_key_head, block_v):
+    """(row b, value head hv, key head hk, V tile t, the tile's slice) of this program, launched
+    by `launch_grid((batch, Hv, V // block_v), grid_order)`."""
+    b, hv, t = program_ids(grid_order)
     return b, hv, hv // heads_per_key_head, t, pl.ds(t * block_v, block_v)
 
 
@@ -156,8 +179,8 @@ def _program(heads_per_key_head, block_v):
 # Standard decode: reads and writes the state of every row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in, o_ref, s_out, *,
-                     heads_per_key_head, block_v):
-    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+                     grid_order, heads_per_key_head, block_v):
+    b, hv, hk, _, vs = _program(grid_order, heads_per_key_head, block_v)
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     q = q_ref[b, hk, :].astype(F32)                   # [K]
@@ -174,14 +197,17 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in, o_re
         s_out[slot, hv, vs, :] = s.astype(s_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
-def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, num_warps, num_stages,
-                     interpret):
+@functools.partial(jax.jit, static_argnames=("block_v", "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, grid_order, num_warps,
+                     num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
-    kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_v=block_v)
+    kernel = functools.partial(_standard_kernel, grid_order=grid_order,
+                               heads_per_key_head=Hv // Hk, block_v=block_v)
     return call(
-        kernel, name="gdn_standard_decode", grid=(batch, Hv, V // block_v),
+        kernel, name="gdn_standard_decode",
+        grid=launch_grid((batch, Hv, V // block_v), grid_order),
         inputs=dict(slots_ref=slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g, beta_ref=beta,
                     s_in=state),
         outputs=dict(o_ref=like(v), s_out=like(state)),
@@ -194,10 +220,11 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, num_warps, num_
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
-                   heads_per_key_head, block_v, block_k, window, fold_dot, precision, eviction):
+                   grid_order, heads_per_key_head, block_v, block_k, window, fold_dot, precision,
+                   eviction):
     # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
     # float32, those products precomputed per key head (ring_scalars="xla").
-    b, hv, hk, t, vs = _program(heads_per_key_head, block_v)
+    b, hv, hk, t, vs = _program(grid_order, heads_per_key_head, block_v)
     L, K = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -271,20 +298,22 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "ring_scalars", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "ring_scalars", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, ring_scalars, num_warps, num_stages, interpret):
+                   eviction, ring_scalars, grid_order, num_warps, num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
     rkx = (jnp.concatenate(ring_key_products(buffers.ring_k, slots, k[:, None], q[:, None]),
                            axis=2) if ring_scalars == "xla" else None)     # [b, Hk, 2, L]
     kernel = functools.partial(
-        _replay_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k, window=L,
-        fold_dot=fold_dot, precision=dot_precision(interpret), eviction=eviction)
+        _replay_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
+        block_k=block_k, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
+        eviction=eviction)
     o, *new = call(
-        kernel, name="gdn_replay_decode", grid=(batch, Hv, V // block_v),
+        kernel, name="gdn_replay_decode",
+        grid=launch_grid((batch, Hv, V // block_v), grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, s_in=buffers.checkpoint, rk_in=buffers.ring_k,
                     rd_in=buffers.ring_d, rg_in=buffers.ring_g, rkx_ref=rkx),
@@ -305,13 +334,13 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *,
-                   heads_per_key_head, block_v, block_k, window, num_tokens, fold_dot,
-                   precision, eviction):
+                   grid_order, heads_per_key_head, block_v, block_k, window, num_tokens,
+                   fold_dot, precision, eviction):
     # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
     # S0 q_t (the decode kernel's readout, T times). The key products (ring x window, window x
     # window) are per key head, not per program: they come precomputed (rkk/rkq/wkk/wkq_ref).
     # Every per-token value is a [bv] / [L] vector or a scalar (no [T, tile, chunk] products).
-    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+    b, hv, hk, _, vs = _program(grid_order, heads_per_key_head, block_v)
     L, K, T = window, s_in.shape[3], num_tokens
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -381,9 +410,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "num_warps", "num_stages", "interpret"))
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, num_warps, num_stages, interpret):
+                   eviction, grid_order, num_warps, num_stages, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool; the ring is
     not touched."""
@@ -395,11 +425,12 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)           # [b, Hk, T, T]
     wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
     kernel = functools.partial(
-        _verify_kernel, heads_per_key_head=Hv // Hk, block_v=block_v, block_k=block_k,
-        window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
+        _verify_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
+        block_k=block_k, window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret), eviction=eviction)
     return call(
-        kernel, name="gdn_replay_verify", grid=(batch, Hv, V // block_v),
+        kernel, name="gdn_replay_verify",
+        grid=launch_grid((batch, Hv, V // block_v), grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
                     s_in=buffers.checkpoint, rk_in=buffers.ring_k, rd_in=buffers.ring_d,
@@ -414,8 +445,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 # Baseline verify: T standard steps, one full state written per window token.
 # --------------------------------------------------------------------------------------------
 def _standard_verify_kernel(slots_ref, draft_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_in,
-                            o_ref, s_out, *, heads_per_key_head, block_v, num_tokens):
-    b, hv, hk, _, vs = _program(heads_per_key_head, block_v)
+                            o_ref, s_out, *, grid_order, heads_per_key_head, block_v,
+                            num_tokens):
+    b, hv, hk, _, vs = _program(grid_order, heads_per_key_head, block_v)
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     s = s_in[slot, hv, vs, :].astype(F32)             # [bv, K]
@@ -435,15 +467,17 @@ def _standard_verify_kernel(slots_ref, draft_ref, q_ref, k_ref, v_ref, g_ref, be
             s_out[dslot, hv, vs, :] = s.astype(s_out.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
-def _standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, block_v, num_warps,
-                     num_stages, interpret):
+@functools.partial(jax.jit, static_argnames=("block_v", "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
+def _standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, block_v, grid_order,
+                     num_warps, num_stages, interpret):
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
-    kernel = functools.partial(_standard_verify_kernel, heads_per_key_head=Hv // Hk,
-                               block_v=block_v, num_tokens=T)
+    kernel = functools.partial(_standard_verify_kernel, grid_order=grid_order,
+                               heads_per_key_head=Hv // Hk, block_v=block_v, num_tokens=T)
     return call(
-        kernel, name="gdn_standard_verify", grid=(batch, Hv, V // block_v),
+        kernel, name="gdn_standard_verify",
+        grid=launch_grid((batch, Hv, V // block_v), grid_order),
         inputs=dict(slots_ref=slots, draft_ref=draft_slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, s_in=state),
         outputs=dict(o_ref=like(v), s_out=like(state)),

@@ -1,12 +1,22 @@
 """Pallas Triton kernels for Mamba-2 decode and verify (`impl="pallas_triton"`, or "pallas").
 
-Grid (batch, H, P // block_p): one program per (row, head, P tile), which streams the state tile
-over d_state in chunks of block_n (a loop the Triton pipeliner overlaps: many loads in flight with
-few registers). Pools are passed whole and gathered by slot inside the kernel
-(`ref[slot, h, ...]`); the updated pools are aliased to their inputs so the step writes in place
-(donate them at the outer jit). Every load and store is a power-of-two block: the P tile divides P
-(P = 80 runs as five tiles of 16), N and L are powers of two. Bodies use only backend-neutral
-Pallas; the Triton specifics are in `_kernel_utils.compiler_params`.
+One program per (row, head, P tile), which streams the state tile over d_state in chunks of
+block_n (a loop the Triton pipeliner overlaps: many loads in flight with few registers). Pools are
+passed whole and gathered by slot inside the kernel (`ref[slot, h, ...]`); the updated pools are
+aliased to their inputs so the step writes in place (donate them at the outer jit). Every load and
+store is a power-of-two block: the P tile divides P (P = 80 runs as five tiles of 16), N and L are
+powers of two. Bodies use only backend-neutral Pallas; the Triton specifics are in
+`_kernel_utils.compiler_params`.
+
+Launch order (every tiling's `grid_order`, `_kernel_utils.launch_grid`): "row_fastest" launches
+the grid (batch, H, P // block_p), "row_slowest" (P // block_p, H, batch). The GPU hands out CTAs
+with the first grid axis (blockIdx.x) fastest, so "row_fastest" runs one head and tile of
+consecutive rows side by side, while the programs that share data are those of one row: the ring's
+B of a (slot, group) ([L, N], read by every head of the group and by every P tile), the row's B / C
+vectors, and its slot's state [H, P, N], one contiguous region. At batch 256 a row's programs are
+then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them adjacent. Not yet
+measured: the default stays "row_fastest" until the GPU says otherwise (`gpu_session.sh
+triton-tune`, `verify`).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.mamba2.api`) and resolve the tiling to concrete tiles.
@@ -26,10 +36,12 @@ from pallas_kernels._kernel_utils import F32 as _F32
 from pallas_kernels._kernel_utils import (
     call,
     dot_precision,
+    launch_grid,
     like,
     masked_window,
     n_chunks,
     outer_fold,
+    program_ids,
     ring_entries,
     stream,
     suffix_sums,
@@ -38,6 +50,7 @@ from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    GRID_ORDERS,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -49,11 +62,14 @@ from pallas_kernels.validation import (
 class Mamba2Tiling:
     """Launch configuration of the standard kernels. block_p and block_n bound the head-dim tile
     and the d_state chunk: a kernel uses the largest power of two dividing P (at least 4),
-    respectively N, up to them."""
+    respectively N, up to them. `grid_order`: the launch order of the programs, "row_fastest"
+    (the default until measured) or "row_slowest" (a row's programs adjacent: its ring / token
+    reads shared through L2, its slot's state read as one region; see the module docstring)."""
     block_p: int
     block_n: int
     num_warps: int
     num_stages: int = 2
+    grid_order: str = "row_fastest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +78,7 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     forms X^T diag(s) B: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
     (rank-1 updates) or "auto" (dot where it can); `state_eviction`, the L2 eviction policy of
     the checkpoint reads (`validation.EVICTION_POLICIES`: "evict_first" keeps the read-once
-    state from pushing the rings out of L2)."""
+    state from pushing the rings out of L2); `grid_order` as in `Mamba2Tiling`."""
     fold: str = "auto"
     state_eviction: str = "evict_normal"
 
@@ -83,13 +99,14 @@ def _tiles(tiling, default, P, N, window=None):
     """The launch keywords of a tiling (None: `default`) for head dim P and d_state N; with the
     ring window L, also the fold mode and the state's eviction policy."""
     t = resolve_tiling(tiling, default)
+    check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
                  block_n=bounded_block("block_n", "d_state N", N, t.block_n))
     if window is not None:
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
         check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
         tiles["eviction"] = t.state_eviction
-    return dict(tiles, num_warps=t.num_warps, num_stages=t.num_stages)
+    return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -113,8 +130,10 @@ def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, int
                             **_tiles(tiling, STANDARD_VERIFY_TILING, x.shape[3], B.shape[3]))
 
 
-def _row_head_tile(heads_per_group, block_p):
-    b, h, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _row_head_tile(grid_order, heads_per_group, block_p):
+    """(row b, head h, group g, P tile t, the tile's slice) of this program, launched by
+    `launch_grid((batch, H, P // block_p), grid_order)`."""
+    b, h, t = program_ids(grid_order)
     return b, h, h // heads_per_group, t, pl.ds(t * block_p, block_p)
 
 
@@ -122,8 +141,8 @@ def _row_head_tile(heads_per_group, block_p):
 # Standard decode: reads and writes the state of every row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
-                     y_ref, s_out, *, heads_per_group, block_p, block_n):
-    b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
+                     y_ref, s_out, *, grid_order, heads_per_group, block_p, block_n):
+    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     x = x_ref[b, h, ps].astype(_F32)                  # [bp]
@@ -143,16 +162,17 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
     y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
-                                             "interpret"))
-def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_warps,
-                     num_stages, interpret):
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
+def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, grid_order,
+                     num_warps, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
-    kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_p=block_p,
-                               block_n=block_n)
+    kernel = functools.partial(_standard_kernel, grid_order=grid_order, heads_per_group=H // G,
+                               block_p=block_p, block_n=block_n)
     return call(
-        kernel, name="mamba2_standard_decode", grid=(batch, H, P // block_p),
+        kernel, name="mamba2_standard_decode",
+        grid=launch_grid((batch, H, P // block_p), grid_order),
         inputs=dict(slots_ref=slots, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt, a_ref=A, d_ref=D,
                     s_in=state),
         outputs=dict(y_ref=like(x), s_out=like(state)),
@@ -165,8 +185,9 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, num_w
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
-                   heads_per_group, block_p, block_n, window, fold_dot, precision, eviction):
-    b, h, g, t, ps = _row_head_tile(heads_per_group, block_p)
+                   grid_order, heads_per_group, block_p, block_n, window, fold_dot, precision,
+                   eviction):
+    b, h, g, t, ps = _row_head_tile(grid_order, heads_per_group, block_p)
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -236,17 +257,20 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "num_warps", "num_stages", "interpret"))
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, num_warps, num_stages, interpret):
+                   eviction, grid_order, num_warps, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
     kernel = functools.partial(
-        _replay_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n, window=L,
-        fold_dot=fold_dot, precision=dot_precision(interpret), eviction=eviction)
+        _replay_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
+        block_n=block_n, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
+        eviction=eviction)
     y, *new = call(
-        kernel, name="mamba2_replay_decode", grid=(batch, H, P // block_p),
+        kernel, name="mamba2_replay_decode",
+        grid=launch_grid((batch, H, P // block_p), grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, s_in=buffers.checkpoint, rx_in=buffers.ring_x,
                     rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
@@ -264,13 +288,14 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 # other programs of the same group still read here).
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, heads_per_group,
-                   block_p, block_n, window, num_tokens, fold_dot, precision, eviction):
+                   bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, grid_order,
+                   heads_per_group, block_p, block_n, window, num_tokens, fold_dot, precision,
+                   eviction):
     # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
     # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
     # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
     # a [bp] / [L] vector or a scalar: no [T, tile, chunk] products (they spill registers).
-    b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
+    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
     L, N, T = window, s_in.shape[3], num_tokens
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -326,9 +351,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "num_warps", "num_stages", "interpret"))
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, num_warps, num_stages, interpret):
+                   eviction, grid_order, num_warps, num_stages, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
@@ -338,12 +364,13 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
                          precision=hi)                                 # [b, G, T, L]
     bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(f32), C.astype(f32), precision=hi)
     kernel = functools.partial(
-        _verify_kernel, heads_per_group=H // G, block_p=block_p, block_n=block_n,
-        window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
+        _verify_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
+        block_n=block_n, window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
         precision=dot_precision(interpret), eviction=eviction)
     ck = buffers.checkpoint
     return call(
-        kernel, name="mamba2_replay_verify", grid=(batch, H, P // block_p),
+        kernel, name="mamba2_replay_verify",
+        grid=launch_grid((batch, H, P // block_p), grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win, s_in=ck,
                     rx_in=buffers.ring_x, rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
@@ -356,9 +383,9 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 # Baseline verify: T standard steps, one full state written per window token.
 # --------------------------------------------------------------------------------------------
 def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
-                            s_in, y_ref, s_out, *, heads_per_group, block_p, block_n,
-                            num_tokens):
-    b, h, g, _, ps = _row_head_tile(heads_per_group, block_p)
+                            s_in, y_ref, s_out, *, grid_order, heads_per_group, block_p,
+                            block_n, num_tokens):
+    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     a = a_ref[h]
@@ -384,16 +411,18 @@ def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a
         y_ref[b, s, h, ps] = jnp.where(live, ys[s] + d_ref[h] * xs[s], 0.0).astype(y_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "num_warps", "num_stages",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_p", "block_n", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
 def _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, block_n,
-                     num_warps, num_stages, interpret):
+                     grid_order, num_warps, num_stages, interpret):
     batch, T, H, P = x.shape
     G = B.shape[2]
-    kernel = functools.partial(_standard_verify_kernel, heads_per_group=H // G, block_p=block_p,
-                               block_n=block_n, num_tokens=T)
+    kernel = functools.partial(_standard_verify_kernel, grid_order=grid_order,
+                               heads_per_group=H // G, block_p=block_p, block_n=block_n,
+                               num_tokens=T)
     return call(
-        kernel, name="mamba2_standard_verify", grid=(batch, H, P // block_p),
+        kernel, name="mamba2_standard_verify",
+        grid=launch_grid((batch, H, P // block_p), grid_order),
         inputs=dict(slots_ref=slots, draft_ref=draft_slots, x_ref=x, b_ref=B, c_ref=C,
                     dt_ref=dt, a_ref=A, d_ref=D, s_in=state),
         outputs=dict(y_ref=like(x), s_out=like(state)),

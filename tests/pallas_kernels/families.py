@@ -45,6 +45,8 @@ class Problem:
     MOSAIC_CHUNK: int | None      # the state chunk of the Mosaic GPU tests
     REPLAY_OPTIONS: list          # (id, overrides): the Triton replay tiling's options
     VERIFY_OPTIONS: dict          # the Triton verify tiling's options, all at once
+    TILE_FIELD: str               # the Triton tilings' field of the value / head-dim tile
+    ROW_SLOWEST = dict(grid_order="row_slowest")  # the launch order every Triton tiling takes
 
     def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
         self.rng = np.random.default_rng(seed)
@@ -106,8 +108,11 @@ class Mamba2(Problem):
     STATE_SCALE = 0.5
     BF16_RING = BF16              # the ring holds activations that are bf16 already
     COMPUTED_RING = ()
-    REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first"))]
-    VERIFY_OPTIONS = dict(state_eviction="evict_first")
+    REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first")),
+                      ("row-slowest", Problem.ROW_SLOWEST)]
+    TILE_FIELD = "block_p"
+    # two P tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order
+    VERIFY_OPTIONS = dict(state_eviction="evict_first", block_p=8, **Problem.ROW_SLOWEST)
     STANDARD_CASES = [("grouped", dict(H=4, P=16, N=16, G=2), {}),
                       ("p80", dict(H=2, P=80, N=32, G=1), dict(chunk=16))]  # 5 P tiles of 16
     REPLAY_DIMS = dict(H=4, P=16, N=32, G=2)
@@ -176,8 +181,11 @@ class GDN(Problem):
     REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first")),
                       ("xla-scalars", dict(ring_scalars="xla")),
                       ("xla-scalars-evict-first", dict(ring_scalars="xla",
-                                                       state_eviction="evict_first"))]
-    VERIFY_OPTIONS = dict(state_eviction="evict_first")
+                                                       state_eviction="evict_first")),
+                      ("row-slowest", Problem.ROW_SLOWEST)]
+    TILE_FIELD = "block_v"
+    # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order
+    VERIFY_OPTIONS = dict(state_eviction="evict_first", block_v=8, **Problem.ROW_SLOWEST)
     STANDARD_CASES = [("grouped", dict(Hk=2, Hv=4, K=16, V=16), {}),
                       ("tiled", dict(Hk=1, Hv=2, K=32, V=32), dict(block_v=16))]
     REPLAY_DIMS = dict(Hk=2, Hv=4, K=32, V=16)

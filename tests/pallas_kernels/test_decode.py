@@ -48,7 +48,16 @@ def jitted(ops, fn_name, **kw):
     return jax.jit(functools.partial(fn, **kw), donate_argnums=(0,))
 
 
-@pytest.mark.parametrize("family,case,impl", impl_cases("STANDARD_CASES"))
+def _standard_params():
+    """Every standard case with each implementation, plus the Triton kernel launched row-slowest
+    on each family's last case (several tiles: every launch axis > 1)."""
+    return impl_cases("STANDARD_CASES") + [
+        pytest.param(f, (f"{c[0]}-row-slowest", c[1], {**c[2], **f.ROW_SLOWEST}), "pallas",
+                     id=f"{name}-{c[0]}-row-slowest-pallas")
+        for name, f in FAMILIES.items() for c in f.STANDARD_CASES[-1:]]
+
+
+@pytest.mark.parametrize("family,case,impl", _standard_params())
 def test_standard_decode_matches_recurrence(family, case, impl, interpret):
     _, dims, tiles = case
     pb = family(0, **impl_dims(family, dims, impl))

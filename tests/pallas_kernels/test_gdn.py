@@ -67,6 +67,14 @@ def test_bad_tiles_are_named():
     with pytest.raises(ValueError, match=r"state_eviction must be one of 'evict_normal', "):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", state_eviction="first"))
+    bad_order = r"grid_order must be one of 'row_fastest', 'row_slowest', got 'head_fastest'"
+    with pytest.raises(ValueError, match=bad_order):
+        gdn.replay_decode(**args, impl="pallas",
+                          tiling=GDN(1).tiling("replay", grid_order="head_fastest"))
+    pb = GDN(1)
+    with pytest.raises(ValueError, match=bad_order):                  # the baseline's too
+        gdn.standard_decode(pb.random_state(), *pb.step_inputs(2), jnp.asarray([1, 2], jnp.int32),
+                            impl="pallas", tiling=pb.tiling("standard", grid_order="head_fastest"))
 
 
 @pytest.mark.parametrize("K,V,tiling,match", [

@@ -48,6 +48,20 @@ def test_bad_shapes_and_tilings_are_named(P, N, tiling, match):
                                jnp.asarray([1, 2], jnp.int32), impl="pallas", tiling=tiling)
 
 
+@pytest.mark.parametrize("kind", ["standard", "replay"])
+def test_bad_grid_order_is_named(kind):
+    pb = Mamba2(1)
+    args = _valid_args(pb)
+    tiling = pb.tiling(kind, grid_order="head_fastest")
+    with pytest.raises(ValueError, match=r"grid_order must be one of 'row_fastest', "
+                                         r"'row_slowest', got 'head_fastest'"):
+        if kind == "standard":
+            mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
+                                   args["slots"], impl="pallas", tiling=tiling)
+        else:
+            mamba2.replay_decode(**args, impl="pallas", tiling=tiling)
+
+
 def test_unknown_impl_is_named():
     pb = Mamba2(1)
     with pytest.raises(ValueError, match=r"impl must be one of"):

@@ -1,6 +1,7 @@
 """The Triton replay kernels lower for an H200 (sm90) at real model shapes, without a GPU, and
 their Triton IR reads the ring with masked loads (entries past the count are never fetched) and
-the checkpoint with the tiling's L2 eviction policy.
+the checkpoint with the tiling's L2 eviction policy; the kernels of both families launch their
+grid in the tiling's `grid_order`.
 
 Pallas lowers a Triton kernel to Triton IR in Python (an abstract H200 stands in for the GPU);
 only Triton's own compile to PTX happens on the GPU, so what the IR says is what runs.
@@ -28,8 +29,9 @@ H200 = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=mesh_lib.AbstractDevi
 sds = jax.ShapeDtypeStruct
 
 
-def triton_loads(fn, *args):
-    """The `tt.load` lines of the one Triton kernel `fn` lowers to for an H200."""
+def triton_kernel(fn, *args):
+    """(launch grid (x, y, z), `tt.load` lines) of the one Triton kernel `fn` lowers to for an
+    H200."""
     with jax.sharding.use_abstract_mesh(H200):
         module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
     calls = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
@@ -39,7 +41,8 @@ def triton_loads(fn, *args):
     tt.register_dialect(ctx)
     with ctx:
         text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
-    return [line.strip() for line in text.splitlines() if "tt.load" in line]
+    grid = tuple(ir.IntegerAttr(config[f"grid_{a}"]).value for a in "xyz")
+    return grid, [line.strip() for line in text.splitlines() if "tt.load" in line]
 
 
 def _ops(op):
@@ -76,6 +79,27 @@ def mamba2_args(T=None):
             sds((B,), I32))
 
 
+def default_tiling(ops, op):
+    return {"replay_decode": ops.REPLAY_TILING, "replay_verify": ops.VERIFY_TILING,
+            "standard_decode": ops.STANDARD_TILING,
+            "standard_verify": ops.STANDARD_VERIFY_TILING}[op]
+
+
+def op_args(ops, op):
+    """Abstract arguments of `op` at the family's real shape (replay buffers, or the state pool
+    and, for the baseline verify, the draft slots)."""
+    args = (gdn_args if ops is gdn else mamba2_args)(None if op.endswith("decode") else T)
+    if op.startswith("standard"):
+        args = (args[0].checkpoint, *args[2:])
+    return args + ((sds((B, T), I32),) if op == "standard_verify" else ())
+
+
+# (batch, heads, tiles) of the real shapes at the default tilings: GDN Hv = 32, V = 128 in value
+# tiles of 64 (standard: 128); Mamba-2 H = 128, P = 64 in one tile (standard: two of 32).
+LOGICAL_GRIDS = {(gdn, "replay"): (B, 32, 2), (gdn, "standard"): (B, 32, 1),
+                 (mamba2, "replay"): (B, 128, 1), (mamba2, "standard"): (B, 128, 2)}
+
+
 # (family, op, tiling overrides, masked ring loads: the [L, tile] ring vectors and the [L]
 # scalars read once, and the ring's keys / B in the state pass and in the fold)
 CASES = [
@@ -93,14 +117,31 @@ CASES = [
                               for c in CASES])
 def test_replay_kernels_mask_ring_loads(ops, op, overrides, n_masked, eviction):
     """Real shapes (Qwen3-Next GDN, Nemotron-H-8B Mamba-2), batch 256, L = 16, T = 4."""
-    default = ops.REPLAY_TILING if op == "replay_decode" else ops.VERIFY_TILING
-    tiling = dataclasses.replace(default, state_eviction=eviction, **overrides)
-    args = (gdn_args if ops is gdn else mamba2_args)(None if op == "replay_decode" else T)
+    tiling = dataclasses.replace(default_tiling(ops, op), state_eviction=eviction, **overrides)
     fn = functools.partial(getattr(ops, op), impl="pallas_triton", tiling=tiling,
                            interpret=False)
-    loads = triton_loads(fn, *args)
+    grid, loads = triton_kernel(fn, *op_args(ops, op))
+    assert grid == LOGICAL_GRIDS[ops, "replay"]       # row_fastest: blockIdx.x is the row
     assert len(masked(loads)) == n_masked, loads
     assert all(ld.split(" : ")[1].startswith(f"tensor<{L}") for ld in masked(loads)), loads
     evicting = [ld for ld in loads if "evict_first" in ld]
     # the checkpoint tile [tile, chunk] in the state pass: one load, or one per window token
     assert len(evicting) == (eviction == "evict_first"), loads
+
+
+GRID_CASES = [(ops, op, n_masked) for ops, op, overrides, n_masked in CASES if not overrides] + [
+    (ops, op, 0) for ops in (gdn, mamba2) for op in ("standard_decode", "standard_verify")]
+
+
+@pytest.mark.parametrize("ops,op,n_masked", GRID_CASES,
+                         ids=[f"{c[0].__name__.split('.')[-1]}-{c[1]}" for c in GRID_CASES])
+def test_row_slowest_launches_a_rows_programs_together(ops, op, n_masked):
+    """grid_order="row_slowest" launches (tiles, heads, batch): blockIdx.x, which the GPU hands
+    out fastest, is the tile, then the head, so one row's programs are adjacent; the kernel reads
+    the same masked ring entries as in the default order."""
+    tiling = dataclasses.replace(default_tiling(ops, op), grid_order="row_slowest")
+    fn = functools.partial(getattr(ops, op), impl="pallas_triton", tiling=tiling,
+                           interpret=False)
+    grid, loads = triton_kernel(fn, *op_args(ops, op))
+    assert grid == LOGICAL_GRIDS[ops, op.split("_")[0]][::-1]
+    assert len(masked(loads)) == n_masked, loads

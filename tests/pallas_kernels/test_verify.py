@@ -127,11 +127,13 @@ def test_verify_equals_stepping_decode(family, T, impl, interpret):
     assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,row_slowest", [*((i, False) for i in IMPLS), ("pallas", True)],
+                         ids=[*IMPLS, "pallas-row-slowest"])
 @each_family
-def test_state_per_draft_baseline(family, impl, interpret):
+def test_state_per_draft_baseline(family, impl, row_slowest, interpret):
     """The baseline writes the state after every window token to its draft slot; rollback picks
-    draft_slots[n - 1]. Its outputs equal replay verify's; the null slot stays untouched."""
+    draft_slots[n - 1]. Its outputs equal replay verify's; the null slot stays untouched.
+    `row_slowest`: the baseline's Triton kernel launched row-slowest, in two tiles of 8."""
     T, L = 4, 16
     pb = family(21, batch=2, num_slots=12)
     bufs, counts, oracle = pb.make_replay_state(L, F32, F32)
@@ -142,7 +144,10 @@ def test_state_per_draft_baseline(family, impl, interpret):
         jnp.asarray(oracle[2], F32))
     window = pb.window_inputs(T)
     kw = impl_kw(impl, interpret)
-    out, state = pb.ops.standard_verify(state, *window, *pb.consts, slots, draft, **kw)
+    tiling = (pb.tiling("standard_verify", **{family.TILE_FIELD: 8}, **family.ROW_SLOWEST)
+              if row_slowest else None)
+    out, state = pb.ops.standard_verify(state, *window, *pb.consts, slots, draft,
+                                        **impl_kw(impl, interpret, tiling))
     out_rep, _ = pb.ops.replay_verify(bufs, counts, *window, *pb.consts, slots, **kw)
     assert rel_err(out, out_rep) < TOL
     for r, s in enumerate([1, 2]):
