@@ -6,9 +6,13 @@
 #   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic
 #   triton-tune - the Triton replay decode's tiling options at batch 256 (staggered counts), to
 #              pick their defaults: state_eviction "evict_first" (the checkpoint read once, kept
-#              from pushing the rings out of L2) and, GDN, ring_scalars "xla" (k_j . k, k_j . q
-#              by one einsum per step instead of every program reading the ring keys); < 5 min
-#   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families
+#              from pushing the rings out of L2), GDN ring_scalars "xla" (k_j . k, k_j . q by one
+#              einsum per step instead of every program reading the ring keys) and grid_order
+#              "row_slowest" (a row's programs launched together, tile fastest: its ring reads
+#              shared through L2; the standard kernel, the baseline, launched the same way);
+#              < 7 min
+#   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
+#              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200
@@ -115,12 +119,17 @@ case $stage in
         --json "$out/kernels_$fam.json" 2>>"$out/kernels.log"
     done ;;
   triton-tune)
-    limit 120 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
-      --tune '[{}, {"state_eviction": "evict_first"}]' \
+    # (a --tune entry's fields the standard tiling has apply to the standard kernel too)
+    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
+      --tune '[{}, {"state_eviction": "evict_first"}, {"grid_order": "row_slowest"},
+               {"grid_order": "row_slowest", "state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|"
-    limit 150 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
+    limit 200 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
       --tune '[{}, {"state_eviction": "evict_first"}, {"ring_scalars": "xla"},
-               {"ring_scalars": "xla", "state_eviction": "evict_first"}]' \
+               {"ring_scalars": "xla", "state_eviction": "evict_first"},
+               {"grid_order": "row_slowest"},
+               {"grid_order": "row_slowest", "ring_scalars": "xla",
+                "state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
     for fam in mamba2 gdn; do
@@ -139,6 +148,13 @@ case $stage in
     python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
       --tune '[{}, {"block_k_long": 32}, {"block_k_long": 64}, {"num_warps": 2}]' \
       2>>"$out/verify.log" | grep "^|"
+    # both kernels launched row-slowest (against the {} rows above: the same order on both sides)
+    python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b --tokens 4 \
+      --batches 256 --tune '[{"grid_order": "row_slowest"}]' \
+      --tune-baseline '[{"grid_order": "row_slowest"}]' 2>>"$out/verify.log" | grep "^|"
+    python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
+      --tune '[{"grid_order": "row_slowest"}]' \
+      --tune-baseline '[{"grid_order": "row_slowest"}]' 2>>"$out/verify.log" | grep "^|"
     for fam in mamba2 gdn; do
       python3 -m replayjax.bench.verify --family $fam --batches 1 32 256 \
         --json "$out/verify_$fam.json" 2>>"$out/verify.log"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from replayjax.commandline import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_session.sh"
 
@@ -104,6 +106,19 @@ def _test_ids_exist(args) -> list[str]:
     return problems
 
 
+def _tilings_exist(module_name, argv) -> list[str]:
+    """Problems with the tiling sweeps of a benchmark that checks them without a GPU (its
+    `check_tilings`): a field its tilings do not have."""
+    module = importlib.import_module(module_name)
+    if not hasattr(module, "check_tilings"):
+        return []
+    try:
+        module.check_tilings(module.parse_args(argv))
+    except UserError as e:
+        return [f"{module_name} {' '.join(argv)}: {e}"]
+    return []
+
+
 def check_call(argv) -> list[str]:
     """Problems with one recorded python3 call (argv after `python3`)."""
     if argv[:1] == ["-c"]:
@@ -115,8 +130,9 @@ def check_call(argv) -> list[str]:
         calls = [argv[2:]]
         if argv[1] == "replayjax.cli" and argv[2:3] == ["launch"] and "--" in argv:
             calls.append(argv[argv.index("--") + 1:])      # the launched command too
-        return [f"{argv[1]} {' '.join(a)}: {err}" for a in calls
-                if (err := _parses(main, a)) is not None]
+        problems = [f"{argv[1]} {' '.join(a)}: {err}" for a in calls
+                    if (err := _parses(main, a)) is not None]
+        return problems or _tilings_exist(argv[1], argv[2:])
     if argv[0].startswith("scripts/"):
         err = _parses(_script_main(ROOT / argv[0]), argv[1:])
         return [] if err is None else [f"{' '.join(argv)}: {err}"]

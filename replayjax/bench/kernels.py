@@ -261,16 +261,22 @@ def check_tiling(flag: str, overrides: dict, base):
             raise cli.UserError(f"{flag}: field {k!r} must be a {want.__name__}, got {v!r}")
 
 
-def _run(args):
-    import jax
-    cli.output_path("--json", args.json)
-    fam = FAMILIES[args.family]()
+def check_tilings(args):
+    """UserError unless --std-config, --replay-config and every --tune entry name fields of their
+    tilings (no GPU needed: the dry run of `scripts/gpu_session.sh` checks its sweeps with it)."""
     for impl in args.impls:
-        bases = base_tilings(fam.ops(), impl)
+        bases = base_tilings(FAMILIES[args.family]().ops(), impl)
         check_tiling("--std-config", args.std_config, bases[0])
         check_tiling("--replay-config", args.replay_config, bases[1])
         for cfg in args.tune or ():
             check_tiling("--tune", cfg, bases[1])
+
+
+def _run(args):
+    import jax
+    cli.output_path("--json", args.json)
+    fam = FAMILIES[args.family]()
+    check_tilings(args)
     cli.require_gpu()
     shapes = args.shapes or list(fam.shapes)
     ring = args.ring_dtype or fam.default_ring

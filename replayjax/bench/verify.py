@@ -197,15 +197,22 @@ def parse_args(argv=None):
     return args
 
 
+def check_tilings(args):
+    """UserError unless every --tune / --tune-baseline entry names fields of its tiling (no GPU
+    needed: the dry run of `scripts/gpu_session.sh` checks its sweeps with it)."""
+    ops = FAMILIES[args.family]().ops()
+    for impl in args.impls:
+        for cfg in args.tune:
+            check_tiling("--tune", cfg, verify_tiling(ops, impl))
+    for cfg in args.tune_baseline:
+        check_tiling("--tune-baseline", cfg, ops.STANDARD_VERIFY_TILING)
+
+
 def _run(args):
     import jax
     cli.output_path("--json", args.json)
     fam = FAMILIES[args.family]()
-    for impl in args.impls:
-        for cfg in args.tune:
-            check_tiling("--tune", cfg, verify_tiling(fam.ops(), impl))
-    for cfg in args.tune_baseline:
-        check_tiling("--tune-baseline", cfg, fam.ops().STANDARD_TILING)
+    check_tilings(args)
     cli.require_gpu()
     ring = args.ring_dtype or fam.default_ring
     shapes = args.shapes or list(fam.shapes)
