@@ -128,9 +128,10 @@ _MIN_BLOCK_V = 4
 
 
 def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
-    """The launch keywords of a tiling (None: `default`) for value dim V; with key dim K and the
-    ring window L, also the key chunk (for a window of `num_tokens`), the fold mode, the state's
-    eviction policy and (replay decode) where the ring scalars come from."""
+    """The launch keywords of a tiling (None: `default`) for value dim V (tiles, launch order,
+    warps, stages); with key dim K and the ring window L, also the key chunk (for a window of
+    `num_tokens`), the fold mode, the state's eviction policy and (replay decode) where the ring
+    scalars come from."""
     t = resolve_tiling(tiling, default)
     check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))

@@ -96,8 +96,9 @@ _MIN_BLOCK_P = 4
 
 
 def _tiles(tiling, default, P, N, window=None):
-    """The launch keywords of a tiling (None: `default`) for head dim P and d_state N; with the
-    ring window L, also the fold mode and the state's eviction policy."""
+    """The launch keywords of a tiling (None: `default`) for head dim P and d_state N (tiles,
+    launch order, warps, stages); with the ring window L, also the fold mode and the state's
+    eviction policy."""
     t = resolve_tiling(tiling, default)
     check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
