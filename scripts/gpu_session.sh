@@ -69,7 +69,8 @@
 #              at three launch sizes, with the per-kernel breakdown (sets router.TILING.logits
 #              and MAX_TOKENS)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
-#   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP)
+#   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP),
+#              and the Mosaic GPU kernels under shard_map (test_mosaic_in_model.py)
 #   tp-check - TP = 2 tokens = TP = 1 on synthetic Nemotron-H-8B and Qwen3.5-9B (fp32) and on
 #              every fixture with speculation; the two-process run (`replayjax launch`) = one
 #   tp-8b    - decode step at batch 256, Nemotron-H-8B dims, TP = 2 vs TP = 1 (target <= 0.6x);
@@ -244,7 +245,7 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
   tp)
     REPLAYJAX_TEST_BACKEND=gpu timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/models/test_tp.py 2>&1 | tail -8 ;;
+      tests/models/test_tp.py tests/models/test_mosaic_in_model.py 2>&1 | tail -8 ;;
   tp-check)
     for m in nemotron-h-8b qwen3.5-9b; do
       limit 150 python3 scripts/tp_check.py --synthetic $m --dtype float32 --tp 2 --batch 8 \
