@@ -46,6 +46,7 @@ class ServerState:
     served: ServedModel
     metrics: Metrics
     max_queue: int
+    max_body_bytes: int = 16_000_000        # a request body past this answers 413 (16 MB)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
     live: set = dataclasses.field(default_factory=set)        # Generations in flight
@@ -108,11 +109,31 @@ class ServerState:
 
 # ---------------------------------------------------------------------- generation endpoints
 
-async def _json_body(request: Request):
-    """The parsed body (ApiError 400 when it is not JSON, nests past the parser's depth limit, or
-    holds a string that is not valid Unicode)."""
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, read no further than `limit` bytes (ApiError 413 past it, whether the
+    client declared its length or streams it chunked): a client cannot make the server hold an
+    unbounded body."""
+    too_large = ApiError(f"The request body exceeds this server's limit of {limit} bytes "
+                         f"(replayjax serve --max-request-mb).", status=413,
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _json_body(request: Request, limit: int):
+    """The parsed body (ApiError 413 past `limit` bytes; 400 when it is not JSON, nests past the
+    parser's depth limit, or holds a string that is not valid Unicode)."""
+    raw = await _read_body(request, limit)
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except RecursionError:
         raise ApiError("The JSON body of your request nests too deeply.") from None
     except (ValueError, UnicodeDecodeError):
@@ -183,9 +204,12 @@ async def _chunks(st: ServerState, gen: Generation, reply: Reply, disconnected):
 async def _generate(request: Request, chat: bool):
     st: ServerState = request.app.state.server
     try:
-        body = await _json_body(request)
-        params = (protocol.parse_chat(body, st.served, st.render) if chat else
-                  protocol.parse_completion(body, st.served, st.encode))
+        body = await _json_body(request, st.max_body_bytes)
+        # parsing tokenizes (and renders a chat template): in a worker thread, so a long prompt
+        # does not stall the event loop and with it every running stream
+        params = await asyncio.to_thread(
+            protocol.parse_chat if chat else protocol.parse_completion, body, st.served,
+            st.render if chat else st.encode)
         reply = Reply.new(chat, st.served.name)
         gen = st.admit(params, reply)
     except ApiError as e:

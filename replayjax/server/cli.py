@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests decoded together")
     ap.add_argument("--max-queue", type=cli.at_least(1), default=256,
                     help="requests waiting for a slot before new ones get 429")
+    ap.add_argument("--max-request-mb", type=cli.number(0, lo_open=True), default=16.0,
+                    metavar="MB", help="largest request body accepted (a larger one gets a 413)")
     ap.add_argument("--max-len", type=cli.at_least(16), default=2048,
                     help="cache length per slot: prompt + generated tokens (+ drafts)")
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=8,
@@ -202,7 +204,8 @@ def build_state(args):
     worker = EngineWorker(engine)
     return ServerState(worker=worker, tokenizer=tokenizer, chat_template=template,
                        served=served, metrics=Metrics(worker.load, args.num_draft),
-                       max_queue=args.max_queue)
+                       max_queue=args.max_queue,
+                       max_body_bytes=int(args.max_request_mb * 1e6))
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -126,3 +126,18 @@ def test_bodies_json_accepts_but_no_request_can_use_are_400():
     assert err["param"] == "messages"
     r = post('{"model": "stub", "prompt": "\\ud83d\\ude00", "max_tokens": 2}')   # a pair: fine
     assert r.status_code == 200, r.text
+
+
+def test_bodies_past_the_limit_are_413_declared_or_streamed():
+    """The server reads at most max_body_bytes of a body: past it, a 413 in OpenAI's shape,
+    whether the client declared the length or streamed the body chunked; under it, served."""
+    c, state = client(StubWorker())
+    state.max_body_bytes = 1000
+    big = '{"model": "stub", "prompt": "' + "a" * 2000 + '"}'
+    headers = {"content-type": "application/json"}
+    for content in (big, (big[i:i + 100].encode() for i in range(0, len(big), 100))):
+        err = error(c.post("/v1/completions", content=content, headers=headers), 413)
+        assert err["code"] == "request_too_large" and "1000 bytes" in err["message"]
+    r = c.post("/v1/completions", content='{"model": "stub", "prompt": "ab", "max_tokens": 2}',
+               headers=headers)
+    assert r.status_code == 200, r.text

@@ -25,6 +25,7 @@ from replayjax.server import cli
     (["--speculative", "ngram", "--window", "1"], "needs --window >= 2"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be a finite number >= 0"),
     (["--shutdown-timeout", "inf"], "--shutdown-timeout: must be a finite number >= 0"),
+    (["--max-request-mb", "0"], "--max-request-mb: must be a finite number > 0"),
     (["--served-model-name", " "], "--served-model-name: must not be empty"),
     (["--ssm-mode", "fast"], "argument --ssm-mode: invalid choice"),
     (["--synthetic", "gpt-9"], "argument --synthetic: invalid choice"),
