@@ -23,13 +23,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.validation import bounded_block, check, resolve_tiling
+from pallas_kernels.validation import bounded_block, check, check_choice, resolve_tiling
 
 F32 = jnp.float32
 # One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
 TILE_ROWS = 64
 ROW = plgpu.Layout.WGMMA.reduce(1)        # [64] vectors: one value per tile row
 COL = plgpu.Layout.WGMMA.reduce(0)        # [n] vectors: one value per tile column
+# What a replay kernel's CTA does before its state stream (a tiling's `prologue`): "serial"
+# lands its vectors and walks the ring first; "overlap" starts the stream at once (the module
+# docstrings of the families say more).
+PROLOGUES = ("serial", "overlap")
 
 
 def rows(v, shape):
@@ -51,13 +55,32 @@ def select(pred, on_true, on_false):
     return jnp.where(lax.broadcast_in_dim(pred, jnp.shape(on_true), ()), on_true, on_false)
 
 
-def load_all(bars, *copies):
+def issue_all(bars, *copies):
     """TMA copies GMEM -> SMEM, (src, dst) each, all in flight at once (copy i completes
-    barrier i of `bars`); returns when all have landed."""
+    barrier i of `bars`), without waiting: returns copy i's barrier at index i, to wait on once
+    (`wait_all`) before its dst is read."""
     for i, (src, dst) in enumerate(copies):
         plgpu.copy_gmem_to_smem(src, dst, bars.at[i])
-    for i in range(len(copies)):
-        plgpu.barrier_wait(bars.at[i])
+    return [bars.at[i] for i in range(len(copies))]
+
+
+def wait_all(landed):
+    """Waits until the copies of the barriers `landed` (from `issue_all`) have landed."""
+    for bar in landed:
+        plgpu.barrier_wait(bar)
+
+
+def load_all(bars, *copies):
+    """`issue_all` then `wait_all`: returns when every copy has landed."""
+    wait_all(issue_all(bars, *copies))
+
+
+def wait_on_first_step(n, landed):
+    """In a pipeline body at step n: waits for the copies of `landed` on step 0 only (a barrier
+    completes once; the later steps read what step 0 saw land)."""
+    @pl.when(n == 0)
+    def _():
+        wait_all(landed)
 
 
 # A TMA copy's size and GMEM offset are multiples of 16 bytes; its SMEM address is 128-byte
@@ -164,10 +187,11 @@ def auto_takes(op, auto_ops, resolve) -> bool:
 
 
 def resolve_tiles(tiling, default, *, field, rows, chunk, max_chunk, state_dtype):
-    """A family's validated launch tiles {field: state chunk width, "num_stages": n} for `tiling`
-    (None: `default`): rows = (name, size) of the state dim the CTAs split into one warpgroup's
-    64-row tiles; chunk = (name, size) of the dim streamed in chunks of `field` (at most
-    `max_chunk`: its vectors are one TMA box each). Names end in the dim's letter ("d_state N")."""
+    """A family's validated launch tiles {field: state chunk width, "num_stages": n,
+    "prologue": one of PROLOGUES} for `tiling` (None: `default`): rows = (name, size) of the
+    state dim the CTAs split into one warpgroup's 64-row tiles; chunk = (name, size) of the dim
+    streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box each). Names
+    end in the dim's letter ("d_state N")."""
     t = resolve_tiling(tiling, default)
     (rows_name, R), (chunk_name, C) = rows, chunk
     check(R % TILE_ROWS == 0, f"pallas_mosaic_gpu needs {rows_name} a multiple of {TILE_ROWS}, "
@@ -175,8 +199,9 @@ def resolve_tiles(tiling, default, *, field, rows, chunk, max_chunk, state_dtype
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
+    check_choice("prologue", t.prologue, PROLOGUES)
     return {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
-            "num_stages": t.num_stages}
+            "num_stages": t.num_stages, "prologue": t.prologue}
 
 
 def state_layout(block, dtype):

@@ -27,6 +27,16 @@ the state's precision and a 3-pass tf32 split is not worth it for a pass that ru
 steps. Non-fold steps append (k, d, g) to the ring (k from the key head's first value head, g
 from its first V tile).
 
+Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x K
+checkpoint tile (32 KiB in fp32), so what it does before the first state chunk is requested
+shows in the kernel's time. "serial" (the default) lands the token's vectors, the ring's d rows
+and the walk's scalars, walks the ring, and only then starts the checkpoint pipeline: a TMA
+round trip plus up to L - 1 walk steps before a state byte is asked for. "overlap" issues the
+same copies without waiting and starts the pipeline at once (its first state chunks go out
+behind them); the readout waits for k and q on its first step only, and the rest (v, the ring,
+the walk) follows the readout: the walk's terms enter only after it (S k = e^{sum g} S0 k + the
+ring's part). Both compute the same sums in the same order: the outputs are equal.
+
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
 window's d come by forward substitution over the precomputed window products k_r . k_t and
@@ -60,6 +70,7 @@ from pallas_kernels._mosaic_utils import (
     auto_takes,
     chunk,
     cols,
+    issue_all,
     load_all,
     mosaic_call,
     resolve_tiles,
@@ -69,6 +80,8 @@ from pallas_kernels._mosaic_utils import (
     state_layout,
     state_spec,
     store_async,
+    wait_all,
+    wait_on_first_step,
     write_chunk,
     write_out,
     zeros_row,
@@ -84,9 +97,13 @@ class GDNMosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_k bounds the key chunk the state
     tile is copied in (the largest power of two dividing K up to it: at least 8, and 16 for a
     bf16 state), num_stages the replay pipelines' chunks in flight (the standard kernel has all
-    of its tile in flight). The V tile is one warpgroup's 64 rows."""
+    of its tile in flight). The V tile is one warpgroup's 64 rows. prologue (replay decode and
+    verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
+    ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
+    after it (module docstring; the same sums)."""
     block_k: int
     num_stages: int = 2
+    prologue: str = "serial"
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -251,7 +268,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem,
                    rk_smem, out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages):
+                   num_stages, prologue):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
@@ -266,9 +283,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
         (rkq_ref.at[b, hk], sv.ring_kq))
     # The token's v, k, q, the ring's d rows and the walk's scalars, all in flight at once.
-    load_all(bars, (v_ref.at[b, hv, vs], sv.v), (rd_ref.at[slot, hv, :, vs], rd_smem),
-             (k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q), *walk_copies)
-    v = plgpu.load(sv.v, layout=ROW).astype(F32)
+    copies = ((v_ref.at[b, hv, vs], sv.v), (rd_ref.at[slot, hv, :, vs], rd_smem),
+              (k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q), *walk_copies)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -279,12 +295,26 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     def through_ring(j, ej, acc):
         dj = ring_d(j)
         return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
-    total, (sk_ring, sq_ring) = walk(through_ring, (zeros_row(), zeros_row()))
-    big_e = jnp.exp(total)
+
+    def landed_part():
+        """v [64], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
+        copies landed, the readout aside."""
+        v = plgpu.load(sv.v, layout=ROW).astype(F32)
+        total, ring = walk(through_ring, (zeros_row(), zeros_row()))
+        return v, jnp.exp(total), ring
+
+    overlap = prologue == "overlap"
+    if overlap:                   # the state stream first; the readout waits for k and q
+        landed = issue_all(bars, *copies)
+    else:
+        load_all(bars, *copies)
+        v, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
+        if overlap:
+            wait_on_first_step(n, landed[2:4])              # copies 2, 3: k, q
         s = s_smem[...].astype(F32)
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
@@ -296,6 +326,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
         max_concurrent_steps=num_stages, init_carry=(zeros_row(), zeros_row()),
     )(tile)
+    if overlap:                   # the rest landed while the state streamed: now the walk
+        wait_all(landed[:2] + landed[4:])
+        v, big_e, (sk_ring, sq_ring) = landed_part()
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [64]
     write_out(alpha * sq + kq_ref[b, hk] * d, live, sv.v, o_ref.at[b, hv, vs])
@@ -327,8 +360,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "interpret"))
-def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages,
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
                    interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
@@ -344,7 +377,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -377,7 +410,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages):
+                   heads_per_key_head, block_k, num_stages, prologue):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
@@ -392,11 +425,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (rkq_ref.at[b, hk], sv.ring_kq))
     # The window's v, k, q rows one 1-D copy each (into the pack, not [T, n] buffers of their
     # own), the ring's d rows [L, 64] and the walk's scalars.
-    load_all(bars, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
-             *((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
-             *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T)),
-             (rd_ref.at[slot, hv, :, vs], rd_smem), *walk_copies)
-    vs_ = [plgpu.load(sv.v[t], layout=ROW).astype(F32) for t in range(T)]
+    copies = (*((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
+              *((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
+              *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T)),
+              (rd_ref.at[slot, hv, :, vs], rd_smem), *walk_copies)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -409,12 +441,25 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         return tuple(tuple(acc_t + (ej * prod(t * L + j)) * dj for t, acc_t in enumerate(a))
                      for prod, a in zip(ring_products, acc))
     zt = (zeros_row(),) * T
-    total, (sk_ring, sq_ring) = walk(through_ring, (zt, zt))
-    big_e = jnp.exp(total)
+
+    def landed_part():
+        """The v_t, exp of the ring's g sum and the ring's parts (as the decode's)."""
+        vs_ = [plgpu.load(sv.v[t], layout=ROW).astype(F32) for t in range(T)]
+        total, ring = walk(through_ring, (zt, zt))
+        return vs_, jnp.exp(total), ring
+
+    overlap = prologue == "overlap"
+    if overlap:                   # as the decode: the readout waits for the k_t and q_t
+        landed = issue_all(bars, *copies)
+    else:
+        load_all(bars, *copies)
+        vs_, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
+        if overlap:
+            wait_on_first_step(n, landed[T:3 * T])          # the k_t, q_t
         s = s_smem[...].astype(F32)
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
         return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x[t], n, block_k), s.shape), axis=1)
@@ -424,6 +469,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
         max_concurrent_steps=num_stages, init_carry=(zt, zt),
     )(tile)
+    if overlap:                   # the rest, then the walk
+        wait_all(landed[:T] + landed[3 * T:])
+        vs_, big_e, (sk_ring, sq_ring) = landed_part()
 
     cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
     ds = []
@@ -447,8 +495,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "interpret"))
-def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages,
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
                    interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
@@ -467,7 +515,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             q=((T, K), q.dtype), d=((T, TILE_ROWS), F32), ring_g=(L, F32),
                             ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o, d), (ck,) = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,

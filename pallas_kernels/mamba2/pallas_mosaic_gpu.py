@@ -23,6 +23,16 @@ the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pa
 is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
 ring (x, dt, and B from the group's first head).
 
+Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x N
+checkpoint tile (32 KiB in fp32 at N = 128), so what it does before the first state chunk is
+requested shows in the kernel's time. "serial" (the default) lands the token's vectors, the
+ring's x rows and the walk's scalars, walks the ring, and only then starts the checkpoint
+pipeline: a TMA round trip plus up to L - 1 walk steps before a state byte is asked for.
+"overlap" issues the same copies without waiting and starts the pipeline at once (its first
+state chunks go out behind them); the readout waits for C on its first step only, and the rest
+(x, the ring, the walk) follows the readout: the walk's terms enter only after it (y = decay
+S0 C + the ring's part). Both compute the same sums in the same order: the outputs are equal.
+
 Verify: one pass over the checkpoint tile serves all T tokens (T accumulators S0 C_t per
 chunk, C_t for the T tokens in one [T, block_n] tile per step); one ring walk gives every
 token's history term; the within-window terms use the precomputed window B_r . C_t. Rows with
@@ -56,6 +66,7 @@ from pallas_kernels._mosaic_utils import (
     auto_takes,
     chunk,
     cols,
+    issue_all,
     load_all,
     mosaic_call,
     resolve_tiles,
@@ -64,6 +75,8 @@ from pallas_kernels._mosaic_utils import (
     staging_smem,
     state_spec,
     store_async,
+    wait_all,
+    wait_on_first_step,
     write_chunk,
     write_out,
     zeros_row,
@@ -78,9 +91,13 @@ GRID_NAMES = ("row", "head", "ptile")
 class Mamba2MosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_n bounds the d_state chunk streamed
     per pipeline step (the largest power of two dividing N up to it: at least 8, and 16 for a bf16
-    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows."""
+    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows. prologue
+    (replay decode and verify; the standard kernel has no walk): "serial" lands the CTA's
+    vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
+    at once and walks after it (module docstring; the same sums)."""
     block_n: int
     num_stages: int = 2
+    prologue: str = "serial"
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -114,9 +131,9 @@ def takes(op, args) -> bool:
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2], state.dtype)
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
-                            **_tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2],
-                                   state.dtype))
+                            block_n=tiles["block_n"], num_stages=tiles["num_stages"])
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -234,7 +251,8 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
-                   out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages):
+                   out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
+                   prologue):
     b, h, g, ps = _position(heads_per_group)
     v = vectors.views(vec_smem)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
@@ -247,23 +265,35 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
                                                      (bcr_ref.at[b, g], v.ring_bc))
     # The token's x, B, C, the ring's x rows and the walk's scalars, all in flight at once.
-    load_all(bars, (x_ref.at[b, h, ps], v.x), (rx_ref.at[slot, h, :, ps], rx_smem),
-             (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), *walk_copies)
-    x = plgpu.load(v.x, layout=ROW).astype(F32)
+    copies = ((x_ref.at[b, h, ps], v.x), (rx_ref.at[slot, h, :, ps], rx_smem),
+              (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), *walk_copies)
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
 
     walk = functools.partial(_walk, count=c, ring_dt=ring_dt, a=a)
 
-    # y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current token with s = dt.
-    total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
-                         (dt * bcc_ref[b, g]) * x, suffix=dt)
-    decay = jnp.exp(a * total)
+    def landed_part():
+        """x [64], the decay and y's part from the ring and the token: what needs the copies
+        landed, the readout aside. y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current
+        token with s = dt."""
+        x = plgpu.load(v.x, layout=ROW).astype(F32)
+        total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
+                             (dt * bcc_ref[b, g]) * x, suffix=dt)
+        return x, jnp.exp(a * total), y_ring
+
+    overlap = prologue == "overlap"
+    if overlap:                   # the state stream first; the readout waits for C
+        landed = issue_all(bars, *copies)
+    else:
+        load_all(bars, *copies)
+        x, decay, y_ring = landed_part()
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
+        if overlap:
+            wait_on_first_step(n, landed[3:4])              # copy 3: C
         s = s_smem[...].astype(F32)
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
@@ -274,6 +304,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile)
+    if overlap:                   # the rest landed while the state streamed: now the walk
+        wait_all(landed[:3] + landed[4:])
+        x, decay, y_ring = landed_part()
     write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h, ps])
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
@@ -302,8 +335,8 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "interpret"))
-def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages,
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "interpret"))
+def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
                    interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
@@ -318,7 +351,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
                             ring_dt=(L, F32), ring_bc=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages)
+                               block_n=block_n, num_stages=num_stages, prologue=prologue)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, P // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -347,7 +380,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bars, *, vectors, heads_per_group, block_n,
-                   num_stages):
+                   num_stages, prologue):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, ps = _position(heads_per_group)
@@ -363,10 +396,9 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                                                      (bcr_ref.at[b, g], v.ring_bc))
     # The window's x and C rows one 1-D copy each (into the pack, not a [T, n] buffer of its
     # own), the ring's x rows [L, 64] and the walk's scalars.
-    load_all(bars, *((x_ref.at[b, t, h, ps], v.x[t]) for t in range(T)),
-             *((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
-             (rx_ref.at[slot, h, :, ps], rx_smem), *walk_copies)
-    xs = [plgpu.load(v.x[t], layout=ROW).astype(F32) for t in range(T)]
+    copies = (*((x_ref.at[b, t, h, ps], v.x[t]) for t in range(T)),
+              *((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
+              (rx_ref.at[slot, h, :, ps], rx_smem), *walk_copies)
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
@@ -378,12 +410,24 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         xj = ring_row(j)
         return tuple(acc_t + (sj * ring_bc(t * L + j)) * xj for t, acc_t in enumerate(acc))
 
-    hist_dt, y_hist = walk(entry, (zeros_row(),) * T, suffix=jnp.zeros((), F32))
-    decay_hist = jnp.exp(a * hist_dt)
+    def landed_part():
+        """The x_t, the ring's dt sum, its decay and history terms (as the decode's)."""
+        xs = [plgpu.load(v.x[t], layout=ROW).astype(F32) for t in range(T)]
+        hist_dt, y_hist = walk(entry, (zeros_row(),) * T, suffix=jnp.zeros((), F32))
+        return xs, hist_dt, jnp.exp(a * hist_dt), y_hist
+
+    overlap = prologue == "overlap"
+    if overlap:                   # as the decode: the readout waits for the C_t
+        landed = issue_all(bars, *copies)
+    else:
+        load_all(bars, *copies)
+        xs, hist_dt, decay_hist, y_hist = landed_part()
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
+        if overlap:
+            wait_on_first_step(n, landed[T:2 * T])          # the C_t
         s = s_smem[...].astype(F32)
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
         return tuple(acc_t + jnp.sum(s * cols(chunk(v.c[t], n, block_n), s.shape), axis=1)
@@ -393,6 +437,9 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
     )(tile)
+    if overlap:                   # the rest, then the walk
+        wait_all(landed[:T] + landed[2 * T:])
+        xs, hist_dt, decay_hist, y_hist = landed_part()
 
     # y_t = exp(A cum_t) (decay_hist S0 C_t + history_t) + sum_{r<=t} dt_r exp(A (cum_t - cum_r))
     #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r.
@@ -412,8 +459,8 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "interpret"))
-def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages,
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "interpret"))
+def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
                    interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
     and the checkpoint pool (folded rows updated); the ring is not touched."""
@@ -428,7 +475,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     vectors = VectorPack.of(x=((T, TILE_ROWS), x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
                             ring_dt=(L, F32), ring_bc=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages)
+                               block_n=block_n, num_stages=num_stages, prologue=prologue)
     (y,), (ck,) = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, P // TILE_ROWS),
         grid_names=GRID_NAMES,

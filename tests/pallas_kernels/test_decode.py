@@ -91,8 +91,10 @@ REPLAY_CASES = [
     pytest.param(16, BF16, None, F32, 1e-2, 5e-5, "dot", id="L16-bf16act-dot"),
     pytest.param(8, BF16, BF16, BF16, 2e-2, 2e-2, "fma", id="L8-bf16-fma"),
 ]
-# Mosaic GPU (always an fp32 FMA fold): one case, the serving dtypes, through its interpreter.
+# Mosaic GPU (always an fp32 FMA fold): one case, the serving dtypes, through its interpreter,
+# with each prologue (the state stream after the ring walk, or at once).
 MOSAIC_REPLAY_CASE = pytest.param(4, BF16, None, F32, 1e-2, 5e-5, "fma", id="L4-bf16act")
+MOSAIC_OPTIONS = [("", {}), ("-overlap", dict(prologue="overlap"))]
 
 
 # The Triton kernel's tiling options (the family's REPLAY_OPTIONS) run these cases.
@@ -106,8 +108,9 @@ def _replay_params():
                for name, f in FAMILIES.items() for opt_id, opts in f.REPLAY_OPTIONS
                for c in REPLAY_CASES if c.id in OPTION_CASES]
     c = MOSAIC_REPLAY_CASE
-    return params + [pytest.param(f, *c.values, {}, MOSAIC, id=f"{name}-{c.id}-{MOSAIC}")
-                     for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None]
+    return params + [pytest.param(f, *c.values, opts, MOSAIC, id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
+                     for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None
+                     for opt_id, opts in MOSAIC_OPTIONS]
 
 
 @pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,impl",
@@ -148,6 +151,35 @@ def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, ou
         assert bitwise_equal(a[idle], b)                         # null slot and idle slots
     assert int(counts[NULL_SLOT]) == 0
     assert impl != MOSAIC or not mosaic_races_found(interpret)
+
+
+MOSAIC_FAMILIES = [pytest.param(f, id=name) for name, f in FAMILIES.items()
+                   if f.MOSAIC_DIMS is not None]
+
+
+@pytest.mark.parametrize("family", MOSAIC_FAMILIES)
+def test_mosaic_overlap_prologue_equals_serial(family, interpret):
+    """prologue="overlap" only moves the ring walk after the checkpoint readout in time: the
+    same sums, so outputs, checkpoints, rings and counts equal "serial"'s bitwise over two fold
+    cycles (rows at different counts, NaN ring entries past them, a padding row)."""
+    L = 4
+    runs = []
+    for prologue in ("serial", "overlap"):
+        pb = family(5, batch=3, **impl_dims(family, family.REPLAY_DIMS, MOSAIC))
+        bufs, counts, _ = pb.make_replay_state(L, F32, F32)
+        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+        step = jitted(pb.ops, "replay_decode", **impl_kw(
+            MOSAIC, interpret, pb.tiling("replay", impl=MOSAIC, prologue=prologue)))
+        outs = []
+        for _ in range(2 * L):
+            out, bufs, counts = step(bufs, counts, *pb.step_inputs(), *pb.consts, slots)
+            outs.append(out)
+        runs.append((outs, bufs, counts))
+    (outs, bufs, counts), (outs_o, bufs_o, counts_o) = runs
+    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o))
+    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o))
+    assert bitwise_equal(counts, counts_o)
+    assert not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("family,impl", family_impls())

@@ -95,6 +95,22 @@ def test_mosaic_shapes_and_tilings_are_named(K, V, tiling, match):
         gdn.replay_decode(**args, impl="pallas_mosaic_gpu", tiling=tiling)
 
 
+def test_bad_mosaic_prologue_is_named():
+    """A prologue other than "serial" / "overlap" is named by replay decode and verify (the
+    kernels that take it) and by the standard decode (same tiling), before any kernel runs."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
+    args = _valid_args(pb, L=4)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=gdn.GDNMosaicTiling(block_k=16, prologue="early"))
+    match = r"^prologue must be one of 'serial', 'overlap', got 'early'$"
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_decode(**args, **kw)
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2),
+                          args["slots"], **kw)
+    with pytest.raises(ValueError, match=match):
+        gdn.standard_decode(pb.random_state(), *pb.step_inputs(2), args["slots"], **kw)
+
+
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
     """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=64)

@@ -84,6 +84,24 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
                                tiling=tiling)
 
 
+def test_bad_mosaic_prologue_is_named():
+    """A prologue other than "serial" / "overlap" is named by replay decode and verify (the
+    kernels that take it) and by the standard decode (same tiling), before any kernel runs."""
+    pb = Mamba2(1, P=64, N=64)
+    args = _valid_args(pb, L=4)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=mamba2.Mamba2MosaicTiling(block_n=16,
+                                                                         prologue="early"))
+    match = r"^prologue must be one of 'serial', 'overlap', got 'early'$"
+    with pytest.raises(ValueError, match=match):
+        mamba2.replay_decode(**args, **kw)
+    with pytest.raises(ValueError, match=match):
+        mamba2.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2), pb.A,
+                             pb.D, args["slots"], **kw)
+    with pytest.raises(ValueError, match=match):
+        mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
+                               args["slots"], **kw)
+
+
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
     """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
     pb = Mamba2(1, P=64, N=64)

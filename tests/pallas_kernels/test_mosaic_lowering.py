@@ -42,7 +42,9 @@ def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
 
 @pytest.mark.parametrize("tiling,state_dtype", [
     (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
-    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
+    (mamba2.Mamba2MosaicTiling(block_n=32, prologue="overlap"), F32)],
+    ids=["default", "bn32-3stages", "bf16-bn16", "overlap"])
 def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
     bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16,
@@ -55,7 +57,9 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
 
 @pytest.mark.parametrize("tiling,state_dtype", [
     (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
-    (mamba2.Mamba2MosaicTiling(block_n=16), BF16)], ids=["default", "bn32-3stages", "bf16-bn16"])
+    (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
+    (mamba2.Mamba2MosaicTiling(block_n=32, prologue="overlap"), F32)],
+    ids=["default", "bn32-3stages", "bf16-bn16", "overlap"])
 def test_mamba2_mosaic_verify_lowers_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes, batch 256, L = 16, a window of T = 4 tokens."""
     T = 4
@@ -98,8 +102,9 @@ def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
 @pytest.mark.parametrize("tiling,state_dtype,ring_dtype", [
     (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
     (gdn.GDNMosaicTiling(block_k=128), F32, BF16),
-    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16)],
-    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16"])
+    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
+    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32)],
+    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap"])
 def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
     bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
@@ -112,7 +117,9 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
 
 @pytest.mark.parametrize("tiling,state_dtype,ring_dtype", [
     (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
-    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16)], ids=["default", "bk32-3stages", "bf16-bk16"])
+    (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
+    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32)],
+    ids=["default", "bk32-3stages", "bf16-bk16", "overlap"])
 def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes, batch 256, L = 16, a window of T = 4 tokens."""
     T = 4

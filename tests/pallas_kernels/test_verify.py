@@ -23,7 +23,7 @@ from tests.pallas_kernels.families import (
     has_mosaic,
     impl_dims,
 )
-from tests.pallas_kernels.helpers import impl_kw, mosaic_races_found, rel_err
+from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, mosaic_races_found, rel_err
 
 TOL = 5e-5
 
@@ -50,12 +50,15 @@ def verify_params(cases, mosaic_cases):
     *(pytest.param(*p.values, {}, id=p.id) for p in verify_params(
         [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)])),
     *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, id=f"{name}-4-16-options-pallas")
-      for name, f in FAMILIES.items())])
+      for name, f in FAMILIES.items()),
+    *(pytest.param(f, 4, 8, MOSAIC, dict(prologue="overlap"), id=f"{name}-4-8-overlap-{MOSAIC}")
+      for name, f in FAMILIES.items() if has_mosaic(f, "replay_verify"))])
 def test_random_acceptance_matches_recurrence(family, T, L, impl, options, interpret):
     """>= 64 verify steps (16 on the Mosaic GPU interpreter) with random acceptance (all
     accepted and all rejected included), rows folding and not folding in one batch: every
     window output and every committed checkpoint equals the recurrence over the accepted
-    tokens; `options`: the Triton verify tiling's options (the family's VERIFY_OPTIONS)."""
+    tokens; `options`: the Triton verify tiling's options (the family's VERIFY_OPTIONS), or
+    the Mosaic GPU verify's prologue="overlap"."""
     pb = family(100 + 10 * T + L, batch=4, **impl_dims(family, family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, F32, F32)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
@@ -125,6 +128,34 @@ def test_verify_equals_stepping_decode(family, T, impl, interpret):
                 else:
                     np.testing.assert_array_equal(v, d)
     assert impl != MOSAIC or not mosaic_races_found(interpret)
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, id=name) for name, f in FAMILIES.items()
+                                    if has_mosaic(f, "replay_verify")])
+def test_mosaic_overlap_prologue_equals_serial(family, interpret):
+    """The Mosaic verify with prologue="overlap" (the ring walk after the checkpoint readout)
+    computes "serial"'s sums: outputs, pools and counts bitwise equal over steps with random
+    acceptance, rows folding and not."""
+    T, L = 4, 8
+    runs = []
+    for prologue in ("serial", "overlap"):
+        pb = family(31, batch=3, **impl_dims(family, family.REPLAY_DIMS, MOSAIC))
+        bufs, counts, _ = pb.make_replay_state(L, F32, F32)
+        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+        step = verify_step(pb.ops, T, L, **impl_kw(
+            MOSAIC, interpret, pb.tiling("verify", impl=MOSAIC, prologue=prologue)))
+        outs = []
+        for _ in range(4):
+            n_acc = jnp.asarray(pb.rng.integers(1, T + 1, pb.batch), jnp.int32)
+            out, bufs, counts = step(bufs, counts, (*pb.window_inputs(T), *pb.consts), slots,
+                                     n_acc)
+            outs.append(np.asarray(out))
+        runs.append((outs, bufs, counts))
+    (outs, bufs, counts), (outs_o, bufs_o, counts_o) = runs
+    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o))
+    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o))
+    assert bitwise_equal(counts, counts_o)
+    assert not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("impl,row_slowest", [*((i, False) for i in IMPLS), ("pallas", True)],
