@@ -41,8 +41,10 @@
 #              hides the others; a PASS / FAIL line per test with its first error line), then
 #              decode of Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep of each at batch 256 (issue 16 targets: Mamba-2 replay <= 320 us
-#              amortised, staggered within 5%, standard <= 530 us; GDN replay <= 145 us);  mosaic-verify - verify T = 4 at
-#              batch 256 of both families beside the Triton verify, a Mamba-2 tiling sweep
+#              amortised, staggered within 5%, standard <= 530 us; GDN replay <= 145 us), the
+#              replay's prologue="overlap" first;  mosaic-verify - verify T = 4 at batch 256 of
+#              both families beside the Triton verify, a Mamba-2 tiling sweep, and each with
+#              prologue="overlap"
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
 #              with a fold, verify) x shape x tiling in its own process against XLA, one row
 #              per case (OK + relative error, or the error's last line): the real shapes at
@@ -318,13 +320,17 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/kernels_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
-    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+    # prologue "overlap" (the state stream before the ring walk) right after the default: the
+    # A/B comes first if the limit cuts the sweep
+    limit 260 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
-      --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"num_stages": 3}]' \
+      --tune '[{}, {"prologue": "overlap"}, {"prologue": "overlap", "num_stages": 3},
+               {"block_n": 16}, {"block_n": 64}, {"num_stages": 3}]' \
       2>>"$out/mosaic.log" | grep "^|"
-    limit 200 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+    limit 260 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
-      --tune '[{}, {"block_k": 32}, {"block_k": 128}, {"num_stages": 3}]' \
+      --tune '[{}, {"prologue": "overlap"}, {"prologue": "overlap", "num_stages": 3},
+               {"block_k": 32}, {"block_k": 128}, {"num_stages": 3}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
@@ -335,7 +341,12 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
       --json "$out/verify_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas_mosaic_gpu --json "$out/verify_mosaic_tune.json" \
-      --tune '[{"block_n": 32}, {"block_n": 128}, {"num_stages": 3}]' \
+      --tune '[{"block_n": 32}, {"block_n": 32, "prologue": "overlap"}, {"block_n": 128},
+               {"num_stages": 3}]' \
+      2>>"$out/mosaic.log" | grep "^|"
+    limit 120 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 4 --batches 256 --impls pallas_mosaic_gpu \
+      --json "$out/verify_mosaic_tune_gdn.json" --tune '[{}, {"prologue": "overlap"}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   mosaic-diag)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
