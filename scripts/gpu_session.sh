@@ -297,15 +297,15 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     limit 60 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_mosaic_lowering.py 2>&1 | tee "$out/mosaic_tests.log" | tail -3 \
       || true
-    # one process per test (at most 300 s in all): full logs to mosaic_tests.log; rc 124 is a
-    # timeout, 139 a segfault
-    tests_end=$(( $(date +%s) + 300 ))
+    # one process per test (at most 420 s in all: 22 tests with the prologue="overlap" ones):
+    # full logs to mosaic_tests.log; rc 124 is a timeout, 139 a segfault
+    tests_end=$(( $(date +%s) + 420 ))
     ids=$(REPLAYJAX_TEST_BACKEND=gpu limit 60 python3 -m pytest --collect-only -q \
       -p no:cacheprovider tests/pallas_kernels/test_decode.py \
       tests/pallas_kernels/test_verify.py -k mosaic 2>/dev/null | grep "::" || true)
     while IFS= read -r id; do
       [ -n "$id" ] || continue
-      if (( $(date +%s) > tests_end )); then echo "SKIPPED (300 s of tests spent) $id"; continue; fi
+      if (( $(date +%s) > tests_end )); then echo "SKIPPED (420 s of tests spent) $id"; continue; fi
       log=$(REPLAYJAX_TEST_BACKEND=gpu limit 90 python3 -m pytest -q -p no:cacheprovider \
         -W ignore "$id" 2>&1 </dev/null) && rc=0 || rc=$?
       printf '%s\n' "== $id (rc $rc)" "$log" >> "$out/mosaic_tests.log"
