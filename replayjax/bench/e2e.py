@@ -61,7 +61,7 @@ from replayjax.bench.roofline import (
     step_roofline,
 )
 from replayjax.bench.synthetic import add_model_source, build
-from replayjax.bench.timing import copy_bandwidth, peak_flops, percentile
+from replayjax.bench.timing import add_peak_argument, copy_bandwidth, peak_flops, percentile
 from replayjax.bench.workload import (
     AGENT_TURNS,
     ARRIVALS,
@@ -504,10 +504,7 @@ def build_parser():
     cli.add_batching_argument(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), metavar="S",
                     help="synthetic weights and prompts (default: 0)")
-    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
-                    help="bf16 dense peak TFLOP/s per device for the roofline's FLOP bound "
-                         "(default: from the device name, H100/H200: 989; none on other "
-                         "devices: the bytes alone)")
+    add_peak_argument(ap)
     cli.add_tp_argument(ap)
     ap.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
                     help="process: each variant in a fresh process, so its peak memory is its "

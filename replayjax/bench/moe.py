@@ -51,7 +51,7 @@ import sys
 import numpy as np
 
 from replayjax import commandline as cli
-from replayjax.bench.timing import peak_tflops
+from replayjax.bench.timing import add_peak_argument, peak_tflops
 
 PROG = "replayjax bench moe"
 BATCHES = (1, 8, 32, 128, 256)
@@ -409,8 +409,7 @@ def build_parser():
                          '"tile_elems": 8192}]\'')
     ap.add_argument("--copies", type=cli.at_least(1), default=4, metavar="N",
                     help="independent layers per timed call (keeps the experts out of L2)")
-    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TFLOPS",
-                    help="bf16 dense peak in TFLOP/s (default: by device name)")
+    add_peak_argument(ap)
     ap.add_argument("--breakdown", action="store_true",
                     help="after the table, each row's kernels: launches, us, share of the layer")
     ap.add_argument("--json", metavar="FILE", type=cli.nonempty,

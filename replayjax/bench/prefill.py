@@ -65,6 +65,7 @@ from replayjax.bench.roofline import (
     weight_bytes,
 )
 from replayjax.bench.synthetic import add_model_source
+from replayjax.bench.timing import add_peak_argument
 
 PROG = "replayjax bench prefill"
 MODES = ("standard", "replay")
@@ -294,9 +295,7 @@ def build_parser():
                     help="ReplaySSM ring window L")
     ap.add_argument("--iterations", type=cli.at_least(1), default=3, metavar="N",
                     help="timed calls per mode (their median is reported)")
-    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
-                    help="bf16 dense peak TFLOP/s per device for the FLOP bound (default: from "
-                         "the device name, H100/H200: 989; none on other devices)")
+    add_peak_argument(ap)
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompt tokens")
     cli.add_tp_argument(ap)

@@ -29,7 +29,7 @@ from replayjax.bench.roofline import (
     table,
 )
 from replayjax.bench.synthetic import add_model_source, build
-from replayjax.bench.timing import copy_bandwidth, peak_flops
+from replayjax.bench.timing import add_peak_argument, copy_bandwidth, peak_flops
 from replayjax.bench.trace import kernel_table
 
 PROG = "replayjax profile"
@@ -53,10 +53,7 @@ def build_parser():
                     help="ReplaySSM ring window L")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
-    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
-                    help="bf16 dense peak TFLOP/s per device for the roofline's FLOP bound "
-                         "(default: from the device name, H100/H200: 989; none on other "
-                         "devices: the bytes alone)")
+    add_peak_argument(ap)
     cli.add_tp_argument(ap)
     ap.add_argument("--top", type=cli.at_least(1), default=25, metavar="N",
                     help="kernels listed")

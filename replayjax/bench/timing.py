@@ -81,6 +81,16 @@ def peak_tflops(device_kind: str) -> float | None:
     return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_kind), None)
 
 
+def add_peak_argument(ap) -> None:
+    """--peak-tflops: the bf16 dense peak per device that FLOP bounds are taken at
+    (`peak_flops`)."""
+    from replayjax import commandline as cli
+    ap.add_argument("--peak-tflops", type=cli.number(0, lo_open=True), metavar="TF",
+                    help="bf16 dense peak TFLOP/s per device for the FLOP bound (default: from "
+                         "the device name, H100/H200: 989; none on other devices: the bytes "
+                         "alone)")
+
+
 def peak_flops(tflops: float | None = None) -> float | None:
     """FLOP/s the FLOP bound of a roofline is taken at: `tflops` (a --peak-tflops) if given,
     else the first device's `peak_tflops`; None when neither is known."""
