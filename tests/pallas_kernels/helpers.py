@@ -21,6 +21,14 @@ def bitwise_equal(a, b):
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
+def assert_runs_bitwise_equal(run, other):
+    """Two runs of (outputs per step, final pools, final counts) are equal bit for bit."""
+    (outs, bufs, counts), (outs_o, bufs_o, counts_o) = run, other
+    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o, strict=True))
+    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o, strict=True))
+    assert bitwise_equal(counts, counts_o)
+
+
 def mosaic_races_found(interpret: bool) -> bool:
     """Whether the Mosaic GPU interpreter (race detection on, see `_mosaic_utils`) has seen a
     data race between TMA copies and SMEM accesses in this process (jax 0.11.2 keeps the state

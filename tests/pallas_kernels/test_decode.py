@@ -33,7 +33,13 @@ from tests.pallas_kernels.families import (
     impl_dims,
     long_run,
 )
-from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, mosaic_races_found, rel_err
+from tests.pallas_kernels.helpers import (
+    assert_runs_bitwise_equal,
+    bitwise_equal,
+    impl_kw,
+    mosaic_races_found,
+    rel_err,
+)
 
 
 @functools.cache
@@ -175,10 +181,7 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
             out, bufs, counts = step(bufs, counts, *pb.step_inputs(), *pb.consts, slots)
             outs.append(out)
         runs.append((outs, bufs, counts))
-    (outs, bufs, counts), (outs_o, bufs_o, counts_o) = runs
-    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o))
-    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o))
-    assert bitwise_equal(counts, counts_o)
+    assert_runs_bitwise_equal(*runs)
     assert not mosaic_races_found(interpret)
 
 

@@ -23,7 +23,12 @@ from tests.pallas_kernels.families import (
     has_mosaic,
     impl_dims,
 )
-from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, mosaic_races_found, rel_err
+from tests.pallas_kernels.helpers import (
+    assert_runs_bitwise_equal,
+    impl_kw,
+    mosaic_races_found,
+    rel_err,
+)
 
 TOL = 5e-5
 
@@ -149,10 +154,7 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
                                      n_acc)
             outs.append(np.asarray(out))
         runs.append((outs, bufs, counts))
-    (outs, bufs, counts), (outs_o, bufs_o, counts_o) = runs
-    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o))
-    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o))
-    assert bitwise_equal(counts, counts_o)
+    assert_runs_bitwise_equal(*runs)
     assert not mosaic_races_found(interpret)
 
 
