@@ -70,15 +70,15 @@ def launch_grid(dims, order):
       "row_slowest": reversed, (tiles, heads, batch): consecutive CTAs are the tiles, then the
         heads, of one row, so a row's programs run together (its ring / token reads shared
         through L2, its slot's state read as one region).
-    `program_ids(order, len(dims))` maps a program back to (row, *inner)."""
+    `program_ids(order, len(dims))` maps a program back to (row, *inner). Every Triton kernel
+    builds its grid here, so a tiling's bad `grid_order` is refused here, in one line."""
     check_choice("grid_order", order, GRID_ORDERS)
     return tuple(dims) if order == "row_fastest" else tuple(reversed(dims))
 
 
 def program_ids(order, n=3):
     """This program's logical ids (row, *inner) in a grid of `n` axes built by `launch_grid` in
-    `order`: int32 scalars."""
-    check_choice("grid_order", order, GRID_ORDERS)
+    `order` (checked there): int32 scalars."""
     ids = tuple(pl.program_id(i) for i in range(n))
     return ids if order == "row_fastest" else ids[::-1]
 

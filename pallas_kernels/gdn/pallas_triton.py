@@ -48,7 +48,6 @@ from pallas_kernels.gdn.buffers import ring_key_products, write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
-    GRID_ORDERS,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -133,7 +132,6 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     `num_tokens`), the fold mode, the state's eviction policy and (replay decode) where the ring
     scalars come from."""
     t = resolve_tiling(tiling, default)
-    check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
         tiles["block_k"] = bounded_block("block_k", "key dim K", K, t.key_block(num_tokens))

@@ -50,7 +50,6 @@ from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
-    GRID_ORDERS,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -100,7 +99,6 @@ def _tiles(tiling, default, P, N, window=None):
     launch order, warps, stages); with the ring window L, also the fold mode and the state's
     eviction policy."""
     t = resolve_tiling(tiling, default)
-    check_choice("grid_order", t.grid_order, GRID_ORDERS)
     tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
                  block_n=bounded_block("block_n", "d_state N", N, t.block_n))
     if window is not None:
