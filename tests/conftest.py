@@ -33,11 +33,23 @@ jax.config.update("jax_compilation_cache_dir", os.environ.get(
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def _devices_needed(item) -> int:
+    """A test's `devices(n)` mark, else its `tp` parameter, else 1."""
+    mark = item.get_closest_marker("devices")
+    if mark is not None:
+        return mark.args[0]
+    tp = getattr(item, "callspec", None) and item.callspec.params.get("tp")
+    return tp if isinstance(tp, int) else 1
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (REPLAYJAX_TEST_BACKEND=gpu)")
+    visible = jax.device_count()       # 4 on CPU; a one-GPU machine skips the tp > 1 tests
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+        if (need := _devices_needed(item)) > visible:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} devices, {visible} visible"))
 
 
 @pytest.fixture(scope="session")

@@ -211,6 +211,7 @@ def test_shared_in_launch_rule(monkeypatch):
     """On a GPU up to SHARED_IN_LAUNCH_MAX_TOKENS tokens when the width divides; never on CPU
     unless forced."""
     x = jnp.zeros((2, 4, 8))
+    monkeypatch.setattr(moe, "resolve_impl", lambda impl: "xla")          # a CPU
     assert not moe.shared_in_launch(x, 16, 32)
     assert moe.shared_in_launch(x, 16, 48, force=True)
     monkeypatch.setattr(moe, "resolve_impl", lambda impl: "pallas_triton")

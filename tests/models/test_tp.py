@@ -98,7 +98,6 @@ assert {v for v, _, _ in SPEC_CASES} == set(VARIANTS)
 def oracle_prompts(variant, tp, monkeypatch):
     """(HF reference, prompts) of a fixture with the "oracle" drafter registered to draft its
     greedy continuations (skips without tp devices)."""
-    _devices(tp)
     ref = _ref(variant)
     prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
     monkeypatch.setitem(drafters.DRAFTERS, "oracle", OracleDrafter)
@@ -134,7 +133,6 @@ def test_speculative_greedy_equals_single_device(variant, tp, mode, monkeypatch)
 def test_greedy_decode_both_modes(variant, tp):
     """Plain decode (the decode kernels, not verify): 40 greedy tokens in both modes equal HF's,
     logits within 1e-4; replay == standard."""
-    _devices(tp)
     runner = Runner(_model(variant, tp))
     assert sharding.mesh_tp(runner.mesh) == tp
     check_greedy(runner, _ref(variant))
@@ -145,13 +143,13 @@ def test_expert_parallel_greedy_decode(variant, tp):
     """Expert parallel (each device tp / E whole experts, its own (token, expert) pairs only):
     greedy tokens in both modes equal HF's, logits within 1e-4, as with the experts split on
     their width."""
-    _devices(tp)
     model = _model(variant, tp, "experts")
     up = next(v for p, v in nnx.iter_graph(model) if p[-1] == "up" and isinstance(v, nnx.Param))
     assert up.get_value().sharding.spec == P("tp", None, None)
     check_greedy(Runner(model), _ref(variant))
 
 
+@pytest.mark.devices(2)
 @pytest.mark.parametrize("variant", ["nemotron_h", "qwen3_next"])
 def test_pallas_kernels_under_shard_map(variant):
     """The Pallas replay-decode kernels (interpret mode) run per device on local heads."""
@@ -229,6 +227,7 @@ def test_counts_the_mesh_cannot_split():
         load_hf(_dir("nemotron_h_p80"), mesh=sharding.make_mesh(3))
 
 
+@pytest.mark.devices(2)
 def test_converted_checkpoint_loads_onto_the_mesh(tmp_path):
     """convert.load restores each param sharded, then lays the fused ones out on the devices:
     the same arrays and shardings as load_hf's host-side layout."""
@@ -244,6 +243,7 @@ def test_converted_checkpoint_loads_onto_the_mesh(tmp_path):
     assert restored.layers[0].mixer.tp_layout == tp
 
 
+@pytest.mark.devices(2)
 def test_engine_refuses_a_model_on_another_mesh():
     other = sharding.make_mesh(2, devices=jax.devices()[1::-1])       # the same 2, reversed
     with pytest.raises(ValueError, match="placed on another mesh"):
@@ -259,6 +259,7 @@ def test_kv_cache_specs():
         assert specs.layers[0].buffers.ring_b == P(None, "tp")
 
 
+@pytest.mark.devices(2)
 def test_mtp_drafter(tmp_path):
     """MTP drafting at tp = 2: the head's attention (its own KV cache, sharded with the target's)
     and MoE layers split like the body; greedy output unchanged."""
@@ -273,6 +274,7 @@ def test_mtp_drafter(tmp_path):
         [P(None, None, "tp")]
 
 
+@pytest.mark.devices(2)
 def test_synthetic_weights_are_the_same_on_the_mesh():
     """`replayjax bench --synthetic --tp N` builds its random model in place: the same bits as
     the one-device model, laid out by the rules (what `shard_model` makes of it)."""

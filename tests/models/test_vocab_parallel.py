@@ -40,7 +40,6 @@ def _tie_logits():
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_vocab_argmax_and_gather_equal_the_whole_vocabulary(tp):
-    _devices(tp)
     x = _tie_logits()
     mesh = sharding.make_mesh(tp)
     run = lambda f: jax.jit(jax.shard_map(lambda z: f(z, V), mesh=mesh, in_specs=P(None, "tp"),
@@ -58,7 +57,6 @@ def test_vocab_argmax_and_gather_equal_the_whole_vocabulary(tp):
 def test_head_is_vocab_parallel(variant, tp):
     """Loaded onto the mesh (load_hf) or placed by shard_model: each device holds V / tp of
     the head's columns."""
-    _devices(tp)
     model = _model(variant, 2) if tp == 2 else sharding.shard_model(_model(variant),
                                                                    sharding.make_mesh(tp))
     k = model.lm_head.kernel.get_value()
@@ -70,7 +68,6 @@ def test_head_is_vocab_parallel(variant, tp):
 def test_greedy_decode_loop_equals_single_device(variant, tp):
     """The engine's plain decode loop (all-greedy rows, no logits kept: the (max, argmax)
     path) gives HF's greedy tokens, as tp = 1 does."""
-    _devices(tp)
     ref = _ref(variant)
     prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
     engine = Engine(_model(variant), mesh=sharding.make_mesh(tp), num_slots=4, max_len=64,
@@ -94,6 +91,7 @@ def test_greedy_speculation_equals_single_device(variant, tp, drafter, monkeypat
     assert all(c.accepted_drafts > 0 for c in out)
 
 
+@pytest.mark.devices(2)
 def test_sampled_rows_equal_single_device():
     """A batch mixing sampled rows (temperature, top-k, top-p; fixed seeds) with a greedy
     one: the same tokens at tp = 2 and 4 as at tp = 1 (the sampled path gathers the logits)."""
@@ -114,6 +112,7 @@ def test_sampled_rows_equal_single_device():
     assert tokens[1][0] != ref["greedy_tokens"][0, :16].tolist()       # really sampled
 
 
+@pytest.mark.devices(2)
 def test_tied_head_stays_replicated():
     """A tied Qwen head (logits from the embedding) is not split: no lm_head param, the
     embedding replicated, greedy tokens at tp = 2 equal tp = 1's."""

@@ -21,11 +21,24 @@ def bitwise_equal(a, b):
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
-def assert_runs_bitwise_equal(run, other):
-    """Two runs of (outputs per step, final pools, final counts) are equal bit for bit."""
+def same_sums(a, b, rtol: float) -> bool:
+    """Bitwise equal (rtol 0), or NaN at the same places and a relative error <= rtol on the
+    rest."""
+    if rtol == 0:
+        return bitwise_equal(a, b)
+    a, b = np.asarray(a), np.asarray(b)
+    nan = np.isnan(a)
+    return bool((nan == np.isnan(b)).all()) and rel_err(a[~nan], b[~nan]) <= rtol
+
+
+def assert_runs_equal(run, other, interpret: bool = True):
+    """Two runs of (outputs per step, final pools, final counts) are equal bit for bit; compiled
+    (interpret False) the same sums may round apart by an ulp (ptxas contracts multiply-adds
+    into FMAs per the code's layout, not per the math): relative error <= 1e-6, NaNs alike."""
     (outs, bufs, counts), (outs_o, bufs_o, counts_o) = run, other
-    assert all(bitwise_equal(a, b) for a, b in zip(outs, outs_o, strict=True))
-    assert all(bitwise_equal(a, b) for a, b in zip(bufs, bufs_o, strict=True))
+    rtol = 0 if interpret else 1e-6
+    assert all(same_sums(a, b, rtol) for a, b in zip(outs, outs_o, strict=True))
+    assert all(same_sums(a, b, rtol) for a, b in zip(bufs, bufs_o, strict=True))
     assert bitwise_equal(counts, counts_o)
 
 
