@@ -32,11 +32,12 @@ from pallas_kernels import moe as moe_ops
 from pallas_kernels.dispatch import resolve_impl
 
 # Up to this many tokens a call, on a GPU, the shared expert runs in the routed experts' grouped
-# Pallas launch. Measured on an H200 (`replayjax bench moe --breakdown`, batch 1): XLA's GEMV
-# fusions read the shared expert at ~0.7 TB/s (Nemotron-3-Nano: ~57 us of 121), the grouped
-# kernels read the routed experts at 2.8 TB/s; at batch 32 the layer already runs at 73-80% of
-# copy bandwidth. To confirm: `bench moe --variants sparse sparse-shared --batches 1 8 32`.
-SHARED_IN_LAUNCH_MAX_TOKENS = 8
+# Pallas launch: XLA's GEMV fusions read it at ~0.7 TB/s, the grouped kernels at 2.8. Measured
+# on an H200 with the router kernel (`bench moe --variants sparse sparse-shared --batches 1 8
+# 32`, docs/benchmarks.md, seventh session), one layer, us: Nemotron-3-Nano 116 -> 82 (b1),
+# 272 -> 264 (b8), 599 -> 582 (b32); Qwen3.5-35B 82 -> 50, 149 -> 138, 337 -> 332; Qwen3-Next-80B
+# 68 -> 58, 183 -> 173, 473 -> 466. Not timed beyond 32 tokens.
+SHARED_IN_LAUNCH_MAX_TOKENS = 32
 
 
 def _route(x, gate, bias, **kw):
@@ -49,7 +50,7 @@ def sigmoid_topk(x, gate, correction_bias, *, top_k: int, n_group: int = 1,
                  topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0,
                  impl: str = "auto", tiling=None):
     """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32. impl "auto":
-    the router kernel on a GPU for a decode step once timed (`pallas_kernels.moe.router.AUTO`);
+    the router kernel on a GPU for a decode step (`pallas_kernels.moe.router.AUTO`, MAX_TOKENS);
     tiling: the kernel's `RouterTiling` (None: its default)."""
     return _route(x, gate, correction_bias, top_k=top_k, score="sigmoid",
                   norm_topk_prob=norm_topk_prob, scaling=scaling, n_group=n_group,

@@ -270,7 +270,10 @@ class Block(nnx.Module):
 
     def ffn(self, x, valid):
         """An MLP or MoE layer's mixer; valid [b, T] bool marks the real tokens (for the MoE)."""
-        return self.mixer(x, valid) if self.kind == "moe" else self.mixer(x)
+        if self.kind != "moe":
+            return self.mixer(x)
+        with jax.named_scope("moe"):     # its class in profiles (`replayjax.bench.trace`)
+            return self.mixer(x, valid)
 
 
 class MTPHead(nnx.Module):

@@ -293,7 +293,10 @@ class Block(nnx.Module):
     def ffn(self, h, valid):
         """The FFN sub-block's residual branch; valid [b, T] bool marks the real tokens (MoE)."""
         x = self.post_attention_layernorm(h)
-        return self.mlp(x, valid) if isinstance(self.mlp, MoE) else self.mlp(x)
+        if not isinstance(self.mlp, MoE):
+            return self.mlp(x)
+        with jax.named_scope("moe"):     # its class in profiles (`replayjax.bench.trace`)
+            return self.mlp(x, valid)
 
 
 def num_mtp_layers(cfg: QwenHybridConfig) -> int:

@@ -1,7 +1,10 @@
 """Runs one SSM decode kernel in a loop with no timer of its own, for Nsight Compute.
 
-    ncu --launch-skip 40 --launch-count 4 --section SpeedOfLight ... \\
+    PYTHONPATH=. ncu --launch-skip 40 --launch-count 4 --section SpeedOfLight ... \\
         python3 scripts/ncu_kernels.py --family gdn --impl pallas_mosaic_gpu --kernel replay
+
+(from the repository root; PYTHONPATH=. unless the package is installed, as in
+`scripts/gpu_session.sh ncu`)
 
 `replayjax bench kernels` times with CUPTI, which Nsight Compute cannot share a process with;
 this runs the same kernels on the same inputs (`replayjax.bench.families`: real shapes, random

@@ -12,9 +12,9 @@ consecutive rows side by side, while the programs that share data are those of o
 keys ring_k[slot, hk] ([L, K], read by every value head of the key head and by every V tile), the
 row's q / k vectors, and its slot's state [Hv, V, K], one contiguous region. At batch 256 a row's
 programs are then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them
-adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row). Not yet
-measured: the default stays "row_fastest" until the GPU says otherwise (`gpu_session.sh
-triton-tune`, `verify`).
+adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row): the
+decode kernels' default (3-7% faster on the H200, below); the verify kernels stay "row_fastest"
+until `gpu_session.sh verify` has timed them.
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
@@ -62,9 +62,8 @@ class GDNTiling:
     """Launch configuration of the standard kernels (the [block_v, K] state tile is held
     whole). block_v bounds the value tile: a kernel uses the largest power of two dividing V,
     at least 4, up to it. `grid_order` (every Triton tiling of both families): the launch order
-    of the programs, "row_fastest" (the default until measured) or "row_slowest" (a row's
-    programs adjacent: its ring / token reads shared through L2, its slot's state read as one
-    region; see the module docstring)."""
+    of the programs, "row_fastest" or "row_slowest" (a row's programs adjacent: its ring / token
+    reads shared through L2, its slot's state read as one region; see the module docstring)."""
     block_v: int
     num_warps: int
     num_stages: int = 2
@@ -114,9 +113,13 @@ class GDNVerifyTiling:
         return self.block_k if num_tokens <= 2 else self.block_k_long
 
 
-# Tilings measured on an H200 at batch 256, fp32 state (docs/benchmarks.md).
-STANDARD_TILING = GDNTiling(block_v=128, num_warps=8)
-REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4)
+# Tilings measured on an H200 at batch 256, fp32 state (docs/benchmarks.md). Seventh session
+# (`gpu_session.sh triton-tune`, Qwen3-Next shapes): row-slowest launches took the standard
+# kernel 292 -> 284 us and the replay (staggered) 223 -> 208; with the ring products from XLA and
+# evict_first checkpoint reads 204 (ring_scalars "xla" alone 218; evict_first alone 232).
+STANDARD_TILING = GDNTiling(block_v=128, num_warps=8, grid_order="row_slowest")
+REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4, state_eviction="evict_first",
+                                ring_scalars="xla", grid_order="row_slowest")
 # verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
 # 16 vs 1.90x; T = 8 1.65x vs 1.38x.
 VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4)

@@ -103,15 +103,17 @@ class Mamba2MosaicTiling:
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
 # fp32 state): standard 549 us at block_n 64 (573 at 32); replay (staggered) 328 us at block_n 32,
 # 379 at 64, 490 at 128; verify T = 4 552 us at 32, 571 at 64; 3 or 4 stages change nothing.
+# Seventh session: the replay's "overlap" prologue 329 -> 320 us (3 stages with it: 345).
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
-MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32)
+MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap")
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
-# impl="auto" on sm90 runs every Mosaic kernel: each beat the Triton one on the H200 (standard
-# 551 vs 559 us, replay 328 vs 416, verify 552 vs 613 at batch 256; batch 1 and 32 as fast or
-# faster).
-AUTO_OPS = frozenset(_DEFAULT_TILING)
+# impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200: replay 320
+# vs 391 us (staggered, batch 256, seventh session, both at their best tilings), verify 552 vs
+# 613 (sixth). The standard decode went back to Triton once launched row-slowest: 538 vs 550 us
+# at batch 256, 4.3 vs 4.6 at batch 1.
+AUTO_OPS = frozenset({"replay_decode", "replay_verify"})
 _MAX_N = 256                      # one TMA box per B / C vector
 
 

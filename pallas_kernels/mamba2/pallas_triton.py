@@ -14,9 +14,9 @@ with the first grid axis (blockIdx.x) fastest, so "row_fastest" runs one head an
 consecutive rows side by side, while the programs that share data are those of one row: the ring's
 B of a (slot, group) ([L, N], read by every head of the group and by every P tile), the row's B / C
 vectors, and its slot's state [H, P, N], one contiguous region. At batch 256 a row's programs are
-then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them adjacent. Not yet
-measured: the default stays "row_fastest" until the GPU says otherwise (`gpu_session.sh
-triton-tune`, `verify`).
+then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them adjacent: the
+decode kernels' default (3-10% faster on the H200, below); the verify kernels stay "row_fastest"
+until `gpu_session.sh verify` has timed them.
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.mamba2.api`) and resolve the tiling to concrete tiles.
@@ -62,8 +62,8 @@ class Mamba2Tiling:
     """Launch configuration of the standard kernels. block_p and block_n bound the head-dim tile
     and the d_state chunk: a kernel uses the largest power of two dividing P (at least 4),
     respectively N, up to them. `grid_order`: the launch order of the programs, "row_fastest"
-    (the default until measured) or "row_slowest" (a row's programs adjacent: its ring / token
-    reads shared through L2, its slot's state read as one region; see the module docstring)."""
+    or "row_slowest" (a row's programs adjacent: its ring / token reads shared through L2, its
+    slot's state read as one region; see the module docstring)."""
     block_p: int
     block_n: int
     num_warps: int
@@ -82,15 +82,19 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     state_eviction: str = "evict_normal"
 
 
-# Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md).
-STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
-REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2)
+# Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md). Launched
+# row-slowest (seventh session, `gpu_session.sh triton-tune`): standard 556 -> 538 us, replay
+# (staggered) 417 -> 391 at the 8B's shapes, 722 -> 648 at P = 80; evict_first reads of the
+# checkpoint were slower (438, 413 with row-slowest).
+STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8, grid_order="row_slowest")
+REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_order="row_slowest")
 # verify keeps T accumulators per d_state chunk: 32-wide chunks (batch 256, T = 4: 2.24x the
 # baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16).
 VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2)
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): the decode kernel's
-# tiling is its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us).
-STANDARD_VERIFY_TILING = STANDARD_TILING
+# tiles are its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us). Both
+# verify kernels launch row-fastest until `gpu_session.sh verify` has timed the other order.
+STANDARD_VERIFY_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
 _MIN_BLOCK_P = 4
 
 

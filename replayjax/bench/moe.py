@@ -6,9 +6,8 @@ routed experts run as
   * "sparse": `pallas_kernels.moe.expert_ffn(impl="pallas", path="grouped")` (sort by expert,
     grouped GEMMs),
   * "sparse-shared": the shared expert in the routed experts' launch and the routing in one
-    kernel, as the models run them at <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` tokens on a
-    GPU (and <= `pallas_kernels.moe.router.MAX_TOKENS` once `router.AUTO` is set after this
-    bench has timed it) (`models.moe.routed_experts` with
+    kernel, as the models run them on a GPU at <= `models.moe.SHARED_IN_LAUNCH_MAX_TOKENS` /
+    `pallas_kernels.moe.router.MAX_TOKENS` tokens (`models.moe.routed_experts` with
     shared=, impl and path "auto"; the modules' `route` with impl "pallas"), forced at every
     batch; once per --router-tilings config (fields of `pallas_kernels.moe.RouterTiling` over
     its default, e.g. {"logits": "kernel"}: the logits in the same launch), named with the config,

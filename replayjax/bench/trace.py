@@ -252,6 +252,8 @@ def _fallback_class(ev: Event) -> str:
     if (cls := instruction_class("", ev.op_name, [])) != "other":
         return cls
     k = ev.name.lower()
+    if k.startswith("moe_"):                  # the MoE kernels (moe_gate_up, moe_down, moe_route)
+        return "moe"
     if any(s in k for s in ("replay", "standard_decode", "mamba", "gdn", "ssm")):
         return "ssm"
     if any(s in k for s in ("gemm", "nvjet", "cublas", "cutlass", "matmul")):

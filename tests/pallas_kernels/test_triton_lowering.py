@@ -103,7 +103,7 @@ LOGICAL_GRIDS = {(gdn, "replay"): (B, 32, 2), (gdn, "standard"): (B, 32, 1),
 # (family, op, tiling overrides, masked ring loads: the [L, tile] ring vectors and the [L]
 # scalars read once, and the ring's keys / B in the state pass and in the fold)
 CASES = [
-    (gdn, "replay_decode", {}, 4),                         # d, g; k in the readout and fold
+    (gdn, "replay_decode", dict(ring_scalars="kernel"), 4),  # d, g; k in the readout and fold
     (gdn, "replay_decode", dict(ring_scalars="xla"), 3),   # the readout reads no ring keys
     (gdn, "replay_verify", {}, 3),                         # d, g; k in the fold
     (mamba2, "replay_decode", {}, 4),                      # x, dt; B in the readout and fold
@@ -117,7 +117,8 @@ CASES = [
                               for c in CASES])
 def test_replay_kernels_mask_ring_loads(ops, op, overrides, n_masked, eviction):
     """Real shapes (Qwen3-Next GDN, Nemotron-H-8B Mamba-2), batch 256, L = 16, T = 4."""
-    tiling = dataclasses.replace(default_tiling(ops, op), state_eviction=eviction, **overrides)
+    tiling = dataclasses.replace(default_tiling(ops, op), state_eviction=eviction,
+                                 grid_order="row_fastest", **overrides)
     fn = functools.partial(getattr(ops, op), impl="pallas_triton", tiling=tiling,
                            interpret=False)
     grid, loads = triton_kernel(fn, *op_args(ops, op))
@@ -129,17 +130,17 @@ def test_replay_kernels_mask_ring_loads(ops, op, overrides, n_masked, eviction):
     assert len(evicting) == (eviction == "evict_first"), loads
 
 
-GRID_CASES = [(ops, op, n_masked) for ops, op, overrides, n_masked in CASES if not overrides] + [
-    (ops, op, 0) for ops in (gdn, mamba2) for op in ("standard_decode", "standard_verify")]
+GRID_CASES = [case for case in CASES if case[2].get("ring_scalars") != "xla"] + [
+    (ops, op, {}, 0) for ops in (gdn, mamba2) for op in ("standard_decode", "standard_verify")]
 
 
-@pytest.mark.parametrize("ops,op,n_masked", GRID_CASES,
+@pytest.mark.parametrize("ops,op,overrides,n_masked", GRID_CASES,
                          ids=[f"{c[0].__name__.split('.')[-1]}-{c[1]}" for c in GRID_CASES])
-def test_row_slowest_launches_a_rows_programs_together(ops, op, n_masked):
+def test_row_slowest_launches_a_rows_programs_together(ops, op, overrides, n_masked):
     """grid_order="row_slowest" launches (tiles, heads, batch): blockIdx.x, which the GPU hands
     out fastest, is the tile, then the head, so one row's programs are adjacent; the kernel reads
     the same masked ring entries as in the default order."""
-    tiling = dataclasses.replace(default_tiling(ops, op), grid_order="row_slowest")
+    tiling = dataclasses.replace(default_tiling(ops, op), grid_order="row_slowest", **overrides)
     fn = functools.partial(getattr(ops, op), impl="pallas_triton", tiling=tiling,
                            interpret=False)
     grid, loads = triton_kernel(fn, *op_args(ops, op))

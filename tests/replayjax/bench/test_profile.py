@@ -109,6 +109,7 @@ def test_instruction_class(opcode, op_name, frames, target, cls):
 @pytest.mark.parametrize("name,op_name,cls", [
     ("fusion_12", "jit(_decode_loop)/while/body/moe/dot_general", "moe"),
     ("mamba2_replay_decode", "", "ssm"),
+    ("moe_gate_up", "", "moe"),                  # the MoE Pallas kernels (H200: were "other")
     ("nvjet_sm90_tss_128x136", "jit(f)", "gemm"),
     ("loop_add_fusion", "jit(f)/add", "other"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "", "collective"),
