@@ -116,7 +116,7 @@ _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
 # shapes, fp32 state, batch 256): standard 274 vs 292 us, verify T = 4 528 vs 599. The replay
-# decode stays on Triton (seventh session: 204 vs 230 us staggered at batch 256, 35 vs 35 at 32).
+# decode stays on Triton (seventh session: 208 vs 230 us staggered at batch 256, 35 vs 35 at 32).
 AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
 _MAX_K = 256                      # one TMA box per q / k vector
 

@@ -12,6 +12,12 @@ Method (docs/benchmarks.md):
     times separately;
   * minimum bytes: standard = state read + write + token inputs/outputs; replay = state read +
     state write / L + the (L - 1) / 2 ring entries held on average + ring append + token I/O;
+  * a step's time is its kernel plus the XLA ops its wrapper launches around it (e.g. the
+    Mosaic Mamba-2 replay's ring B . C products, the GDN Triton replay's ring key products with
+    ring_scalars="xla"): the replay loop's device time per step, every kernel from the first
+    replay launch on, less that of a loop of the ring counts' update alone (`advance_counts`,
+    one op per model step shared by all SSM layers, and the loop's own launches); spread evenly
+    over the steps (`wrapper_us` in the JSON rows); the standard kernels launch nothing else;
   * copy bandwidth measured in the same process (x + 1 over 2 GiB, bytes read + written);
   * `--impls` times Pallas implementations side by side: "pallas" (Triton) and
     "pallas_mosaic_gpu" (Mosaic GPU), each from its own measured tilings.
@@ -34,7 +40,7 @@ from replayjax.bench.families import (
     check_shape_names,
     pool_sets,
 )
-from replayjax.bench.timing import copy_bandwidth, kernel_times, launches
+from replayjax.bench.timing import copy_bandwidth, from_first, kernel_times, launches
 
 PROG = "replayjax bench kernels"
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
@@ -83,6 +89,7 @@ class Row:
     std_bytes: float
     rep_bytes: float
     copy_bw: float
+    wrapper_us: float = 0.0    # the replay wrapper's XLA ops per step, in the replay times
 
     @property
     def speedup(self):
@@ -150,23 +157,41 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
             return bufs, advance_counts(counts, slots, L)
         return jax.lax.fori_loop(0, n_steps, body, (bufs, counts))
 
+    @jax.jit
+    def run_counts(counts):     # what a replay step launches besides the layer's own work
+        body = lambda i, c: advance_counts(c, sets[i % n_sets], L)  # noqa: E731
+        return jax.lax.fori_loop(0, n_steps, body, counts)
+
+    def step_total(times, name=None):
+        """Median us per step of every kernel (from the first `name` launch on, if given)."""
+        runs = from_first(times, name) if name else times
+        return float(np.median([sum(us for _, us in it) / n_steps for it in runs]))
+
     def per_launch(fn, *args, name):
-        t = launches(kernel_times(fn, *args, iterations=iterations), name)
+        """(per iteration: the `name` launches' us [n_steps], us per step of the other
+        kernels the loop launches)."""
+        times = kernel_times(fn, *args, iterations=iterations)
+        t = launches(times, name)
         if any(len(x) != n_steps for x in t):
             raise RuntimeError(f"expected {n_steps} {name} launches, got {[len(x) for x in t]}")
-        return t
+        return t, step_total(times, name) - float(np.median([x.mean() for x in t]))
 
-    std = per_launch(run_standard, bufs.checkpoint, name="standard")
-    stag = per_launch(run_replay, bufs, jnp.asarray(staggered_counts(S, L, seed + 1)),
-                      name="replay")
+    counts_us = step_total(kernel_times(run_counts, jnp.zeros((S,), jnp.int32),
+                                        iterations=iterations))
+    std, _ = per_launch(run_standard, bufs.checkpoint, name="standard")
+    stag, stag_other = per_launch(run_replay, bufs,
+                                  jnp.asarray(staggered_counts(S, L, seed + 1)), name="replay")
+    wrapper = max(stag_other - counts_us, 0.0)      # clamp: timing noise around an empty wrapper
     out = dict(standard_us=float(np.median([t.mean() for t in std])),
-               staggered_us=float(np.median([t.mean() for t in stag])),
-               amortised_us=float("nan"), nonfold_us=float("nan"), fold_us=float("nan"))
+               staggered_us=float(np.median([t.mean() for t in stag])) + wrapper,
+               amortised_us=float("nan"), nonfold_us=float("nan"), fold_us=float("nan"),
+               wrapper_us=wrapper)
     if cycling:
-        cyc = per_launch(run_replay, bufs, jnp.zeros((S,), jnp.int32), name="replay")
+        cyc, cyc_other = per_launch(run_replay, bufs, jnp.zeros((S,), jnp.int32), name="replay")
+        extra = max(cyc_other - counts_us, 0.0)
         nonfold, fold = split_cycle(np.median(np.stack(cyc), axis=0), n_sets, L)
-        out.update(amortised_us=float(np.median([t.mean() for t in cyc])), nonfold_us=nonfold,
-                   fold_us=fold)
+        out.update(amortised_us=float(np.median([t.mean() for t in cyc])) + extra,
+                   nonfold_us=nonfold + extra, fold_us=fold + extra)
     out["std_bytes"], out["rep_bytes"] = fam.min_bytes(dims, L, ring_dtype.itemsize,
                                                         state_dtype.itemsize)
     return out

@@ -54,6 +54,11 @@ def test_staggered_schedule_mixes_fold_and_append_rows():
     assert abs(np.mean(counts == 15) - 1 / 16) < 0.02     # ~1/L of the rows fold at every step
 
 
+def counts_loop(args) -> bool:
+    """Whether `kernel_times` was handed the ring counts' loop (one int32 argument)."""
+    return len(args) == 1 and args[0].dtype == jnp.int32
+
+
 def _recording(fam, seen):
     """`fam` whose replay kernel reports, at every launch, the ring counts of its rows."""
     def replay(b, c, inp, slots, **kw):
@@ -76,11 +81,14 @@ def test_bench_amortises_whole_fold_cycles(monkeypatch, family, dims):
     def fake_kernel_times(fn, *args, iterations):
         seen.clear()
         jax.block_until_ready(fn(*args))
+        if counts_loop(args):                          # the ring counts' update alone
+            return [[("loop_fusion", 0.5)] * n_steps] * iterations
         if not seen:                                   # the standard kernel: 2 us per launch
             return [[("standard_decode", 2.0)] * n_steps] * iterations
         us = [float(np.mean(np.where(c == L - 1, 10.0, 1.0))) for c in seen]
         fake_kernel_times.fold_fractions.append([float(np.mean(c == L - 1)) for c in seen])
-        return [[("replay_decode", u) for u in us]] * iterations
+        return [[k for u in us for k in (("replay_decode", u), ("loop_fusion", 0.5))]
+                ] * iterations
 
     fake_kernel_times.fold_fractions = []
     n_steps = 2 * L                                    # two slot sets
@@ -92,8 +100,34 @@ def test_bench_amortises_whole_fold_cycles(monkeypatch, family, dims):
     staggered, cycling = fake_kernel_times.fold_fractions
     assert set(cycling) == {0.0, 1.0}
     assert any(0 < f < 1 for f in staggered)
-    assert r["standard_us"] == 2.0
+    assert r["standard_us"] == 2.0 and r["wrapper_us"] == 0.0
     assert (r["std_bytes"], r["rep_bytes"]) == fam.min_bytes(dims, L, 4)
+
+
+def test_bench_counts_the_replay_wrappers_xla_ops(monkeypatch):
+    """A replay step that launches an XLA op (0.7 us) before its kernel (1 us) costs both: the
+    op is in the replay times (less the first step's, cut with the set-up copies), the ring
+    counts' update (0.5 us, timed alone) is not."""
+    fam = FAMILIES["mamba2"]()
+    fam.shapes["tiny"] = dict(H=2, P=16, N=16, G=1)
+    n_steps = 8
+
+    def fake_kernel_times(fn, *args, iterations):
+        if counts_loop(args):                 # (its set-up copy of S counts: negligible)
+            return [[("loop_fusion", 0.5)] * n_steps] * iterations
+        if hasattr(args[0], "checkpoint"):
+            step = [("gemm_fusion", 0.7), ("replay_decode", 1.0), ("loop_fusion", 0.5)]
+        else:
+            step = [("standard_decode", 2.0)]
+        return [[("copy", 9.0)] + step * n_steps] * iterations     # the pools' set-up copy
+
+    monkeypatch.setattr(kernels, "kernel_times", fake_kernel_times)
+    r = kernels.bench(fam, "tiny", 2, L=4, ring="float32", iterations=1, min_pool_bytes=1)
+    wrapper = 0.7 * (n_steps - 1) / n_steps
+    assert r["wrapper_us"] == pytest.approx(wrapper)
+    for key in ("staggered_us", "amortised_us", "nonfold_us", "fold_us"):
+        assert r[key] == pytest.approx(1.0 + wrapper), key
+    assert r["standard_us"] == 2.0
 
 
 @pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
@@ -106,6 +140,8 @@ def test_bench_times_a_bf16_state(monkeypatch, family, dims):
     dtypes = []
 
     def fake_kernel_times(fn, *args, iterations):
+        if counts_loop(args):
+            return [[("loop_fusion", 0.5)] * 8] * iterations
         state = args[0] if not hasattr(args[0], "checkpoint") else args[0].checkpoint
         dtypes.append(state.dtype)
         jax.block_until_ready(fn(*args))
