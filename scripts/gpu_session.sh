@@ -4,13 +4,12 @@
 #   tests    - the Pallas verify kernels and the tiny models of both families, compiled on the GPU
 #   kernels  - decode kernels, standard vs ReplaySSM (staggered headline), both families
 #   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic
-#   triton-tune - the Triton replay decode's tiling options at batch 256 (staggered counts), to
-#              pick their defaults: state_eviction "evict_first" (the checkpoint read once, kept
-#              from pushing the rings out of L2), GDN ring_scalars "xla" (k_j . k, k_j . q by one
-#              einsum per step instead of every program reading the ring keys) and grid_order
-#              "row_slowest" (a row's programs launched together, tile fastest: its ring reads
-#              shared through L2; the standard kernel, the baseline, launched the same way);
-#              < 7 min
+#   triton-tune - the Triton decode kernels' tiling options at batch 256 (staggered counts)
+#              against their defaults (launched row-slowest since the seventh session; the
+#              standard kernel, the baseline, launched the same way): grid_order "row_fastest",
+#              state_eviction "evict_first" (the checkpoint read once, kept from pushing the
+#              rings out of L2), GDN ring_scalars "xla" (k_j . k, k_j . q by one einsum per
+#              step, counted in the step since the seventh session); < 7 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -42,7 +41,7 @@
 #              decode of Mamba-2 and GDN at batch 1 / 32 / 256 beside the Triton kernels, then a
 #              small tiling sweep of each at batch 256 (issue 16 targets: Mamba-2 replay <= 320 us
 #              amortised, staggered within 5%, standard <= 530 us; GDN replay <= 145 us), the
-#              replay's prologue="overlap" first;  mosaic-verify - verify T = 4 at batch 256 of
+#              replay's prologue="serial" first;  mosaic-verify - verify T = 4 at batch 256 of
 #              both families beside the Triton verify, a Mamba-2 tiling sweep, and each with
 #              prologue="overlap"
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
@@ -124,15 +123,11 @@ case $stage in
   triton-tune)
     # (a --tune entry's fields the standard tiling has apply to the standard kernel too)
     limit 200 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
-      --tune '[{}, {"state_eviction": "evict_first"}, {"grid_order": "row_slowest"},
-               {"grid_order": "row_slowest", "state_eviction": "evict_first"}]' \
+      --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|"
     limit 200 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
-      --tune '[{}, {"state_eviction": "evict_first"}, {"ring_scalars": "xla"},
-               {"ring_scalars": "xla", "state_eviction": "evict_first"},
-               {"grid_order": "row_slowest"},
-               {"grid_order": "row_slowest", "ring_scalars": "xla",
-                "state_eviction": "evict_first"}]' \
+      --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"},
+               {"ring_scalars": "xla"}, {"ring_scalars": "xla", "state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
     for fam in mamba2 gdn; do
@@ -320,17 +315,15 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/kernels_mosaic_gdn.json" 2>>"$out/mosaic.log" | grep "^|"
-    # prologue "overlap" (the state stream before the ring walk) right after the default: the
-    # A/B comes first if the limit cuts the sweep
+    # prologue "serial" (the ring walk before the state stream) right after the default
+    # ("overlap"): the A/B comes first if the limit cuts the sweep
     limit 260 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune.json" \
-      --tune '[{}, {"prologue": "overlap"}, {"prologue": "overlap", "num_stages": 3},
-               {"block_n": 16}, {"block_n": 64}, {"num_stages": 3}]' \
+      --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_n": 16}, {"block_n": 64}]' \
       2>>"$out/mosaic.log" | grep "^|"
     limit 260 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
-      --tune '[{}, {"prologue": "overlap"}, {"prologue": "overlap", "num_stages": 3},
-               {"block_k": 32}, {"block_k": 128}, {"num_stages": 3}]' \
+      --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \

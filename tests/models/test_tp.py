@@ -97,7 +97,7 @@ assert {v for v, _, _ in SPEC_CASES} == set(VARIANTS)
 
 def oracle_prompts(variant, tp, monkeypatch):
     """(HF reference, prompts) of a fixture with the "oracle" drafter registered to draft its
-    greedy continuations (skips without tp devices)."""
+    greedy continuations."""
     ref = _ref(variant)
     prompts = [ref["prompts"][i, :n].tolist() for i, n in enumerate(ref["prompt_lens"])]
     monkeypatch.setitem(drafters.DRAFTERS, "oracle", OracleDrafter)
