@@ -229,6 +229,21 @@ def chunk(ref, n, block):
     return plgpu.load(ref.at[pl.ds(n * block, block)], layout=COL).astype(F32)
 
 
+def dot(u, w, block):
+    """u . w of two SMEM vectors [n] (any float dtypes) as an fp32 scalar: the products of each
+    chunk of `block` (COL vectors, see `chunk`) summed, then the chunks' sums in order. A COL
+    vector lies whole in every warp, so its sum takes lane shuffles only (no cross-warp
+    reduction, no SMEM) and every thread holds the result. The replay kernels take their small
+    per-group products this way instead of from an XLA op before the launch (one launch per
+    layer and step: at batch 1 each extra op cost a few us of latency)."""
+    (n,) = u.shape
+    total = None
+    for i in range(n // block):
+        part = jnp.sum(chunk(u, i, block) * chunk(w, i, block))
+        total = part if total is None else total + part
+    return total
+
+
 def staging_smem(block, dtype):
     """The double-buffered staging area of state chunk writes (see `write_chunk`)."""
     return plgpu.SMEM((2, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))

@@ -14,9 +14,11 @@ Standard: S k is needed whole before any update, so every chunk of the tile is i
 (64 x K state elements of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
 they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces o = S q.
 
-Replay: the per-key-head products k_j . k, k_j . q (ring x current) and k . q are computed by
-XLA before the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the
-checkpoint read at Qwen3-Next shapes; the Triton kernel reads the same keys from every CTA).
+Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed by XLA before
+the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint
+read at Qwen3-Next shapes; the Triton kernel's ring_scalars="kernel" reads the same keys from
+every CTA, and its "xla" is faster at batch 256). k . q needs only the token's k and q, already
+in SMEM: each CTA computes it (`dot`), one XLA op fewer before the launch (batch-1 latency).
 The kernel walks the committed ring entries backwards (a loop of `count` steps; entries past
 the count are never read), carrying the suffix sum of g for e_j = exp(sum_{j<i<c} g_i); the
 walk's scalars (ring g, k_j . k, k_j . q) are copied whole into SMEM with the first vectors
@@ -70,6 +72,7 @@ from pallas_kernels._mosaic_utils import (
     auto_takes,
     chunk,
     cols,
+    dot,
     issue_all,
     load_all,
     mosaic_call,
@@ -267,9 +270,9 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, kq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem,
-                   rk_smem, out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages, prologue):
+                   rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, rk_smem,
+                   out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k, num_stages,
+                   prologue):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
@@ -332,7 +335,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         v, big_e, (sk_ring, sq_ring) = landed_part()
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [64]
-    write_out(alpha * sq + kq_ref[b, hk] * d, live, sv.v, o_ref.at[b, hv, vs])
+    # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
+    write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv, vs])
 
     # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
     # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
@@ -367,12 +371,9 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
-    hi = lax.Precision.HIGHEST
-    qf, kf = q.astype(F32), k.astype(F32)
-    # Per-key-head products (ring x current, current x current): small next to the state.
+    # Per-key-head ring x current products: small next to the state (k . q: in the kernel).
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
         buffers.ring_k, slots, k[:, None], q[:, None]))
-    kq = jnp.einsum("bhk,bhk->bh", kf, qf, precision=hi)
     ring_dtype = buffers.ring_k.dtype
     vectors = VectorPack.of(v=(TILE_ROWS, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
                             ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
@@ -383,9 +384,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
-                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, kq_ref=kq,
-                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
-                    rg_ref=buffers.ring_g),
+                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, s_ref=buffers.checkpoint,
+                    rk_ref=buffers.ring_k, rd_ref=buffers.ring_d, rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
