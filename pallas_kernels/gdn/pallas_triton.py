@@ -14,7 +14,8 @@ row's q / k vectors, and its slot's state [Hv, V, K], one contiguous region. At 
 programs are then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them
 adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row): the
 decode kernels' default (3-7% faster on the H200, below); the verify kernels stay "row_fastest"
-until `gpu_session.sh verify` has timed them.
+until `gpu_session.sh verify` has timed them. "head_slowest" is the authors' exact order (V tile,
+row, head), opt-in until `gpu_session.sh triton-tune` has timed it (docs/design.md).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
@@ -63,8 +64,9 @@ class GDNTiling:
     """Launch configuration of the standard kernels (the [block_v, K] state tile is held
     whole). block_v bounds the value tile: a kernel uses the largest power of two dividing V,
     at least 4, up to it. `grid_order` (every Triton tiling of both families): the launch order
-    of the programs, "row_fastest" or "row_slowest" (a row's programs adjacent: its ring / token
-    reads shared through L2, its slot's state read as one region; see the module docstring)."""
+    of the programs, "row_fastest", "row_slowest" (a row's programs adjacent: its ring / token
+    reads shared through L2, its slot's state read as one region; see the module docstring) or
+    "head_slowest" (the V tiles of a row, then the rows, of one head)."""
     block_v: int
     num_warps: int
     num_stages: int = 2
