@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.validation import GRID_ORDERS, check_choice
+from pallas_kernels.validation import GRID_ORDERS, check, check_choice
 
 F32 = jnp.float32
 
@@ -70,9 +70,15 @@ def launch_grid(dims, order):
       "row_slowest": reversed, (tiles, heads, batch): consecutive CTAs are the tiles, then the
         heads, of one row, so a row's programs run together (its ring / token reads shared
         through L2, its slot's state read as one region).
+      "head_slowest" (3 axes): (tiles, batch, heads): consecutive CTAs are the tiles of one
+        row, then the rows, of one head (the ReplaySSM authors' GDN launch).
     `program_ids(order, len(dims))` maps a program back to (row, *inner). Every Triton kernel
     builds its grid here, so a tiling's bad `grid_order` is refused here, in one line."""
     check_choice("grid_order", order, GRID_ORDERS)
+    check(order != "head_slowest" or len(dims) == 3,
+          f"grid_order 'head_slowest' needs a (row, head, tile) grid, got {len(dims)} axes")
+    if order == "head_slowest":
+        return (dims[2], dims[0], dims[1])
     return tuple(dims) if order == "row_fastest" else tuple(reversed(dims))
 
 
@@ -80,6 +86,8 @@ def program_ids(order, n=3):
     """This program's logical ids (row, *inner) in a grid of `n` axes built by `launch_grid` in
     `order` (checked there): int32 scalars."""
     ids = tuple(pl.program_id(i) for i in range(n))
+    if order == "head_slowest":
+        return ids[1], ids[2], ids[0]
     return ids if order == "row_fastest" else ids[::-1]
 
 

@@ -20,7 +20,7 @@ INT32_ONLY = (jnp.int32,)
 EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
 # How a Triton kernel's programs (row, head, tile) are launched (a tiling's `grid_order`, see
 # `_kernel_utils.launch_grid`).
-GRID_ORDERS = ("row_fastest", "row_slowest")
+GRID_ORDERS = ("row_fastest", "row_slowest", "head_slowest")
 
 
 def check(cond: bool, msg: str) -> None:

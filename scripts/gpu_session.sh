@@ -9,7 +9,9 @@
 #              standard kernel, the baseline, launched the same way): grid_order "row_fastest",
 #              state_eviction "evict_first" (the checkpoint read once, kept from pushing the
 #              rings out of L2), GDN ring_scalars "xla" (k_j . k, k_j . q by one einsum per
-#              step, counted in the step since the seventh session); < 7 min
+#              step, counted in the step since the seventh session); GDN also the ReplaySSM
+#              authors' choices: 1-2 warps / 3 stages, grid_order "head_slowest", chunk_loop
+#              "unrolled" (docs/design.md); < 9 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -125,9 +127,16 @@ case $stage in
     limit 200 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
       --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|"
-    limit 200 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
+    # GDN, then the ReplaySSM authors' launch choices (docs/design.md, "GDN replay decode
+    # beside the authors' kernel"): 1 warp / 3 stages (their config; the standard kernel's
+    # column then runs 1 warp too: ignore it), their grid order, the unrolled chunk walk
+    limit 330 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
       --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"},
-               {"ring_scalars": "xla"}, {"ring_scalars": "xla", "state_eviction": "evict_first"}]' \
+               {"ring_scalars": "xla"}, {"ring_scalars": "xla", "state_eviction": "evict_first"},
+               {"num_warps": 1, "num_stages": 3}, {"num_warps": 2, "num_stages": 3},
+               {"num_stages": 3}, {"chunk_loop": "unrolled"},
+               {"chunk_loop": "unrolled", "num_warps": 2}, {"grid_order": "head_slowest"},
+               {"num_warps": 1, "num_stages": 3, "grid_order": "head_slowest"}]' \
       --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
     for fam in mamba2 gdn; do

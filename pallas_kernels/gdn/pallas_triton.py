@@ -14,7 +14,8 @@ row's q / k vectors, and its slot's state [Hv, V, K], one contiguous region. At 
 programs are then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them
 adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row): the
 decode kernels' default (3-7% faster on the H200, below); the verify kernels stay "row_fastest"
-until `gpu_session.sh verify` has timed them.
+until `gpu_session.sh verify` has timed them. "head_slowest" is the authors' exact order (V tile,
+row, head), opt-in until `gpu_session.sh triton-tune` has timed it (docs/design.md).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
@@ -55,6 +56,7 @@ from pallas_kernels.validation import (
 )
 
 RING_SCALARS = ("kernel", "xla")
+CHUNK_LOOPS = ("fori", "unrolled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +64,9 @@ class GDNTiling:
     """Launch configuration of the standard kernels (the [block_v, K] state tile is held
     whole). block_v bounds the value tile: a kernel uses the largest power of two dividing V,
     at least 4, up to it. `grid_order` (every Triton tiling of both families): the launch order
-    of the programs, "row_fastest" or "row_slowest" (a row's programs adjacent: its ring / token
-    reads shared through L2, its slot's state read as one region; see the module docstring)."""
+    of the programs, "row_fastest", "row_slowest" (a row's programs adjacent: its ring / token
+    reads shared through L2, its slot's state read as one region; see the module docstring) or
+    "head_slowest" (the V tiles of a row, then the rows, of one head)."""
     block_v: int
     num_warps: int
     num_stages: int = 2
@@ -80,7 +83,11 @@ class GDNReplayTiling:
     state from pushing the rings out of L2). `ring_scalars` is where k_j . k and k_j . q come
     from: "kernel" (every program reads the ring keys of its slot, [L, K]) or "xla" (one
     einsum per step computes them per key head; programs read [L] scalars, and the ring keys
-    only to fold). `grid_order` as in `GDNTiling`."""
+    only to fold). `grid_order` as in `GDNTiling`. `chunk_loop` is how the K chunks are walked:
+    "fori" (a loop; the Triton pipeliner overlaps `num_stages` chunks) or "unrolled" (straight-
+    line code that issues every checkpoint chunk of the read-only pass right after the slot
+    load, before the count and the ring loads that depend on it: a [block_v, K] tile in flight
+    per program, as the ReplaySSM authors' kernel gets from its 2-chunk loop at num_stages 3)."""
     block_v: int
     block_k: int
     num_warps: int
@@ -89,6 +96,7 @@ class GDNReplayTiling:
     state_eviction: str = "evict_normal"
     ring_scalars: str = "kernel"
     grid_order: str = "row_fastest"
+    chunk_loop: str = "fori"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -134,7 +142,7 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     """The launch keywords of a tiling (None: `default`) for value dim V (tiles, launch order,
     warps, stages); with key dim K and the ring window L, also the key chunk (for a window of
     `num_tokens`), the fold mode, the state's eviction policy and (replay decode) where the ring
-    scalars come from."""
+    scalars come from and how its K chunks are walked)."""
     t = resolve_tiling(tiling, default)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
@@ -145,6 +153,9 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     if hasattr(t, "ring_scalars"):
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
+    if hasattr(t, "chunk_loop"):
+        check_choice("chunk_loop", t.chunk_loop, CHUNK_LOOPS)
+        tiles["unrolled"] = t.chunk_loop == "unrolled"
     return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -221,16 +232,31 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_v, grid_order, num
 # --------------------------------------------------------------------------------------------
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
+def _walk_chunks(n, block, body, init, unrolled):
+    """`n_chunks` (a fori_loop over chunks of a dimension of size n; body(slice, carry) ->
+    carry), or the same chunks as straight-line code when `unrolled`."""
+    if not unrolled:
+        return n_chunks(n, block, body, init)
+    for i in range(n // block):
+        init = body(pl.ds(i * block, block), init)
+    return init
+
+
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
                    grid_order, heads_per_key_head, block_v, block_k, window, fold_dot, precision,
-                   eviction):
+                   eviction, unrolled):
     # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
     # float32, those products precomputed per key head (ring_scalars="xla").
     b, hv, hk, t, vs = _program(grid_order, heads_per_key_head, block_v)
     L, K = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
+    # unrolled: every checkpoint chunk is loaded here, before the count (a second dependent
+    # load) and the ring reads that wait on it; in-order issue would otherwise hold the state
+    # stream back by one memory round trip. {chunk start: [bv, bk] tile}.
+    early = ({i: stream(s_in.at[slot, hv, vs, pl.ds(i, block_k)], eviction)
+              for i in range(0, K, block_k)} if unrolled else {})
     c = counts_ref[slot]
     # Only the committed ring entries are fetched (masked loads): ~half the ring on average.
     ring_d = ring_entries(rd_in.at[slot, hv, :, vs], c)                     # [L, bv]
@@ -244,7 +270,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         s0k, s0q, rkk, rkq, kq = carry
         kc = k_ref[b, hk, ks].astype(F32)
         qc = q_ref[b, hk, ks].astype(F32)
-        s0 = stream(s_in.at[slot, hv, vs, ks], eviction).astype(F32)    # [bv, bk]
+        s0 = (early[ks.start] if unrolled                                   # [bv, bk]
+              else stream(s_in.at[slot, hv, vs, ks], eviction)).astype(F32)
         if rkx_ref is None:
             rk = ring_entries(rk_in.at[slot, hk, :, ks], c).astype(F32)  # [L, bk]
             rkk = rkk + jnp.sum(rk * kc[None, :], axis=1)
@@ -253,7 +280,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                 rkk, rkq, kq + jnp.sum(kc * qc))
 
     zv, zl = jnp.zeros((block_v,), F32), jnp.zeros((L,), F32)
-    s0k, s0q, rkk, rkq, kq = n_chunks(K, block_k, readout, (zv, zv, zl, zl, jnp.float32(0)))
+    s0k, s0q, rkk, rkq, kq = _walk_chunks(K, block_k, readout,
+                                          (zv, zv, zl, zl, jnp.float32(0)), unrolled)
     if rkx_ref is not None:
         rkk, rkq = rkx_ref[b, hk, 0, :], rkx_ref[b, hk, 1, :]
 
@@ -284,7 +312,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
             upd = outer_fold(wd, kw, precision, fold_dot)                   # [bv, bk]
             s_out[slot, hv, vs, ks] = (decay * s0 + upd).astype(s_out.dtype)
             return carry
-        n_chunks(K, block_k, fold_chunk, 0)
+        _walk_chunks(K, block_k, fold_chunk, 0, unrolled)
 
     # Append (k, d, g) at `c` (after a fold it lies past the reset count: harmless).
     @pl.when(live)
@@ -301,10 +329,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "ring_scalars", "grid_order", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "ring_scalars", "unrolled", "grid_order",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, ring_scalars, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_scalars, unrolled, grid_order, num_warps, num_stages,
+                   interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
@@ -313,7 +342,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction)
+        eviction=eviction, unrolled=unrolled)
     o, *new = call(
         kernel, name="gdn_replay_decode",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),

@@ -182,7 +182,9 @@ class GDN(Problem):
                       ("xla-scalars", dict(ring_scalars="xla")),
                       ("xla-scalars-evict-first", dict(ring_scalars="xla",
                                                        state_eviction="evict_first")),
-                      ("row-slowest", Problem.ROW_SLOWEST)]
+                      ("row-slowest", Problem.ROW_SLOWEST),
+                      ("head-slowest", dict(grid_order="head_slowest")),
+                      ("unrolled", dict(chunk_loop="unrolled"))]
     TILE_FIELD = "block_v"
     # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order
     VERIFY_OPTIONS = dict(state_eviction="evict_first", block_v=8, **Problem.ROW_SLOWEST)

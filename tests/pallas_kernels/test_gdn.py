@@ -8,11 +8,13 @@ makes: measured, reported and bounded here (3e-2 over 4096 steps).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels import gdn
+from pallas_kernels.ring import NULL_SLOT
 from tests.pallas_kernels.families import BF16, GDN, IMPLS, long_run
-from tests.pallas_kernels.helpers import impl_kw
+from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -64,10 +66,13 @@ def test_bad_tiles_are_named():
                           tiling=GDN(1).tiling("replay", block_k=8, fold="dot"))
     with pytest.raises(ValueError, match=r"ring_scalars must be one of 'kernel', 'xla', got 'gpu'"):
         gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", ring_scalars="gpu"))
+    with pytest.raises(ValueError, match=r"chunk_loop must be one of 'fori', 'unrolled', got 'x'"):
+        gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", chunk_loop="x"))
     with pytest.raises(ValueError, match=r"state_eviction must be one of 'evict_normal', "):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", state_eviction="first"))
-    bad_order = r"grid_order must be one of 'row_fastest', 'row_slowest', got 'head_fastest'"
+    bad_order = (r"grid_order must be one of 'row_fastest', 'row_slowest', 'head_slowest', "
+                 r"got 'head_fastest'")
     with pytest.raises(ValueError, match=bad_order):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", grid_order="head_fastest"))
@@ -129,3 +134,28 @@ def test_an_op_without_mosaic_kernel_is_named():
         gdn.standard_verify(pb.random_state(), *pb.window_inputs(2, 2),
                             jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
                             impl="pallas_mosaic_gpu")
+
+
+@pytest.mark.parametrize("options", [dict(grid_order="head_slowest"), dict(chunk_loop="unrolled"),
+                                     dict(grid_order="head_slowest", chunk_loop="unrolled")],
+                         ids=["head-slowest", "unrolled", "both"])
+def test_replay_launch_options_compute_the_same_sums(options, interpret):
+    """The ReplaySSM-authors-style launch options only reorder programs / loads: outputs, pools
+    and counts equal the default tiling's bitwise (compiled: within an ulp) over two fold cycles,
+    on a grid whose axes all differ in size (batch 3, Hv 4, two V tiles of 8; two K chunks),
+    with a padding row and NaN ring entries past the counts."""
+    L, runs = 4, []
+    for opts in ({}, options):
+        pb = GDN(7, batch=3, Hk=2, Hv=4, K=32, V=16)
+        bufs, counts, _ = pb.make_replay_state(L, jnp.float32, jnp.float32)
+        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+        tiling = pb.tiling("replay", block_v=8, block_k=16, **opts)
+        outs = []
+        for _ in range(2 * L):
+            out, bufs = gdn.replay_decode(bufs, counts, *pb.step_inputs(), slots,
+                                          **impl_kw("pallas", interpret, tiling))
+            counts = gdn.advance_counts(counts, slots, L)
+            outs.append(out)
+        runs.append((outs, bufs, counts))
+    assert all(np.isfinite(o).all() and (np.asarray(o)[1] == 0).all() for o in runs[0][0])
+    assert_runs_equal(*runs, interpret)

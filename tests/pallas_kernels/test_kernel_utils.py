@@ -36,15 +36,16 @@ def test_ring_entries_reads_zero_past_the_count(dtype, interpret):
 
 
 
-@pytest.mark.parametrize("order", ["row_fastest", "row_slowest"])
+@pytest.mark.parametrize("order", ["row_fastest", "row_slowest", "head_slowest"])
 def test_grid_order_visits_every_program_once(order, interpret):
     """A (row, head, tile) = (4, 3, 2) grid launched in `order`: every program maps back to its
     own logical ids, each exactly once (a count per cell, accumulated in place), and the first
     launch axis (CUDA's blockIdx.x, the one the GPU hands out fastest) is the row for
-    "row_fastest", the tile for "row_slowest"."""
+    "row_fastest", the tile for "row_slowest" and "head_slowest" (whose last axis is the head)."""
     dims = (4, 3, 2)
     grid = launch_grid(dims, order)
-    assert grid == (dims if order == "row_fastest" else dims[::-1])
+    assert grid == {"row_fastest": dims, "row_slowest": dims[::-1],
+                    "head_slowest": (2, 4, 3)}[order]
 
     def kernel(seen_in, seen_ref, ids_ref, first_ref):
         b, h, t = program_ids(order, len(dims))
@@ -63,5 +64,8 @@ def test_grid_order_visits_every_program_once(order, interpret):
 
 def test_grid_order_is_checked():
     with pytest.raises(ValueError, match=r"grid_order must be one of 'row_fastest', "
-                                         r"'row_slowest', got 'tile_fastest'"):
+                                         r"'row_slowest', 'head_slowest', got 'tile_fastest'"):
         launch_grid((4, 3, 2), "tile_fastest")
+    with pytest.raises(ValueError, match=r"'head_slowest' needs a \(row, head, tile\) grid, "
+                                         r"got 2 axes"):
+        launch_grid((4, 3), "head_slowest")

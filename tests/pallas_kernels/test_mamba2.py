@@ -54,7 +54,7 @@ def test_bad_grid_order_is_named(kind):
     args = _valid_args(pb)
     tiling = pb.tiling(kind, grid_order="head_fastest")
     with pytest.raises(ValueError, match=r"grid_order must be one of 'row_fastest', "
-                                         r"'row_slowest', got 'head_fastest'"):
+                                         r"'row_slowest'.*, got 'head_fastest'"):
         if kind == "standard":
             mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
                                    args["slots"], impl="pallas", tiling=tiling)

@@ -146,3 +146,37 @@ def test_row_slowest_launches_a_rows_programs_together(ops, op, overrides, n_mas
     grid, loads = triton_kernel(fn, *op_args(ops, op))
     assert grid == LOGICAL_GRIDS[ops, op.split("_")[0]][::-1]
     assert len(masked(loads)) == n_masked, loads
+
+
+def test_head_slowest_launches_a_heads_rows_together():
+    """grid_order="head_slowest" (the ReplaySSM authors' GDN launch) is (tiles, batch, heads):
+    blockIdx.x the V tile, then the row; the head is the slowest axis."""
+    tiling = dataclasses.replace(gdn.REPLAY_TILING, grid_order="head_slowest")
+    fn = functools.partial(gdn.replay_decode, impl="pallas_triton", tiling=tiling,
+                           interpret=False)
+    grid, loads = triton_kernel(fn, *op_args(gdn, "replay_decode"))
+    assert grid == (2, B, 32)
+    assert len(masked(loads)) == 4, loads
+
+
+@pytest.mark.parametrize("chunk_loop", ["fori", "unrolled"])
+def test_unrolled_chunk_loop_loads_the_checkpoint_before_the_count(chunk_loop):
+    """GDN replay decode, chunk_loop="unrolled": the read-only pass's K // block_k checkpoint
+    tiles (the evict_first loads) come right after the slot load, ahead of the count and the
+    masked ring loads that wait on it; "fori" loads its one tile inside the loop, after them.
+    The ring reads stay masked: d, g, and the keys per chunk in the readout and in the fold."""
+    tiling = dataclasses.replace(gdn.REPLAY_TILING, state_eviction="evict_first",
+                                 chunk_loop=chunk_loop)
+    fn = functools.partial(gdn.replay_decode, impl="pallas_triton", tiling=tiling,
+                           interpret=False)
+    _, loads = triton_kernel(fn, *op_args(gdn, "replay_decode"))
+    scalars = [i for i, ld in enumerate(loads) if ld.endswith("!tt.ptr<i32>")]   # slot, count
+    state = [i for i, ld in enumerate(loads) if "evict_first" in ld]
+    chunks = 128 // tiling.block_k
+    assert scalars[:2] == [0, 1 + chunks if chunk_loop == "unrolled" else 1], loads
+    if chunk_loop == "unrolled":
+        assert state == list(range(1, 1 + chunks)), loads
+        assert len(masked(loads)) == 2 + 2 * chunks, loads
+    else:
+        assert len(state) == 1 and state[0] > min(map(loads.index, masked(loads))), loads
+        assert len(masked(loads)) == 4, loads
