@@ -91,22 +91,65 @@ def program_ids(order, n=3):
     return ids if order == "row_fastest" else ids[::-1]
 
 
-def ring_entries(ref, count):
+def ring_entries(ref, count, cols=None):
     """The ring rows of one slot, `ref` [L, ...] (a view: `ring.at[slot, h, :, tile]`), loaded
     with a mask: rows at positions >= count are never fetched (Triton issues no memory access
     for masked lanes) and read exactly 0. Callers still select them away with `where` (the ring
-    contract). -> [L, ...] of the ring's dtype."""
+    contract). `cols`: a [bp] mask of a masked tile's live columns (`tile_rows`; a [L, bp]
+    view), or None. -> [L, ...] of the ring's dtype."""
     from jax.experimental.pallas import triton as pltr
     keep = lax.broadcasted_iota(jnp.int32, ref.shape, 0) < count
+    if cols is not None:
+        keep = keep & axis_mask(cols, ref.shape, 1)
     return pltr.load(ref, mask=keep, other=jnp.zeros((), ref.dtype))
 
 
-def stream(ref, eviction):
+def stream(ref, eviction, rows=None):
     """`ref[...]` loaded with the L2 eviction policy `eviction` (`validation.EVICTION_POLICIES`): a
     read-once stream such as the checkpoint marked "evict_first" leaves L2 to the data that is
-    read again (rings, token vectors). The interpreter ignores the policy."""
+    read again (rings, token vectors). The interpreter ignores the policy. `rows`: a [bp] mask of
+    the view's first axis (`tile_rows`; masked rows are not fetched and read 0), or None."""
     from jax.experimental.pallas import triton as pltr
-    return pltr.load(ref, eviction_policy=eviction)
+    if rows is None:
+        return pltr.load(ref, eviction_policy=eviction)
+    return pltr.load(ref, mask=axis_mask(rows, ref.shape, 0), other=jnp.zeros((), ref.dtype),
+                     eviction_policy=eviction)
+
+
+def tile_rows(t, block, dim):
+    """(slice, mask) of tile `t` of `block` rows over an axis of `dim` rows: the mask, [block]
+    bool, marks the rows < dim, and is None when `block` divides `dim` (every tile full: nothing
+    masked, the kernel's IR unchanged). A tile that does not divide its axis reads and writes its
+    live rows only (`load` / `store` / `stream` / `ring_entries` with the mask): the last tile's
+    padding rows are never fetched (read 0) and never stored."""
+    sl = pl.ds(t * block, block)
+    if dim % block == 0:
+        return sl, None
+    return sl, t * block + lax.broadcasted_iota(jnp.int32, (block,), 0) < dim
+
+
+def axis_mask(mask, shape, axis):
+    """A [shape[axis]] mask broadcast along the other axes of `shape`."""
+    return lax.broadcast_in_dim(mask, shape, (axis,))
+
+
+def load(ref, rows=None):
+    """`ref[...]`; with `rows` (a [n] mask of the view's first axis), masked rows are not fetched
+    and read 0."""
+    if rows is None:
+        return ref[...]
+    from jax.experimental.pallas import triton as pltr
+    return pltr.load(ref, mask=axis_mask(rows, ref.shape, 0), other=jnp.zeros((), ref.dtype))
+
+
+def store(ref, value, rows=None):
+    """`ref[...] = value`; with `rows` (a [n] mask of the view's first axis), masked rows are not
+    written (Triton issues no store for them: no write past the axis)."""
+    if rows is None:
+        ref[...] = value
+        return
+    from jax.experimental.pallas import triton as pltr
+    pltr.store(ref, value, mask=axis_mask(rows, ref.shape, 0))
 
 
 def dot_precision(interpret):

@@ -21,6 +21,10 @@ EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
 # How a Triton kernel's programs (row, head, tile) are launched (a tiling's `grid_order`, see
 # `_kernel_utils.launch_grid`).
 GRID_ORDERS = ("row_fastest", "row_slowest", "head_slowest")
+# How a tile bound covers its axis (a tiling's `p_tiles`): "divide", the largest power of two
+# dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
+# (`masked_block`).
+TILE_MODES = ("divide", "masked")
 
 
 def check(cond: bool, msg: str) -> None:
@@ -127,6 +131,15 @@ def bounded_block(name: str, dim_name: str, dim: int, bound: int, minimum: int =
     (a power of two itself), at least `minimum`."""
     check(is_pow2(bound), f"{name} = {bound} must be a power of two")
     return pick_block(name, dim_name, dim, None, bound, minimum)
+
+
+def masked_block(name: str, dim_name: str, dim: int, bound: int, minimum: int = 1) -> int:
+    """The tile of a masked tiling (tiles need not divide `dim`: the last one is masked): the
+    bound itself (a power of two, at least `minimum`), or the smallest power of two >= `dim`
+    if that is less (no tile larger than the axis needs)."""
+    check(is_pow2(bound), f"{name} = {bound} must be a power of two")
+    check(bound >= minimum, f"{name} = {bound} must be at least {minimum}")
+    return min(bound, max(minimum, 1 << max(dim - 1, 0).bit_length()))
 
 
 def fold_uses_dot(fold: str, window: int, **tiles) -> bool:

@@ -9,9 +9,11 @@
 #              standard kernel, the baseline, launched the same way): grid_order "row_fastest",
 #              state_eviction "evict_first" (the checkpoint read once, kept from pushing the
 #              rings out of L2), GDN ring_scalars "xla" (k_j . k, k_j . q by one einsum per
-#              step, counted in the step since the seventh session); GDN also the ReplaySSM
-#              authors' choices: 1-2 warps / 3 stages, grid_order "head_slowest", chunk_loop
-#              "unrolled" (docs/design.md); < 9 min
+#              step, counted in the step since the seventh session); Mamba-2 also at P = 80
+#              (Nemotron-Nano-9B-v2) with P tiles that do not divide P (p_tiles "masked");
+#              < 7 min;  triton-tune-gdn - GDN's, and the ReplaySSM authors' choices: 1-2 warps /
+#              3 stages, grid_order "head_slowest", chunk_loop "unrolled" (docs/design.md);
+#              < 6 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -127,9 +129,20 @@ case $stage in
     limit 200 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
       --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"}]' \
       --json "$out/kernels_triton_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|"
-    # GDN, then the ReplaySSM authors' launch choices (docs/design.md, "GDN replay decode
-    # beside the authors' kernel"): 1 warp / 3 stages (their config; the standard kernel's
-    # column then runs 1 warp too: ignore it), their grid order, the unrolled chunk walk
+    # P = 80: the default's five tiles of 16 amortise a replay program's ring walk over 16 rows
+    # (replay 1.10x its standard; target >= 1.6x). p_tiles "masked" (the last tile's rows past
+    # P masked): alone, standard 32 + 32 + 16 of 32 rows, replay 64 + 16 of 64; block_p 32: both
+    # in tiles of 32; 128: one tile of 80 live rows (2, or 4 warps: the fp32 [128, 64] tile)
+    limit 180 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
+      --shapes nemotron-nano-9b-v2 \
+      --tune '[{}, {"p_tiles": "masked"}, {"p_tiles": "masked", "block_p": 32},
+               {"p_tiles": "masked", "block_p": 128},
+               {"p_tiles": "masked", "block_p": 128, "num_warps": 4}]' \
+      --json "$out/kernels_triton_tune_mamba2_p80.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  triton-tune-gdn)
+    # the ReplaySSM authors' launch choices (docs/design.md, "GDN replay decode beside the
+    # authors' kernel"): 1 warp / 3 stages (their config; the standard kernel's column then runs
+    # 1 warp too: ignore it), their grid order, the unrolled chunk walk
     limit 330 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
       --tune '[{}, {"grid_order": "row_fastest"}, {"state_eviction": "evict_first"},
                {"ring_scalars": "xla"}, {"ring_scalars": "xla", "state_eviction": "evict_first"},

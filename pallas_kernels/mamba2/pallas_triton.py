@@ -5,11 +5,12 @@ block_n (a loop the Triton pipeliner overlaps: many loads in flight with few reg
 passed whole and gathered by slot inside the kernel (`ref[slot, h, ...]`); the updated pools are
 aliased to their inputs so the step writes in place (donate them at the outer jit). Every load and
 store is a power-of-two block: the P tile divides P (P = 80 runs as five tiles of 16), N and L are
-powers of two. Bodies use only backend-neutral Pallas; the Triton specifics are in
-`_kernel_utils.compiler_params`.
+powers of two; a tiling's `p_tiles="masked"` takes a P tile that need not divide P (one of 128
+over P = 80), its rows past P masked on every load and store (`_kernel_utils.tile_rows`). Bodies
+use only backend-neutral Pallas; the Triton specifics are in `_kernel_utils.compiler_params`.
 
 Launch order (every tiling's `grid_order`, `_kernel_utils.launch_grid`): "row_fastest" launches
-the grid (batch, H, P // block_p), "row_slowest" (P // block_p, H, batch). The GPU hands out CTAs
+the grid (batch, H, P tiles), "row_slowest" (P tiles, H, batch). The GPU hands out CTAs
 with the first grid axis (blockIdx.x) fastest, so "row_fastest" runs one head and tile of
 consecutive rows side by side, while the programs that share data are those of one row: the ring's
 B of a (slot, group) ([L, N], read by every head of the group and by every P tile), the row's B / C
@@ -38,21 +39,26 @@ from pallas_kernels._kernel_utils import (
     dot_precision,
     launch_grid,
     like,
+    load,
     masked_window,
     n_chunks,
     outer_fold,
     program_ids,
     ring_entries,
+    store,
     stream,
     suffix_sums,
+    tile_rows,
 )
 from pallas_kernels.mamba2.buffers import write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    TILE_MODES,
     bounded_block,
     check_choice,
     fold_uses_dot,
+    masked_block,
     resolve_tiling,
 )
 
@@ -63,12 +69,18 @@ class Mamba2Tiling:
     and the d_state chunk: a kernel uses the largest power of two dividing P (at least 4),
     respectively N, up to them. `grid_order`: the launch order of the programs, "row_fastest"
     or "row_slowest" (a row's programs adjacent: its ring / token reads shared through L2, its
-    slot's state read as one region; see the module docstring)."""
+    slot's state read as one region; see the module docstring). `p_tiles`: how block_p covers
+    P: "divide" (the tile above: P = 80 runs as five tiles of 16) or "masked" (block_p itself,
+    or the smallest power of two >= P if less; ceil(P / tile) tiles, the last one's rows past P
+    masked on every load and store: P = 80 at block_p 32 runs tiles of 32, 32 and 16 live rows
+    of 32; at 128, one tile with 48 rows masked), so a program's fixed work (the replay's ring
+    walk and fold setup) is spread over more rows."""
     block_p: int
     block_n: int
     num_warps: int
     num_stages: int = 2
     grid_order: str = "row_fastest"
+    p_tiles: str = "divide"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +115,9 @@ def _tiles(tiling, default, P, N, window=None):
     launch order, warps, stages); with the ring window L, also the fold mode and the state's
     eviction policy."""
     t = resolve_tiling(tiling, default)
-    tiles = dict(block_p=bounded_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
+    check_choice("p_tiles", t.p_tiles, TILE_MODES)
+    p_block = bounded_block if t.p_tiles == "divide" else masked_block
+    tiles = dict(block_p=p_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
                  block_n=bounded_block("block_n", "d_state N", N, t.block_n))
     if window is not None:
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
@@ -133,11 +147,17 @@ def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, int
                             **_tiles(tiling, STANDARD_VERIFY_TILING, x.shape[3], B.shape[3]))
 
 
-def _row_head_tile(grid_order, heads_per_group, block_p):
-    """(row b, head h, group g, P tile t, the tile's slice) of this program, launched by
-    `launch_grid((batch, H, P // block_p), grid_order)`."""
+def _row_head_tile(grid_order, heads_per_group, block_p, P):
+    """(row b, head h, group g, P tile t, the tile's slice, its live rows: a [block_p] mask, or
+    None when block_p divides P) of this program, launched by `_grid`."""
     b, h, t = program_ids(grid_order)
-    return b, h, h // heads_per_group, t, pl.ds(t * block_p, block_p)
+    return (b, h, h // heads_per_group, t, *tile_rows(t, block_p, P))
+
+
+def _grid(batch, H, P, block_p, grid_order):
+    """The launch grid of one program per (row, head, P tile): ceil(P / block_p) tiles (the last
+    one masked when block_p does not divide P)."""
+    return launch_grid((batch, H, pl.cdiv(P, block_p)), grid_order)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,24 +165,24 @@ def _row_head_tile(grid_order, heads_per_group, block_p):
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_in,
                      y_ref, s_out, *, grid_order, heads_per_group, block_p, block_n):
-    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
+    b, h, g, _, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[2])
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    x = x_ref[b, h, ps].astype(_F32)                  # [bp]
+    x = load(x_ref.at[b, h, ps], rows).astype(_F32)  # [bp]
     dt = dt_ref[b, h]
     da, dtx = jnp.exp(dt * a_ref[h]), dt * x
 
     def chunk(ns, y):
-        s = s_in[slot, h, ps, ns].astype(_F32)        # [bp, bn]
+        s = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)  # [bp, bn]
         s = da * s + dtx[:, None] * b_ref[b, g, ns].astype(_F32)[None, :]
 
         @pl.when(live)
         def _():
-            s_out[slot, h, ps, ns] = s.astype(s_out.dtype)
+            store(s_out.at[slot, h, ps, ns], s.astype(s_out.dtype), rows)
         return y + jnp.sum(s * c_ref[b, g, ns].astype(_F32)[None, :], axis=1)
 
     y = n_chunks(s_in.shape[3], block_n, chunk, jnp.zeros_like(x)) + d_ref[h] * x
-    y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+    store(y_ref.at[b, h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "grid_order", "num_warps",
@@ -175,7 +195,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, grid_
                                block_p=block_p, block_n=block_n)
     return call(
         kernel, name="mamba2_standard_decode",
-        grid=launch_grid((batch, H, P // block_p), grid_order),
+        grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt, a_ref=A, d_ref=D,
                     s_in=state),
         outputs=dict(y_ref=like(x), s_out=like(state)),
@@ -190,23 +210,23 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                    s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
                    grid_order, heads_per_group, block_p, block_n, window, fold_dot, precision,
                    eviction):
-    b, h, g, t, ps = _row_head_tile(grid_order, heads_per_group, block_p)
+    b, h, g, t, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[2])
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     # Issue the ring loads before the state pass and use the values after it. Only the committed
     # entries are fetched (masked loads): ~half the ring on average.
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
-    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c)                      # [L, bp]
+    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c, rows)                # [L, bp]
     ring_dt = ring_entries(rdt_in.at[slot, h, :], c)                        # [L]
-    x = x_ref[b, h, ps].astype(_F32)                  # current token
+    x = load(x_ref.at[b, h, ps], rows).astype(_F32)  # current token
     dt = dt_ref[b, h]
 
     # Read-only pass over the checkpoint: S0 C and, for every ring entry, B_j . C.
     def readout(ns, carry):
         s0c, bc_ring, bc_cur = carry
         cv = c_ref[b, g, ns].astype(_F32)
-        s0 = stream(s_in.at[slot, h, ps, ns], eviction).astype(_F32)     # [bp, bn]
+        s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
         rb = ring_entries(rb_in.at[slot, g, :, ns], c).astype(_F32)      # [L, bn]
         return (s0c + jnp.sum(s0 * cv[None, :], axis=1),
                 bc_ring + jnp.sum(rb * cv[None, :], axis=1),
@@ -236,19 +256,19 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         def fold_chunk(ns, carry):
             sbw = s[:, None] * masked_window(valid, cur, ring_entries(rb_in.at[slot, g, :, ns], c),
                                              b_ref[b, g, ns].astype(_F32))  # [L, bn]
-            s0 = s_in[slot, h, ps, ns].astype(_F32)
+            s0 = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)
             upd = outer_fold(xw, sbw, precision, fold_dot)              # [bp, bn]
-            s_out[slot, h, ps, ns] = (decay * s0 + upd).astype(s_out.dtype)
+            store(s_out.at[slot, h, ps, ns], (decay * s0 + upd).astype(s_out.dtype), rows)
             return carry
         n_chunks(N, block_n, fold_chunk, 0)
 
     y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
-    y_ref[b, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+    store(y_ref.at[b, h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
 
     # Append the current token at `c` (after a fold it lies past the reset count: harmless).
     @pl.when(live)
     def _append():
-        rx_out[slot, h, c, ps] = x.astype(rx_out.dtype)
+        store(rx_out.at[slot, h, c, ps], x.astype(rx_out.dtype), rows)
 
         @pl.when(t == 0)
         def _():
@@ -273,7 +293,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
         eviction=eviction)
     y, *new = call(
         kernel, name="mamba2_replay_decode",
-        grid=launch_grid((batch, H, P // block_p), grid_order),
+        grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, s_in=buffers.checkpoint, rx_in=buffers.ring_x,
                     rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
@@ -298,20 +318,21 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
     # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
     # a [bp] / [L] vector or a scalar: no [T, tile, chunk] products (they spill registers).
-    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
+    b, h, g, _, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[3])
     L, N, T = window, s_in.shape[3], num_tokens
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]
-    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c)                      # [L, bp]
+    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c, rows)                # [L, bp]
     ring_dt = ring_entries(rdt_in.at[slot, h, :], c)                        # [L]
-    xs = [x_ref[b, t, h, ps].astype(_F32) for t in range(T)]              # T x [bp]
+    # (token indices as int32 arrays: the interpreter's masked loads / stores take no Python int)
+    xs = [load(x_ref.at[b, jnp.int32(t), h, ps], rows).astype(_F32) for t in range(T)]  # T x [bp]
     dts = [dt_ref[b, t, h] for t in range(T)]                              # T scalars
     bc_ring = [bcr_ref[b, g, t, :] for t in range(T)]                      # T x [L] B_j . C_t
     bc_win = {(r, t): bcw_ref[b, g, r, t] for t in range(T) for r in range(t + 1)}  # B_r . C_t
 
     def readout(ns, s0c):
-        s0 = stream(s_in.at[slot, h, ps, ns], eviction).astype(_F32)      # [bp, bn]
+        s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
         return tuple(acc + jnp.sum(s0 * c_ref[b, t, g, ns].astype(_F32)[None, :], axis=1)
                      for t, acc in enumerate(s0c))
 
@@ -331,7 +352,7 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
              + d_ref[h] * xs[t])
         for r in range(t + 1):
             y = y + dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bc_win[r, t] * xs[r]
-        y_ref[b, t, h, ps] = jnp.where(live, y, 0.0).astype(y_ref.dtype)
+        store(y_ref.at[b, jnp.int32(t), h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & (c + T >= L))
@@ -346,9 +367,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             sbw = sf[:, None] * masked_window(valid, cur,
                                               ring_entries(rb_in.at[slot, g, :, ns], c),
                                               b_ref[b, 0, g, ns].astype(_F32))  # [L, bn]
-            s0 = s_in[slot, h, ps, ns].astype(_F32)
-            s_out[slot, h, ps, ns] = (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)
-                                      ).astype(s_out.dtype)
+            s0 = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)
+            store(s_out.at[slot, h, ps, ns],
+                  (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)).astype(s_out.dtype),
+                  rows)
             return carry
         n_chunks(N, block_n, fold_chunk, 0)
 
@@ -373,7 +395,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     ck = buffers.checkpoint
     return call(
         kernel, name="mamba2_replay_verify",
-        grid=launch_grid((batch, H, P // block_p), grid_order),
+        grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win, s_in=ck,
                     rx_in=buffers.ring_x, rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
@@ -388,15 +410,16 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                             s_in, y_ref, s_out, *, grid_order, heads_per_group, block_p,
                             block_n, num_tokens):
-    b, h, g, _, ps = _row_head_tile(grid_order, heads_per_group, block_p)
+    b, h, g, _, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[3])
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     a = a_ref[h]
-    xs = [x_ref[b, s, h, ps].astype(_F32) for s in range(num_tokens)]
+    xs = [load(x_ref.at[b, jnp.int32(s), h, ps], rows).astype(_F32)  # (int32: see _verify_kernel)
+          for s in range(num_tokens)]
     dts = [dt_ref[b, s, h] for s in range(num_tokens)]
 
     def chunk(ns, ys):
-        st = s_in[slot, h, ps, ns].astype(_F32)
+        st = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)
         out = []
         for s in range(num_tokens):
             st = jnp.exp(dts[s] * a) * st + (dts[s] * xs[s])[:, None] * b_ref[b, s, g, ns].astype(
@@ -405,13 +428,14 @@ def _standard_verify_kernel(slots_ref, draft_ref, x_ref, b_ref, c_ref, dt_ref, a
 
             @pl.when(live & (dslot != NULL_SLOT))
             def _(dslot=dslot, st=st):
-                s_out[dslot, h, ps, ns] = st.astype(s_out.dtype)
+                store(s_out.at[dslot, h, ps, ns], st.astype(s_out.dtype), rows)
             out.append(ys[s] + jnp.sum(st * c_ref[b, s, g, ns].astype(_F32)[None, :], axis=1))
         return tuple(out)
 
     ys = n_chunks(s_in.shape[3], block_n, chunk, tuple(jnp.zeros_like(xs[0]) for _ in xs))
     for s in range(num_tokens):
-        y_ref[b, s, h, ps] = jnp.where(live, ys[s] + d_ref[h] * xs[s], 0.0).astype(y_ref.dtype)
+        store(y_ref.at[b, jnp.int32(s), h, ps],
+              jnp.where(live, ys[s] + d_ref[h] * xs[s], 0.0).astype(y_ref.dtype), rows)
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "grid_order", "num_warps",
@@ -425,7 +449,7 @@ def _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, b
                                num_tokens=T)
     return call(
         kernel, name="mamba2_standard_verify",
-        grid=launch_grid((batch, H, P // block_p), grid_order),
+        grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, draft_ref=draft_slots, x_ref=x, b_ref=B, c_ref=C,
                     dt_ref=dt, a_ref=A, d_ref=D, s_in=state),
         outputs=dict(y_ref=like(x), s_out=like(state)),

@@ -46,6 +46,8 @@ class Problem:
     REPLAY_OPTIONS: list          # (id, overrides): the Triton replay tiling's options
     VERIFY_OPTIONS: dict          # the Triton verify tiling's options, all at once
     TILE_FIELD: str               # the Triton tilings' field of the value / head-dim tile
+    MASKED_TILE_CASES: list = []  # (id, dims, overrides): Triton tiles that do not divide
+                                  # their axis (masked), run by standard and replay decode
     ROW_SLOWEST = dict(grid_order="row_slowest")  # the launch order every Triton tiling takes
 
     def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
@@ -116,6 +118,9 @@ class Mamba2(Problem):
     STANDARD_CASES = [("grouped", dict(H=4, P=16, N=16, G=2), {}),
                       ("p80", dict(H=2, P=80, N=32, G=1), dict(chunk=16))]  # 5 P tiles of 16
     REPLAY_DIMS = dict(H=4, P=16, N=32, G=2)
+    # p_tiles="masked" at P = 80: tiles of 32, 32 and 16 live rows of 32; one of 128, 48 masked
+    MASKED_TILE_CASES = [(f"p80-masked{bp}", dict(H=2, P=80, N=32, G=1),
+                          dict(p_tiles="masked", block_p=bp)) for bp in (32, 128)]
     SMALL_DIMS = dict(H=2, P=16, N=16, G=1)
     LONG_DIMS = dict(H=2, P=8, N=16, G=1)
     LONG_STEPS = 2048

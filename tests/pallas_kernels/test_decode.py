@@ -56,11 +56,14 @@ def jitted(ops, fn_name, **kw):
 
 def _standard_params():
     """Every standard case with each implementation, plus the Triton kernel launched row-slowest
-    on each family's last case (several tiles: every launch axis > 1)."""
+    on each family's last case (several tiles: every launch axis > 1), and with the family's
+    masked tiles (MASKED_TILE_CASES)."""
     return impl_cases("STANDARD_CASES") + [
         pytest.param(f, (f"{c[0]}-row-slowest", c[1], {**c[2], **f.ROW_SLOWEST}), "pallas",
                      id=f"{name}-{c[0]}-row-slowest-pallas")
-        for name, f in FAMILIES.items() for c in f.STANDARD_CASES[-1:]]
+        for name, f in FAMILIES.items() for c in f.STANDARD_CASES[-1:]] + [
+        pytest.param(f, (c[0], c[1], dict(c[2], chunk=16)), "pallas", id=f"{name}-{c[0]}-pallas")
+        for name, f in FAMILIES.items() for c in f.MASKED_TILE_CASES]
 
 
 @pytest.mark.parametrize("family,case,impl", _standard_params())
@@ -111,25 +114,31 @@ OPTION_CASES = ("L16-f32-dot", "L8-bf16-fma")
 
 
 def _replay_params():
-    params = [pytest.param(f, *c.values, {}, impl, id=f"{name}-{c.id}-{impl}")
+    params = [pytest.param(f, *c.values, {}, f.REPLAY_DIMS, impl, id=f"{name}-{c.id}-{impl}")
               for name, f in FAMILIES.items() for c in REPLAY_CASES for impl in IMPLS]
-    params += [pytest.param(f, *c.values, opts, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
+    params += [pytest.param(f, *c.values, opts, f.REPLAY_DIMS, "pallas",
+                            id=f"{name}-{c.id}-{opt_id}-pallas")
                for name, f in FAMILIES.items() for opt_id, opts in f.REPLAY_OPTIONS
                for c in REPLAY_CASES if c.id in OPTION_CASES]
+    params += [pytest.param(f, *c.values, opts, dims, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
+               for name, f in FAMILIES.items() for opt_id, dims, opts in f.MASKED_TILE_CASES
+               for c in REPLAY_CASES if c.id in OPTION_CASES]
     mosaic = [(MOSAIC_REPLAY_CASE, *o) for o in MOSAIC_OPTIONS] + [(MOSAIC_F32_CASE, "", {})]
-    return params + [pytest.param(f, *c.values, opts, MOSAIC, id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
+    return params + [pytest.param(f, *c.values, opts, f.REPLAY_DIMS, MOSAIC,
+                                  id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
                      for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None
                      for c, opt_id, opts in mosaic]
 
 
-@pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,impl",
+@pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,dims,impl",
                          _replay_params())
 def test_replay_matches_recurrence_over_folds(family, L, act, ring, state_dt, out_tol, ck_tol,
-                                              fold, options, impl, interpret):
+                                              fold, options, dims, impl, interpret):
     """Outputs every step and the checkpoint after every fold equal the standard recurrence,
     over > 3 fold cycles, with rows at different counts (NaN ring entries past them), a padding
-    row and untouched slots (bitwise); `options`: tiling fields beside the fold mode."""
-    pb = family(L, batch=4, act=act, **impl_dims(family, family.REPLAY_DIMS, impl))
+    row and untouched slots (bitwise); `options`: tiling fields beside the fold mode, at `dims`
+    (the family's REPLAY_DIMS, or a masked tile case's)."""
+    pb = family(L, batch=4, act=act, **impl_dims(family, dims, impl))
     bufs, counts, oracle = pb.make_replay_state(L, state_dt, ring or family.BF16_RING)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels import mamba2
+from pallas_kernels.validation import masked_block
 from tests.pallas_kernels.families import BF16, F32, Mamba2
 
 
@@ -40,12 +41,24 @@ def test_replay_decode_rejects_bad_input(change, match):
      r"block_p = 12 must be a power of two"),
     (6, 16, None, r"head_dim P = 6 has no power-of-two tile >= 4 dividing it"),
     (16, 16, mamba2.REPLAY_TILING, r"tiling must be a Mamba2Tiling, got Mamba2ReplayTiling"),
+    (80, 16, mamba2.Mamba2Tiling(block_p=48, block_n=16, num_warps=4, p_tiles="masked"),
+     r"block_p = 48 must be a power of two"),
+    (16, 16, mamba2.Mamba2Tiling(block_p=16, block_n=16, num_warps=4, p_tiles="pad"),
+     r"^p_tiles must be one of 'divide', 'masked', got 'pad'$"),
 ])
 def test_bad_shapes_and_tilings_are_named(P, N, tiling, match):
     pb = Mamba2(1, P=P, N=N)
     with pytest.raises(ValueError, match=match):
         mamba2.standard_decode(pb.random_state(), *pb.step_inputs(2), pb.A, pb.D,
                                jnp.asarray([1, 2], jnp.int32), impl="pallas", tiling=tiling)
+
+
+@pytest.mark.parametrize("P,block_p,tile", [(80, 32, 32), (80, 128, 128), (80, 256, 128),
+                                            (64, 128, 64), (6, 4, 4), (2, 16, 4)])
+def test_masked_p_tile_is_the_bound_up_to_p(P, block_p, tile):
+    """p_tiles="masked" takes block_p itself (it need not divide P), but no tile larger than the
+    power of two covering P, and none under the kernels' minimum of 4 rows."""
+    assert masked_block("block_p", "head_dim P", P, block_p, 4) == tile
 
 
 @pytest.mark.parametrize("kind", ["standard", "replay"])

@@ -29,9 +29,9 @@ H200 = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=mesh_lib.AbstractDevi
 sds = jax.ShapeDtypeStruct
 
 
-def triton_kernel(fn, *args):
-    """(launch grid (x, y, z), `tt.load` lines) of the one Triton kernel `fn` lowers to for an
-    H200."""
+def triton_kernel(fn, *args, op="tt.load"):
+    """(launch grid (x, y, z), `op` lines: `tt.load` or `tt.store`) of the one Triton kernel `fn`
+    lowers to for an H200."""
     with jax.sharding.use_abstract_mesh(H200):
         module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
     calls = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
@@ -42,7 +42,7 @@ def triton_kernel(fn, *args):
     with ctx:
         text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
     grid = tuple(ir.IntegerAttr(config[f"grid_{a}"]).value for a in "xyz")
-    return grid, [line.strip() for line in text.splitlines() if "tt.load" in line]
+    return grid, [line.strip() for line in text.splitlines() if op in line]
 
 
 def _ops(op):
@@ -55,7 +55,8 @@ def _ops(op):
 
 
 def masked(loads):
-    """tt.load with a mask and an `other` value: `tt.load %ptr, %mask, %other`."""
+    """tt.load with a mask and an `other` value (`tt.load %ptr, %mask, %other`), or tt.store
+    with a mask (`tt.store %ptr, %value, %mask`)."""
     return [ld for ld in loads if ld.split(" : ")[0].count(",") == 2]
 
 
@@ -69,8 +70,8 @@ def gdn_args(T=None):
             sds((B,), I32))
 
 
-def mamba2_args(T=None):
-    H, P, N, G = 128, 64, 128, 8
+def mamba2_args(T=None, P=64):
+    H, N, G = 128, 128, 8
     bufs = mamba2.ReplayBuffers(sds((S, H, P, N), F32), sds((S, H, L, P), BF16),
                                 sds((S, G, L, N), BF16), sds((S, H, L), F32))
     w = () if T is None else (T,)
@@ -85,10 +86,10 @@ def default_tiling(ops, op):
             "standard_verify": ops.STANDARD_VERIFY_TILING}[op]
 
 
-def op_args(ops, op):
+def op_args(ops, op, **dims):
     """Abstract arguments of `op` at the family's real shape (replay buffers, or the state pool
-    and, for the baseline verify, the draft slots)."""
-    args = (gdn_args if ops is gdn else mamba2_args)(None if op.endswith("decode") else T)
+    and, for the baseline verify, the draft slots); `dims` override the shape's."""
+    args = (gdn_args if ops is gdn else mamba2_args)(None if op.endswith("decode") else T, **dims)
     if op.startswith("standard"):
         args = (args[0].checkpoint, *args[2:])
     return args + ((sds((B, T), I32),) if op == "standard_verify" else ())
@@ -180,3 +181,37 @@ def test_unrolled_chunk_loop_loads_the_checkpoint_before_the_count(chunk_loop):
     else:
         assert len(state) == 1 and state[0] > min(map(loads.index, masked(loads))), loads
         assert len(masked(loads)) == 4, loads
+
+
+# Mamba-2 at P = 80 with p_tiles="masked": (loads, stores) of [tile] / [tile, chunk] blocks on the
+# P axis. decode: x and the state (replay: in the readout and the fold; and the ring's x, masked
+# by count anyway); stores: the state and y (replay: and the ring's x). verify (T = 4, unrolled):
+# x and y per token, the baseline's state per token. Beside them, the replay kernels' masked ring
+# dt and B loads (CASES), and one masked load per masked store: Pallas lowers a store as a swap,
+# whose read of the old value is dead (Triton erases it). The ring's dt and B stores are not on P.
+MASKED_P = {"standard_decode": (2, 2), "replay_decode": (4, 3), "replay_verify": (3 + T, 1 + T),
+            "standard_verify": (T + 1, 2 * T)}
+RING_LOADS = {"replay_decode": 3, "replay_verify": 2}
+
+
+@pytest.mark.parametrize("block_p,tiles", [(32, 3), (128, 1)])
+@pytest.mark.parametrize("op", list(MASKED_P))
+def test_masked_p_tiles_mask_every_access_on_p(op, block_p, tiles):
+    """Nemotron-Nano-9B-v2's P = 80 with p_tiles="masked": ceil(80 / block_p) tiles (32, 32, 16
+    live rows of 32; or one tile of 128), and every load and store on the P axis masked (no read
+    or write past a head's 80 rows: the next head's). The default "divide" (five tiles of 16)
+    masks none of its stores."""
+    default = default_tiling(mamba2, op)
+    fn = functools.partial(getattr(mamba2, op), impl="pallas_triton", interpret=False,
+                           tiling=dataclasses.replace(default, p_tiles="masked", block_p=block_p))
+    args = op_args(mamba2, op, P=80)
+    grid, loads = triton_kernel(fn, *args)
+    _, stores = triton_kernel(fn, *args, op="tt.store")
+    assert sorted(grid) == sorted((B, 128, tiles)), grid
+    p_loads, p_stores = MASKED_P[op]
+    assert len(masked(stores)) == p_stores, stores
+    assert len(masked(loads)) == p_loads + RING_LOADS.get(op, 0) + p_stores, loads
+    divide = functools.partial(getattr(mamba2, op), impl="pallas_triton", interpret=False,
+                               tiling=default)
+    grid, stores = triton_kernel(divide, *args, op="tt.store")
+    assert sorted(grid) == sorted((B, 128, 5)) and masked(stores) == [], (grid, stores)

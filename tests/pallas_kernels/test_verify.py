@@ -51,18 +51,21 @@ def verify_params(cases, mosaic_cases):
             if impl != MOSAIC or has_mosaic(f, "replay_verify") for c in cs]
 
 
-@pytest.mark.parametrize("family,T,L,impl,options", [
-    *(pytest.param(*p.values, {}, id=p.id) for p in verify_params(
+@pytest.mark.parametrize("family,T,L,impl,options,dims", [
+    *(pytest.param(*p.values, {}, None, id=p.id) for p in verify_params(
         [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)])),
-    *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, id=f"{name}-4-16-options-pallas")
-      for name, f in FAMILIES.items())])
-def test_random_acceptance_matches_recurrence(family, T, L, impl, options, interpret):
+    *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, None, id=f"{name}-4-16-options-pallas")
+      for name, f in FAMILIES.items()),
+    *(pytest.param(f, 4, 16, "pallas", opts, dims, id=f"{name}-4-16-{case}-pallas")
+      for name, f in FAMILIES.items() for case, dims, opts in f.MASKED_TILE_CASES)])
+def test_random_acceptance_matches_recurrence(family, T, L, impl, options, dims, interpret):
     """>= 64 verify steps (16 on the Mosaic GPU interpreter) with random acceptance (all
     accepted and all rejected included), rows folding and not folding in one batch: every
     window output and every committed checkpoint equals the recurrence over the accepted
-    tokens; `options`: the Triton verify tiling's options (the family's VERIFY_OPTIONS). (The
-    Mosaic verify's prologue="overlap" is held bitwise to "serial" below.)"""
-    pb = family(100 + 10 * T + L, batch=4, **impl_dims(family, family.REPLAY_DIMS, impl))
+    tokens; `options`: the Triton verify tiling's options (the family's VERIFY_OPTIONS, or a
+    masked tile case's at its `dims`; None: REPLAY_DIMS). (The Mosaic verify's
+    prologue="overlap" is held bitwise to "serial" below.)"""
+    pb = family(100 + 10 * T + L, batch=4, **impl_dims(family, dims or family.REPLAY_DIMS, impl))
     bufs, counts, oracle = pb.make_replay_state(L, F32, F32)
     slots = jnp.asarray([5, 2, NULL_SLOT, 1], jnp.int32)
     live = [(0, 5), (1, 2), (3, 1)]
