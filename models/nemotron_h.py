@@ -36,9 +36,10 @@ from models.hybrid import (
 )
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import mamba2
+from pallas_kernels.conv import conv_update
 from pallas_kernels.mamba2.prefill import ssd_prefill
 from pallas_kernels.moe import SharedWeights
-from pallas_kernels.ring import conv_commit, conv_window
+from pallas_kernels.ring import conv_window
 
 
 class Mamba2Mixer(nnx.Module):
@@ -127,9 +128,11 @@ class Mamba2Mixer(nnx.Module):
 
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
-        advanced by the model once per step)."""
+        advanced by the model once per step). The conv and its state shift are one op
+        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
         z, xbc, dt_raw = self._split(self.in_proj(h))
-        conv = conv_window(cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
+        conv, conv_state = conv_update(cache.conv, xbc, self.conv_weight[...], self._conv_bias(),
+                                       slots, impl=impl)
         x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
         if mode == "replay":
             y, bufs = mamba2.replay_decode(cache.buffers, counts, x, B, C, dt, self.A,
@@ -139,8 +142,7 @@ class Mamba2Mixer(nnx.Module):
                                            self.D[...], rows, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(y.astype(jnp.float32).reshape(y.shape[0], 1, -1), z)
-        return out, cache.replace(buffers=bufs,
-                                  conv=conv_commit(cache.conv, xbc, slots, jnp.ones_like(slots)))
+        return out, cache.replace(buffers=bufs, conv=conv_state)
 
     def verify(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """A speculative window of T tokens per row: h [b, T, D]. The window goes into the rings

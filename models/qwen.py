@@ -42,9 +42,10 @@ from models.hybrid import (
 )
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
 from pallas_kernels import gdn
+from pallas_kernels.conv import conv_update
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.moe import SharedWeights
-from pallas_kernels.ring import conv_commit, conv_window
+from pallas_kernels.ring import conv_window
 
 _HI = lax.Precision.HIGHEST
 
@@ -129,10 +130,12 @@ class GatedDeltaNet(nnx.Module):
 
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
-        advanced by the model once per step)."""
+        advanced by the model once per step). The conv and its state shift are one op
+        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
         qkv, z, ba = self._split(self.in_proj(h))
         g, beta = self._gates(ba)
-        conv = conv_window(cache.conv, qkv, self.conv_weight[...], None, slots)   # [b, 1, C] f32
+        conv, conv_state = conv_update(cache.conv, qkv, self.conv_weight[...], None,
+                                       slots, impl=impl)   # [b, 1, C] f32
         q, k, v = self._qkv(conv[:, 0].astype(h.dtype))
         if mode == "replay":
             o, bufs = gdn.replay_decode(cache.buffers, counts, q, k, v, g[:, 0], beta[:, 0],
@@ -142,8 +145,7 @@ class GatedDeltaNet(nnx.Module):
                                         rows, impl=impl)
             bufs = cache.buffers._replace(checkpoint=ck)
         out = self._output(o[:, None], z)
-        return out, cache.replace(buffers=bufs,
-                                  conv=conv_commit(cache.conv, qkv, slots, jnp.ones_like(slots)))
+        return out, cache.replace(buffers=bufs, conv=conv_state)
 
     def verify(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """A speculative window of T tokens per row: h [b, T, D]; the window's (k, d, g) go into

@@ -1,0 +1,78 @@
+"""Public decode conv over the conv-state slot pool: validate, pick an implementation, run.
+
+    out, conv_state = conv_update(conv_state, window, weight, bias, slots)
+
+Shapes: b rows of one new token (decode, T = 1), C channels, a K-tap kernel, a pool of S slots.
+    conv_state [S, K-1, C] float32 or bfloat16 (a slot's last K-1 pre-conv inputs, oldest
+    first); window [b, 1, C] float (the token's pre-conv input); weight [C, K] float (last tap =
+    the current token); bias [C] of weight's dtype, or None; slots [b] int32 (NULL_SLOT =
+    padding rows).
+Returns out [b, 1, C] float32, the pre-activation conv sum_k seq[k] w[:, k] (+ bias) over
+seq = state + token in fp32 (`ring.conv_window`'s math), and the pool with each live row's
+slot shifted by one token: its last K-1 inputs, the token cast to the pool's dtype
+(`ring.conv_commit` with n = 1). NULL_SLOT rows read the null slot (their output is whatever
+it gives) and write no pool row. Rows must name distinct live slots (as for every pool op, see
+`pallas_kernels.ring`): two rows on one slot race in the kernel (and XLA's scatter, declared
+unique, is undefined too). Pallas updates the pool in place: donate it at your jit boundary.
+
+impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere; "pallas_mosaic_gpu"
+runs it too: there is no Mosaic GPU conv), "xla" (`ring.conv_window` + `ring.conv_commit`),
+"auto" (Pallas Triton on GPU while `AUTO_PALLAS` is set, XLA elsewhere).
+tiling: a `ConvTiling` for Pallas (None: `pallas_triton.TILING`).
+"""
+
+from __future__ import annotations
+
+from pallas_kernels.conv import pallas_triton, xla
+from pallas_kernels.dispatch import family_ops
+from pallas_kernels.validation import (
+    FLOAT_DTYPES,
+    INT32_ONLY,
+    STATE_DTYPES,
+    Field,
+    check,
+    check_fields,
+    check_pool,
+)
+
+_FIELDS = (
+    Field("conv_state", ("S", "K-1", "C"), STATE_DTYPES),
+    Field("window", ("b", "T", "C"), FLOAT_DTYPES),
+    Field("weight", ("C", "K"), FLOAT_DTYPES),
+    Field("slots", ("b",), INT32_ONLY),
+)
+# "auto" keeps the XLA ops until the GPU has timed the kernel against them (issue 17: the
+# commit's scatter alone was 271 us per step at batch 256 on Nemotron-H-8B's 24 Mamba-2 layers).
+AUTO_PALLAS = False
+_OPS = family_ops("conv", ("conv_update",), xla=xla, pallas_triton=pallas_triton)
+
+
+def _check(conv_state, window, weight, bias, slots) -> None:
+    check(conv_state.ndim == 3, f"conv_state must be [slots, K-1, channels], got shape "
+                                f"{tuple(conv_state.shape)}")
+    check(window.ndim == 3, f"window must be [batch, 1, channels], got shape "
+                            f"{tuple(window.shape)}")
+    check(weight.ndim == 2, f"weight must be [channels, K], got shape {tuple(weight.shape)}")
+    check(window.shape[1] == 1, f"conv_update takes one token per row (decode), got a window of "
+                                f"{window.shape[1]}: verify windows use ring.conv_window")
+    check(weight.shape[1] == conv_state.shape[1] + 1,
+          f"weight has K = {weight.shape[1]} taps, the conv state holds {conv_state.shape[1]} "
+          f"inputs (expected K - 1)")
+    dims = check_fields(_FIELDS, dict(conv_state=conv_state, window=window, weight=weight,
+                                      slots=slots))
+    check_pool(dims["S"])
+    if bias is not None:
+        check_fields((Field("bias", ("C",), "weight"),), dict(bias=bias, weight=weight), dims)
+
+
+def conv_update(conv_state, window, weight, bias, slots, *, impl="auto", tiling=None,
+                interpret=None):
+    """One decode token's causal depthwise conv over the slot pool (see the module docstring):
+    (out [b, 1, C] float32, conv_state [S, K-1, C])."""
+    _check(conv_state, window, weight, bias, slots)
+    if impl == "pallas_mosaic_gpu":     # no Mosaic GPU conv: the Triton kernel serves Hopper too
+        impl = "pallas_triton"
+    if impl == "auto" and not AUTO_PALLAS:
+        impl = "xla"
+    return _OPS["conv_update"](conv_state, window, weight, bias, slots, impl=impl,
+                               tiling=tiling, interpret=interpret)

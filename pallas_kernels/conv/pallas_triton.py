@@ -1,0 +1,108 @@
+"""Pallas Triton decode conv over the conv-state slot pool (`impl="pallas_triton"`, or "pallas").
+
+One program per (row, channel block): it reads the row's slot, then that slot's K-1 state inputs
+and the row's token over block_c channels (`ref[slot, k, channels]`: the pool is gathered by
+index inside the kernel, no copy), the K weight taps and the bias, writes the fp32 conv and
+stores the shifted state (inputs 1..K-2 and the token) back into the same slot rows: the pool
+output is aliased to its input, so the step updates it in place (donate it at the outer jit).
+A program reads all of its slot's channels before it writes them and no other program touches
+them (rows name distinct slots), so the in-place update needs no ordering between programs.
+
+The one launch replaces XLA's gather + concat + conv and its commit scatter (issue 17: several
+kernels per layer). Loads and stores are [block_c] vectors, one per tap (K - 1 = 3 is no power
+of two, a Triton block's shape must be); channels past C (the last block of a C that block_c
+does not divide) are masked, and NULL_SLOT rows store no state (their mask is all off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels._kernel_utils import F32, call, launch_grid, like, program_ids
+from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.validation import check, is_pow2, resolve_tiling
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvTiling:
+    """block_c: channels per program (a power of two; a C below it runs one block of the next
+    power of two >= C, masked); the launch's warps and stages (no loop: stages do not matter);
+    `grid_order` (`_kernel_utils.launch_grid`): "row_fastest" runs one channel block of
+    consecutive rows side by side (the block's weights shared through L2), "row_slowest" a row's
+    blocks together (its slot's state read as one region)."""
+    block_c: int
+    num_warps: int
+    num_stages: int = 1
+    grid_order: str = "row_fastest"
+
+
+# Not yet measured (the GPU has not timed it): 1024 channels over 4 warps, 8 per thread; at the
+# 8B's C = 10240 and batch 256, 2560 programs of 4 vector loads and 3 stores of 2-4 KB each.
+TILING = ConvTiling(block_c=1024, num_warps=4)
+
+
+def conv_update(conv_state, window, weight, bias, slots, *, tiling, interpret):
+    """`pallas_kernels.conv.conv_update` on validated arguments."""
+    t = resolve_tiling(tiling, TILING)
+    check(is_pow2(t.block_c), f"block_c = {t.block_c} must be a power of two")
+    C = conv_state.shape[2]
+    block_c = min(t.block_c, 1 << (C - 1).bit_length())
+    return _conv_update(conv_state, window, weight, bias, slots, block_c=block_c,
+                        grid_order=t.grid_order, num_warps=t.num_warps,
+                        num_stages=t.num_stages, interpret=interpret)
+
+
+def _load(ref, mask):
+    from jax.experimental.pallas import triton as pltr
+    return pltr.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
+
+
+def _store(ref, value, mask):
+    from jax.experimental.pallas import triton as pltr
+    pltr.store(ref, value.astype(ref.dtype), mask=mask)
+
+
+def _kernel(slots_ref, weight_ref, bias_ref, window_ref, state_ref, out_ref, new_state_ref, *,
+            block_c, grid_order):
+    i, j = program_ids(grid_order, 2)
+    slot = slots_ref[i]
+    Km1, C = state_ref.shape[1], state_ref.shape[2]
+    first = j * block_c
+    cols = pl.ds(first, block_c)
+    keep = first + lax.broadcasted_iota(jnp.int32, (block_c,), 0) < C
+    taps = [jnp.int32(k) for k in range(Km1 + 1)]    # (the interpreter takes no Python ints)
+    # seq = state + token, oldest first: K vectors [block_c] in their stored dtypes
+    seq = [_load(state_ref.at[slot, k, cols], keep) for k in taps[:-1]]
+    seq.append(_load(window_ref.at[i, taps[0], cols], keep))
+    w = [_load(weight_ref.at[cols, k], keep).astype(F32) for k in taps]
+    # ring.conv_window's sum, term by term in the same order
+    out = sum(s.astype(F32) * wk for s, wk in zip(seq, w))
+    if bias_ref is not None:
+        out = out + _load(bias_ref.at[cols], keep).astype(F32)
+    _store(out_ref.at[i, taps[0], cols], out, keep)
+    write = keep & (slot != NULL_SLOT)
+    for k in range(Km1):
+        _store(new_state_ref.at[slot, taps[k], cols], seq[k + 1], write)
+
+
+@functools.partial(jax.jit, static_argnames=("block_c", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
+def _conv_update(conv_state, window, weight, bias, slots, *, block_c, grid_order, num_warps,
+                 num_stages, interpret):
+    b, C = window.shape[0], conv_state.shape[2]
+    kernel = functools.partial(_kernel, block_c=block_c, grid_order=grid_order)
+    out, new_state = call(
+        kernel, name="conv_update", grid=launch_grid((b, pl.cdiv(C, block_c)), grid_order),
+        inputs=dict(slots_ref=slots, weight_ref=weight, bias_ref=bias, window_ref=window,
+                    state_ref=conv_state),
+        outputs=dict(out_ref=jax.ShapeDtypeStruct((b, 1, C), F32),
+                     new_state_ref=like(conv_state)),
+        aliases={"state_ref": "new_state_ref"}, num_warps=num_warps, num_stages=num_stages,
+        interpret=interpret)
+    return out, new_state
