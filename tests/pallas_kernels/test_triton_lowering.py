@@ -1,7 +1,8 @@
 """The Triton replay kernels lower for an H200 (sm90) at real model shapes, without a GPU, and
 their Triton IR reads the ring with masked loads (entries past the count are never fetched) and
 the checkpoint with the tiling's L2 eviction policy; the kernels of both families launch their
-grid in the tiling's `grid_order`.
+grid in the tiling's `grid_order`. The decode conv kernel lowers too and updates its pool in
+place.
 
 Pallas lowers a Triton kernel to Triton IR in Python (an abstract H200 stands in for the GPU);
 only Triton's own compile to PTX happens on the GPU, so what the IR says is what runs.
@@ -20,7 +21,7 @@ from jax._src.interpreters import mlir
 from jax._src.lib.mlir import ir
 from jax._src.lib.triton import dialect as tt
 
-from pallas_kernels import gdn, mamba2
+from pallas_kernels import conv, gdn, mamba2
 
 F32, BF16, I32 = jnp.float32, jnp.bfloat16, jnp.int32
 S, B, L, T = 257, 256, 16, 4
@@ -215,3 +216,34 @@ def test_masked_p_tiles_mask_every_access_on_p(op, block_p, tiles):
                                tiling=default)
     grid, stores = triton_kernel(divide, *args, op="tt.store")
     assert sorted(grid) == sorted((B, 128, 5)) and masked(stores) == [], (grid, stores)
+
+
+@pytest.mark.parametrize("grid_order", ["row_fastest", "row_slowest"])
+def test_conv_update_lowers_in_place(grid_order):
+    """Nemotron-H-8B's decode conv (C = 10240, bf16 pool and inputs, bias), batch 256, the
+    default 1024-channel blocks: one Triton kernel whose grid is (rows, channel blocks) in the
+    tiling's order, that writes the fp32 output and the K-1 shifted state rows with masked
+    [block_c] stores, and whose pool output aliases the pool operand (in place, no copy)."""
+    C, block_c = 10240, conv.TILING.block_c
+    args = (sds((S, 3, C), BF16), sds((B, 1, C), BF16), sds((C, 4), BF16), sds((C,), BF16),
+            sds((B,), I32))
+    tiling = dataclasses.replace(conv.TILING, grid_order=grid_order)
+    fn = functools.partial(conv.conv_update, impl="pallas_triton", tiling=tiling,
+                           interpret=False)
+    with jax.sharding.use_abstract_mesh(H200):
+        module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
+    (call,) = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
+    aliases = str(call.attributes["output_operand_aliases"])
+    assert "output_tuple_indices = [1], operand_index = 4" in aliases, aliases   # 4: the pool
+    config = ir.DictAttr(call.attributes["mhlo.backend_config"])
+    grid = tuple(ir.IntegerAttr(config[f"grid_{a}"]).value for a in "xyz")
+    logical = (B, C // block_c)
+    assert grid == (logical if grid_order == "row_fastest" else logical[::-1]) + (1,)
+    ctx = mlir.make_ir_context()
+    tt.register_dialect(ctx)
+    with ctx:
+        text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
+    stores = [line.strip() for line in text.splitlines() if "tt.store" in line]
+    assert len(stores) == 4 and all(st.split(" : ")[0].count(",") == 2 for st in stores), stores
+    assert sorted(st.split(" : ")[1] for st in stores) == sorted(
+        [f"tensor<{block_c}x!tt.ptr<f32>>"] + [f"tensor<{block_c}x!tt.ptr<bf16>>"] * 3), stores
