@@ -19,6 +19,8 @@ COMMANDS = {
     "bench moe": ("replayjax.bench.moe", "one sparse MoE layer at real model dimensions (GPU)"),
     "bench attention": ("replayjax.bench.attention", "decode attention over the KV pool: "
                                                      "Pallas kernel vs XLA (GPU)"),
+    "bench conv": ("replayjax.bench.conv", "decode conv + conv-state update over the slot pool: "
+                                           "Pallas kernel vs XLA (GPU)"),
     "bench prefill": ("replayjax.bench.prefill", "prefill tokens/s of a batch of prompts, "
                                                  "with its FLOP and byte roofline"),
     "profile": ("replayjax.bench.profile", "decode-step trace, kernel classes and roofline"),

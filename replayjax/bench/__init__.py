@@ -3,8 +3,9 @@
 Commands (each module has `main(argv)` and runs as `python -m replayjax.bench.<name>`):
 `e2e` (`replayjax bench`), `kernels` (`replayjax bench kernels`), `verify`
 (`replayjax bench verify`), `moe` (`replayjax bench moe`), `attention` (`replayjax bench
-attention`), `prefill` (`replayjax bench prefill`), `profile` (`replayjax profile`); their
-argument types, help, error handling and progress come from `replayjax.commandline`.
+attention`), `conv` (`replayjax bench conv`), `prefill` (`replayjax bench prefill`),
+`profile` (`replayjax profile`); their argument types, help, error handling and progress come
+from `replayjax.commandline`.
 
 Shared helpers, imported by the commands and never the other way round: `timing` (CUPTI device
 times, copy bandwidth, bf16 peak by device, percentiles), `synthetic` (model presets with real

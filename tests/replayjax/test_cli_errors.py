@@ -200,6 +200,10 @@ PARSE_CASES = [
     (["bench", "attention", "--max-len", "8"], "--max-len"),
     (["bench", "attention", "--shapes", "gpt-4"], "--shapes"),
     (["bench", "attention", "--tune", "{}"], "--tune"),
+    # bench conv
+    (["bench", "conv", "--shapes", "gpt-4"], "--shapes"),
+    (["bench", "conv", "--batches", "0"], "--batches"),
+    (["bench", "conv", "--tune", "{}"], "--tune"),
     # bench prefill
     (["bench", "prefill"], "--model"),
     (["bench", "prefill", "--synthetic", "llama-70b"], "--synthetic"),
@@ -382,6 +386,9 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
       '[{"block_v": 64}]'], "--tune", INPUT_S),
     (["bench", "verify", "--json", "{empty_dir}"], "--json", INPUT_S),
     (["bench", "moe", "--json", "no/such/dir/m.json"], "--json", INPUT_S),
+    (["bench", "conv", "--tune", '[{"block_k": 32}]'], "--tune", INPUT_S),
+    (["bench", "conv", "--tune", '[{"block_c": 0}]'], "--tune", INPUT_S),
+    (["bench", "conv", "--batches", "1"], "CUDA GPU", INPUT_S),
     (["bench", "moe", "--batches", "1"], "CUDA GPU", INPUT_S),
     (["bench", "moe", "--small-tilings", '[{"block_f": 0}]'], "--small-tilings", INPUT_S),
     (["bench", "moe", "--small-tilings", '[{"block_m": 16}]'], "--small-tilings", INPUT_S),
