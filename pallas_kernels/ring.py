@@ -33,7 +33,8 @@ Conv state. A slot's conv state holds its last K - 1 pre-conv inputs, oldest fir
 `conv_prefill` convolves right-padded prompts from a zero state and returns each prompt's last
 K - 1 inputs; `conv_window` convolves a decode or verify window against state + window without
 changing the state; `conv_commit` keeps the last K - 1 inputs of state + window[0:n], exactly as
-if only the n accepted tokens had run.
+if only the n accepted tokens had run. A decode step (T = 1) does both in one op,
+`pallas_kernels.conv.conv_update` (a Pallas kernel that updates the pool in place).
 
 Standard-mode drafts (the state-per-draft baseline, as a tuned engine runs it). A standard-mode
 pool keeps a full state per window token instead of a ring: for T = max_verify > 1 its checkpoint

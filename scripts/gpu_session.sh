@@ -20,7 +20,8 @@
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
 #              and Qwen3.5-9B dims;  e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200
 #              (Nemotron-3-Nano, Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
-#              e2e with --impl pallas (the decode attention kernel; e2e's rows are --impl auto)
+#              e2e with --impl pallas (the decode attention and conv kernels; e2e's rows are
+#              --impl auto)
 #              e2e-attn-check - is the Pallas decode attention exact end to end: standard
 #              decode three times, each in its own process, at batch 256: @pallas (the reference),
 #              @pallas_triton (the same kernels again: greedy 100% unless a run is not
@@ -65,6 +66,9 @@
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
+#   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
+#              launch, in place) vs XLA's gather / conv / scatter, batch 1 / 32 / 256, a
+#              tiling sweep (sets conv.TILING and whether conv.api.AUTO_PALLAS)
 #   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path, with the shared expert in
 #              its launch (sets SHARED_IN_LAUNCH_MAX_TOKENS), and the pair path (and its
 #              tilings), with the per-kernel breakdown (issue 14);
@@ -247,6 +251,10 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
       --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"block_k": 128}, {"num_stages": 3}]' \
       --json "$out/attention.json" 2>>"$out/attention.log" | grep "^|" ;;
+  conv)
+    limit 240 python3 -m replayjax.bench.conv --batches 1 32 256 \
+      --tune '[{}, {"block_c": 512}, {"block_c": 2048, "num_warps": 8}, {"num_warps": 8},
+      {"grid_order": "row_slowest"}]' --json "$out/conv.json" 2>>"$out/conv.log" | grep "^|" ;;
   moe-small)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants sparse sparse-shared sparse-small \
