@@ -39,7 +39,7 @@ class Problem:
     """b rows of one token over a conv-state pool [S, K-1, C] of `pool` dtype; window, weight
     and bias of `inputs` dtype."""
 
-    def __init__(self, seed, *, C, pool=F32, inputs=F32, bias=True):
+    def __init__(self, seed, *, C, pool=F32, inputs=F32, bias=True, taps=K):
         rng = np.random.default_rng(seed)
         slots = rng.choice(np.arange(1, S - 1), B, replace=False)
         slots[0], slots[2], slots[4] = S - 1, NULL_SLOT, NULL_SLOT
@@ -48,9 +48,9 @@ class Problem:
         r = lambda dtype, *s: jnp.asarray(rng.standard_normal(s), dtype)
         named = np.zeros(S, bool)
         named[slots] = True                                    # the null slot included
-        self.state = jnp.where(jnp.asarray(named)[:, None, None], r(pool, S, K - 1, C), jnp.nan)
+        self.state = jnp.where(jnp.asarray(named)[:, None, None], r(pool, S, taps - 1, C), jnp.nan)
         self.window = r(inputs, B, 1, C)
-        self.weight = r(inputs, C, K)
+        self.weight = r(inputs, C, taps)
         self.bias = r(inputs, C) if bias else None
 
     def args(self):
@@ -113,6 +113,16 @@ def test_tilings(tiling, interpret):
     pb = Problem(99, C=40, pool=BF16, inputs=BF16)
     out, pool = run(pb, "pallas", interpret, tiling)
     check_against_oracle(pb, out, pool)
+
+
+@pytest.mark.parametrize("taps,C", [(2, 5), (3, 130)])
+def test_other_kernel_widths(taps, C, interpret):
+    """K = 2 (a one-input state) over C = 5 (one masked block of 8), K = 3 over C = 130 (nine
+    16-channel blocks, the last holding 2)."""
+    pb = Problem(taps, C=C, taps=taps)
+    for tiling in (None, BLOCK16):
+        out, pool = run(pb, "pallas", interpret, tiling)
+        check_against_oracle(pb, out, pool)
 
 
 def test_decode_steps_chain(interpret):

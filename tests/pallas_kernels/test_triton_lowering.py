@@ -218,15 +218,21 @@ def test_masked_p_tiles_mask_every_access_on_p(op, block_p, tiles):
     assert sorted(grid) == sorted((B, 128, 5)) and masked(stores) == [], (grid, stores)
 
 
+# (conv channels, bias) of the models' decode conv: Nemotron-H-8B, Qwen3.5-9B
+CONV_SHAPES = {"nemotron-h-8b": (10240, True), "qwen3.5-9b": (8192, False)}
+
+
 @pytest.mark.parametrize("grid_order", ["row_fastest", "row_slowest"])
-def test_conv_update_lowers_in_place(grid_order):
-    """Nemotron-H-8B's decode conv (C = 10240, bf16 pool and inputs, bias), batch 256, the
-    default 1024-channel blocks: one Triton kernel whose grid is (rows, channel blocks) in the
-    tiling's order, that writes the fp32 output and the K-1 shifted state rows with masked
-    [block_c] stores, and whose pool output aliases the pool operand (in place, no copy)."""
-    C, block_c = 10240, conv.TILING.block_c
-    args = (sds((S, 3, C), BF16), sds((B, 1, C), BF16), sds((C, 4), BF16), sds((C,), BF16),
-            sds((B,), I32))
+@pytest.mark.parametrize("model", list(CONV_SHAPES))
+def test_conv_update_lowers_in_place(model, grid_order):
+    """The models' decode conv (bf16 pool and inputs; Nemotron-H-8B's biased, Qwen3.5-9B's
+    not), batch 256, the default 1024-channel blocks: one Triton kernel whose grid is (rows,
+    channel blocks) in the tiling's order, that writes the fp32 output and the K-1 shifted state
+    rows with masked [block_c] stores, and whose pool output aliases the pool operand (in place,
+    no copy)."""
+    (C, biased), block_c = CONV_SHAPES[model], conv.TILING.block_c
+    args = (sds((S, 3, C), BF16), sds((B, 1, C), BF16), sds((C, 4), BF16),
+            sds((C,), BF16) if biased else None, sds((B,), I32))
     tiling = dataclasses.replace(conv.TILING, grid_order=grid_order)
     fn = functools.partial(conv.conv_update, impl="pallas_triton", tiling=tiling,
                            interpret=False)
@@ -234,7 +240,8 @@ def test_conv_update_lowers_in_place(grid_order):
         module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
     (call,) = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
     aliases = str(call.attributes["output_operand_aliases"])
-    assert "output_tuple_indices = [1], operand_index = 4" in aliases, aliases   # 4: the pool
+    pool = 3 + biased                 # operands: slots, weight, (bias,) window, pool
+    assert f"output_tuple_indices = [1], operand_index = {pool}" in aliases, aliases
     config = ir.DictAttr(call.attributes["mhlo.backend_config"])
     grid = tuple(ir.IntegerAttr(config[f"grid_{a}"]).value for a in "xyz")
     logical = (B, C // block_c)
