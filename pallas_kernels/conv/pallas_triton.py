@@ -35,7 +35,8 @@ class ConvTiling:
     power of two >= C, masked); the launch's warps and stages (no loop: stages do not matter);
     `grid_order` (`_kernel_utils.launch_grid`): "row_fastest" runs one channel block of
     consecutive rows side by side (the block's weights shared through L2), "row_slowest" a row's
-    blocks together (its slot's state read as one region)."""
+    blocks together (its slot's state read as one region); "head_slowest" needs a head
+    axis: refused."""
     block_c: int
     num_warps: int
     num_stages: int = 1

@@ -178,6 +178,8 @@ BAD = {
     "tiling type": (dict(impl="pallas", tiling=object()), "tiling must be a ConvTiling"),
     "grid_order": (dict(impl="pallas", tiling=dataclasses.replace(BLOCK16, grid_order="x")),
                    "grid_order must be one of"),
+    "head_slowest": (dict(impl="pallas", tiling=dataclasses.replace(
+        BLOCK16, grid_order="head_slowest")), "needs a (row, head, tile) grid"),
 }
 
 
