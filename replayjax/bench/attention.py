@@ -22,6 +22,7 @@ import numpy as np
 
 from replayjax import commandline as cli
 from replayjax.bench.kernels import check_tiling
+from replayjax.bench.timing import add_sweep_arguments
 
 PROG = "replayjax bench attention"
 BATCHES = (1, 32, 256)
@@ -111,19 +112,12 @@ def build_parser():
         f"{PROG} --batches 1 32 256",
         f"{PROG} --shapes qwen3.5-9b --tokens 4 --max-len 4096",
         f"{PROG} --tune '[{{}}, {{\"block_k\": 32}}, {{\"num_warps\": 8}}]' --json attn.json"])
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
-                    metavar="MODEL", help=f"head layouts: {', '.join(SHAPES)}")
-    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
-                    metavar="N", help="rows per call")
+    add_sweep_arguments(ap, SHAPES, BATCHES, "head layouts", "AttentionTiling",
+                        '[{}, {"block_k": 32}]')
     ap.add_argument("--tokens", nargs="+", type=cli.in_range(1, 8), default=[1], metavar="T",
                     help="new tokens per row (1: decode, > 1: speculative verify)")
     ap.add_argument("--max-len", type=cli.at_least(16), default=8192, metavar="N",
                     help="pool positions per slot (cached tokens per row uniform in [0, N - T))")
-    ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
-                    help="kernel tilings to time, as overrides of the default AttentionTiling, "
-                         'e.g. \'[{}, {"block_k": 32}]\'')
-    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
-                    help="also write the rows as JSON to FILE")
     return ap
 
 

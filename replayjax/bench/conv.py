@@ -26,6 +26,7 @@ import numpy as np
 
 from replayjax import commandline as cli
 from replayjax.bench.kernels import check_tiling
+from replayjax.bench.timing import add_sweep_arguments
 
 PROG = "replayjax bench conv"
 BATCHES = (1, 32, 256)
@@ -124,15 +125,8 @@ def build_parser():
         f"{PROG} --batches 1 32 256",
         f"{PROG} --shapes nemotron-h-8b --tune '[{{}}, {{\"block_c\": 512}}, "
         f"{{\"grid_order\": \"row_slowest\"}}]' --json conv.json"])
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
-                    metavar="MODEL", help=f"conv widths: {', '.join(SHAPES)}")
-    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(BATCHES),
-                    metavar="N", help="rows per call")
-    ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
-                    help="kernel tilings to time, as overrides of the default ConvTiling, "
-                         'e.g. \'[{}, {"block_c": 512, "num_warps": 2}]\'')
-    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
-                    help="also write the rows as JSON to FILE")
+    add_sweep_arguments(ap, SHAPES, BATCHES, "conv widths", "ConvTiling",
+                        '[{}, {"block_c": 512, "num_warps": 2}]')
     return ap
 
 

@@ -81,6 +81,21 @@ def peak_tflops(device_kind: str) -> float | None:
     return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_kind), None)
 
 
+def add_sweep_arguments(ap, shapes, batches, what: str, tiling: str, example: str) -> None:
+    """--shapes (of `shapes`, default all; `what` they name), --batches, --tune (overrides of
+    the default `tiling`, e.g. `example`) and --json: a one-kernel benchmark's sweep."""
+    from replayjax import commandline as cli
+    ap.add_argument("--shapes", nargs="+", choices=sorted(shapes), default=list(shapes),
+                    metavar="MODEL", help=f"{what}: {', '.join(shapes)}")
+    ap.add_argument("--batches", nargs="+", type=cli.at_least(1), default=list(batches),
+                    metavar="N", help="rows per call")
+    ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help=f"kernel tilings to time, as overrides of the default {tiling}, "
+                         f"e.g. '{example}'")
+    ap.add_argument("--json", metavar="FILE", type=cli.nonempty,
+                    help="also write the rows as JSON to FILE")
+
+
 def add_peak_argument(ap) -> None:
     """--peak-tflops: the bf16 dense peak per device that FLOP bounds are taken at
     (`peak_flops`)."""
