@@ -213,19 +213,20 @@ case $stage in
     done ;;
   check)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    REPLAYJAX_TEST_BACKEND=gpu timeout 270 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      -n 6 tests/pallas_kernels tests/models -k "not xla" 2>&1 | tee "$out/tests.log" | tail -8
+    REPLAYJAX_TEST_BACKEND=gpu limit 330 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      -n 6 tests/pallas_kernels tests/models -k "not xla" 2>&1 | tee "$out/tests.log" | tail -8 \
+      || true    # (failed tests: the benchmarks still run)
     for fam in mamba2 gdn; do
-      timeout 50 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
+      limit 50 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
         --json "$out/kernels_$fam.json" 2>>"$out/kernels.log" | grep "^|"
     done
-    timeout 50 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+    limit 50 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --tune-baseline '[{}, {"block_n": 32}, {"num_warps": 4}]' \
       --json "$out/verify_mamba2.json" 2>>"$out/verify.log" | grep "^|"
-    timeout 50 python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
+    limit 50 python3 -m replayjax.bench.verify --family gdn --tokens 4 --batches 256 \
       --tune-baseline '[{}, {"block_v": 64}, {"num_warps": 4}]' \
       --json "$out/verify_gdn.json" 2>>"$out/verify.log" | grep "^|"
-    timeout 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
+    limit 100 python3 -m replayjax.bench.moe --batches 1 32 256 --json "$out/moe.json" \
       2>>"$out/moe.log" | grep -v "^WARNING" ;;
   peers)
     limit 150 python3 .peer_bench/peer_bench.py --out "$out" --batches 1 32 256 512 \
