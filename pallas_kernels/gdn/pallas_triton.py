@@ -15,7 +15,7 @@ programs are then a wave apart, and its shared reads likely miss L2; "row_slowes
 adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row): the
 decode kernels' default (3-7% faster on the H200, below); the verify kernels stay "row_fastest"
 until `gpu_session.sh verify` has timed them. "head_slowest" is the authors' exact order (V tile,
-row, head), opt-in until `gpu_session.sh triton-tune` has timed it (docs/design.md).
+row, head), opt-in until `gpu_session.sh triton-tune-gdn` has timed it (docs/design.md).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.gdn.api`) and resolve the tiling to concrete tiles.
