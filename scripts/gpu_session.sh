@@ -69,9 +69,9 @@
 #   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
 #              launch, in place) vs XLA's gather / conv / scatter, batch 1 / 32 / 256, a
 #              tiling sweep (sets conv.TILING and whether conv.api.AUTO_PALLAS)
-#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path, with the shared expert in
-#              its launch (sets SHARED_IN_LAUNCH_MAX_TOKENS), and the pair path (and its
-#              tilings), with the per-kernel breakdown (issue 14);
+#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path (and narrower column tiles:
+#              more programs for batch 1's GEMVs), with the shared expert in its launch, and
+#              the pair path (and its tilings), with the per-kernel breakdown (issue 14);
 #              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
 #   moe-router - one MoE layer at batch 1 / 8 / 32, routing in XLA (sparse) vs the router kernel
 #              (sparse-shared) with XLA's logits GEMM (the default) or the logits in the kernel
@@ -260,7 +260,9 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants sparse sparse-shared sparse-small \
       --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},
-      {"num_warps": 8}]' --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+      {"num_warps": 8}]' --grouped-tilings '[{}, {"up_block_n": 32}, {"up_block_n": 16},
+      {"up_block_n": 32, "down_block_n": 64}]' \
+      --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
       --breakdown --router-tilings '[{}, {"logits": "kernel"}, {"logits": "kernel",

@@ -173,10 +173,11 @@ def _activation(ws):
     return "swiglu" if "gate" in ws else "relu2"
 
 
-def sparse_experts(u, ids, w, ws):
+def sparse_experts(u, ids, w, ws, tiling=None):
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
-                          activation=_activation(ws), impl="pallas", path="grouped")
+                          activation=_activation(ws), impl="pallas", path="grouped",
+                          tiling=tiling)
 
 
 def shared_experts(u, ids, w, ws, shared_scale):
@@ -261,12 +262,15 @@ def layer_call(layer, x, ws, experts, route=XLA_ROUTE):
     return y + (layer.shared(x) if gate is None else gate * layer.shared(x))
 
 
-def variants(small_tilings=({},), router_tilings=({},)):
-    """name -> (prepare(layer) -> ws, experts fn, `layer_call`'s route); sparse-shared once per
-    RouterTiling override, sparse-small once per PairTiling override; tokamax only when it
-    imports."""
+def variants(small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):
+    """name -> (prepare(layer) -> ws, experts fn, `layer_call`'s route); sparse once per
+    MoETiling override, sparse-shared once per RouterTiling override, sparse-small once per
+    PairTiling override; tokamax only when it imports."""
     from pallas_kernels import moe
-    out = {"sparse": (expert_weights, sparse_experts, XLA_ROUTE)}
+    out = {_named("sparse", config): (
+        expert_weights,
+        functools.partial(sparse_experts, tiling=dataclasses.replace(moe.TILING, **config)),
+        XLA_ROUTE) for config in grouped_tilings}
     for config in router_tilings:
         route = {"impl": "pallas", "tiling": dataclasses.replace(moe.router.TILING, **config)}
         out[_named("sparse-shared", config)] = (shared_weights, shared_experts, route)
@@ -345,7 +349,7 @@ class Row:
 
 
 def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None,
-          small_tilings=({},), router_tilings=({},)):
+          small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):
     """Times every variant (of `only`'s kinds; None: all) on `copies` independent layers;
     returns a Row."""
     import jax
@@ -360,7 +364,8 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
     states = [nnx.split(layer)[1] for layer in layers]
     distinct = [distinct_experts(layer.route(x, **XLA_ROUTE)[0]) for layer, x in zip(layers, xs)]
     us, notes, kernels = {}, {}, {}
-    for vname, (prepare, experts, route) in variants(small_tilings, router_tilings).items():
+    for vname, (prepare, experts, route) in variants(small_tilings, router_tilings,
+                                                     grouped_tilings).items():
         if only and vname.split(" ")[0] not in only:
             continue
         if vname.startswith("sparse-small") and batch > SMALL_MAX_BATCH:
@@ -399,6 +404,9 @@ def build_parser():
     ap.add_argument("--variants", nargs="+",
                     choices=["sparse", "sparse-shared", "sparse-small", "tokamax", "dense"],
                     help="expert implementations (default: all that import)")
+    ap.add_argument("--grouped-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
+                    help='sparse once per MoETiling override (the grouped GEMMs), a JSON list: '
+                         'e.g. \'[{}, {"up_block_n": 32, "down_block_n": 64}]\'')
     ap.add_argument("--small-tilings", type=cli.tilings, default=[{}], metavar="CONFIGS",
                     help='sparse-small once per PairTiling override, a JSON list: e.g. '
                          '\'[{}, {"block_f": 32}, {"min_programs": 128, "num_warps": 8}]\'')
@@ -422,8 +430,11 @@ def _run(args):
     if missing := [v for v in args.variants or () if v not in variants()]:
         raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
                             f"installed")
+    from pallas_kernels import moe
     from pallas_kernels.moe import pairs, router
     from replayjax.bench.kernels import check_tiling
+    for config in args.grouped_tilings:
+        check_tiling("--grouped-tilings", config, moe.TILING)
     for config in args.small_tilings:
         check_tiling("--small-tilings", config, pairs.TILING)
     for config in args.router_tilings:
@@ -438,10 +449,10 @@ def _run(args):
     with cli.Progress(1 + len(args.models) * len(args.batches), cli.interactive(args)) as progress:
         with progress.stage("copy bandwidth"):
             bw = copy_bandwidth()
+        names = args.variants or variants(args.small_tilings, args.router_tilings,
+                                          args.grouped_tilings)
         print(f"device: {kind}; copy bandwidth {bw / 1e12:.2f} TB/s; bf16 peak "
-              f"{peak or '?'} TF/s; variants: "
-              f"{', '.join(args.variants or variants(args.small_tilings, args.router_tilings))}",
-              flush=True)
+              f"{peak or '?'} TF/s; variants: {', '.join(names)}", flush=True)
         print("| model | batch | experts hit | MB read | per variant: us per layer, GB/s (% of "
               "copy), TF/s (% of peak) |\n|---|---|---|---|---|", flush=True)
         rows = []
@@ -450,7 +461,8 @@ def _run(args):
                 with progress.stage(f"{model} batch {batch}"):
                     r = bench(model, SHAPES[model], batch, copies=args.copies,
                               only=args.variants, small_tilings=args.small_tilings,
-                              router_tilings=args.router_tilings)
+                              router_tilings=args.router_tilings,
+                              grouped_tilings=args.grouped_tilings)
                 rows.append(r)
                 print(r.line(bw, peak), flush=True)
     if args.breakdown:

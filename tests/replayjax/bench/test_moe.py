@@ -109,6 +109,20 @@ def test_small_tilings_are_variants(monkeypatch):
     assert [(t.block_f, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
 
 
+def test_grouped_tilings_are_variants(monkeypatch):
+    """--grouped-tilings: one sparse variant per MoETiling override, each running it."""
+    seen = []
+    monkeypatch.setattr(bench, "sparse_experts", lambda *a, tiling: (
+        seen.append(tiling), bench.dense_experts(*a))[1])
+    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
+        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
+    shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
+    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse"],
+                      grouped_tilings=[{}, {"up_block_n": 32, "num_warps": 8}])
+    assert list(row.us) == ["sparse", 'sparse {"up_block_n":32,"num_warps":8}']
+    assert [(t.up_block_n, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
+
+
 def test_router_tilings_are_variants(monkeypatch):
     """--router-tilings: one sparse-shared variant per RouterTiling override, each routing
     through the router kernel with it (the other variants route in XLA)."""
