@@ -24,9 +24,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._kernel_utils import F32, call, launch_grid, like, program_ids
+from pallas_kernels._kernel_utils import F32, call, launch_grid, like, load, program_ids, store
 from pallas_kernels.ring import NULL_SLOT
-from pallas_kernels.validation import check, is_pow2, resolve_tiling
+from pallas_kernels.validation import masked_block, resolve_tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,22 +51,10 @@ TILING = ConvTiling(block_c=1024, num_warps=4)
 def conv_update(conv_state, window, weight, bias, slots, *, tiling, interpret):
     """`pallas_kernels.conv.conv_update` on validated arguments."""
     t = resolve_tiling(tiling, TILING)
-    check(is_pow2(t.block_c), f"block_c = {t.block_c} must be a power of two")
-    C = conv_state.shape[2]
-    block_c = min(t.block_c, 1 << (C - 1).bit_length())
+    block_c = masked_block("block_c", "channels C", conv_state.shape[2], t.block_c)
     return _conv_update(conv_state, window, weight, bias, slots, block_c=block_c,
                         grid_order=t.grid_order, num_warps=t.num_warps,
                         num_stages=t.num_stages, interpret=interpret)
-
-
-def _load(ref, mask):
-    from jax.experimental.pallas import triton as pltr
-    return pltr.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
-
-
-def _store(ref, value, mask):
-    from jax.experimental.pallas import triton as pltr
-    pltr.store(ref, value.astype(ref.dtype), mask=mask)
 
 
 def _kernel(slots_ref, weight_ref, bias_ref, window_ref, state_ref, out_ref, new_state_ref, *,
@@ -79,17 +67,18 @@ def _kernel(slots_ref, weight_ref, bias_ref, window_ref, state_ref, out_ref, new
     keep = first + lax.broadcasted_iota(jnp.int32, (block_c,), 0) < C
     taps = [jnp.int32(k) for k in range(Km1 + 1)]    # (the interpreter takes no Python ints)
     # seq = state + token, oldest first: K vectors [block_c] in their stored dtypes
-    seq = [_load(state_ref.at[slot, k, cols], keep) for k in taps[:-1]]
-    seq.append(_load(window_ref.at[i, taps[0], cols], keep))
-    w = [_load(weight_ref.at[cols, k], keep).astype(F32) for k in taps]
+    seq = [load(state_ref.at[slot, k, cols], keep) for k in taps[:-1]]
+    seq.append(load(window_ref.at[i, taps[0], cols], keep))
+    w = [load(weight_ref.at[cols, k], keep).astype(F32) for k in taps]
     # ring.conv_window's sum, term by term in the same order
     out = sum(s.astype(F32) * wk for s, wk in zip(seq, w))
     if bias_ref is not None:
-        out = out + _load(bias_ref.at[cols], keep).astype(F32)
-    _store(out_ref.at[i, taps[0], cols], out, keep)
+        out = out + load(bias_ref.at[cols], keep).astype(F32)
+    store(out_ref.at[i, taps[0], cols], out, keep)
     write = keep & (slot != NULL_SLOT)
     for k in range(Km1):
-        _store(new_state_ref.at[slot, taps[k], cols], seq[k + 1], write)
+        store(new_state_ref.at[slot, taps[k], cols], seq[k + 1].astype(new_state_ref.dtype),
+              write)
 
 
 @functools.partial(jax.jit, static_argnames=("block_c", "grid_order", "num_warps",
