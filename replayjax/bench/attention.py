@@ -21,12 +21,12 @@ import sys
 import numpy as np
 
 from replayjax import commandline as cli
+from replayjax.bench.families import MIN_POOL_BYTES
 from replayjax.bench.kernels import check_tiling
-from replayjax.bench.timing import add_sweep_arguments
+from replayjax.bench.timing import add_sweep_arguments, run_sweep
 
 PROG = "replayjax bench attention"
 BATCHES = (1, 32, 256)
-MIN_POOL_BYTES = 512 * 2**20
 MAX_SETS = 16
 # (query heads, KV heads, head dim) of the models' attention layers (their config.json files)
 SHAPES = {"nemotron-h-8b": (32, 8, 128), "qwen3.5-9b": (16, 4, 256)}
@@ -122,7 +122,6 @@ def build_parser():
 
 
 def _run(args):
-    import jax
     cli.output_path("--json", args.json)
     from pallas_kernels import attention
     for cfg in args.tune:
@@ -130,21 +129,13 @@ def _run(args):
     if args.max_len <= max(args.tokens):
         raise cli.UserError(f"--max-len {args.max_len} must exceed --tokens {max(args.tokens)}")
     cli.require_gpu()
-    from replayjax.bench.timing import copy_bandwidth
-    cases = [(s, b, t) for s in args.shapes for t in args.tokens for b in args.batches]
-    with cli.Progress(1 + len(cases), cli.interactive(args)) as progress:
-        with progress.stage("copy bandwidth"):
-            bw = copy_bandwidth()
-        print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-              f"bf16 pools, max_len {args.max_len}", flush=True)
-        print("| shape | batch | T | valid K/V MB | per variant: us per call, GB/s (% of copy) | "
-              "xla / best pallas |\n|---|---|---|---|---|---|", flush=True)
-        rows = []
-        for shape, batch, tokens in cases:
-            with progress.stage(f"{shape} batch {batch} T {tokens}"):
-                r = bench(shape, batch, tokens, args.max_len, args.tune)
-            rows.append(r)
-            print(r.line(bw), flush=True)
+    rows, bw = run_sweep(
+        args, [(s, b, t) for s in args.shapes for t in args.tokens for b in args.batches],
+        lambda shape, batch, tokens: bench(shape, batch, tokens, args.max_len, args.tune),
+        stage=lambda shape, batch, tokens: f"{shape} batch {batch} T {tokens}",
+        note=f"bf16 pools, max_len {args.max_len}",
+        header="| shape | batch | T | valid K/V MB | per variant: us per call, GB/s (% of copy) | "
+               "xla / best pallas |\n|---|---|---|---|---|---|")
     if args.json:
         cli.write_json(args.json, [dataclasses.asdict(r) | {"copy_bw": bw,
                                                             "max_len": args.max_len}

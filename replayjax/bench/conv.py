@@ -25,12 +25,12 @@ import sys
 import numpy as np
 
 from replayjax import commandline as cli
+from replayjax.bench.families import MIN_POOL_BYTES
 from replayjax.bench.kernels import check_tiling
-from replayjax.bench.timing import add_sweep_arguments
+from replayjax.bench.timing import add_sweep_arguments, run_sweep
 
 PROG = "replayjax bench conv"
 BATCHES = (1, 32, 256)
-MIN_POOL_BYTES = 512 * 2**20
 MAX_SETS = 16
 K = 4
 # (conv channels, conv bias) of the models' SSM layers (`replayjax.bench.synthetic` configs):
@@ -131,27 +131,17 @@ def build_parser():
 
 
 def _run(args):
-    import jax
     cli.output_path("--json", args.json)
     from pallas_kernels import conv
     for cfg in args.tune:
         check_tiling("--tune", cfg, conv.TILING)
     cli.require_gpu()
-    from replayjax.bench.timing import copy_bandwidth
-    cases = [(s, b) for s in args.shapes for b in args.batches]
-    with cli.Progress(1 + len(cases), cli.interactive(args)) as progress:
-        with progress.stage("copy bandwidth"):
-            bw = copy_bandwidth()
-        print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-              f"bf16 pools, K = {K}", flush=True)
-        print("| shape | batch | MB per call | per variant: us per call, GB/s (% of copy) | "
-              "xla / best pallas |\n|---|---|---|---|---|", flush=True)
-        rows = []
-        for shape, batch in cases:
-            with progress.stage(f"{shape} batch {batch}"):
-                r = bench(shape, batch, args.tune)
-            rows.append(r)
-            print(r.line(bw), flush=True)
+    rows, bw = run_sweep(
+        args, [(s, b) for s in args.shapes for b in args.batches],
+        lambda shape, batch: bench(shape, batch, args.tune),
+        stage=lambda shape, batch: f"{shape} batch {batch}", note=f"bf16 pools, K = {K}",
+        header="| shape | batch | MB per call | per variant: us per call, GB/s (% of copy) | "
+               "xla / best pallas |\n|---|---|---|---|---|")
     if args.json:
         cli.write_json(args.json, [dataclasses.asdict(r) | {"copy_bw": bw} for r in rows])
 

@@ -96,6 +96,28 @@ def add_sweep_arguments(ap, shapes, batches, what: str, tiling: str, example: st
                     help="also write the rows as JSON to FILE")
 
 
+def run_sweep(args, cases, run, *, stage, note: str, header: str):
+    """The one-kernel benchmarks' loop (`bench attention`, `bench conv`): the copy bandwidth,
+    a device line ending in `note`, the table `header`, then per case (a tuple) of `cases` the
+    row `run(*case)` (a progress stage named `stage(*case)`), its `line(copy_bw)` printed as it
+    comes. Returns (rows, copy bandwidth in bytes/s)."""
+    import jax
+
+    from replayjax import commandline as cli
+    with cli.Progress(1 + len(cases), cli.interactive(args)) as progress:
+        with progress.stage("copy bandwidth"):
+            bw = copy_bandwidth()
+        print(f"device: {jax.devices()[0].device_kind}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+              f"{note}", flush=True)
+        print(header, flush=True)
+        rows = []
+        for case in cases:
+            with progress.stage(stage(*case)):
+                rows.append(run(*case))
+            print(rows[-1].line(bw), flush=True)
+    return rows, bw
+
+
 def add_peak_argument(ap) -> None:
     """--peak-tflops: the bf16 dense peak per device that FLOP bounds are taken at
     (`peak_flops`)."""

@@ -1,5 +1,7 @@
 """The decode conv benchmark's plumbing on CPU (the kernel in interpret mode)."""
 
+import json
+
 import jax
 import pytest
 
@@ -27,3 +29,31 @@ def test_bench_plumbing_runs_on_cpu(monkeypatch, biased):
     assert row.bytes == b * C * (2 * 3 * 2 + 2 + 4) + C * (4 + biased) * 2
     line = row.line(1e12)
     assert line.startswith(f"| tiny | {b} |") and line.endswith("1.00x |") and "pool equal" in line
+
+
+def test_command_prints_a_row_per_case_and_writes_them(monkeypatch, capsys, tmp_path):
+    """`bench conv` (the loop `bench attention` shares, `timing.run_sweep`): the device line,
+    the table's header, one row per (shape, batch) as it is timed, the rows as JSON with the
+    copy bandwidth (the GPU, CUPTI and the bandwidth faked)."""
+    from replayjax import commandline as cli
+    seen = []
+
+    def fake_bench(shape, batch, tilings):
+        seen.append((shape, batch))
+        return bench.Row(shape, batch, 1, 1e6, {"xla": 2.0, "pallas": 1.0}, {"pallas": 0.0},
+                         {"pallas": True})
+
+    monkeypatch.setattr(cli, "require_gpu", lambda: None)
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda: 4e12)
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    out = tmp_path / "conv.json"
+    assert bench.main(["--batches", "1", "8", "--shapes", "qwen3.5-9b", "--json",
+                       str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert seen == [("qwen3.5-9b", 1), ("qwen3.5-9b", 8)]
+    assert "copy bandwidth 4.00 TB/s; bf16 pools, K = 4" in lines[0]
+    assert lines[1].startswith("| shape | batch |")
+    assert [ln.split(" | ")[:2] for ln in lines[3:]] == [["| qwen3.5-9b", "1"],
+                                                          ["| qwen3.5-9b", "8"]]
+    assert [r["batch"] for r in json.loads(out.read_text())] == [1, 8]
+    assert json.loads(out.read_text())[0]["copy_bw"] == 4e12
