@@ -95,32 +95,24 @@ def test_bench_plumbing_runs_on_cpu(monkeypatch):
         1e12, None)
 
 
-def test_small_tilings_are_variants(monkeypatch):
-    """--small-tilings: one sparse-small variant per PairTiling override, each running it."""
+@pytest.mark.parametrize("variant,experts,flag,config,name,fields,want", [
+    ("sparse-small", "small_experts", "small_tilings", {"block_f": 32, "num_warps": 8},
+     'sparse-small {"block_f":32,"num_warps":8}', ("block_f", "num_warps"), [(64, 4), (32, 8)]),
+    ("sparse", "sparse_experts", "grouped_tilings", {"up_block_n": 32, "num_warps": 8},
+     'sparse {"up_block_n":32,"num_warps":8}', ("up_block_n", "num_warps"), [(64, 4), (32, 8)])])
+def test_tilings_are_variants(monkeypatch, variant, experts, flag, config, name, fields, want):
+    """--small-tilings / --grouped-tilings: one sparse-small (PairTiling) / sparse (MoETiling)
+    variant per override, each running it."""
     seen = []
-    monkeypatch.setattr(bench, "small_experts", lambda *a, tiling: (
-        seen.append(tiling), bench.sparse_experts(*a))[1])
-    monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
-        jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
-    shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
-    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse-small"],
-                      small_tilings=[{}, {"block_f": 32, "num_warps": 8}])
-    assert list(row.us) == ["sparse-small", 'sparse-small {"block_f":32,"num_warps":8}']
-    assert [(t.block_f, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
-
-
-def test_grouped_tilings_are_variants(monkeypatch):
-    """--grouped-tilings: one sparse variant per MoETiling override, each running it."""
-    seen = []
-    monkeypatch.setattr(bench, "sparse_experts", lambda *a, tiling: (
+    monkeypatch.setattr(bench, experts, lambda *a, tiling: (
         seen.append(tiling), bench.dense_experts(*a))[1])
     monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
         jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
     shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
-    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=["sparse"],
-                      grouped_tilings=[{}, {"up_block_n": 32, "num_warps": 8}])
-    assert list(row.us) == ["sparse", 'sparse {"up_block_n":32,"num_warps":8}']
-    assert [(t.up_block_n, t.num_warps) for t in seen] == [(64, 4), (32, 8)]
+    row = bench.bench("tiny", shape, 2, copies=1, iterations=1, only=[variant],
+                      **{flag: [{}, config]})
+    assert list(row.us) == [variant, name]
+    assert [tuple(getattr(t, f) for f in fields) for t in seen] == want
 
 
 def test_router_tilings_are_variants(monkeypatch):
