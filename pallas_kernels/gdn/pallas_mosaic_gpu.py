@@ -31,13 +31,14 @@ from its first V tile).
 
 Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x K
 checkpoint tile (32 KiB in fp32), so what it does before the first state chunk is requested
-shows in the kernel's time. "serial" (the default) lands the token's vectors, the ring's d rows
+shows in the kernel's time. "serial" (the verify's) lands the token's vectors, the ring's d rows
 and the walk's scalars, walks the ring, and only then starts the checkpoint pipeline: a TMA
-round trip plus up to L - 1 walk steps before a state byte is asked for. "overlap" issues the
-same copies without waiting and starts the pipeline at once (its first state chunks go out
-behind them); the readout waits for k and q on its first step only, and the rest (v, the ring,
-the walk) follows the readout: the walk's terms enter only after it (S k = e^{sum g} S0 k + the
-ring's part). Both compute the same sums in the same order: the outputs are equal.
+round trip plus up to L - 1 walk steps before a state byte is asked for. "overlap" (the replay
+decode's, measured faster) issues the same copies without waiting and starts the pipeline at
+once (its first state chunks go out behind them); the readout waits for k and q on its first
+step only, and the rest (v, the ring, the walk) follows the readout: the walk's terms enter only
+after it (S k = e^{sum g} S0 k + the ring's part). Both compute the same sums in the same order:
+the outputs are equal.
 
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the

@@ -130,11 +130,13 @@ class GDNVerifyTiling:
 STANDARD_TILING = GDNTiling(block_v=128, num_warps=8, grid_order="row_slowest")
 REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4, grid_order="row_slowest")
 # verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
-# 16 vs 1.90x; T = 8 1.65x vs 1.38x.
-VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4)
+# 16 vs 1.90x; T = 8 1.65x vs 1.38x. Both verify kernels launch row-slowest (eighth session,
+# batch 256, T = 4): this one 572 -> 548 us, the baseline 789 -> 767.
+VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4,
+                                grid_order="row_slowest")
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): 4 warps 795 us (80% of
 # copy bandwidth) vs 1214 us with the decode kernel's 8 warps and 858 us at block_v 64.
-STANDARD_VERIFY_TILING = GDNTiling(block_v=128, num_warps=4)
+STANDARD_VERIFY_TILING = GDNTiling(block_v=128, num_warps=4, grid_order="row_slowest")
 _MIN_BLOCK_V = 4
 
 

@@ -12,16 +12,15 @@ dtype with the other small ones (`VectorPack`: a buffer of its own takes 1 KiB).
 go back by TMA from a double-buffered SMEM staging area, for live rows only (the null slot is
 never written).
 
-Replay: the wrapper launches the kernel alone, one launch per layer and step (at batch 1 each
-XLA op before it cost a few us: the two ops that computed the products below made the
-Nemotron-H-8B step 2.5% slower than with the Triton kernel). Every CTA copies its group's ring
-B [L, N] (ring dtype, as the Triton kernel reads it; the fold uses the same copy) with its
-first vectors and computes the per-group products B_j . C [L] and B . C itself, in fp32
-(`dot`: L + 1 dots of N; redundant across the group's CTAs, tiny next to the 64 x N state
-tile). B_j . C go to SMEM for the walk's dynamic reads. The kernel walks the committed ring
-entries backwards (a loop of `count` steps; entries past the count are never read), carrying
-the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the ring's dt is copied whole into
-SMEM with the first vectors (`scalar_vectors`), so the loop waits on no GMEM round trip.
+Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
+the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic; computing them in
+every CTA instead made each CTA copy its group's whole ring B every step, L x N: 4 KiB at the
+8B's shapes, an eighth of its state tile). Their two launches are a fixed cost per layer, so
+"auto" keeps the Triton replay at small batches (`AUTO_MIN_BATCH`). The kernel walks the
+committed ring entries backwards (a loop of `count` steps; entries past the count are never
+read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the walk's scalars
+(ring dt, B_j . C) are copied whole into SMEM with the first vectors (`scalar_vectors`), so the
+loop waits on no GMEM round trip.
 The fold (one step in L) re-streams the checkpoint and adds X^T diag(s) B as rank-1 updates on
 the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pass tf32 split
 is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
@@ -29,18 +28,18 @@ ring (x, dt, and B from the group's first head).
 
 Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x N
 checkpoint tile (32 KiB in fp32 at N = 128), so what it does before the first state chunk is
-requested shows in the kernel's time. "serial" (the default) lands the token's vectors, the
+requested shows in the kernel's time. "serial" (the verify's) lands the token's vectors, the
 ring's x rows and the walk's scalars, walks the ring, and only then starts the checkpoint
 pipeline: a TMA round trip plus up to L - 1 walk steps before a state byte is asked for.
-"overlap" issues the same copies without waiting and starts the pipeline at once (its first
+"overlap" (the replay decode's, measured faster) issues the same copies without waiting and
+starts the pipeline at once (its first
 state chunks go out behind them); the readout waits for C on its first step only, and the rest
 (x, the ring, the walk) follows the readout: the walk's terms enter only after it (y = decay
 S0 C + the ring's part). Both compute the same sums in the same order: the outputs are equal.
 
 Verify: one pass over the checkpoint tile serves all T tokens (T accumulators S0 C_t per
 chunk, C_t for the T tokens in one [T, block_n] tile per step); one ring walk gives every
-token's history term; the within-window terms use the window B_r . C_t. The ring x window and
-window x window products still come from XLA before the kernel (unlike the decode's). Rows with
+token's history term; the within-window terms use the precomputed window B_r . C_t. Rows with
 c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after the kernel by
 XLA (`write_window`), as the Triton verify does.
 
@@ -71,7 +70,6 @@ from pallas_kernels._mosaic_utils import (
     auto_takes,
     chunk,
     cols,
-    dot,
     issue_all,
     load_all,
     mosaic_call,
@@ -120,6 +118,10 @@ _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
 # 613 (sixth). The standard decode went back to Triton once launched row-slowest: 538 vs 550 us
 # at batch 256, 4.3 vs 4.6 at batch 1.
 AUTO_OPS = frozenset({"replay_decode", "replay_verify"})
+# Below this batch "auto" keeps the Triton replay (eighth session, staggered, wrapper counted):
+# batch 1 6.7 vs 8.1 us (the Mosaic wrapper's two B.C einsums are a fixed cost per layer), 8
+# 19.2 vs 19.4; Mosaic from 32 (52.7 vs 57.4), 128 (171 vs 201), 256 (330 vs 392).
+AUTO_MIN_BATCH = {"replay_decode": 16}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -134,6 +136,8 @@ def takes(op, args) -> bool:
     N <= 256; Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
+    if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
+        return False
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
         None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype))
 
@@ -257,9 +261,10 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # --------------------------------------------------------------------------------------------
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
-def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, s_ref,
-                   rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem, out_smem, bars, *,
-                   vectors, heads_per_group, block_n, num_stages, prologue):
+def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
+                   out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
+                   prologue):
     b, h, g, ps = _position(heads_per_group)
     v = vectors.views(vec_smem)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
@@ -267,16 +272,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     dt, a = dt_ref[b, h], a_ref[h]
-    # The walk's dt [L] (whole: entries >= c are not read; the append's dt write at c, by
-    # another P tile's CTA, lands in an entry no walk reads).
-    walk_copies, (ring_dt,) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt))
-    # The token's x, B, C, the ring's x rows and B rows and the walk's dt, all in flight at once.
-    # The ring's B [L, N] comes whole every step (the products below and the fold read it); its
-    # row c may be in flight from the group's appending CTA (`_append`): no product past the
-    # count is read.
+    # The walk's scalars: the ring's dt [L] and B_j . C [L] (whole: entries >= c are not read;
+    # the append's dt write at c, by another P tile's CTA, lands in an entry no walk reads).
+    walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
+                                                     (bcr_ref.at[b, g], v.ring_bc))
+    # The token's x, B, C, the ring's x rows and the walk's scalars, all in flight at once.
     copies = ((x_ref.at[b, h, ps], v.x), (rx_ref.at[slot, h, :, ps], rx_smem),
-              (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), (rb_ref.at[slot, g], rb_smem),
-              *walk_copies)
+              (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), *walk_copies)
 
     def ring_row(j):
         return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
@@ -286,14 +288,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     def landed_part():
         """x [64], the decay and y's part from the ring and the token: what needs the copies
         landed, the readout aside. y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current
-        token with s = dt. The group's products B_j . C (all L rows, into SMEM for the walk's
-        dynamic reads; rows past the count are garbage, never read) and B . C are computed
-        here, in every CTA of the group (L + 1 dots of N), not by XLA before the launch."""
-        for j in range(L):
-            v.ring_bc[j] = dot(rb_smem.at[j], v.c, block_n)
+        token with s = dt."""
         x = plgpu.load(v.x, layout=ROW).astype(F32)
-        total, y_ring = walk(lambda j, sj, acc: acc + (sj * v.ring_bc[j]) * ring_row(j),
-                             (dt * dot(v.b, v.c, block_n)) * x, suffix=dt)
+        total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
+                             (dt * bcc_ref[b, g]) * x, suffix=dt)
         return x, jnp.exp(a * total), y_ring
 
     overlap = prologue == "overlap"
@@ -328,12 +326,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
     @pl.when(live & fold)
     def _():
+        load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
         _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
               block_n=block_n, num_stages=num_stages)
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
-    # are the only ones the other CTAs of the group use otherwise: no CTA writes a row another
-    # one uses.
+    # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
+    # one reads.
     @pl.when(live & ~fold)
     def _append():
         store_async(x, v.ring_x, rx_ref.at[slot, h, c, ps])
@@ -354,6 +353,11 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
+    hi = lax.Precision.HIGHEST
+    C32 = C.astype(F32)
+    # Per-group B . C products (ring x current, current x current): tiny next to the state.
+    bc_ring = jnp.einsum("bgln,bgn->bgl", buffers.ring_b[slots].astype(F32), C32, precision=hi)
+    bc_cur = jnp.einsum("bgn,bgn->bg", B.astype(F32), C32, precision=hi)
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
@@ -364,15 +368,17 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, P // TILE_ROWS),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
-                    a_ref=A, d_ref=D, s_ref=buffers.checkpoint, rx_ref=buffers.ring_x,
-                    rb_ref=buffers.ring_b, rdt_ref=buffers.ring_dt),
+                    a_ref=A, d_ref=D, bcr_ref=bc_ring, bcc_ref=bc_cur,
+                    s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
+                    rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
                      rb_smem=plgpu.SMEM((L, N), ring_dtype),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=6)),
+                     bars=plgpu.Barrier(num_barriers=6),
+                     fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return y, type(buffers)(*new)
 

@@ -100,12 +100,20 @@ class Mamba2ReplayTiling(Mamba2Tiling):
 # checkpoint were slower (438, 413 with row-slowest).
 STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8, grid_order="row_slowest")
 REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_order="row_slowest")
+# P not a multiple of those block_p (Nemotron-Nano-9B-v2's P = 80, eighth session, batch 256):
+# masked P tiles, standard 711 -> 682 us (32 + 32 + 16 live rows); replay one 128-row tile of 80
+# live rows on 4 warps, 649 -> 569 (2 warps 699, block_p 32 742).
+RAGGED_P_TILINGS = {
+    STANDARD_TILING: dataclasses.replace(STANDARD_TILING, p_tiles="masked"),
+    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=128, num_warps=4, p_tiles="masked"),
+}
 # verify keeps T accumulators per d_state chunk: 32-wide chunks (batch 256, T = 4: 2.24x the
-# baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16).
-VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2)
+# baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16); launched
+# row-slowest (eighth session: 611 -> 593 us at T = 4).
+VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2, grid_order="row_slowest")
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): the decode kernel's
-# tiles are its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us). Both
-# verify kernels launch row-fastest until `gpu_session.sh verify` has timed the other order.
+# tiles are its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us), and
+# row-fastest (eighth session: 1503 us, row-slowest 1633).
 STANDARD_VERIFY_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
 _MIN_BLOCK_P = 4
 
@@ -114,6 +122,8 @@ def _tiles(tiling, default, P, N, window=None):
     """The launch keywords of a tiling (None: `default`) for head dim P and d_state N (tiles,
     launch order, warps, stages); with the ring window L, also the fold mode and the state's
     eviction policy."""
+    if P % default.block_p:
+        default = RAGGED_P_TILINGS.get(default, default)
     t = resolve_tiling(tiling, default)
     check_choice("p_tiles", t.p_tiles, TILE_MODES)
     p_block = bounded_block if t.p_tiles == "divide" else masked_block

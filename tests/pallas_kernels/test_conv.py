@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import conv
+from pallas_kernels import conv, dispatch
 from pallas_kernels.ring import NULL_SLOT
 from tests.pallas_kernels.helpers import bitwise_equal, impl_kw, rel_err, same_sums
 
@@ -143,12 +143,16 @@ def test_decode_steps_chain(interpret):
     assert not np.isnan(np.asarray(pools["pallas"])[live]).any()    # the initial state is gone
 
 
-def test_auto_keeps_xla_until_timed():
-    """AUTO_PALLAS is off: "auto" runs the XLA ops (bitwise) everywhere."""
-    assert conv.api.AUTO_PALLAS is False
+@pytest.mark.parametrize("auto_pallas", [True, False])
+def test_auto_backend(auto_pallas, monkeypatch):
+    """"auto" runs the kernel on a GPU while AUTO_PALLAS is set (the default) and the XLA ops
+    otherwise and off the GPU: bitwise the backend it names."""
+    assert conv.api.AUTO_PALLAS is True
+    monkeypatch.setattr(conv.api, "AUTO_PALLAS", auto_pallas)
     pb = Problem(3, C=40)
-    auto, xla = run(pb, "auto", True), run(pb, "xla", True)
-    assert all(bitwise_equal(a, x) for a, x in zip(auto, xla))
+    expected = "pallas" if auto_pallas and dispatch.on_gpu() else "xla"
+    auto, ref = run(pb, "auto", True), run(pb, expected, True)
+    assert all(bitwise_equal(a, r) for a, r in zip(auto, ref))
 
 
 def _bad(**changes):

@@ -18,8 +18,8 @@ def _arr(shape, dtype=BF16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _mamba2_args(op, P=64, N=128, state=F32, T=4):
-    lead = (3, T) if op == "replay_verify" else (3,)
+def _mamba2_args(op, P=64, N=128, state=F32, T=4, batch=32):
+    lead = (batch, T) if op == "replay_verify" else (batch,)
     x, B = _arr(lead + (8, P)), _arr(lead + (2, N))
     pool = _arr((5, 8, P, N), state)
     head = (pool,) if op == "standard_decode" else (types.SimpleNamespace(checkpoint=pool), None)
@@ -55,6 +55,18 @@ def test_auto_runs_mosaic_on_hopper_only(device, op):
         assert mamba2_api._OPS[op].backend(args) == want
     assert mamba2_api._OPS[op].backend(args, impl="pallas") == "pallas_triton"
     assert mamba2_api._OPS[op].backend(args, impl="xla") == "xla"
+
+
+@pytest.mark.parametrize("batch,want", [(1, "pallas_triton"), (15, "pallas_triton"),
+                                        (16, "pallas_mosaic_gpu"), (256, "pallas_mosaic_gpu")])
+def test_auto_keeps_triton_replay_at_small_batch(device, batch, want):
+    """Mamba-2's Mosaic replay decode launches two XLA einsums before its kernel, a fixed cost
+    that loses to the Triton replay below 16 rows on the H200; verify stays Mosaic."""
+    device(True, True)
+    assert mamba2_api._OPS["replay_decode"].backend(
+        _mamba2_args("replay_decode", batch=batch)) == want
+    assert mamba2_api._OPS["replay_verify"].backend(
+        _mamba2_args("replay_verify", batch=batch)) == "pallas_mosaic_gpu"
 
 
 @pytest.mark.parametrize("op", MAMBA2_OPS)

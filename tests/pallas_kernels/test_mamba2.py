@@ -39,7 +39,8 @@ def test_replay_decode_rejects_bad_input(change, match):
     (12, 24, None, r"d_state N = 24 must be a power of two"),
     (12, 16, mamba2.Mamba2Tiling(block_p=12, block_n=16, num_warps=4),
      r"block_p = 12 must be a power of two"),
-    (6, 16, None, r"head_dim P = 6 has no power-of-two tile >= 4 dividing it"),
+    (6, 16, mamba2.Mamba2Tiling(block_p=32, block_n=16, num_warps=4),
+     r"head_dim P = 6 has no power-of-two tile >= 4 dividing it"),
     (16, 16, mamba2.REPLAY_TILING, r"tiling must be a Mamba2Tiling, got Mamba2ReplayTiling"),
     (80, 16, mamba2.Mamba2Tiling(block_p=48, block_n=16, num_warps=4, p_tiles="masked"),
      r"block_p = 48 must be a power of two"),
@@ -59,6 +60,22 @@ def test_masked_p_tile_is_the_bound_up_to_p(P, block_p, tile):
     """p_tiles="masked" takes block_p itself (it need not divide P), but no tile larger than the
     power of two covering P, and none under the kernels' minimum of 4 rows."""
     assert masked_block("block_p", "head_dim P", P, block_p, 4) == tile
+
+
+@pytest.mark.parametrize("default,P,want", [
+    (mamba2.STANDARD_TILING, 80, dict(block_p=32, num_warps=8)),
+    (mamba2.REPLAY_TILING, 80, dict(block_p=128, num_warps=4)),
+    (mamba2.STANDARD_TILING, 64, dict(block_p=32, num_warps=8)),
+    (mamba2.REPLAY_TILING, 64, dict(block_p=64, num_warps=2)),
+])
+def test_default_tiles_mask_p_only_where_block_p_does_not_divide_it(default, P, want):
+    """P = 80 (Nemotron-Nano-9B-v2) takes the measured masked tiles (the last one's rows past
+    P masked: block_p 32 / 128, where whole tiles would be five of 16); P = 64 keeps the
+    default's whole tiles."""
+    from pallas_kernels.mamba2 import pallas_triton
+    window = 16 if default is mamba2.REPLAY_TILING else None
+    tiles = pallas_triton._tiles(None, default, P, 128, window)
+    assert {k: tiles[k] for k in want} == want
 
 
 @pytest.mark.parametrize("kind", ["standard", "replay"])
