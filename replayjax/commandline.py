@@ -288,10 +288,19 @@ def one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     if isinstance(e, (UserError, ConfigError, ConvertError)):
         return text
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in first:
+    first = _first_line(e)
+    if out_of_memory(e):
         return f"out of memory: {first[:200]} (--debug shows the traceback)"
     return f"{type(e).__name__}: {first} (--debug shows the traceback)"
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is a host or device allocation failure (XLA's RESOURCE_EXHAUSTED)."""
+    return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in _first_line(e)
 
 
 # ---------------------------------------------------------------------- environment

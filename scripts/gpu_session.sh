@@ -17,9 +17,10 @@
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
-#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - batch 32
-#              and Qwen3.5-9B dims;  e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200
-#              (Nemotron-3-Nano, Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
+#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - Qwen3.5-9B
+#              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
+#              e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200 (Nemotron-3-Nano,
+#              Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
 #              e2e with --impl pallas (the decode attention and conv kernels; e2e's rows are
 #              --impl auto)
 #              e2e-attn-check - is the Pallas decode attention exact end to end: standard
@@ -60,7 +61,10 @@
 #              1..512, both families
 #   ncu      - Nsight Compute on one launch of each replay kernel at batch 256 (Triton and Mosaic,
 #              both families; scripts/ncu_kernels.py runs them without CUPTI): speed of light,
-#              memory, occupancy, warp stalls, one CSV per kernel
+#              memory, occupancy, warp stalls, one CSV per kernel; the clocks as found
+#              (--clock-control none: ncu's default would lock them to base); only the replay
+#              kernel's launches counted (the ninth session's skip of 40 launches landed on the
+#              ring counts' update)
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -201,8 +205,9 @@ case $stage in
     e2e 250 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --workload sync \
       --variants replay+mtp standard+mtp ;;
   e2e-more)
-    e2e 250 --synthetic nemotron-h-8b --batch 32 --prompt-len 128 --variants standard replay
-    e2e 330 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
+    e2e 420 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
+  e2e-32)
+    e2e 250 --synthetic nemotron-h-8b --batch 32 --prompt-len 128 --variants standard replay ;;
   e2e-moe|e2e-moe-qwen)
     # issue 14's rows: standard vs replay decode steps at batch 256, 32, 1 (equal 128-token
     # prompts: one prefill program per process, the compilation these MoE models pay per process)
@@ -239,7 +244,8 @@ case $stage in
   ncu)
     for fam in mamba2 gdn; do
       for impl in pallas pallas_mosaic_gpu; do
-        limit 120 ncu --launch-skip 40 --launch-count 2 --csv --page details \
+        limit 120 ncu --clock-control none --kernel-name regex:replay --launch-skip 40 \
+          --launch-count 2 --csv --page details \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
           --section LaunchStats --section WarpStateStats \
           python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel replay \

@@ -118,13 +118,19 @@ STANDARD_VERIFY_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
 _MIN_BLOCK_P = 4
 
 
+def for_head_dim(tiling, P):
+    """The measured tiling a kernel whose default is `tiling` runs at head dim P: `tiling`, or
+    its masked-tile variant (`RAGGED_P_TILINGS`) where its block_p does not divide P."""
+    if tiling in RAGGED_P_TILINGS and P % tiling.block_p:
+        return RAGGED_P_TILINGS[tiling]
+    return tiling
+
+
 def _tiles(tiling, default, P, N, window=None):
-    """The launch keywords of a tiling (None: `default`) for head dim P and d_state N (tiles,
-    launch order, warps, stages); with the ring window L, also the fold mode and the state's
-    eviction policy."""
-    if P % default.block_p:
-        default = RAGGED_P_TILINGS.get(default, default)
-    t = resolve_tiling(tiling, default)
+    """The launch keywords of a tiling (None: `default` at head dim P, `for_head_dim`) for head
+    dim P and d_state N (tiles, launch order, warps, stages); with the ring window L, also the
+    fold mode and the state's eviction policy."""
+    t = resolve_tiling(tiling, for_head_dim(default, P))
     check_choice("p_tiles", t.p_tiles, TILE_MODES)
     p_block = bounded_block if t.p_tiles == "divide" else masked_block
     tiles = dict(block_p=p_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),

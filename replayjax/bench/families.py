@@ -35,6 +35,8 @@ class Family:
     ops: Callable              # () -> the family's kernel module (mamba2 or gdn)
     token_inputs: int          # leading per-token arrays of `setup`'s inputs (the rest: per head)
     default_ring: str          # the models' ring dtype for this family
+    for_dims: Callable = lambda tiling, dims: tiling   # (a measured default, dims) -> the
+    #                            tiling the kernel runs there with tiling=None
 
     def min_bytes(self, d, L, ring_itemsize, state_itemsize=4):
         """(standard, replay) minimum bytes per row-step: the state read + written vs the state
@@ -97,7 +99,8 @@ def _mamba2() -> Family:
         setup=setup,
         standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1],
-        ops=lambda: mamba2, token_inputs=4, default_ring="bfloat16")
+        ops=lambda: mamba2, token_inputs=4, default_ring="bfloat16",
+        for_dims=lambda t, d: mamba2.pallas_triton.for_head_dim(t, d["P"]))
 
 
 def _gdn() -> Family:

@@ -104,13 +104,16 @@ def test_bench_amortises_whole_fold_cycles(monkeypatch, family, dims):
     assert (r["std_bytes"], r["rep_bytes"]) == fam.min_bytes(dims, L, 4)
 
 
-def test_bench_counts_the_replay_wrappers_xla_ops(monkeypatch):
+@pytest.mark.parametrize("slots_us", [0.0, 1.5])
+def test_bench_counts_the_replay_wrappers_xla_ops(monkeypatch, slots_us):
     """A replay step that launches an XLA op (0.7 us) before its kernel (1 us) costs both: the
-    op is in the replay times (less the first step's, cut with the set-up copies), the ring
-    counts' update (0.5 us, timed alone) is not."""
+    op is in the replay times (less the first step's, cut with the set-up copies). The bench's
+    own launches are in neither kernel's time: the ring counts' update (0.5 us, timed alone)
+    and the step's slot set (`slots_us`, launched by the standard loop too)."""
     fam = FAMILIES["mamba2"]()
     fam.shapes["tiny"] = dict(H=2, P=16, N=16, G=1)
     n_steps = 8
+    slot_set = [("dynamic_slice_fusion", slots_us)] if slots_us else []
 
     def fake_kernel_times(fn, *args, iterations):
         if counts_loop(args):                 # (its set-up copy of S counts: negligible)
@@ -119,7 +122,7 @@ def test_bench_counts_the_replay_wrappers_xla_ops(monkeypatch):
             step = [("gemm_fusion", 0.7), ("replay_decode", 1.0), ("loop_fusion", 0.5)]
         else:
             step = [("standard_decode", 2.0)]
-        return [[("copy", 9.0)] + step * n_steps] * iterations     # the pools' set-up copy
+        return [[("copy", 9.0)] + (slot_set + step) * n_steps] * iterations  # set-up copy first
 
     monkeypatch.setattr(kernels, "kernel_times", fake_kernel_times)
     r = kernels.bench(fam, "tiny", 2, L=4, ring="float32", iterations=1, min_pool_bytes=1)
@@ -128,6 +131,35 @@ def test_bench_counts_the_replay_wrappers_xla_ops(monkeypatch):
     for key in ("staggered_us", "amortised_us", "nonfold_us", "fold_us"):
         assert r[key] == pytest.approx(1.0 + wrapper), key
     assert r["standard_us"] == 2.0
+    assert r["bench_us"] == pytest.approx(0.5 + slots_us * (n_steps - 1) / n_steps)
+
+
+@pytest.mark.parametrize("P,std_block,rep_block", [(80, 32, 128), (64, 32, 64)])
+def test_bench_times_the_tilings_the_models_run(monkeypatch, P, std_block, rep_block):
+    """The table times what tiling=None runs at the shape: at P = 80 the masked-tile defaults
+    (not the P = 64 ones, five tiles of 16), an override replacing fields of those."""
+    seen = {}
+
+    def record(kind):
+        def kernel(st, *args, **kw):
+            seen.setdefault(kind, []).append(kw["tiling"])
+            return st
+        return kernel
+
+    fam = dataclasses.replace(FAMILIES["mamba2"](), standard=record("standard"),
+                              replay=record("replay"))
+    fam.shapes["tiny"] = dict(H=2, P=P, N=16, G=1)
+
+    def fake_kernel_times(fn, *args, iterations):
+        jax.eval_shape(fn, *args)
+        return [[("standard_decode", 1.0), ("replay_decode", 1.0)] * 8] * iterations
+
+    monkeypatch.setattr(kernels, "kernel_times", fake_kernel_times)
+    kernels.bench(fam, "tiny", 2, L=4, ring="float32", iterations=1, min_pool_bytes=1,
+                  rep_kw={"num_stages": 3})
+    std, rep = seen["standard"][0], seen["replay"][0]
+    assert (std.block_p, std.p_tiles == "masked") == (std_block, P == 80)
+    assert (rep.block_p, rep.p_tiles == "masked", rep.num_stages) == (rep_block, P == 80, 3)
 
 
 @pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
@@ -260,3 +292,40 @@ def test_a_shape_an_impl_does_not_take_is_a_row_and_the_rest_still_runs(monkeypa
                "needs head_dim P a multiple of 64" in line for line in lines)
     rows = json.loads(out.read_text())
     assert len(rows) == 4 and sum("error" in r for r in rows) == 1
+
+
+def test_a_verify_row_out_of_memory_is_a_row_and_the_rest_still_runs(monkeypatch, capsys,
+                                                                       tmp_path):
+    """The baseline's 1 + T states per row may not fit (the ninth session: Nemotron-Nano-9B-v2
+    at T = 8, batch 256): that row says so in one line, the other rows run, --json keeps all;
+    any other error still ends the run."""
+    monkeypatch.setattr(verify.cli, "require_gpu", lambda: None)
+    monkeypatch.setattr(verify, "copy_bandwidth", lambda: 4e12)
+    timed = []
+
+    def fake_bench_verify(fam, shape, batch, T, *, impl, **kw):
+        if T == 8:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                               "22.50GiB")
+        timed.append((shape, T))
+        return dict(family=fam.name, impl=impl, shape=shape, batch=batch, T=T, replay_us=1.0,
+                    baseline_us=2.0, speedup=2.0, replay_mem_per_seq=1e6,
+                    baseline_mem_per_seq=5e6, replay_bytes_per_row=1e6,
+                    baseline_bytes_per_row=4e6, replay_gbs=1.0, baseline_gbs=1.0)
+
+    monkeypatch.setattr(verify, "bench_verify", fake_bench_verify)
+    out = tmp_path / "rows.json"
+    argv = ["--shapes", "nemotron-h-8b", "--tokens", "4", "8", "2", "--batches", "256",
+            "--json", str(out)]
+    assert verify.main(argv) == 0
+    assert timed == [("nemotron-h-8b", 4), ("nemotron-h-8b", 2)]
+    assert any(line.startswith("| nemotron-h-8b | 256 | 8 | out of memory: RESOURCE_EXHAUSTED")
+               for line in capsys.readouterr().out.splitlines())
+    rows = json.loads(out.read_text())
+    assert [r["T"] for r in rows] == [4, 8, 2] and sum("error" in r for r in rows) == 1
+
+    def broken(*a, **kw):
+        raise RuntimeError("a kernel bug")
+    monkeypatch.setattr(verify, "bench_verify", broken)
+    assert verify.main(argv) == 1
+    assert "RuntimeError: a kernel bug" in capsys.readouterr().err
