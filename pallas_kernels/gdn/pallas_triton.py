@@ -13,8 +13,8 @@ keys ring_k[slot, hk] ([L, K], read by every value head of the key head and by e
 row's q / k vectors, and its slot's state [Hv, V, K], one contiguous region. At batch 256 a row's
 programs are then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them
 adjacent (the ReplaySSM authors' GDN kernel launches the V tile fastest, then the row): the
-decode kernels' default (3-7% faster on the H200, below); the verify kernels stay "row_fastest"
-until `gpu_session.sh verify` has timed them. "head_slowest" is the authors' exact order (V tile,
+decode kernels' default (3-7% faster on the H200, below) and both verify kernels' (572 -> 548 us,
+the baseline 789 -> 767). "head_slowest" is the authors' exact order (V tile,
 row, head), opt-in until `gpu_session.sh triton-tune-gdn` has timed it (docs/design.md).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated

@@ -16,8 +16,8 @@ consecutive rows side by side, while the programs that share data are those of o
 B of a (slot, group) ([L, N], read by every head of the group and by every P tile), the row's B / C
 vectors, and its slot's state [H, P, N], one contiguous region. At batch 256 a row's programs are
 then a wave apart, and its shared reads likely miss L2; "row_slowest" makes them adjacent: the
-decode kernels' default (3-10% faster on the H200, below); the verify kernels stay "row_fastest"
-until `gpu_session.sh verify` has timed them.
+decode kernels' default (3-10% faster on the H200, below) and the ReplaySSM verify's (611 -> 593
+us); the state-per-draft baseline verify stays "row_fastest" (1503 vs 1633 us row-slowest).
 
 The public entries (`standard_decode`, ... with `tiling=` and `interpret=`) take validated
 arguments (see `pallas_kernels.mamba2.api`) and resolve the tiling to concrete tiles.
