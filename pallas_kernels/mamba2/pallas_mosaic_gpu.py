@@ -32,10 +32,10 @@ requested shows in the kernel's time. "serial" (the verify's) lands the token's 
 ring's x rows and the walk's scalars, walks the ring, and only then starts the checkpoint
 pipeline: a TMA round trip plus up to L - 1 walk steps before a state byte is asked for.
 "overlap" (the replay decode's, measured faster) issues the same copies without waiting and
-starts the pipeline at once (its first
-state chunks go out behind them); the readout waits for C on its first step only, and the rest
-(x, the ring, the walk) follows the readout: the walk's terms enter only after it (y = decay
-S0 C + the ring's part). Both compute the same sums in the same order: the outputs are equal.
+starts the pipeline at once (its first state chunks go out behind them); the readout waits for C
+on its first step only, and the rest (x, the ring, the walk) follows the readout: the walk's
+terms enter only after it (y = decay S0 C + the ring's part). Both compute the same sums in the
+same order: the outputs are equal.
 
 Verify: one pass over the checkpoint tile serves all T tokens (T accumulators S0 C_t per
 chunk, C_t for the T tokens in one [T, block_n] tile per step); one ring walk gives every

@@ -236,10 +236,10 @@ def _run(args):
             if not cli.out_of_memory(e):
                 raise
             # the baseline's T + 1 states per row did not fit: a row saying so, the rest runs
-            print(f"| {shape} | {batch} | {T} | {cli.one_line(e)[:120]} |" + " |" * 6,
-                  flush=True)
+            error = cli.one_line(e)
+            print(f"| {shape} | {batch} | {T} | {error[:120]} |" + " |" * 6, flush=True)
             rows.append(dict(family=fam.name, impl=impl, shape=shape, batch=batch, T=T,
-                             replay_kw=kw, baseline_kw=bkw, error=cli.one_line(e)))
+                             replay_kw=kw, baseline_kw=bkw, error=error))
             continue
         r.update(copy_gbs=bw, replay_kw=kw, baseline_kw=bkw)
         rows.append(r)

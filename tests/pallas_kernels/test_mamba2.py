@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels import mamba2
+from pallas_kernels.mamba2 import pallas_triton
 from pallas_kernels.validation import masked_block
 from tests.pallas_kernels.families import BF16, F32, Mamba2
 
@@ -72,7 +73,6 @@ def test_default_tiles_mask_p_only_where_block_p_does_not_divide_it(default, P, 
     """P = 80 (Nemotron-Nano-9B-v2) takes the measured masked tiles (the last one's rows past
     P masked: block_p 32 / 128, where whole tiles would be five of 16); P = 64 keeps the
     default's whole tiles."""
-    from pallas_kernels.mamba2 import pallas_triton
     window = 16 if default is mamba2.REPLAY_TILING else None
     tiles = pallas_triton._tiles(None, default, P, 128, window)
     assert {k: tiles[k] for k in want} == want
