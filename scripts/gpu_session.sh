@@ -13,7 +13,8 @@
 #              (Nemotron-Nano-9B-v2) with P tiles that do not divide P (p_tiles "masked");
 #              < 7 min;  triton-tune-gdn - GDN's, and the ReplaySSM authors' choices: 1-2 warps /
 #              3 stages, grid_order "head_slowest", chunk_loop "unrolled" (docs/design.md);
-#              < 6 min
+#              < 6 min;  gdn-occupancy - GDN replay tiles that hold fewer registers (Triton) or
+#              less shared memory (Mosaic), < 6 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -64,7 +65,7 @@
 #              memory, occupancy, warp stalls, one CSV per kernel; the clocks as found
 #              (--clock-control none: ncu's default would lock them to base); only the replay
 #              kernel's launches counted (the ninth session's skip of 40 launches landed on the
-#              ring counts' update)
+#              ring counts' update); NCU_FAMILIES / NCU_IMPLS pick some
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -159,6 +160,19 @@ case $stage in
                {"chunk_loop": "unrolled", "num_warps": 2}, {"grid_order": "head_slowest"},
                {"num_warps": 1, "num_stages": 3, "grid_order": "head_slowest"}]' \
       --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  gdn-occupancy)
+    # the tenth session's ncu: the Triton GDN replay holds 25% occupancy (127 registers a
+    # thread: 4 CTAs an SM), the Mosaic one 12.5% (81 KB of shared memory: 2 CTAs); smaller
+    # tiles hold fewer registers / less shared memory (the standard column follows block_v and
+    # num_warps too: read only the replay column there)
+    limit 220 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
+      --tune '[{}, {"block_v": 32}, {"block_v": 32, "num_warps": 2}, {"block_k": 32},
+               {"block_k": 32, "num_stages": 3}, {"block_k": 128}, {"block_k": 32, "block_v": 32}]' \
+      --json "$out/kernels_gdn_occupancy.json" 2>>"$out/kernels.log" | grep "^|"
+    limit 140 python3 -m replayjax.bench.kernels --family gdn --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"block_k": 32}, {"block_k": 32, "num_stages": 3},
+               {"block_k": 16, "num_stages": 4}]' \
+      --json "$out/kernels_gdn_occupancy_mosaic.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
     for fam in mamba2 gdn; do
       limit 150 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
@@ -242,8 +256,8 @@ case $stage in
         2>>"$out/kernels.log" | grep "^|"
     done ;;
   ncu)
-    for fam in mamba2 gdn; do
-      for impl in pallas pallas_mosaic_gpu; do
+    for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
+      for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
         limit 120 ncu --clock-control none --kernel-name regex:replay --launch-skip 40 \
           --launch-count 2 --csv --page details \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

@@ -112,15 +112,21 @@ class GDNMosaicTiling:
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
 # H200 (docs/benchmarks.md, sixth GPU session). Seventh session: the replay's "overlap" prologue
-# 252 -> 230 us (Qwen3-Next shapes, batch 256, staggered).
+# 252 -> 230 us (Qwen3-Next shapes, batch 256, staggered). Tenth: Nsight Compute found the
+# replay at 12.5% occupancy, two CTAs an SM by their 81 KB of shared memory; chunks of 32 keys
+# in 3 stages take 200.6 us (block_k 64: 224.8-247.8; 32 in 2 stages 204.1, in 4 209.2; 16 in
+# 4-6 208.0-221.7; "serial" 206.1), ahead of the Triton replay's 207.9.
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
-MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=64, prologue="overlap")
+MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap")
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
-# shapes, fp32 state, batch 256): standard 274 vs 292 us, verify T = 4 528 vs 599. The replay
-# decode stays on Triton (seventh session: 208 vs 230 us staggered at batch 256, 35 vs 35 at 32).
+# shapes, fp32 state, batch 256): standard 274 vs 287 us, verify T = 4 528 vs 548 (tenth
+# session, the Triton verify row-slowest). The replay decode stays on Triton: at its tenth-
+# session tiling the Mosaic one wins only batch 256 staggered (199.8 vs 208.7 us; amortised
+# 205.9 vs 199.2, batch 1 / 8 / 32 5.9 / 12.3 / 34.2 vs 4.6 / 10.2 / 32.7), and the whole
+# Qwen3.5-9B step at batch 256 took 15.22 ms with it against 14.70 with Triton (ninth).
 AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
 _MAX_K = 256                      # one TMA box per q / k vector
 

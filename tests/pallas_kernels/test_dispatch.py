@@ -85,8 +85,8 @@ def test_auto_with_a_tiling_stays_on_its_backend(device):
 
 def test_auto_follows_the_measured_choice_per_op(device):
     """The Mosaic kernels that won on the H200: GDN's standard decode and verify (its replay
-    decode lost), Mamba-2's replay decode and verify (its standard decode lost to Triton
-    launched row-slowest); the state-per-draft baseline has no Mosaic kernel."""
+    decode lost end to end), Mamba-2's replay decode and verify (its standard decode lost to
+    Triton launched row-slowest); the state-per-draft baseline has no Mosaic kernel."""
     device(True, True)
     backend = {op: gdn_api._OPS[op].backend(_gdn_args(op)) for op in MAMBA2_OPS}
     assert backend == {"standard_decode": "pallas_mosaic_gpu", "replay_decode": "pallas_triton",
