@@ -26,7 +26,8 @@ Method:
   * device time of every kernel of the layer from CUPTI (`profiler.measure`), median over
     iterations of one jitted call that runs `copies` independent layers (own weights, own
     random tokens) one after the other, divided by `copies`, so the experts a call reads are not
-    still in the 60 MB L2 from the call before;
+    still in the 60 MB L2 from the call before; each copy starts after the one before it ends
+    (`chained`), so XLA cannot fuse the copies' small ops into shared launches;
   * the breakdown (--breakdown prints it, --json always holds it): per kernel name (XLA's
     numeric suffixes dropped, so the copies' fusions group), launches and us per layer call
     (median over iterations) and the share of the layer's us;
@@ -348,6 +349,20 @@ class Row:
                 + " | ".join(cells) + " |")
 
 
+def chained(layers, xs):
+    """[layer(x) for layer, x in zip(layers, xs)], each copy's input held back until the copy
+    before it is done (`lax.optimization_barrier`), as a model's layers are: independent copies
+    let XLA fuse one copy's small ops with another's (the seventh to tenth sessions' breakdowns
+    showed 0.25 launches of an 11.5 us reduce per layer call: one launch for four routers)."""
+    import jax
+    out = []
+    for layer, x in zip(layers, xs):
+        if out:
+            x, _ = jax.lax.optimization_barrier((x, out[-1]))
+        out.append(layer(x))
+    return out
+
+
 def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None,
           small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):
     """Times every variant (of `only`'s kinds; None: all) on `copies` independent layers;
@@ -375,8 +390,9 @@ def bench(name, s: MoEShape, batch, *, copies=4, iterations=5, seed=0, only=None
 
         @jax.jit
         def run(states, wss, xs, experts=experts, route=route):
-            return [layer_call(nnx.merge(graphdef, st), x, ws, experts, route)
-                    for st, ws, x in zip(states, wss, xs)]
+            return chained([functools.partial(layer_call, nnx.merge(graphdef, st), ws=ws,
+                                              experts=experts, route=route)
+                            for st, ws in zip(states, wss)], xs)
         try:
             times = _kernel_times(run, (states, wss, xs), iterations)
             us[vname] = float(np.median([sum(t for _, t in it) for it in times])) / copies

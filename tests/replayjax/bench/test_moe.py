@@ -131,3 +131,15 @@ def test_router_tilings_are_variants(monkeypatch):
     assert [(r["tiling"].logits, r["tiling"].num_warps) for r in seen] == [("xla", 4),
                                                                          ("kernel", 8)]
     assert {v[2]["impl"] for k, v in bench.variants().items() if k != "sparse-shared"} == {"xla"}
+
+
+def test_copies_run_one_after_another():
+    """`chained` gives each layer's own output, and each copy's input waits on the copy before
+    (an optimization barrier between them, so XLA cannot merge the copies' launches)."""
+    layers = [lambda x, c=c: jnp.tanh(x) * (c + 1) for c in range(3)]
+    xs = [jnp.full((2, 4), float(c)) for c in range(3)]
+    run = jax.jit(lambda xs: bench.chained(layers, xs))
+    for layer, x, y in zip(layers, xs, run(xs)):
+        np.testing.assert_array_equal(y, layer(x))
+    hlo = run.lower(xs).as_text()
+    assert hlo.count("optimization_barrier") == 2
