@@ -16,7 +16,8 @@
 #              < 6 min;  gdn-occupancy - GDN replay tiles that hold fewer registers (Triton) or
 #              less shared memory (Mosaic), < 6 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
-#              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest
+#              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
+#              verify-t8 - the baselines' tilings at T = 8, then T = 4 / 8 Triton and Mosaic
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - Qwen3.5-9B
 #              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
@@ -200,6 +201,23 @@ case $stage in
     for fam in mamba2 gdn; do
       python3 -m replayjax.bench.verify --family $fam --batches 1 32 256 \
         --json "$out/verify_$fam.json" 2>>"$out/verify.log"
+    done ;;
+  verify-t8)
+    # the baselines' tilings at T = 8 (the tenth session's GDN baseline: 3,877 us, 29% of copy,
+    # where 99cf2cb's row-fastest one took 2,440: its row-slowest launch was chosen at T = 4
+    # only), then both families' ReplaySSM verify, Triton and Mosaic, against the best of them
+    limit 200 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 8 \
+      --batches 256 --tune-baseline '[{}, {"grid_order": "row_fastest"}, {"block_v": 64},
+      {"block_v": 64, "grid_order": "row_fastest"}, {"num_warps": 8}]' \
+      --json "$out/verify_t8_baseline_gdn.json" 2>>"$out/verify.log" | grep "^|"
+    limit 200 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+      --tokens 8 --batches 256 --tune-baseline '[{}, {"grid_order": "row_slowest"},
+      {"block_n": 32}, {"num_warps": 4}]' \
+      --json "$out/verify_t8_baseline_mamba2.json" 2>>"$out/verify.log" | grep "^|"
+    for fam in mamba2:nemotron-h-8b gdn:qwen3-next; do
+      limit 100 python3 -m replayjax.bench.verify --family ${fam%%:*} --shapes ${fam##*:} \
+        --tokens 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
+        --json "$out/verify_t48_${fam%%:*}.json" 2>>"$out/verify.log" | grep "^|"
     done ;;
   e2e)
     # decode A/B (the issue's targets: >= 1.4x at batch 256 on the Mamba-2 model, batch 1 within
