@@ -60,3 +60,15 @@ def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffe
     rx, rb, rdt = write_window_rings((buffers.ring_x, buffers.ring_b, buffers.ring_dt),
                                      (x, B, dt), counts, slots, buffers.window)
     return buffers._replace(ring_x=rx, ring_b=rb, ring_dt=rdt)
+
+
+def bc_products(ring_b, slots, B, C):
+    """The B . C products a replay step's kernels take from XLA, fp32-exact (HIGHEST): for the
+    window's C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each row's
+    slot, ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select them
+    away) and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N])."""
+    hi, f32 = jax.lax.Precision.HIGHEST, jnp.float32
+    C32 = C.astype(f32)
+    ring = jnp.einsum("bgln,btgn->bgtl", ring_b[slots].astype(f32), C32, precision=hi)
+    window = jnp.einsum("brgn,btgn->bgrt", B.astype(f32), C32, precision=hi)
+    return ring, window

@@ -85,7 +85,7 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.mamba2.buffers import write_window
+from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import NULL_SLOT, verify_folds
 
 GRID_NAMES = ("row", "head", "ptile")
@@ -353,11 +353,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
-    hi = lax.Precision.HIGHEST
-    C32 = C.astype(F32)
     # Per-group B . C products (ring x current, current x current): tiny next to the state.
-    bc_ring = jnp.einsum("bgln,bgn->bgl", buffers.ring_b[slots].astype(F32), C32, precision=hi)
-    bc_cur = jnp.einsum("bgn,bgn->bg", B.astype(F32), C32, precision=hi)
+    bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
+    bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
@@ -478,12 +476,9 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
     G, N = B.shape[2:]
-    hi = lax.Precision.HIGHEST
-    C32 = C.astype(F32)
     L = buffers.window
-    bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(F32), C32,
-                         precision=hi).reshape(batch, G, T * L)        # [b, G, T L]
-    bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(F32), C32, precision=hi)  # [b, G, T, T]
+    bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C)        # [b, G, T, L], [b, G, T, T]
+    bc_ring = bc_ring.reshape(batch, G, T * L)
     vectors = VectorPack.of(x=((T, TILE_ROWS), x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
                             ring_dt=(L, F32), ring_bc=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,

@@ -50,7 +50,7 @@ from pallas_kernels._kernel_utils import (
     suffix_sums,
     tile_rows,
 )
-from pallas_kernels.mamba2.buffers import write_window
+from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
@@ -400,10 +400,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     and the checkpoint pool (folded rows updated); the ring is not touched."""
     batch, T, H, P = x.shape
     G = B.shape[2]
-    hi, f32 = lax.Precision.HIGHEST, jnp.float32
-    bc_ring = jnp.einsum("bgln,btgn->bgtl", buffers.ring_b[slots].astype(f32), C.astype(f32),
-                         precision=hi)                                 # [b, G, T, L]
-    bc_win = jnp.einsum("brgn,btgn->bgrt", B.astype(f32), C.astype(f32), precision=hi)
+    bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C)        # [b, G, T, L], [b, G, T, T]
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,

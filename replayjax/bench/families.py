@@ -35,8 +35,8 @@ class Family:
     ops: Callable              # () -> the family's kernel module (mamba2 or gdn)
     token_inputs: int          # leading per-token arrays of `setup`'s inputs (the rest: per head)
     default_ring: str          # the models' ring dtype for this family
-    for_dims: Callable = lambda tiling, dims: tiling   # (a measured default, dims) -> the
-    #                            tiling the kernel runs there with tiling=None
+    # (a measured default tiling, dims) -> the tiling the kernel runs at dims with tiling=None
+    for_dims: Callable = lambda tiling, dims: tiling
 
     def min_bytes(self, d, L, ring_itemsize, state_itemsize=4):
         """(standard, replay) minimum bytes per row-step: the state read + written vs the state
