@@ -66,7 +66,8 @@
 #              memory, occupancy, warp stalls, one CSV per kernel; the clocks as found
 #              (--clock-control none: ncu's default would lock them to base); only the replay
 #              kernel's launches counted (the ninth session's skip of 40 launches landed on the
-#              ring counts' update); NCU_FAMILIES / NCU_IMPLS pick some
+#              ring counts' update); NCU_FAMILIES / NCU_IMPLS pick some; NCU_KERNELS="replay
+#              verify" also profiles ReplaySSM verify at T = 4 (CSVs ncu_F_I_verify.csv)
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
@@ -274,16 +275,19 @@ case $stage in
         2>>"$out/kernels.log" | grep "^|"
     done ;;
   ncu)
-    for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
-      for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
-        limit 120 ncu --clock-control none --kernel-name regex:replay --launch-skip 40 \
-          --launch-count 2 --csv --page details \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-          --section LaunchStats --section WarpStateStats \
-          python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel replay \
-          > "$out/ncu_${fam}_$impl.csv" 2>>"$out/ncu.log" || true
-        grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
-Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl.csv" | head -20 || true
+    for kern in ${NCU_KERNELS:-replay}; do
+      suffix=${kern/#replay/}; suffix=${suffix:+_$kern}    # replay's CSVs keep their old names
+      for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
+        for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
+          limit 120 ncu --clock-control none --kernel-name regex:replay_${kern/#replay/decode} \
+            --launch-skip 40 --launch-count 2 --csv --page details \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+            --section LaunchStats --section WarpStateStats \
+            python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel $kern \
+            > "$out/ncu_${fam}_$impl$suffix.csv" 2>>"$out/ncu.log" || true
+          grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
+Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" | head -20 || true
+        done
       done
     done ;;
   attention)

@@ -9,7 +9,9 @@
 `replayjax bench kernels` times with CUPTI, which Nsight Compute cannot share a process with;
 this runs the same kernels on the same inputs (`replayjax.bench.families`: real shapes, random
 inputs, a pool of >= 512 MiB of state, staggered ring counts) for --steps steps of one jitted
-loop. The loop's launches are the kernel and, for the replay kernel, the ring counts' update.
+loop. The loop's launches are the kernel and, for the replay kernel, the ring counts' update;
+`--kernel verify` runs ReplaySSM verify of --tokens window tokens as `replayjax bench verify`
+does (its XLA ring products and ring writes, the commit of a random 1..T accepted).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def main(argv=None):
     ap.add_argument("--family", choices=list(FAMILIES), required=True)
     ap.add_argument("--shape", help="a shape of the family (default: its 8B / Qwen3-Next one)")
     ap.add_argument("--impl", default="pallas", choices=["pallas", "pallas_mosaic_gpu"])
-    ap.add_argument("--kernel", default="replay", choices=["standard", "replay"])
+    ap.add_argument("--kernel", default="replay", choices=["standard", "replay", "verify"])
+    ap.add_argument("--tokens", type=int, default=4, help="verify window T (--kernel verify)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--window", type=int, default=16)
@@ -39,8 +42,9 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.ring import advance_counts
+    from pallas_kernels.ring import advance_counts, commit_counts
     from replayjax.bench.kernels import staggered_counts
+    from replayjax.bench.verify import window_inputs
 
     fam = FAMILIES[args.family]()
     dims, L = fam.shapes[shape], args.window
@@ -48,6 +52,8 @@ def main(argv=None):
     sets = jnp.asarray(ids[..., 0], jnp.int32)
     inputs, bufs = fam.setup(dims, args.batch, S, L, jnp.dtype(fam.default_ring),
                              jax.random.key(0))
+    T = args.tokens
+    window = window_inputs(inputs, fam.token_inputs, T)
 
     @jax.jit
     def run(bufs, counts):
@@ -57,6 +63,10 @@ def main(argv=None):
             if args.kernel == "standard":
                 return bufs._replace(checkpoint=fam.standard(bufs.checkpoint, inputs, slots,
                                                              impl=args.impl)), counts
+            if args.kernel == "verify":
+                _, bufs = fam.ops().replay_verify(bufs, counts, *window, slots, impl=args.impl)
+                n_acc = jax.random.randint(jax.random.key(i), (args.batch,), 1, T + 1)
+                return bufs, commit_counts(counts, slots, n_acc, T, L)
             bufs = fam.replay(bufs, counts, inputs, slots, impl=args.impl)
             return bufs, advance_counts(counts, slots, L)
         return jax.lax.fori_loop(0, args.steps, body, (bufs, counts))

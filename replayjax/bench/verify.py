@@ -61,7 +61,7 @@ def min_bytes(fam, dims, T, L, ring_itemsize):
     return st + fold_rate * st + held * entry + T * entry + T * io, st + T * st + T * io
 
 
-def _window(inputs, n_token_inputs, T):
+def window_inputs(inputs, n_token_inputs, T):
     """Per-token inputs [b, ...] -> window inputs [b, T, ...] (the same token T times)."""
     import jax.numpy as jnp
     return tuple(jnp.repeat(t[:, None], T, axis=1) if i < n_token_inputs else t
@@ -99,7 +99,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     n_sets, S, ids = pool_sets(fam, dims, batch, 1 + T, min_pool_bytes, seed)  # + T drafts
     sets, drafts = jnp.asarray(ids[..., 0], jnp.int32), jnp.asarray(ids[..., 1:], jnp.int32)
     inputs, bufs = fam.setup(dims, batch, S, L, jnp.dtype(ring), jax.random.key(seed))
-    win = _window(inputs, fam.token_inputs, T)
+    win = window_inputs(inputs, fam.token_inputs, T)
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
     tiling = dataclasses.replace(verify_tiling(ops, impl), **(replay_kw or {}))
