@@ -17,6 +17,8 @@ does (its XLA ring products and ring writes, the commit of a random 1..T accepte
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, SHAPES, pool_sets
 
@@ -30,6 +32,9 @@ def main(argv=None):
     ap.add_argument("--impl", default="pallas", choices=["pallas", "pallas_mosaic_gpu"])
     ap.add_argument("--kernel", default="replay", choices=["standard", "replay", "verify"])
     ap.add_argument("--tokens", type=int, default=4, help="verify window T (--kernel verify)")
+    ap.add_argument("--tiling", type=json.loads, default={}, metavar="JSON",
+                    help='fields of the kernel\'s measured tiling to change, e.g. '
+                         '\'{"block_k": 32, "num_stages": 3}\'')
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--window", type=int, default=16)
@@ -53,6 +58,10 @@ def main(argv=None):
     inputs, bufs = fam.setup(dims, args.batch, S, L, jnp.dtype(fam.default_ring),
                              jax.random.key(0))
     T = args.tokens
+    ops = fam.ops()
+    prefix = "MOSAIC_" if args.impl == "pallas_mosaic_gpu" else ""
+    tiling = dataclasses.replace(getattr(ops, f"{prefix}{args.kernel.upper()}_TILING"),
+                                 **args.tiling) if args.tiling else None   # None: as measured
     window = window_inputs(inputs, fam.token_inputs, T)
 
     @jax.jit
@@ -61,13 +70,14 @@ def main(argv=None):
             bufs, counts = carry
             slots = sets[i % n_sets]
             if args.kernel == "standard":
-                return bufs._replace(checkpoint=fam.standard(bufs.checkpoint, inputs, slots,
-                                                             impl=args.impl)), counts
+                return bufs._replace(checkpoint=fam.standard(
+                    bufs.checkpoint, inputs, slots, impl=args.impl, tiling=tiling)), counts
             if args.kernel == "verify":
-                _, bufs = fam.ops().replay_verify(bufs, counts, *window, slots, impl=args.impl)
+                _, bufs = ops.replay_verify(bufs, counts, *window, slots, impl=args.impl,
+                                            tiling=tiling)
                 n_acc = jax.random.randint(jax.random.key(i), (args.batch,), 1, T + 1)
                 return bufs, commit_counts(counts, slots, n_acc, T, L)
-            bufs = fam.replay(bufs, counts, inputs, slots, impl=args.impl)
+            bufs = fam.replay(bufs, counts, inputs, slots, impl=args.impl, tiling=tiling)
             return bufs, advance_counts(counts, slots, L)
         return jax.lax.fori_loop(0, args.steps, body, (bufs, counts))
 

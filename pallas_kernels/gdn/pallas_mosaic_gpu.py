@@ -77,6 +77,8 @@ from pallas_kernels._mosaic_utils import (
     issue_all,
     load_all,
     mosaic_call,
+    readout_chunk,
+    readout_part,
     resolve_tiles,
     rows,
     scalar_vectors,
@@ -104,10 +106,14 @@ class GDNMosaicTiling:
     of its tile in flight). The V tile is one warpgroup's 64 rows. prologue (replay decode and
     verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
-    after it (module docstring; the same sums)."""
+    after it (module docstring; the same sums). readout_cols (replay decode and verify): the
+    columns of a chunk their readout holds in registers at once, 0 for the whole chunk
+    (`_mosaic_utils.readout_chunk`; the verify's T-token readout ran at 251 registers a thread
+    with whole 64-column chunks)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
+    readout_cols: int = 0
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -132,8 +138,11 @@ _MAX_K = 256                      # one TMA box per q / k vector
 
 
 def _tiles(tiling, default, V, K, state_dtype):
-    return resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
-                         chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
+    tiles = resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
+                          chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
+    part = (tiling or default).readout_cols
+    return dict(tiles, readout_cols=readout_part("readout_cols", part, tiles["block_k"],
+                                                 state_dtype))
 
 
 def takes(op, args) -> bool:
@@ -279,7 +288,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, rk_smem,
                    out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k, num_stages,
-                   prologue):
+                   prologue, readout_cols):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
@@ -326,12 +335,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (n,) = idx
         if overlap:
             wait_on_first_step(n, landed[2:4])              # copies 2, 3: k, q
-        s = s_smem[...].astype(F32)
-        # The pipeline's next TMA into this stage's buffers must follow these reads (an
-        # input-only pipeline has no fence of its own; the interpreter flags the race).
-        plgpu.commit_smem()
-        return (acc[0] + jnp.sum(s * cols(chunk(sv.k, n, block_k), s.shape), axis=1),
-                acc[1] + jnp.sum(s * cols(chunk(sv.q, n, block_k), s.shape), axis=1))
+
+        def products(s, m, acc):
+            return tuple(a + jnp.sum(s * cols(chunk(x, m, s.shape[1]), s.shape), axis=1)
+                         for a, x in zip(acc, (sv.k, sv.q)))
+        return readout_chunk(s_smem, n, block_k, readout_cols, products, acc)
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -372,9 +380,10 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "readout_cols",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   interpret):
+                   readout_cols, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -386,7 +395,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue,
+                               readout_cols=readout_cols)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -418,7 +428,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages, prologue):
+                   heads_per_key_head, block_k, num_stages, prologue, readout_cols):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
@@ -468,10 +478,12 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (n,) = idx
         if overlap:
             wait_on_first_step(n, landed[T:3 * T])          # the k_t, q_t
-        s = s_smem[...].astype(F32)
-        plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x[t], n, block_k), s.shape), axis=1)
-                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (sv.k, sv.q)))
+
+        def products(s, m, acc):
+            return tuple(tuple(a_t + jnp.sum(s * cols(chunk(x[t], m, s.shape[1]), s.shape),
+                                             axis=1) for t, a_t in enumerate(a))
+                         for a, x in zip(acc, (sv.k, sv.q)))
+        return readout_chunk(s_smem, n, block_k, readout_cols, products, acc)
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -503,9 +515,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "readout_cols",
+                                             "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   interpret):
+                   readout_cols, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
     updated); the ring is not touched."""
@@ -523,7 +536,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             q=((T, K), q.dtype), d=((T, TILE_ROWS), F32), ring_g=(L, F32),
                             ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue,
+                               readout_cols=readout_cols)
     (o, d), (ck,) = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
