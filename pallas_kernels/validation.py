@@ -153,6 +153,12 @@ def fold_uses_dot(fold: str, window: int, **tiles) -> bool:
     return fold == "dot" or (fold == "auto" and dot_ok)
 
 
+def for_window(tilings, T: int):
+    """The tiling of `tilings` ((largest window T it is for, tiling), ... ascending T) for a
+    verify window of T tokens."""
+    return next(t for max_t, t in tilings if T <= max_t)
+
+
 def resolve_tiling(tiling, default):
     """`tiling` if given (of the default's type), else the measured default."""
     if tiling is None:

@@ -24,6 +24,7 @@ from pallas_kernels.gdn.pallas_triton import (
                                               GDNReplayTiling,
                                               GDNTiling,
                                               GDNVerifyTiling,
+                                              standard_verify_tiling,
 )
 from pallas_kernels.gdn.reference import gates, prepare_qk
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
@@ -32,5 +33,6 @@ __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_de
            "replay_decode", "advance_counts", "replay_verify", "standard_verify",
            "commit_counts", "reference", "MAX_WINDOW", "MAX_VERIFY_TOKENS", "GDNTiling",
            "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "STANDARD_VERIFY_TILING",
+           "standard_verify_tiling",
            "REPLAY_TILING", "VERIFY_TILING", "GDNMosaicTiling", "MOSAIC_STANDARD_TILING",
            "MOSAIC_REPLAY_TILING", "MOSAIC_VERIFY_TILING"]

@@ -46,12 +46,13 @@ from pallas_kernels._kernel_utils import (
     suffix_sums,
 )
 from pallas_kernels.gdn.buffers import ring_key_products, write_window
-from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
     bounded_block,
     check_choice,
     fold_uses_dot,
+    for_window,
     resolve_tiling,
 )
 
@@ -137,6 +138,16 @@ VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_war
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): 4 warps 795 us (80% of
 # copy bandwidth) vs 1214 us with the decode kernel's 8 warps and 858 us at block_v 64.
 STANDARD_VERIFY_TILING = GDNTiling(block_v=128, num_warps=4, grid_order="row_slowest")
+# At T = 8 (eleventh session, batch 256) that tiling took 3,905 us (29% of copy bandwidth),
+# block_v 64 1,372 (83%): the baseline's tiling by window (`standard_verify_tiling`).
+STANDARD_VERIFY_TILINGS = ((4, STANDARD_VERIFY_TILING),
+                           (MAX_VERIFY_TOKENS, dataclasses.replace(STANDARD_VERIFY_TILING,
+                                                                   block_v=64)))
+
+
+def standard_verify_tiling(T):
+    """The state-per-draft baseline's measured tiling for a window of T tokens."""
+    return for_window(STANDARD_VERIFY_TILINGS, T)
 _MIN_BLOCK_V = 4
 
 
@@ -181,7 +192,7 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, tiling, interpret):
     return _standard_verify(state, q, k, v, g, beta, slots, draft_slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_VERIFY_TILING, v.shape[3]))
+                            **_tiles(tiling, standard_verify_tiling(v.shape[1]), v.shape[3]))
 
 
 def _program(grid_order, heads_per_key_head, block_v):

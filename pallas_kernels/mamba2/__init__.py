@@ -16,18 +16,20 @@ from pallas_kernels.mamba2.pallas_mosaic_gpu import (
                                            Mamba2MosaicTiling,
 )
 from pallas_kernels.mamba2.pallas_triton import (
-                                       REPLAY_TILING,
-                                       STANDARD_TILING,
-                                       STANDARD_VERIFY_TILING,
-                                       VERIFY_TILING,
-                                       Mamba2ReplayTiling,
-                                       Mamba2Tiling,
+                                           REPLAY_TILING,
+                                           STANDARD_TILING,
+                                           STANDARD_VERIFY_TILING,
+                                           VERIFY_TILING,
+                                           Mamba2ReplayTiling,
+                                           Mamba2Tiling,
+                                           standard_verify_tiling,
 )
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, advance_counts, commit_counts
 
 __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_decode",
            "advance_counts", "replay_verify", "standard_verify", "commit_counts", "reference",
            "MAX_WINDOW", "MAX_VERIFY_TOKENS", "Mamba2Tiling", "Mamba2ReplayTiling",
-           "STANDARD_TILING", "STANDARD_VERIFY_TILING", "REPLAY_TILING", "VERIFY_TILING",
+           "STANDARD_TILING", "STANDARD_VERIFY_TILING", "standard_verify_tiling",
+           "REPLAY_TILING", "VERIFY_TILING",
            "Mamba2MosaicTiling", "MOSAIC_STANDARD_TILING", "MOSAIC_REPLAY_TILING",
            "MOSAIC_VERIFY_TILING"]

@@ -51,13 +51,14 @@ from pallas_kernels._kernel_utils import (
     tile_rows,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
-from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
     TILE_MODES,
     bounded_block,
     check_choice,
     fold_uses_dot,
+    for_window,
     masked_block,
     resolve_tiling,
 )
@@ -115,6 +116,16 @@ VERIFY_TILING = Mamba2ReplayTiling(block_p=64, block_n=32, num_warps=2, grid_ord
 # tiles are its best (1528 us, 83% of copy bandwidth; 4 warps 1526 us, block_n 32 1933 us), and
 # row-fastest (eighth session: 1503 us, row-slowest 1633).
 STANDARD_VERIFY_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8)
+# At T = 8 (eleventh session, batch 256) row-slowest is the faster order: 3,453 vs 3,604 us
+# (block_n 32 4,368, 4 warps 3,679): the baseline's tiling by window (`standard_verify_tiling`).
+STANDARD_VERIFY_TILINGS = ((4, STANDARD_VERIFY_TILING),
+                           (MAX_VERIFY_TOKENS, dataclasses.replace(STANDARD_VERIFY_TILING,
+                                                                   grid_order="row_slowest")))
+
+
+def standard_verify_tiling(T):
+    """The state-per-draft baseline's measured tiling for a window of T tokens."""
+    return for_window(STANDARD_VERIFY_TILINGS, T)
 _MIN_BLOCK_P = 4
 
 
@@ -160,7 +171,8 @@ def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, interpret):
     return _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_VERIFY_TILING, x.shape[3], B.shape[3]))
+                            **_tiles(tiling, standard_verify_tiling(x.shape[1]), x.shape[3],
+                                     B.shape[3]))
 
 
 def _row_head_tile(grid_order, heads_per_group, block_p, P):

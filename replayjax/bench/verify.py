@@ -86,8 +86,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     baseline at (shape, batch, T). replay_kw: overrides of the fields of `impl`'s verify tiling
     (`verify_tiling`; Triton: block_p / block_n / block_v, block_k / block_k_long, num_warps,
     fold; Mosaic GPU: block_n / block_k, num_stages), default none (the measured tiling); the
-    baseline_kw: the same for the baseline's `STANDARD_VERIFY_TILING` (block_p / block_n /
-    block_v, num_warps)."""
+    baseline_kw: the same for the baseline's tiling at T (`standard_verify_tiling`: block_p /
+    block_n / block_v, num_warps, grid_order)."""
     import jax
     import jax.numpy as jnp
 
@@ -103,7 +103,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
     tiling = dataclasses.replace(verify_tiling(ops, impl), **(replay_kw or {}))
-    base_tiling = dataclasses.replace(ops.STANDARD_VERIFY_TILING, **(baseline_kw or {}))
+    base_tiling = dataclasses.replace(ops.standard_verify_tiling(T), **(baseline_kw or {}))
 
     @jax.jit
     def run_replay(bufs, counts):
