@@ -244,38 +244,6 @@ def dot(u, w, block):
     return total
 
 
-def readout_part(name, part, block, state_dtype):
-    """The columns a readout holds in registers at once (`readout_chunk`): `part` (0: the whole
-    chunk of `block`), which must divide the chunk in whole tiles of its SMEM layout
-    (`state_layout`: 32 fp32 / 64 bf16 columns at a 128-byte swizzle)."""
-    if not part:
-        return block
-    bits = jnp.dtype(state_dtype).itemsize * 8
-    tile = state_layout(block, state_dtype)[0].tiling[1]
-    check(part <= block and block % part == 0 and part % tile == 0,
-          f"{name} = {part} must divide the state chunk ({block} columns) in whole "
-          f"{tile}-column tiles of a {bits}-bit state")
-    return part
-
-
-def readout_chunk(s_smem, n, block, part, body, acc):
-    """acc folded by body(s, m, acc) over chunk n ([64, block]) of a state pipeline's SMEM
-    buffer as register tiles s [64, part] fp32, m the tile's column index as `chunk(vector, m,
-    part)` takes it; then the fence after the reads (`plgpu.commit_smem`: the pipeline's next
-    TMA into the buffer must follow them, and an input-only pipeline has no fence of its own;
-    the interpreter flags the race). A part narrower than the chunk keeps fewer columns (and the
-    column broadcasts of the vectors they meet) in registers at once."""
-    per = block // part
-    if per == 1:
-        s = s_smem[...].astype(F32)
-        plgpu.commit_smem()
-        return body(s, n, acc)
-    for j in range(per):
-        acc = body(s_smem.at[:, pl.ds(j * part, part)][...].astype(F32), n * per + j, acc)
-    plgpu.commit_smem()
-    return acc
-
-
 def staging_smem(block, dtype):
     """The double-buffered staging area of state chunk writes (see `write_chunk`)."""
     return plgpu.SMEM((2, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))

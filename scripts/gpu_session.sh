@@ -285,6 +285,9 @@ case $stage in
             --section LaunchStats --section WarpStateStats \
             python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel $kern \
             > "$out/ncu_${fam}_$impl$suffix.csv" 2>>"$out/ncu.log" || true
+          # a timed-out ncu leaves its target running, holding the GPU's memory (the next
+          # process then fails with CUDA_ERROR_OUT_OF_MEMORY at start-up: eleventh session)
+          pkill -f scripts/ncu_kernels.py || true
           grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
 Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" | head -20 || true
         done

@@ -49,7 +49,7 @@ def main(argv=None):
 
     from pallas_kernels.ring import advance_counts, commit_counts
     from replayjax.bench.kernels import staggered_counts
-    from replayjax.bench.verify import window_inputs
+    from replayjax.bench.verify import verify_tiling, window_inputs
 
     fam = FAMILIES[args.family]()
     dims, L = fam.shapes[shape], args.window
@@ -60,8 +60,9 @@ def main(argv=None):
     T = args.tokens
     ops = fam.ops()
     prefix = "MOSAIC_" if args.impl == "pallas_mosaic_gpu" else ""
-    tiling = dataclasses.replace(getattr(ops, f"{prefix}{args.kernel.upper()}_TILING"),
-                                 **args.tiling) if args.tiling else None   # None: as measured
+    measured = (verify_tiling(ops, args.impl, T) if args.kernel == "verify"
+                else getattr(ops, f"{prefix}{args.kernel.upper()}_TILING"))
+    tiling = dataclasses.replace(measured, **args.tiling) if args.tiling else None  # as measured
     window = window_inputs(inputs, fam.token_inputs, T)
 
     @jax.jit

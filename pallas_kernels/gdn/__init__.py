@@ -14,6 +14,7 @@ from pallas_kernels.gdn.pallas_mosaic_gpu import (
                                               MOSAIC_REPLAY_TILING,
                                               MOSAIC_STANDARD_TILING,
                                               MOSAIC_VERIFY_TILING,
+                                              MOSAIC_VERIFY_TILINGS,
                                               GDNMosaicTiling,
 )
 from pallas_kernels.gdn.pallas_triton import (
@@ -35,4 +36,4 @@ __all__ = ["GDNBuffers", "init_gdn_buffers", "prepare_qk", "gates", "standard_de
            "GDNReplayTiling", "GDNVerifyTiling", "STANDARD_TILING", "STANDARD_VERIFY_TILING",
            "standard_verify_tiling",
            "REPLAY_TILING", "VERIFY_TILING", "GDNMosaicTiling", "MOSAIC_STANDARD_TILING",
-           "MOSAIC_REPLAY_TILING", "MOSAIC_VERIFY_TILING"]
+           "MOSAIC_REPLAY_TILING", "MOSAIC_VERIFY_TILING", "MOSAIC_VERIFY_TILINGS"]

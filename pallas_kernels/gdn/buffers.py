@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import write_window_rings
+from pallas_kernels.ring import row_products, write_window_rings
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -63,8 +63,14 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
 
 def ring_key_products(ring_k, slots, *vectors):
     """k_j . x for the L ring keys of each row's slot (ring_k [S, Hk, L, K], slots [b]) and each
-    window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, fp32-exact
-    (HIGHEST). Entries past a slot's count are garbage: select them away."""
-    rk = ring_k[slots].astype(jnp.float32)
-    return tuple(jnp.einsum("bhlk,bthk->bhtl", rk, x.astype(jnp.float32),
-                            precision=jax.lax.Precision.HIGHEST) for x in vectors)
+    window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, in fp32
+    (`row_products`; one gather of the keys for all). Entries past a slot's count are garbage:
+    select them away."""
+    rk = ring_k[slots]
+    return tuple(row_products(rk, x) for x in vectors)
+
+
+def window_key_products(k, q):
+    """k_r . k_t and k_r . q_t within a window (k, q [b, T, Hk, K]): two [b, Hk, T (r), T (t)]
+    float32 arrays (`row_products`)."""
+    return tuple(row_products(jnp.moveaxis(x, 1, 2), k) for x in (k, q))

@@ -77,8 +77,6 @@ from pallas_kernels._mosaic_utils import (
     issue_all,
     load_all,
     mosaic_call,
-    readout_chunk,
-    readout_part,
     resolve_tiles,
     rows,
     scalar_vectors,
@@ -92,8 +90,9 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.gdn.buffers import ring_key_products, write_window
-from pallas_kernels.ring import NULL_SLOT, verify_folds
+from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds
+from pallas_kernels.validation import for_window
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -106,14 +105,10 @@ class GDNMosaicTiling:
     of its tile in flight). The V tile is one warpgroup's 64 rows. prologue (replay decode and
     verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
-    after it (module docstring; the same sums). readout_cols (replay decode and verify): the
-    columns of a chunk their readout holds in registers at once, 0 for the whole chunk
-    (`_mosaic_utils.readout_chunk`; the verify's T-token readout ran at 251 registers a thread
-    with whole 64-column chunks)."""
+    after it (module docstring; the same sums)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
-    readout_cols: int = 0
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -125,8 +120,14 @@ class GDNMosaicTiling:
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap")
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
-_DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
-                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
+# Verify by window (eleventh session, batch 256; Nsight Compute at T = 4: 251 registers a
+# thread and 83 KB of SMEM, 2 CTAs an SM): chunks of 32 keys, 4 in flight, the overlap
+# prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0.
+MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=32, num_stages=4, prologue="overlap")),
+                         (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
+_DEFAULT_TILING = {"standard_decode": lambda T: MOSAIC_STANDARD_TILING,
+                   "replay_decode": lambda T: MOSAIC_REPLAY_TILING,
+                   "replay_verify": lambda T: for_window(MOSAIC_VERIFY_TILINGS, T)}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
 # shapes, fp32 state, batch 256): standard 274 vs 287 us, verify T = 4 528 vs 548 (tenth
 # session, the Triton verify row-slowest). The replay decode stays on Triton: at its tenth-
@@ -138,11 +139,8 @@ _MAX_K = 256                      # one TMA box per q / k vector
 
 
 def _tiles(tiling, default, V, K, state_dtype):
-    tiles = resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
-                          chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
-    part = (tiling or default).readout_cols
-    return dict(tiles, readout_cols=readout_part("readout_cols", part, tiles["block_k"],
-                                                 state_dtype))
+    return resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
+                         chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
 
 
 def takes(op, args) -> bool:
@@ -151,8 +149,9 @@ def takes(op, args) -> bool:
     K <= 256)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     k, v = args[2:4] if op == "standard_decode" else args[3:5]
+    T = v.shape[1] if op == "replay_verify" else 1
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
-        None, _DEFAULT_TILING[op], v.shape[-1], k.shape[-1], state.dtype))
+        None, _DEFAULT_TILING[op](T), v.shape[-1], k.shape[-1], state.dtype))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -169,8 +168,8 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, MOSAIC_VERIFY_TILING, v.shape[3], k.shape[3],
-                                     buffers.checkpoint.dtype))
+                              **_tiles(tiling, for_window(MOSAIC_VERIFY_TILINGS, v.shape[1]),
+                                       v.shape[3], k.shape[3], buffers.checkpoint.dtype))
     return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
 
 
@@ -288,7 +287,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, rk_smem,
                    out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k, num_stages,
-                   prologue, readout_cols):
+                   prologue):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
@@ -335,11 +334,12 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (n,) = idx
         if overlap:
             wait_on_first_step(n, landed[2:4])              # copies 2, 3: k, q
-
-        def products(s, m, acc):
-            return tuple(a + jnp.sum(s * cols(chunk(x, m, s.shape[1]), s.shape), axis=1)
-                         for a, x in zip(acc, (sv.k, sv.q)))
-        return readout_chunk(s_smem, n, block_k, readout_cols, products, acc)
+        s = s_smem[...].astype(F32)
+        # The pipeline's next TMA into this stage's buffers must follow these reads (an
+        # input-only pipeline has no fence of its own; the interpreter flags the race).
+        plgpu.commit_smem()
+        return (acc[0] + jnp.sum(s * cols(chunk(sv.k, n, block_k), s.shape), axis=1),
+                acc[1] + jnp.sum(s * cols(chunk(sv.q, n, block_k), s.shape), axis=1))
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -380,10 +380,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "readout_cols",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   readout_cols, interpret):
+                   interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -395,8 +394,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue,
-                               readout_cols=readout_cols)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,
@@ -428,7 +426,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages, prologue, readout_cols):
+                   heads_per_key_head, block_k, num_stages, prologue):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
@@ -478,12 +476,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (n,) = idx
         if overlap:
             wait_on_first_step(n, landed[T:3 * T])          # the k_t, q_t
-
-        def products(s, m, acc):
-            return tuple(tuple(a_t + jnp.sum(s * cols(chunk(x[t], m, s.shape[1]), s.shape),
-                                             axis=1) for t, a_t in enumerate(a))
-                         for a, x in zip(acc, (sv.k, sv.q)))
-        return readout_chunk(s_smem, n, block_k, readout_cols, products, acc)
+        s = s_smem[...].astype(F32)
+        plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
+        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x[t], n, block_k), s.shape), axis=1)
+                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (sv.k, sv.q)))
 
     s0k, s0q = plgpu.emit_pipeline(
         readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
@@ -515,29 +511,24 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "readout_cols",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   readout_cols, interpret):
+                   interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
     updated); the ring is not touched."""
     batch, T, Hv, V = v.shape
     Hk, K = q.shape[2:]
-    hi = lax.Precision.HIGHEST
     L = buffers.window
-    kf, qf = k.astype(F32), q.astype(F32)
     # Per-key-head products (ring x window, window x window): small next to the state.
     rkk, rkq = (p.reshape(batch, Hk, T * L)                             # [b, Hk, T L]
                 for p in ring_key_products(buffers.ring_k, slots, k, q))
-    wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)         # [b, Hk, T, T]
-    wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
+    wkk, wkq = window_key_products(k, q)                              # [b, Hk, T, T]
     vectors = VectorPack.of(v=((T, TILE_ROWS), v.dtype), k=((T, K), k.dtype),
                             q=((T, K), q.dtype), d=((T, TILE_ROWS), F32), ring_g=(L, F32),
                             ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue,
-                               readout_cols=readout_cols)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o, d), (ck,) = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
         grid_names=GRID_NAMES,

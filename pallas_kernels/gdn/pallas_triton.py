@@ -45,7 +45,7 @@ from pallas_kernels._kernel_utils import (
     stream,
     suffix_sums,
 )
-from pallas_kernels.gdn.buffers import ring_key_products, write_window
+from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
@@ -137,17 +137,18 @@ VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_war
                                 grid_order="row_slowest")
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): 4 warps 795 us (80% of
 # copy bandwidth) vs 1214 us with the decode kernel's 8 warps and 858 us at block_v 64.
-STANDARD_VERIFY_TILING = GDNTiling(block_v=128, num_warps=4, grid_order="row_slowest")
-# At T = 8 (eleventh session, batch 256) that tiling took 3,905 us (29% of copy bandwidth),
-# block_v 64 1,372 (83%): the baseline's tiling by window (`standard_verify_tiling`).
-STANDARD_VERIFY_TILINGS = ((4, STANDARD_VERIFY_TILING),
-                           (MAX_VERIFY_TOKENS, dataclasses.replace(STANDARD_VERIFY_TILING,
-                                                                   block_v=64)))
+# Eleventh session (batch 256): at T = 8 block_v 128 took 3,905 us (29% of copy bandwidth),
+# 64 1,372-1,636 and 32 1,307 (87%); 32 is also the fastest at T = 2 (434 vs 501 us) and T = 4
+# (747 vs 767-773).
+STANDARD_VERIFY_TILING = GDNTiling(block_v=32, num_warps=4, grid_order="row_slowest")
+STANDARD_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, STANDARD_VERIFY_TILING),)
 
 
 def standard_verify_tiling(T):
     """The state-per-draft baseline's measured tiling for a window of T tokens."""
     return for_window(STANDARD_VERIFY_TILINGS, T)
+
+
 _MIN_BLOCK_V = 4
 
 
@@ -464,11 +465,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     not touched."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
-    hi = lax.Precision.HIGHEST
-    kf, qf = k.astype(F32), q.astype(F32)
     rkk, rkq = ring_key_products(buffers.ring_k, slots, k, q)           # [b, Hk, T, L]
-    wkk = jnp.einsum("brhk,bthk->bhrt", kf, kf, precision=hi)           # [b, Hk, T, T]
-    wkq = jnp.einsum("brhk,bthk->bhrt", kf, qf, precision=hi)
+    wkk, wkq = window_key_products(k, q)                                # [b, Hk, T, T]
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,

@@ -13,6 +13,7 @@ from pallas_kernels.mamba2.pallas_mosaic_gpu import (
                                            MOSAIC_REPLAY_TILING,
                                            MOSAIC_STANDARD_TILING,
                                            MOSAIC_VERIFY_TILING,
+                                           MOSAIC_VERIFY_TILINGS,
                                            Mamba2MosaicTiling,
 )
 from pallas_kernels.mamba2.pallas_triton import (
@@ -32,4 +33,4 @@ __all__ = ["ReplayBuffers", "init_replay_buffers", "standard_decode", "replay_de
            "STANDARD_TILING", "STANDARD_VERIFY_TILING", "standard_verify_tiling",
            "REPLAY_TILING", "VERIFY_TILING",
            "Mamba2MosaicTiling", "MOSAIC_STANDARD_TILING", "MOSAIC_REPLAY_TILING",
-           "MOSAIC_VERIFY_TILING"]
+           "MOSAIC_VERIFY_TILING", "MOSAIC_VERIFY_TILINGS"]

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import write_window_rings
+from pallas_kernels.ring import row_products, write_window_rings
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -63,12 +63,8 @@ def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffe
 
 
 def bc_products(ring_b, slots, B, C):
-    """The B . C products a replay step's kernels take from XLA, fp32-exact (HIGHEST): for the
-    window's C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each row's
-    slot, ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select them
-    away) and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N])."""
-    hi, f32 = jax.lax.Precision.HIGHEST, jnp.float32
-    C32 = C.astype(f32)
-    ring = jnp.einsum("bgln,btgn->bgtl", ring_b[slots].astype(f32), C32, precision=hi)
-    window = jnp.einsum("brgn,btgn->bgrt", B.astype(f32), C32, precision=hi)
-    return ring, window
+    """The B . C products a replay step's kernels take from XLA, in fp32 (`row_products`): for
+    the window's C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each
+    row's slot, ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select
+    them away) and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N])."""
+    return row_products(ring_b[slots], C), row_products(jnp.moveaxis(C, 1, 2), B)

@@ -86,7 +86,7 @@ from pallas_kernels._mosaic_utils import (
     zeros_row,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
-from pallas_kernels.ring import NULL_SLOT, verify_folds
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -111,6 +111,7 @@ class Mamba2MosaicTiling:
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap")
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
+MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)     # one for every window
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200: replay 320

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import sys
 
 import numpy as np
 
+from pallas_kernels.validation import for_window
 from replayjax import commandline as cli
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, check_shape_names, pool_sets
 from replayjax.bench.kernels import IMPLS, check_tiling
@@ -36,9 +38,12 @@ PROG = "replayjax bench verify"
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
 
 
-def verify_tiling(ops, impl):
-    """The measured replay_verify tiling of a family's `impl`."""
-    return getattr(ops, f"{'MOSAIC_' if impl == 'pallas_mosaic_gpu' else ''}VERIFY_TILING")
+def verify_tiling(ops, impl, T):
+    """The measured replay_verify tiling of a family's `impl` for a window of T tokens (the
+    Mosaic GPU kernels' are by window; the Triton kernels switch chunks inside)."""
+    if impl == "pallas_mosaic_gpu":
+        return for_window(ops.MOSAIC_VERIFY_TILINGS, T)
+    return ops.VERIFY_TILING
 
 
 def fold_statistics(T, L, steps=100_000, seed=0):
@@ -84,7 +89,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                  baseline_kw=None, breakdown=False, impl="pallas"):
     """One row: ReplaySSM verify + commit (Pallas implementation `impl`) vs the state-per-draft
     baseline at (shape, batch, T). replay_kw: overrides of the fields of `impl`'s verify tiling
-    (`verify_tiling`; Triton: block_p / block_n / block_v, block_k / block_k_long, num_warps,
+    at T (`verify_tiling`; Triton: block_p / block_n / block_v, block_k / block_k_long, num_warps,
     fold; Mosaic GPU: block_n / block_k, num_stages), default none (the measured tiling); the
     baseline_kw: the same for the baseline's tiling at T (`standard_verify_tiling`: block_p /
     block_n / block_v, num_warps, grid_order)."""
@@ -102,7 +107,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
     win = window_inputs(inputs, fam.token_inputs, T)
     n_steps = n_sets * steps_per_set
     key = jax.random.key(seed + 1)
-    tiling = dataclasses.replace(verify_tiling(ops, impl), **(replay_kw or {}))
+    tiling = dataclasses.replace(verify_tiling(ops, impl, T), **(replay_kw or {}))
     base_tiling = dataclasses.replace(ops.standard_verify_tiling(T), **(baseline_kw or {}))
 
     @jax.jit
@@ -203,8 +208,8 @@ def check_tilings(args):
     needed: the dry run of `scripts/gpu_session.sh` checks its sweeps with it)."""
     ops = FAMILIES[args.family]().ops()
     for impl in args.impls:
-        for cfg in args.tune:
-            check_tiling("--tune", cfg, verify_tiling(ops, impl))
+        for cfg, T in itertools.product(args.tune, args.tokens):
+            check_tiling("--tune", cfg, verify_tiling(ops, impl, T))
     for cfg in args.tune_baseline:
         check_tiling("--tune-baseline", cfg, ops.STANDARD_VERIFY_TILING)
 

@@ -13,14 +13,8 @@ import pytest
 
 from pallas_kernels import gdn
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import BF16, GDN, IMPLS, MOSAIC, long_run
-from tests.pallas_kernels.helpers import (
-    assert_runs_equal,
-    bitwise_equal,
-    impl_kw,
-    mosaic_races_found,
-    same_sums,
-)
+from tests.pallas_kernels.families import BF16, GDN, IMPLS, long_run
+from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -165,47 +159,3 @@ def test_replay_launch_options_compute_the_same_sums(options, interpret):
         runs.append((outs, bufs, counts))
     assert all(np.isfinite(o).all() and (np.asarray(o)[1] == 0).all() for o in runs[0][0])
     assert_runs_equal(*runs, interpret)
-
-
-@pytest.mark.parametrize("op", ["replay_decode", "replay_verify"])
-def test_mosaic_readout_in_column_parts_equals_whole_chunks(op, interpret):
-    """readout_cols only changes how many of a 64-column chunk's columns the readout holds in
-    registers at once (two 32-column parts here): outputs, checkpoints (folds included: L = 4,
-    and every T = 4 window folds), rings and counts equal the whole-chunk readout's to fp32
-    rounding (the parts' sums are added in another order)."""
-    L, T = 4, 4 if op == "replay_verify" else 1
-    runs = []
-    for part in (0, 32):
-        pb = GDN(5, batch=3, Hk=1, Hv=2, K=64, V=64)
-        bufs, counts, _ = pb.make_replay_state(L, jnp.float32, jnp.float32)
-        slots = jnp.asarray([4, NULL_SLOT, 1], jnp.int32)
-        kw = impl_kw(MOSAIC, interpret, gdn.GDNMosaicTiling(block_k=64, readout_cols=part))
-        outs = []
-        for _ in range(L + 1):
-            if op == "replay_decode":
-                out, bufs = gdn.replay_decode(bufs, counts, *pb.step_inputs(), slots, **kw)
-                counts = gdn.advance_counts(counts, slots, L)
-            else:
-                out, bufs = gdn.replay_verify(bufs, counts, *pb.window_inputs(T), slots, **kw)
-                counts = gdn.commit_counts(counts, slots, jnp.asarray([2, 1, 4]), T, L)
-            outs.append(out)
-        runs.append((outs, bufs, counts))
-    (outs, bufs, counts), (outs_p, bufs_p, counts_p) = runs
-    assert all(same_sums(a, b, 1e-6) for a, b in zip([*outs, *bufs], [*outs_p, *bufs_p]))
-    assert bitwise_equal(counts, counts_p)
-    assert not mosaic_races_found(interpret)
-
-
-def test_bad_readout_cols_is_named():
-    """readout_cols must split the chunk into whole tiles of its SMEM layout (32 fp32 columns),
-    named by replay decode and verify before any kernel runs."""
-    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
-    args = _valid_args(pb, L=4)
-    kw = dict(impl=MOSAIC, tiling=gdn.GDNMosaicTiling(block_k=64, readout_cols=16))
-    match = (r"^readout_cols = 16 must divide the state chunk \(64 columns\) in whole "
-             r"32-column tiles of a 32-bit state$")
-    with pytest.raises(ValueError, match=match):
-        gdn.replay_decode(**args, **kw)
-    with pytest.raises(ValueError, match=match):
-        gdn.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2),
-                          args["slots"], **kw)
