@@ -48,6 +48,7 @@ against one state plus L ring entries in replay mode. Without drafts the index i
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 NULL_SLOT = 0
@@ -69,14 +70,24 @@ def set_rows(pool, idx, values):
     return pool.at[idx].set(values.astype(pool.dtype), mode="drop", unique_indices=True)
 
 
+# Windows of up to this many vectors take `row_products`' fused multiply-and-sum; longer ones a
+# batched GEMM (eleventh GPU session, batch 256: against the GEMM the sum took GDN's verify at
+# T = 2 307 -> 283 us and Mamba-2's at T = 4 595 -> 588, but GDN's at T = 8 877-887 -> 937).
+ROW_SUM_MAX_VECTORS = 4
+
+
 def row_products(rows, x):
     """r . x_t of rows r [b, G, M, N] (a ring's L rows of each batch row's slot, or a window's
-    own T) and vectors x [b, T, G, N]: [b, G, T, M] float32, one fused multiply and sum in fp32
-    (a dot at HIGHEST precision up to the order of the sums). Not an einsum: XLA lowers that to
-    a batched GEMM of [M, N] x [N, T] tiles, 44 us at batch 256 for 34 MB of GDN ring keys at
-    T = 4 (32 x 32 x 8 tiles for 16 x 4 products; eleventh GPU session), after a gather of its
-    own; the sum reads each (gathered) row once."""
+    own T) and vectors x [b, T, G, N]: [b, G, T, M] float32, in fp32. Up to
+    `ROW_SUM_MAX_VECTORS` vectors, one fused multiply and sum (the gather of the rows fused
+    into it); for more, an einsum at HIGHEST precision, which XLA lowers to a batched GEMM of
+    [M, N] x [N, T] tiles after a gather of its own (44 + 18 us at T = 8 for 34 MB of GDN ring
+    keys), but reads each row once where the sum reads it T times. The two agree up to the
+    order of the sums."""
     f32 = jnp.float32
+    if x.shape[1] > ROW_SUM_MAX_VECTORS:
+        return jnp.einsum("bgmn,btgn->bgtm", rows.astype(f32), x.astype(f32),
+                          precision=jax.lax.Precision.HIGHEST)
     return jnp.sum(rows.astype(f32)[:, :, None] * jnp.moveaxis(x.astype(f32), 1, 2)[:, :, :, None],
                    axis=-1)
 
