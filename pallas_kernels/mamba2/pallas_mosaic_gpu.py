@@ -123,6 +123,9 @@ AUTO_OPS = frozenset({"replay_decode", "replay_verify"})
 # batch 1 6.7 vs 8.1 us (the Mosaic wrapper's two B.C einsums are a fixed cost per layer), 8
 # 19.2 vs 19.4; Mosaic from 32 (52.7 vs 57.4), 128 (171 vs 201), 256 (330 vs 392).
 AUTO_MIN_BATCH = {"replay_decode": 16}
+# Longer windows keep the Triton verify (eleventh session, batch 256, T = 8: 1,260 vs 1,321 us,
+# 1,254 vs 1,314 in another run; T = 2 / 4: Mosaic 372 / 547 vs 383 / 588).
+AUTO_MAX_WINDOW = {"replay_verify": 4}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -133,11 +136,14 @@ def _tiles(tiling, default, P, N, state_dtype):
 
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
-    measured winner (`AUTO_OPS`) whose default tiling takes their shapes (P a multiple of 64,
-    N <= 256; Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
+    measured winner (`AUTO_OPS`) at the batch and window it won (`AUTO_MIN_BATCH`,
+    `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (P a multiple of 64, N <= 256;
+    Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
+        return False
+    if op in AUTO_MAX_WINDOW and x.shape[1] > AUTO_MAX_WINDOW[op]:
         return False
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
         None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype))

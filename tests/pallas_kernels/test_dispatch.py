@@ -69,6 +69,17 @@ def test_auto_keeps_triton_replay_at_small_batch(device, batch, want):
         _mamba2_args("replay_verify", batch=batch)) == "pallas_mosaic_gpu"
 
 
+@pytest.mark.parametrize("T,want", [(2, "pallas_mosaic_gpu"), (4, "pallas_mosaic_gpu"),
+                                    (5, "pallas_triton"), (8, "pallas_triton")])
+def test_auto_keeps_triton_verify_for_long_windows(device, T, want):
+    """Mamba-2's Triton verify beat the Mosaic one at T = 8 on the H200 (1,260 vs 1,321 us at
+    batch 256), the Mosaic one won at T = 2 and 4; GDN's Mosaic verify wins at every T."""
+    device(True, True)
+    assert mamba2_api._OPS["replay_verify"].backend(_mamba2_args("replay_verify", T=T)) == want
+    assert gdn_api._OPS["replay_verify"].backend(_gdn_args("replay_verify", T=T)) == (
+        "pallas_mosaic_gpu")
+
+
 @pytest.mark.parametrize("op", MAMBA2_OPS)
 @pytest.mark.parametrize("shape", [dict(P=80), dict(N=512), dict(N=8, state=BF16)])
 def test_auto_keeps_triton_for_shapes_mosaic_does_not_take(device, op, shape):
