@@ -127,6 +127,8 @@ STANDARD_VERIFY_TILINGS = ((2, _BASELINE_ROW_SLOWEST), (4, STANDARD_VERIFY_TILIN
 def standard_verify_tiling(T):
     """The state-per-draft baseline's measured tiling for a window of T tokens."""
     return for_window(STANDARD_VERIFY_TILINGS, T)
+
+
 _MIN_BLOCK_P = 4
 
 
