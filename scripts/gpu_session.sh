@@ -76,9 +76,9 @@
 #   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
 #              launch, in place) vs XLA's gather / conv / scatter, batch 1 / 32 / 256, a
 #              tiling sweep (sets conv.TILING and whether conv.api.AUTO_PALLAS)
-#   moe-small - one MoE layer at batch 1 / 8 / 32: the grouped path (and narrower column tiles:
-#              more programs for batch 1's GEMVs), with the shared expert in its launch, and
-#              the pair path (and its tilings), with the per-kernel breakdown (issue 14);
+#   moe-small - one MoE layer at batch 1 / 8 / 32: the default path (grouped, the shared expert
+#              in its launch, the plan counted) and the pair path, with the per-kernel
+#              breakdown (issue 14);
 #              moe-grid - the rows still missing: Qwen3.5-35B and Qwen3-Next-80B at 32-256
 #   moe-router - one MoE layer at batch 1 / 8 / 32, routing in XLA (sparse) vs the router kernel
 #              (sparse-shared) with XLA's logits GEMM (the default) or the logits in the kernel
@@ -302,11 +302,10 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" |
       --tune '[{}, {"block_c": 512}, {"block_c": 2048, "num_warps": 8}, {"num_warps": 8},
       {"grid_order": "row_slowest"}]' --json "$out/conv.json" 2>>"$out/conv.log" | grep "^|" ;;
   moe-small)
+    # the default path (against the eleventh session's 81.2 / 51.9 / 58.1 us at batch 1, before
+    # the counted plan), then the pair path; the narrower tiles lost everywhere (tenth session)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
-      --variants sparse sparse-shared sparse-small \
-      --breakdown --small-tilings '[{}, {"block_f": 32, "min_programs": 1}, {"block_d": 64},
-      {"num_warps": 8}]' --grouped-tilings '[{}, {"up_block_n": 32}, {"up_block_n": 16},
-      {"up_block_n": 32, "down_block_n": 64}]' \
+      --variants sparse-shared sparse-small --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \

@@ -10,10 +10,15 @@ The number of tiles is static,
     num_tiles = ceil(P / m) + min(E, P)      (>= sum over non-empty groups of ceil(size / m)),
 
 and only the first `num_used_tiles` hold pairs: the rest are skipped, so the work and the weight
-bytes read follow the distinct experts hit, not E. A pair's place in the expert order is its rank
-among the keys: counted ([P, P] comparisons, one fusion) for up to RANK_MAX_PAIRS pairs (a decode
-step), where a sort would be XLA's sort kernels (two launches, ~2.5 us each at batch 1 on an
-H200, `replayjax bench moe --breakdown`), else the inverse of a stable argsort.
+bytes read follow the distinct experts hit, not E.
+
+Up to COUNT_MAX_PAIRS pairs (a decode step) the whole plan is counted: comparisons between the P
+pairs ([P, P]: a pair's place in its group, its group's size and the tiles of the groups before
+it) and between rows and pairs ([R, P]: which pair fills a row), with no sort, scatter, cumsum or
+search, each of which XLA runs as launches of their own (at batch 1 on an H200 a layer's plan
+and combine were ~16 launches of 1-4 us around the two grouped GEMMs, `replayjax bench moe
+--breakdown`). Above it, per-expert group sizes (a scatter-add), their cumsums and a stable
+argsort place the pairs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-RANK_MAX_PAIRS = 128        # [128, 128] comparisons: batch 8 of top-8 with a shared expert
+COUNT_MAX_PAIRS = 128       # [128, 128] comparisons: batch 8 of top-8 with a shared expert
 
 
 class DispatchPlan(NamedTuple):
@@ -41,47 +46,72 @@ def num_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-num_pairs // block_m) + min(num_experts, num_pairs)
 
 
-def rank(keys):
-    """Each key's position in a stable sort of keys [P] int32 (ties in index order): [P] int32."""
-    P = keys.shape[0]
-    idx = jnp.arange(P, dtype=jnp.int32)
-    if P <= RANK_MAX_PAIRS:
-        before = (keys[None, :] < keys[:, None]) | ((keys[None, :] == keys[:, None])
-                                                    & (idx[None, :] < idx[:, None]))
-        return before.sum(1, dtype=jnp.int32)
-    return jnp.zeros((P,), jnp.int32).at[jnp.argsort(keys, stable=True)].set(idx)
-
-
 def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> DispatchPlan:
     """expert_ids [n, k] int32 in [0, E); weights [n, k] float32; valid [n] bool (tokens) or
     [n, k] bool (pairs: an expert-parallel shard's own pairs)."""
     n, k = expert_ids.shape
     P, E, m = n * k, num_experts, block_m
     R = num_tiles(P, E, m) * m
+    # invalid pairs get the key E: they sort last and own no row (R)
     keys = jnp.where(valid if valid.ndim == 2 else valid[:, None], expert_ids, E).reshape(P)
+    place = _place_by_count if P <= COUNT_MAX_PAIRS else _place_by_sort
+    row, row_pair, tile_expert, num_used, group_sizes = place(keys, E, m, R)
+    filled = row_pair < P
+    pair = jnp.minimum(row_pair, P - 1)
+    return DispatchPlan(
+        row_token=jnp.where(filled, pair // k, 0).astype(jnp.int32),
+        row_weight=jnp.where(filled, weights.reshape(P).astype(jnp.float32)[pair], 0.0),
+        tile_expert=jnp.minimum(tile_expert, E - 1).astype(jnp.int32),
+        num_used_tiles=num_used.reshape(1).astype(jnp.int32),
+        pair_row=row.reshape(n, k), group_sizes=group_sizes)
+
+
+def _place_by_sort(keys, E, m, R):
+    """(row of each pair [P] (R: none), pair of each row [R] (P: none), expert of each tile
+    [R / m] (>= E past the used ones), used tiles [], pairs per expert [E]) through per-expert
+    counts, cumsums and a stable argsort."""
+    P = keys.shape[0]
     group_sizes = jnp.zeros((E + 1,), jnp.int32).at[keys].add(1)[:E]
     group_start = jnp.cumsum(group_sizes) - group_sizes
     group_tiles = -(-group_sizes // m)
     tile_end = jnp.cumsum(group_tiles)              # first tile after each group
     key = jnp.minimum(keys, E - 1)
-    # by expert, then token (the rank); invalid pairs own no row (R)
-    row = (tile_end - group_tiles)[key] * m + rank(keys) - group_start[key]
+    rank = jnp.zeros((P,), jnp.int32).at[jnp.argsort(keys, stable=True)].set(
+        jnp.arange(P, dtype=jnp.int32))
+    # by expert, then token (the rank)
+    row = (tile_end - group_tiles)[key] * m + rank - group_start[key]
     row = jnp.where(keys < E, row, R).astype(jnp.int32)
-    pair_row = row.reshape(n, k)
     row_pair = jnp.full((R,), P, jnp.int32).at[row].set(jnp.arange(P, dtype=jnp.int32),
                                                          mode="drop")
-    filled = row_pair < P
-    pair = jnp.minimum(row_pair, P - 1)
     # compare_all: one fused [tiles, E] comparison (the default binary search is ~log2 E small
     # kernels on GPU, ~15 us at decode)
     tile_expert = jnp.searchsorted(tile_end, jnp.arange(R // m), side="right",
                                    method="compare_all")
-    return DispatchPlan(
-        row_token=jnp.where(filled, pair // k, 0).astype(jnp.int32),
-        row_weight=jnp.where(filled, weights.reshape(P).astype(jnp.float32)[pair], 0.0),
-        tile_expert=jnp.minimum(tile_expert, E - 1).astype(jnp.int32),
-        num_used_tiles=tile_end[-1:].astype(jnp.int32),
-        pair_row=pair_row, group_sizes=group_sizes)
+    return row, row_pair, tile_expert, tile_end[-1], group_sizes
+
+
+def _place_by_count(keys, E, m, R):
+    """`_place_by_sort`'s arrays from comparisons only (P <= COUNT_MAX_PAIRS): the pairs of a
+    group fill its rows in pair order from its first tile, the tiles of the groups of smaller
+    expert ids first."""
+    P = keys.shape[0]
+    idx = jnp.arange(P, dtype=jnp.int32)
+    valid = keys < E
+    same = keys[:, None] == keys[None, :]                         # [P, P]
+    place = (same & (idx[None, :] < idx[:, None])).sum(1, dtype=jnp.int32)   # in its group
+    tiles = -(-same.sum(1, dtype=jnp.int32) // m)                 # its group's tiles
+    first = valid & (place == 0)                                  # one pair per group
+    before = first[None, :] & (keys[None, :] < keys[:, None])     # groups of smaller experts
+    row = jnp.where(valid, (before * tiles[None, :]).sum(1, dtype=jnp.int32) * m + place, R)
+    match = row[None, :] == jnp.arange(R, dtype=jnp.int32)[:, None]          # [R, P]
+    row_pair = jnp.where(match.any(1), (match * idx[None, :]).sum(1, dtype=jnp.int32), P)
+    # a used tile's first row holds a pair of its expert; unused tiles get E
+    lead = row_pair[::m]
+    tile_expert = jnp.where(lead < P, keys[jnp.minimum(lead, P - 1)], E)
+    num_used = (first * tiles).sum(dtype=jnp.int32)
+    group_sizes = (keys[None, :] == jnp.arange(E, dtype=jnp.int32)[:, None]).sum(
+        1, dtype=jnp.int32)
+    return row.astype(jnp.int32), row_pair, tile_expert, num_used, group_sizes
 
 
 def combine(rows, pair_row):

@@ -265,23 +265,25 @@ def test_nan_in_padding_rows_does_not_leak(impl, interpret):
     np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("n,k,E", [(1, 8, 256), (8, 10, 16), (40, 2, 3)])
-def test_plan_by_counting_is_the_plan_by_sort(n, k, E, monkeypatch):
-    """Up to RANK_MAX_PAIRS pairs the expert order is counted, not sorted: the same plan (ties
-    in token order, padding pairs last), and both ranks are a stable sort's positions."""
-    rng = np.random.default_rng(n)
-    ids, valid = routing("padding", rng, n, E, k)
-    keys = jnp.asarray(rng.integers(0, 4, n * k), jnp.int32)
-    want = np.empty(n * k, np.int32)
-    want[np.argsort(np.asarray(keys), kind="stable")] = np.arange(n * k)
+@pytest.mark.parametrize("n,k,E,kind", [
+    (1, 8, 256, "random"), (1, 9, 257, "one_expert"), (8, 10, 16, "padding"),
+    (12, 6, 6, "ties"), (40, 2, 3, "padding"), (16, 8, 64, "pairs")])
+def test_plan_by_counting_is_the_plan_by_sort(n, k, E, kind, monkeypatch):
+    """Up to COUNT_MAX_PAIRS pairs the plan is counted (comparisons only), above it placed by a
+    sort: the same plan, every field (ties in token order, padding pairs last), over one token,
+    top-k = E, padding rows, groups of more than one tile (40 x 2 pairs over 3 experts) and an
+    expert-parallel shard's own pairs (a [n, k] valid)."""
+    rng = np.random.default_rng(n * k)
+    ids, valid = routing("padding" if kind == "pairs" else kind, rng, n, E, k)
+    if kind == "pairs":
+        valid = rng.random((n, k)) < 0.5
+    weights = jnp.asarray(rng.random((n, k)), F32)
     plans = []
     for limit in (n * k, n * k - 1):    # counted, sorted
-        monkeypatch.setattr(moe.plan, "RANK_MAX_PAIRS", limit)
-        np.testing.assert_array_equal(moe.plan.rank(keys), want)
-        plans.append(moe.make_plan(jnp.asarray(ids), jnp.ones((n, k), F32), jnp.asarray(valid),
-                                   E, 16))
-    for a, b in zip(*plans):
-        np.testing.assert_array_equal(a, b)
+        monkeypatch.setattr(moe.plan, "COUNT_MAX_PAIRS", limit)
+        plans.append(moe.make_plan(jnp.asarray(ids), weights, jnp.asarray(valid), E, 16))
+    for name, a, b in zip(moe.DispatchPlan._fields, *plans):
+        np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 def test_tile_count_follows_pairs_not_experts():
