@@ -28,7 +28,6 @@ import sys
 
 import numpy as np
 
-from pallas_kernels.validation import for_window
 from replayjax import commandline as cli
 from replayjax.bench.families import FAMILIES, MIN_POOL_BYTES, check_shape_names, pool_sets
 from replayjax.bench.kernels import IMPLS, check_tiling
@@ -42,6 +41,7 @@ def verify_tiling(ops, impl, T):
     """The measured replay_verify tiling of a family's `impl` for a window of T tokens (the
     Mosaic GPU kernels' are by window; the Triton kernels switch chunks inside)."""
     if impl == "pallas_mosaic_gpu":
+        from pallas_kernels.validation import for_window  # jax: not at a parse error
         return for_window(ops.MOSAIC_VERIFY_TILINGS, T)
     return ops.VERIFY_TILING
 
