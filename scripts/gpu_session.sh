@@ -17,7 +17,7 @@
 #              less shared memory (Mosaic), < 6 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
-#              verify-t8 - the baselines' tilings at T = 8, then T = 4 / 8 Triton and Mosaic
+#              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - Qwen3.5-9B
 #              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
@@ -204,22 +204,17 @@ case $stage in
         --json "$out/verify_$fam.json" 2>>"$out/verify.log"
     done ;;
   verify-t8)
-    # the baselines' tilings at T = 8 (the tenth session's GDN baseline: 3,877 us, 29% of copy,
-    # where 99cf2cb's row-fastest one took 2,440: its row-slowest launch was chosen at T = 4
-    # only), then both families' ReplaySSM verify, Triton and Mosaic, against the best of them
-    limit 200 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 8 \
-      --batches 256 --tune-baseline '[{}, {"grid_order": "row_fastest"}, {"block_v": 64},
-      {"block_v": 64, "grid_order": "row_fastest"}, {"num_warps": 8}]' \
-      --json "$out/verify_t8_baseline_gdn.json" 2>>"$out/verify.log" | grep "^|"
-    limit 200 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
-      --tokens 8 --batches 256 --tune-baseline '[{}, {"grid_order": "row_slowest"},
-      {"block_n": 32}, {"num_warps": 4}]' \
-      --json "$out/verify_t8_baseline_mamba2.json" 2>>"$out/verify.log" | grep "^|"
+    # both families' ReplaySSM verify at T = 2 / 4 / 8, Triton and Mosaic, against the
+    # baselines tuned by window (eleventh session: GDN block_v 32, Mamba-2's order by T); then
+    # GDN's baseline at block_v 16, the one narrower tile not yet timed
     for fam in mamba2:nemotron-h-8b gdn:qwen3-next; do
-      limit 100 python3 -m replayjax.bench.verify --family ${fam%%:*} --shapes ${fam##*:} \
-        --tokens 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
-        --json "$out/verify_t48_${fam%%:*}.json" 2>>"$out/verify.log" | grep "^|"
-    done ;;
+      limit 150 python3 -m replayjax.bench.verify --family ${fam%%:*} --shapes ${fam##*:} \
+        --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
+        --json "$out/verify_t248_${fam%%:*}.json" 2>>"$out/verify.log" | grep "^|"
+    done
+    limit 120 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 4 8 \
+      --batches 256 --tune-baseline '[{}, {"block_v": 16}]' \
+      --json "$out/verify_baseline_gdn.json" 2>>"$out/verify.log" | grep "^|" ;;
   e2e)
     # decode A/B (the issue's targets: >= 1.4x at batch 256 on the Mamba-2 model, batch 1 within
     # 2%); prompts log-uniform around 128 tokens
