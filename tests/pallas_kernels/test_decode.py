@@ -100,13 +100,13 @@ REPLAY_CASES = [
     pytest.param(16, BF16, None, F32, 1e-2, 5e-5, "dot", id="L16-bf16act-dot"),
     pytest.param(8, BF16, BF16, BF16, 2e-2, 2e-2, "fma", id="L8-bf16-fma"),
 ]
-# Mosaic GPU (always an fp32 FMA fold): the serving dtypes, through its interpreter, with each
-# prologue (the state stream after the ring walk, or at once); and fp32 throughout, whose tight
-# output tolerance catches a wrong ring product (the kernel computes the ring x token products
-# itself: a dropped ring entry passes the bf16 case's 1e-2 by a hair).
+# Mosaic GPU (always an fp32 FMA fold): the serving dtypes, through its interpreter, at the
+# default tiling (both families' replay: the "overlap" prologue; "serial" gives the same sums,
+# `test_mosaic_overlap_prologue_equals_serial`); and fp32 throughout, whose tight output
+# tolerance catches a wrong ring product (the kernel computes the ring x token products itself:
+# a dropped ring entry passes the bf16 case's 1e-2 by a hair).
 MOSAIC_REPLAY_CASE = pytest.param(4, BF16, None, F32, 1e-2, 5e-5, "fma", id="L4-bf16act")
 MOSAIC_F32_CASE = pytest.param(4, F32, F32, F32, 5e-5, 5e-5, "fma", id="L4-f32")
-MOSAIC_OPTIONS = [("", {}), ("-overlap", dict(prologue="overlap"))]
 
 
 # The Triton kernel's tiling options (the family's REPLAY_OPTIONS) run these cases.
@@ -123,11 +123,10 @@ def _replay_params():
     params += [pytest.param(f, *c.values, opts, dims, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
                for name, f in FAMILIES.items() for opt_id, dims, opts in f.MASKED_TILE_CASES
                for c in REPLAY_CASES if c.id in OPTION_CASES]
-    mosaic = [(MOSAIC_REPLAY_CASE, *o) for o in MOSAIC_OPTIONS] + [(MOSAIC_F32_CASE, "", {})]
-    return params + [pytest.param(f, *c.values, opts, f.REPLAY_DIMS, MOSAIC,
-                                  id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
+    return params + [pytest.param(f, *c.values, {}, f.REPLAY_DIMS, MOSAIC,
+                                  id=f"{name}-{c.id}-{MOSAIC}")
                      for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None
-                     for c, opt_id, opts in mosaic]
+                     for c in (MOSAIC_REPLAY_CASE, MOSAIC_F32_CASE)]
 
 
 @pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,dims,impl",
