@@ -23,7 +23,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.validation import bounded_block, check, check_choice, resolve_tiling
+from pallas_kernels.validation import (
+    bounded_block,
+    check,
+    check_choice,
+    for_window,
+    resolve_tiling,
+)
 
 F32 = jnp.float32
 # One warpgroup holds a [64, n] tile in the WGMMA register layout (m % 64 == 0, n % 8 == 0).
@@ -171,6 +177,13 @@ def state_block(name, dim_name, dim, bound, state_dtype):
           f"pallas_mosaic_gpu needs state chunk rows of >= 32 bytes: {name} = {block} of a "
           f"{dtype.name} state is {block * dtype.itemsize}")
     return block
+
+
+def measured_tiling(defaults, op, T=1):
+    """A family's measured tiling of `op` for a window of T tokens: `defaults[op]`, a tiling, or
+    ((largest T, tiling), ...) rows by window (`validation.for_window`)."""
+    tiling = defaults[op]
+    return for_window(tiling, T) if isinstance(tiling, tuple) else tiling
 
 
 def auto_takes(op, auto_ops, resolve) -> bool:

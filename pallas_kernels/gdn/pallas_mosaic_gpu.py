@@ -76,6 +76,7 @@ from pallas_kernels._mosaic_utils import (
     dot,
     issue_all,
     load_all,
+    measured_tiling,
     mosaic_call,
     resolve_tiles,
     rows,
@@ -92,7 +93,6 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds
-from pallas_kernels.validation import for_window
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -125,9 +125,8 @@ MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
 # prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0.
 MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=32, num_stages=4, prologue="overlap")),
                          (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
-_DEFAULT_TILING = {"standard_decode": lambda T: MOSAIC_STANDARD_TILING,
-                   "replay_decode": lambda T: MOSAIC_REPLAY_TILING,
-                   "replay_verify": lambda T: for_window(MOSAIC_VERIFY_TILINGS, T)}
+_DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
+                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
 # shapes, fp32 state, batch 256): standard 274 vs 287 us, verify T = 4 528 vs 548 (tenth
 # session, the Triton verify row-slowest). The replay decode stays on Triton: at its tenth-
@@ -151,7 +150,7 @@ def takes(op, args) -> bool:
     k, v = args[2:4] if op == "standard_decode" else args[3:5]
     T = v.shape[1] if op == "replay_verify" else 1
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
-        None, _DEFAULT_TILING[op](T), v.shape[-1], k.shape[-1], state.dtype))
+        None, measured_tiling(_DEFAULT_TILING, op, T), v.shape[-1], k.shape[-1], state.dtype))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -167,9 +166,10 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
     o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, for_window(MOSAIC_VERIFY_TILINGS, v.shape[1]),
-                                       v.shape[3], k.shape[3], buffers.checkpoint.dtype))
+                              **_tiles(tiling, default, v.shape[3], k.shape[3],
+                                       buffers.checkpoint.dtype))
     return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
 
 

@@ -72,6 +72,7 @@ from pallas_kernels._mosaic_utils import (
     cols,
     issue_all,
     load_all,
+    measured_tiling,
     mosaic_call,
     resolve_tiles,
     rows,
@@ -113,7 +114,7 @@ MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap")
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
 MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)     # one for every window
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
-                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILING}
+                   "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200: replay 320
 # vs 391 us (staggered, batch 256, seventh session, both at their best tilings), verify 552 vs
 # 613 (sixth). The standard decode went back to Triton once launched row-slowest: 538 vs 550 us
@@ -143,10 +144,11 @@ def takes(op, args) -> bool:
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
         return False
-    if op in AUTO_MAX_WINDOW and x.shape[1] > AUTO_MAX_WINDOW[op]:
+    T = x.shape[1] if op == "replay_verify" else 1
+    if T > AUTO_MAX_WINDOW.get(op, T):
         return False
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
-        None, _DEFAULT_TILING[op], x.shape[-1], B.shape[-1], state.dtype))
+        None, measured_tiling(_DEFAULT_TILING, op, T), x.shape[-1], B.shape[-1], state.dtype))
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -162,9 +164,10 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    default = measured_tiling(_DEFAULT_TILING, "replay_verify", x.shape[1])
     y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, MOSAIC_VERIFY_TILING, x.shape[3], B.shape[3],
-                                  buffers.checkpoint.dtype))
+                           **_tiles(tiling, default, x.shape[3], B.shape[3],
+                                    buffers.checkpoint.dtype))
     return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
 
 
