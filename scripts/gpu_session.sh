@@ -270,11 +270,12 @@ case $stage in
         2>>"$out/kernels.log" | grep "^|"
     done ;;
   ncu)
-    for kern in ${NCU_KERNELS:-replay}; do
-      suffix=${kern/#replay/}; suffix=${suffix:+_$kern}    # replay's CSVs keep their old names
+    for kern in ${NCU_KERNELS:-replay}; do                # scripts/ncu_kernels.py --kernel
+      name=replay_decode suffix=""                        # replay's CSVs keep their old names
+      if [ "$kern" = verify ]; then name=replay_verify suffix=_verify; fi
       for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
         for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
-          limit 120 ncu --clock-control none --kernel-name regex:replay_${kern/#replay/decode} \
+          limit 120 ncu --clock-control none --kernel-name regex:$name \
             --launch-skip 40 --launch-count 2 --csv --page details \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section LaunchStats --section WarpStateStats \
