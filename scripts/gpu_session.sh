@@ -3,7 +3,8 @@
 # machine whose python3 has jax 0.11.2 + CUDA plugin:  scripts/gpu_session.sh STAGE [OUT_DIR]
 #   tests    - the Pallas verify kernels and the tiny models of both families, compiled on the GPU
 #   kernels  - decode kernels, standard vs ReplaySSM (staggered headline), both families
-#   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic
+#   kernels-bf16 - the decode kernels with a bf16 state (and GDN's bf16 ring), Triton and Mosaic;
+#              BF16_FAMILIES picks some
 #   triton-tune - the Triton decode kernels' tiling options at batch 256 (staggered counts)
 #              against their defaults (launched row-slowest since the seventh session; the
 #              standard kernel, the baseline, launched the same way): grid_order "row_fastest",
@@ -84,6 +85,8 @@
 #              (sparse-shared) with XLA's logits GEMM (the default) or the logits in the kernel
 #              at three launch sizes, with the per-kernel breakdown (sets router.TILING.logits
 #              and MAX_TOKENS)
+#   moe-split - one MoE layer at batch 1 / 8: the grouped GEMMs' contraction split below
+#              MoETiling.min_programs (the default, none, 264, 1056; 64-wide down columns)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP),
 #              and the Mosaic GPU kernels under shard_map (test_mosaic_in_model.py)
@@ -176,7 +179,7 @@ case $stage in
                {"block_k": 16, "num_stages": 4}]' \
       --json "$out/kernels_gdn_occupancy_mosaic.json" 2>>"$out/kernels.log" | grep "^|" ;;
   kernels-bf16)
-    for fam in mamba2 gdn; do
+    for fam in ${BF16_FAMILIES:-mamba2 gdn}; do
       limit 150 python3 -m replayjax.bench.kernels --family $fam --batches 1 32 256 \
         --state-dtype bfloat16 --impls pallas pallas_mosaic_gpu \
         --json "$out/kernels_bf16_$fam.json" 2>>"$out/kernels.log" | grep "^|"
@@ -303,6 +306,13 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" |
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants sparse-shared sparse-small --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-split)
+    # the grouped GEMMs' contraction split below min_programs (the default 528, then none,
+    # 264 and 1056, and no split with 64-wide down columns), then the model's path
+    limit 300 python3 -m replayjax.bench.moe --batches 1 8 --variants sparse sparse-shared \
+      --breakdown --grouped-tilings '[{}, {"min_programs": 0}, {"min_programs": 264},
+      {"min_programs": 1056}, {"min_programs": 0, "down_block_n": 64}]' \
+      --json "$out/moe_split.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
       --breakdown --router-tilings '[{}, {"logits": "kernel"}, {"logits": "kernel",
