@@ -157,11 +157,9 @@ def dot_precision(interpret):
     return lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
-def n_chunks(n, block, body, init, start=0):
-    """fori_loop over the chunks of [start, start + n) of a dimension; body(slice, carry) ->
-    carry."""
-    return lax.fori_loop(0, n // block,
-                         lambda k, c: body(pl.ds(start + k * block, block), c), init)
+def n_chunks(n, block, body, init):
+    """fori_loop over chunks of a dimension of size n; body(slice, carry) -> carry."""
+    return lax.fori_loop(0, n // block, lambda k, c: body(pl.ds(k * block, block), c), init)
 
 
 def suffix_sums(v):

@@ -15,7 +15,8 @@
 #              < 7 min;  triton-tune-gdn - GDN's, and the ReplaySSM authors' choices: 1-2 warps /
 #              3 stages, grid_order "head_slowest", chunk_loop "unrolled" (docs/design.md);
 #              < 6 min;  gdn-occupancy - GDN replay tiles that hold fewer registers (Triton) or
-#              less shared memory (Mosaic), < 6 min
+#              less shared memory (Mosaic), < 6 min;  mamba2-spills - the Triton Mamba-2
+#              replay's tiles that hold fewer registers (it spills at the default), < 4 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -63,7 +64,8 @@
 #              256 / 512, then our decode kernels (Triton and Mosaic GPU) over the batch sweep
 #              1..512, both families
 #   ncu      - Nsight Compute on one launch of each replay kernel at batch 256 (Triton and Mosaic,
-#              both families; scripts/ncu_kernels.py runs them without CUPTI): speed of light,
+#              both families; scripts/ncu_kernels.py runs them without CUPTI; NCU_LIMIT seconds
+#              each, default 120: a Triton compile under ncu can need more): speed of light,
 #              memory, occupancy, warp stalls, one CSV per kernel; the clocks as found
 #              (--clock-control none: ncu's default would lock them to base); only the replay
 #              kernel's launches counted (the ninth session's skip of 40 launches landed on the
@@ -85,8 +87,6 @@
 #              (sparse-shared) with XLA's logits GEMM (the default) or the logits in the kernel
 #              at three launch sizes, with the per-kernel breakdown (sets router.TILING.logits
 #              and MAX_TOKENS)
-#   moe-split - one MoE layer at batch 1 / 8: the grouped GEMMs' contraction split below
-#              MoETiling.min_programs (the default, none, 264, 1056; 64-wide down columns)
 # Tensor parallelism, on a 2-GPU machine (nvidia-h200-x2):
 #   tp       - the TP tests on the GPUs (tp = 2: every fixture, both modes, speculation, MTP),
 #              and the Mosaic GPU kernels under shard_map (test_mosaic_in_model.py)
@@ -165,6 +165,15 @@ case $stage in
                {"chunk_loop": "unrolled", "num_warps": 2}, {"grid_order": "head_slowest"},
                {"num_warps": 1, "num_stages": 3, "grid_order": "head_slowest"}]' \
       --json "$out/kernels_triton_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  mamba2-spills)
+    # the twelfth session's ncu: the Triton Mamba-2 replay (block_p 64, block_n 64, 2 warps)
+    # holds 255 registers a thread and spills (20 local-memory requests a program); tiles that
+    # hold fewer registers a thread, the fold on the FMA units (its tf32x3 dot keeps split
+    # operands live); only the replay column counts (the standard follows block_n / num_warps)
+    limit 220 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
+      --tune '[{}, {"num_warps": 4}, {"block_n": 32}, {"block_n": 32, "num_warps": 4},
+               {"block_p": 32}, {"fold": "fma"}]' \
+      --json "$out/kernels_mamba2_spills.json" 2>>"$out/kernels.log" | grep "^|" ;;
   gdn-occupancy)
     # the tenth session's ncu: the Triton GDN replay holds 25% occupancy (127 registers a
     # thread: 4 CTAs an SM), the Mosaic one 12.5% (81 KB of shared memory: 2 CTAs); smaller
@@ -278,7 +287,7 @@ case $stage in
       if [ "$kern" = verify ]; then name=replay_verify suffix=_verify; fi
       for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
         for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
-          limit 120 ncu --clock-control none --kernel-name regex:$name \
+          limit ${NCU_LIMIT:-120} ncu --clock-control none --kernel-name regex:$name \
             --launch-skip 40 --launch-count 2 --csv --page details \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section LaunchStats --section WarpStateStats \
@@ -288,7 +297,7 @@ case $stage in
           # process then fails with CUDA_ERROR_OUT_OF_MEMORY at start-up: eleventh session)
           pkill -f scripts/ncu_kernels.py || true
           grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
-Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" | head -20 || true
+Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}_$impl$suffix.csv" | head -20 || true
         done
       done
     done ;;
@@ -306,13 +315,6 @@ Registers Per Thread|Theoretical Occupancy" "$out/ncu_${fam}_$impl$suffix.csv" |
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants sparse-shared sparse-small --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
-  moe-split)
-    # the grouped GEMMs' contraction split below min_programs (the default 528, then none,
-    # 264 and 1056, and no split with 64-wide down columns), then the model's path
-    limit 300 python3 -m replayjax.bench.moe --batches 1 8 --variants sparse sparse-shared \
-      --breakdown --grouped-tilings '[{}, {"min_programs": 0}, {"min_programs": 264},
-      {"min_programs": 1056}, {"min_programs": 0, "down_block_n": 64}]' \
-      --json "$out/moe_split.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
       --breakdown --router-tilings '[{}, {"logits": "kernel"}, {"logits": "kernel",

@@ -139,12 +139,10 @@ VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_war
 # copy bandwidth) vs 1214 us with the decode kernel's 8 warps and 858 us at block_v 64.
 # Eleventh session (batch 256): at T = 8 block_v 128 took 3,905 us (29% of copy bandwidth),
 # 64 1,372-1,636 and 32 1,307 (87%); 32 is also the fastest at T = 2 (434 vs 501 us) and T = 4
-# (747 vs 767-773). Twelfth session: block_v 16 is faster again at T = 4 (721.8 vs 748.4 us) and
-# T = 8 (1,296.1 vs 1,308.6; 88% of copy); T = 2 keeps 32 (16 not timed there).
-STANDARD_VERIFY_TILING = GDNTiling(block_v=32, num_warps=4, grid_order="row_slowest")
-STANDARD_VERIFY_TILINGS = ((2, STANDARD_VERIFY_TILING),
-                           (MAX_VERIFY_TOKENS, dataclasses.replace(STANDARD_VERIFY_TILING,
-                                                                   block_v=16)))
+# (747 vs 767-773). Twelfth session: block_v 16 is faster still at every T: 425.3 vs 429.9 us
+# (T = 2), 721.8 vs 748.4 (T = 4), 1,296.1 vs 1,308.6 (T = 8; 88-89% of copy).
+STANDARD_VERIFY_TILING = GDNTiling(block_v=16, num_warps=4, grid_order="row_slowest")
+STANDARD_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, STANDARD_VERIFY_TILING),)
 
 
 def standard_verify_tiling(T):

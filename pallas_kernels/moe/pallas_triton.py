@@ -1,16 +1,11 @@
 """Pallas grouped GEMMs over the tiles of a `DispatchPlan` (GPU; interpret mode on CPU).
 
-Two launches, each on a grid (tile, output column block, contraction split):
+Two launches, each on a grid (tile, output column block):
   * gate/up: hidden[tile rows, cols] = act(x_rows[tile rows] @ W_up[e][:, cols]) (SwiGLU: also
     W_gate), the activation fused, float32 accumulation over din in block_k chunks, stored in the
     weights' dtype;
   * down: out[tile rows, cols] = (hidden[tile rows] @ W_down[e][:, cols]) * routing weight,
     float32, accumulated over F in block_k chunks.
-A decode step hits few experts, so a grid of (tile, column block) programs can leave SMs idle
-(Qwen3.5-35B at batch 1: 9 tiles x 8 column blocks of gate/up on 132 SMs). Below the tiling's
-`min_programs` a GEMM splits its contraction into s parts (`splits`), one program each: gate/up
-then stores its float32 partial sums ([s, R, F] per matrix) and XLA sums them and applies the
-activation; down's [s, R, din] partials are summed by the combine.
 e = tile_expert[tile] is read from an index input inside the kernel and picks the expert's slice
 of the whole weight array (no BlockSpecs: the same gather-by-index as the SSM kernels' pools);
 a tile of a shared expert's chunk (e >= E) reads its F-wide chunk of the shared matrices in
@@ -47,24 +42,12 @@ class MoETiling:
     down_block_k: int
     num_warps: int
     num_stages: int = 3
-    min_programs: int = 0           # split a GEMM's contraction below this many programs
-
-
-def splits(programs: int, chunks: int, min_programs: int) -> int:
-    """Parts of a contraction of `chunks` block_k chunks on a launch of `programs` programs:
-    the fewest powers of two (each part whole chunks) that give >= min_programs programs, or as
-    many as the chunks allow."""
-    s = 1
-    while programs * s < min_programs and chunks % (2 * s) == 0:
-        s *= 2
-    return s
 
 
 # The best of a short sweep on an H200 (Nemotron-3-Nano and Qwen3.5-35B shapes at batch 1 and 256,
 # bf16): 8 warps, 2 warps, 4 stages or narrower tiles were no better at both batches.
-# min_programs (4 programs an SM of an H200) is not yet measured: `gpu_session.sh moe-split`.
 TILING = MoETiling(up_block_n=64, up_block_k=128, down_block_n=128, down_block_k=64,
-                   num_warps=4, num_stages=3, min_programs=528)
+                   num_warps=4, num_stages=3)
 
 
 def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: str,
@@ -80,15 +63,11 @@ def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: 
     ws_of = lambda a, g: (a,) if g is None else (a, g)       # W_up[, W_gate]
     ws = ws_of(w_up, w_gate)
     shared_ws = () if shared is None else ws_of(shared.w_up, shared.w_gate)
-    tiles = plan.tile_expert.shape[0]
-    up_splits = splits(tiles * (F // up[0]), din // up[1], t.min_programs)
-    down_splits = splits(tiles * (din // down[0]), F // down[1], t.min_programs)
     rows = _expert_ffn(x.astype(w_up.dtype)[plan.row_token], plan.num_used_tiles,
                        plan.tile_expert, plan.row_weight, ws, w_down, shared_ws,
                        None if shared is None else shared.w_down,
-                       activation=activation, block_m=block_m, up_tiles=(*up, up_splits),
-                       down_tiles=(*down, down_splits), num_warps=t.num_warps,
-                       num_stages=t.num_stages, interpret=interpret)
+                       activation=activation, block_m=block_m, up_tiles=up, down_tiles=down,
+                       num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
     return combine(rows, plan.pair_row).astype(x.dtype)
 
 
@@ -98,10 +77,8 @@ def _dot(a, b, precision):
 
 
 def _tile(block_m, block_n):
-    """(tile, its rows, the program's columns, its part of the contraction) of the program (read
-    here, outside `pl.when`: interpret mode has no program ids inside a branch)."""
-    t, j, p = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    return t, pl.ds(t * block_m, block_m), pl.ds(j * block_n, block_n), p
+    t, j = pl.program_id(0), pl.program_id(1)
+    return t, pl.ds(t * block_m, block_m), pl.ds(j * block_n, block_n)
 
 
 def _by_expert(used_ref, expert_ref, t, num_experts, routed, chunk):
@@ -113,14 +90,11 @@ def _by_expert(used_ref, expert_ref, t, num_experts, routed, chunk):
         pl.when(live & (e >= num_experts))(lambda: chunk(e - num_experts))
 
 
-def _up_kernel(used_ref, expert_ref, x_ref, *refs, n_mats, block_m, block_n, block_k, split,
+def _up_kernel(used_ref, expert_ref, x_ref, *refs, n_mats, block_m, block_n, block_k,
                activation, precision):
-    # W_up (and W_gate for SwiGLU), the shared expert's (if any), then the out: the hidden
-    # (unsplit), or each matrix's float32 partial sums [splits, R, F]
-    n_out = 1 if split is None else n_mats
-    w_refs, s_refs, out_refs = refs[:n_mats], refs[n_mats:-n_out], refs[-n_out:]
-    part = x_ref.shape[1] if split is None else split
-    t, rows, cols, p = _tile(block_m, block_n)
+    # W_up (and W_gate for SwiGLU), the shared expert's (if any), the hidden out
+    w_refs, s_refs, h_ref = refs[:n_mats], refs[n_mats:-1], refs[-1]
+    t, rows, cols = _tile(block_m, block_n)
     E, F = w_refs[0].shape[0], w_refs[0].shape[2]
 
     def run(mats, block):           # block(w, ks): the [bk, bn] block of w to multiply
@@ -130,13 +104,9 @@ def _up_kernel(used_ref, expert_ref, x_ref, *refs, n_mats, block_m, block_n, blo
                          for acc, w in zip(accs, mats))
 
         zero = jnp.zeros((block_m, block_n), F32)
-        accs = n_chunks(part, block_k, step, (zero,) * len(mats), p * part)
-        if split is not None:
-            for out, acc in zip(out_refs, accs):
-                out[p, rows, cols] = acc
-            return
+        accs = n_chunks(x_ref.shape[1], block_k, step, (zero,) * len(mats))
         hid = activate(accs[0], accs[1] if len(accs) > 1 else None, activation)
-        out_refs[0][rows, cols] = hid.astype(out_refs[0].dtype)
+        h_ref[rows, cols] = hid.astype(h_ref.dtype)
 
     # a shared chunk c is columns c F + cols of the shared [din, Fs] matrices
     _by_expert(used_ref, expert_ref, t, E,
@@ -146,17 +116,16 @@ def _up_kernel(used_ref, expert_ref, x_ref, *refs, n_mats, block_m, block_n, blo
 
 
 def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, *refs, block_m, block_n,
-                 block_k, part, precision):
-    # the shared expert's W_down (if any), the out [splits, R, din]
-    *s_ref, out_ref = refs
-    t, rows, cols, p = _tile(block_m, block_n)
+                 block_k, precision):
+    *s_ref, out_ref = refs                  # the shared expert's W_down (if any), the out
+    t, rows, cols = _tile(block_m, block_n)
     E, F = w_ref.shape[0], w_ref.shape[1]
 
     def run(block):                 # block(fs): the [bk, bn] block of W_down to multiply
-        acc = n_chunks(part, block_k, lambda fs, acc: acc + _dot(h_ref[rows, fs], block(fs),
-                                                                   precision),
-                       jnp.zeros((block_m, block_n), F32), p * part)
-        out_ref[p, rows, cols] = acc * weight_ref[rows][:, None]
+        acc = n_chunks(F, block_k, lambda fs, acc: acc + _dot(h_ref[rows, fs], block(fs),
+                                                                precision),
+                       jnp.zeros((block_m, block_n), F32))
+        out_ref[rows, cols] = acc * weight_ref[rows][:, None]
 
     # a shared chunk c is rows c F + fs of the shared [Fs, din] W_down
     _by_expert(used_ref, expert_ref, t, E,
@@ -172,36 +141,25 @@ def _expert_ffn(x_rows, used, tile_expert, row_weight, ws, w_down, shared_ws, sh
     """x_rows [R, din] (the plan's rows, weights' dtype); used [1], tile_expert [R // m] int32;
     row_weight [R] float32; ws (W_up[, W_gate]) [E, din, F], w_down [E, F, din]; shared_ws
     (its W_up[, W_gate]) [din, Fs] and shared_down [Fs, din], or () and None. up_tiles /
-    down_tiles: (block_n, block_k, splits) of each GEMM. Returns the weighted expert output of
-    every row, [splits of down, R, din] float32 (rows of unused tiles are unwritten)."""
+    down_tiles: (block_n, block_k) of each GEMM. Returns the weighted expert output of every row
+    [R, din] float32 (rows of unused tiles are unwritten)."""
     R, din = x_rows.shape
     F, dt = ws[0].shape[2], ws[0].dtype
     precision = dot_precision(interpret) if dt == F32 else None
     params = compiler_params(num_warps, num_stages, interpret)
-    (un, uk, us), (dn, dk, ds) = up_tiles, down_tiles
-    up = functools.partial(_up_kernel, n_mats=len(ws), block_m=block_m, block_n=un, block_k=uk,
-                           split=None if us == 1 else din // us, activation=activation,
-                           precision=precision)
-    if us == 1:
-        hid = pl.pallas_call(
-            up, grid=(R // block_m, F // un, 1), out_shape=jax.ShapeDtypeStruct((R, F), dt),
-            compiler_params=params, interpret=interpret, name="moe_gate_up",
-        )(used, tile_expert, x_rows, *ws, *shared_ws)
-    else:
-        # partial sums of unused tiles are unwritten, and so are their hidden rows after the
-        # activation: the down GEMM skips those tiles too
-        accs = pl.pallas_call(
-            up, grid=(R // block_m, F // un, us),
-            out_shape=(jax.ShapeDtypeStruct((us, R, F), F32),) * len(ws),
-            compiler_params=params, interpret=interpret, name="moe_gate_up",
-        )(used, tile_expert, x_rows, *ws, *shared_ws)
-        sums = [a.sum(0) for a in accs]
-        hid = activate(sums[0], sums[1] if len(sums) > 1 else None, activation).astype(dt)
+    (un, uk), (dn, dk) = up_tiles, down_tiles
+    hid = pl.pallas_call(
+        functools.partial(_up_kernel, n_mats=len(ws), block_m=block_m, block_n=un,
+                          block_k=uk, activation=activation, precision=precision),
+        grid=(R // block_m, F // un),
+        out_shape=jax.ShapeDtypeStruct((R, F), dt),
+        compiler_params=params, interpret=interpret, name="moe_gate_up",
+    )(used, tile_expert, x_rows, *ws, *shared_ws)
     return pl.pallas_call(
-        functools.partial(_down_kernel, block_m=block_m, block_n=dn, block_k=dk, part=F // ds,
+        functools.partial(_down_kernel, block_m=block_m, block_n=dn, block_k=dk,
                           precision=precision),
-        grid=(R // block_m, din // dn, ds),
-        out_shape=jax.ShapeDtypeStruct((ds, R, din), F32),
+        grid=(R // block_m, din // dn),
+        out_shape=jax.ShapeDtypeStruct((R, din), F32),
         compiler_params=params, interpret=interpret, name="moe_down",
     )(used, tile_expert, row_weight, hid, w_down, *(() if shared_down is None else
                                                     (shared_down,)))

@@ -115,8 +115,6 @@ def _place_by_count(keys, E, m, R):
 
 
 def combine(rows, pair_row):
-    """Weighted expert outputs per row [R, din] (or partial sums of them [s, R, din]) -> per
-    token [n, din]: each token's k rows (and their s parts) summed in a fixed order (a gather,
-    so deterministic); pairs of invalid tokens read zeros."""
-    parts = rows if rows.ndim == 3 else rows[None]
-    return jnp.take(parts, pair_row, axis=1, mode="fill", fill_value=0).sum(axis=(0, 2))
+    """Weighted expert outputs per row [R, din] -> per token [n, din]: each token's k rows summed
+    in routing order (a gather, so deterministic); pairs of invalid tokens read zeros."""
+    return jnp.take(rows, pair_row, axis=0, mode="fill", fill_value=0).sum(axis=1)

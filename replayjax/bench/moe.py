@@ -440,12 +440,14 @@ def build_parser():
     return ap
 
 
-def _run(args):
-    import jax
-    cli.output_path("--json", args.json)
-    if missing := [v for v in args.variants or () if v not in variants()]:
-        raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
-                            f"installed")
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def check_tilings(args):
+    """UserError unless every --grouped-tilings / --small-tilings / --router-tilings entry is a
+    valid override of its tiling (no GPU needed: the dry run of `scripts/gpu_session.sh` checks
+    its sweeps with it)."""
     from pallas_kernels import moe
     from pallas_kernels.moe import pairs, router
     from replayjax.bench.kernels import check_tiling
@@ -458,6 +460,15 @@ def _run(args):
         if config.get("logits", router.TILING.logits) not in router.LOGITS:
             raise cli.UserError(f"--router-tilings: logits must be one of {router.LOGITS}, got "
                                 f"{config['logits']!r}")
+
+
+def _run(args):
+    import jax
+    cli.output_path("--json", args.json)
+    if missing := [v for v in args.variants or () if v not in variants()]:
+        raise cli.UserError(f"--variants {' '.join(missing)}: the tokamax package is not "
+                            f"installed")
+    check_tilings(args)
     cli.require_gpu()
     from replayjax.bench.timing import copy_bandwidth
     kind = jax.devices()[0].device_kind
@@ -489,8 +500,7 @@ def _run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    return cli.run(PROG, args, _run)
+    return cli.run(PROG, parse_args(argv), _run)
 
 
 if __name__ == "__main__":

@@ -163,28 +163,6 @@ def test_several_tiles_per_expert_and_tilings(impl, shared, interpret):
     check(pb, jax.jit(lambda: pb.run(impl, interpret, **kw))(), 1e-5)
 
 
-@pytest.mark.parametrize("activation,shared,dtype,tol", [
-    ("swiglu", 1, F32, 1e-5), ("relu2", 2, F32, 1e-5), ("swiglu", 0, BF16, 1e-2)])
-def test_split_contractions(activation, shared, dtype, tol, interpret):
-    """Below min_programs both grouped GEMMs split their contraction (din = 32: 2 parts of one
-    16-chunk for gate/up; F = 64: 4 for down), jitted, with padding rows and a shared expert:
-    the partial sums add up to the unsplit layer."""
-    pb = Problem(4, n=9, E=5, k=2, activation=activation, dtype=dtype, kind="padding", ffn=64,
-                 shared=shared)
-    tiling = moe.MoETiling(16, 16, 16, 16, num_warps=4, min_programs=10 ** 6)
-    check(pb, jax.jit(lambda: pb.run("pallas", interpret, block_m=16, tiling=tiling))(), tol)
-
-
-@pytest.mark.parametrize("programs,chunks,min_programs,want", [
-    (80, 16, 528, 8),       # Qwen3.5-35B gate/up at batch 1: 10 tiles x 8 column blocks
-    (160, 8, 528, 4),       # its down: 10 x 16, F = 512 in 8 chunks of 64
-    (261, 21, 528, 1),      # Nemotron-3-Nano's din = 2688: 21 chunks, no power-of-two split
-    (616, 16, 528, 1),      # batch 8: enough programs
-    (80, 2, 528, 2), (80, 16, 0, 1)])
-def test_splits_fill_the_gpu(programs, chunks, min_programs, want):
-    assert moe.pallas_triton.splits(programs, chunks, min_programs) == want
-
-
 @pytest.mark.parametrize("ffn,block_f,shared", [(48, 16, 0), (64, 32, 0), (48, 16, 2)])
 def test_pairs_several_chunks_and_din_slices(ffn, block_f, shared, interpret):
     """The pair path with several chunks of F (3 x 16, 2 x 32) and 2 slices of din (32 / 16),
