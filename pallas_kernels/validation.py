@@ -21,6 +21,9 @@ EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
 # How a Triton kernel's programs (row, head, tile) are launched (a tiling's `grid_order`, see
 # `_kernel_utils.launch_grid`).
 GRID_ORDERS = ("row_fastest", "row_slowest", "head_slowest")
+# Where a Triton replay decode kernel gets its ring dot products (a tiling's `ring_scalars`):
+# each program from the ring rows, or one XLA product per step before the launch.
+RING_SCALARS = ("kernel", "xla")
 # How a tile bound covers its axis (a tiling's `p_tiles`): "divide", the largest power of two
 # dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
 # (`masked_block`).

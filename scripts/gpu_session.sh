@@ -16,7 +16,8 @@
 #              3 stages, grid_order "head_slowest", chunk_loop "unrolled" (docs/design.md);
 #              < 6 min;  gdn-occupancy - GDN replay tiles that hold fewer registers (Triton) or
 #              less shared memory (Mosaic), < 6 min;  mamba2-spills - the Triton Mamba-2
-#              replay's tiles that hold fewer registers (it spills at the default), < 4 min
+#              replay's tiles that hold fewer registers (it spills at the default), and its
+#              ring products from XLA (ring_scalars), batch 1 and 256, < 5 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -169,11 +170,16 @@ case $stage in
     # the twelfth session's ncu: the Triton Mamba-2 replay (block_p 64, block_n 64, 2 warps)
     # holds 255 registers a thread and spills (20 local-memory requests a program); tiles that
     # hold fewer registers a thread, the fold on the FMA units (its tf32x3 dot keeps split
-    # operands live); only the replay column counts (the standard follows block_n / num_warps)
+    # operands live), the ring's B . C from XLA (no [L, block_n] ring B tile in the read-only
+    # pass); only the replay column counts (the standard follows block_n / num_warps)
     limit 220 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
       --tune '[{}, {"num_warps": 4}, {"block_n": 32}, {"block_n": 32, "num_warps": 4},
-               {"block_p": 32}, {"fold": "fma"}]' \
-      --json "$out/kernels_mamba2_spills.json" 2>>"$out/kernels.log" | grep "^|" ;;
+               {"block_p": 32}, {"fold": "fma"}, {"ring_scalars": "xla"},
+               {"ring_scalars": "xla", "num_warps": 4}]' \
+      --json "$out/kernels_mamba2_spills.json" 2>>"$out/kernels.log" | grep "^|"
+    limit 90 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 --impls pallas \
+      --tune '[{}, {"ring_scalars": "xla"}, {"num_warps": 4}]' \
+      --json "$out/kernels_mamba2_spills_b1.json" 2>>"$out/kernels.log" | grep "^|" ;;
   gdn-occupancy)
     # the tenth session's ncu: the Triton GDN replay holds 25% occupancy (127 registers a
     # thread: 4 CTAs an SM), the Mosaic one 12.5% (81 KB of shared memory: 2 CTAs); smaller

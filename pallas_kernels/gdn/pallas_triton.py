@@ -49,6 +49,7 @@ from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, w
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    RING_SCALARS,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -56,7 +57,6 @@ from pallas_kernels.validation import (
     resolve_tiling,
 )
 
-RING_SCALARS = ("kernel", "xla")
 CHUNK_LOOPS = ("fori", "unrolled")
 
 

@@ -54,6 +54,7 @@ from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    RING_SCALARS,
     TILE_MODES,
     bounded_block,
     check_choice,
@@ -90,9 +91,14 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     forms X^T diag(s) B: "dot" (tensor cores, tf32x3; needs L and both tiles >= 16), "fma"
     (rank-1 updates) or "auto" (dot where it can); `state_eviction`, the L2 eviction policy of
     the checkpoint reads (`validation.EVICTION_POLICIES`: "evict_first" keeps the read-once
-    state from pushing the rings out of L2); `grid_order` as in `Mamba2Tiling`."""
+    state from pushing the rings out of L2); `grid_order` as in `Mamba2Tiling`. `ring_scalars`
+    (replay decode; verify always takes them from XLA) is where the B_j . C products come from:
+    "kernel" (every program of a group reads its slot's ring B, [L, N], in the read-only pass)
+    or "xla" (one product per step before the launch, `buffers.bc_products`; the ring B is then
+    read only to fold: fewer registers a program)."""
     fold: str = "auto"
     state_eviction: str = "evict_normal"
+    ring_scalars: str = "kernel"
 
 
 # Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md). Launched
@@ -140,10 +146,11 @@ def for_head_dim(tiling, P):
     return tiling
 
 
-def _tiles(tiling, default, P, N, window=None):
+def _tiles(tiling, default, P, N, window=None, scalars=False):
     """The launch keywords of a tiling (None: `default` at head dim P, `for_head_dim`) for head
     dim P and d_state N (tiles, launch order, warps, stages); with the ring window L, also the
-    fold mode and the state's eviction policy."""
+    fold mode and the state's eviction policy; `scalars`: also where the ring products come
+    from (replay decode)."""
     t = resolve_tiling(tiling, for_head_dim(default, P))
     check_choice("p_tiles", t.p_tiles, TILE_MODES)
     p_block = bounded_block if t.p_tiles == "divide" else masked_block
@@ -153,6 +160,9 @@ def _tiles(tiling, default, P, N, window=None):
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
         check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
         tiles["eviction"] = t.state_eviction
+    if scalars:
+        check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
+        tiles["ring_scalars"] = t.ring_scalars
     return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -163,7 +173,8 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, REPLAY_TILING, x.shape[2], B.shape[2], buffers.window))
+                          **_tiles(tiling, REPLAY_TILING, x.shape[2], B.shape[2], buffers.window,
+                                   scalars=True))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -238,9 +249,11 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, grid_
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
-                   s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, rb_out, rdt_out, *,
-                   grid_order, heads_per_group, block_p, block_n, window, fold_dot, precision,
-                   eviction):
+                   s_in, rx_in, rb_in, rdt_in, bcr_ref, bcc_ref, y_ref, s_out, rx_out, rb_out,
+                   rdt_out, *, grid_order, heads_per_group, block_p, block_n, window, fold_dot,
+                   precision, eviction):
+    # bcr_ref / bcc_ref: None (the readout forms B_j . C and B . C from the ring and the token)
+    # or [b, G, L] / [b, G] float32, precomputed (ring_scalars="xla")
     b, h, g, t, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[2])
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
@@ -253,19 +266,24 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     x = load(x_ref.at[b, h, ps], rows).astype(_F32)  # current token
     dt = dt_ref[b, h]
 
-    # Read-only pass over the checkpoint: S0 C and, for every ring entry, B_j . C.
+    # Read-only pass over the checkpoint: S0 C and (unless precomputed), for every ring entry,
+    # B_j . C.
     def readout(ns, carry):
         s0c, bc_ring, bc_cur = carry
         cv = c_ref[b, g, ns].astype(_F32)
         s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
+        s0c = s0c + jnp.sum(s0 * cv[None, :], axis=1)
+        if bcr_ref is not None:
+            return s0c, bc_ring, bc_cur
         rb = ring_entries(rb_in.at[slot, g, :, ns], c).astype(_F32)      # [L, bn]
-        return (s0c + jnp.sum(s0 * cv[None, :], axis=1),
-                bc_ring + jnp.sum(rb * cv[None, :], axis=1),
+        return (s0c, bc_ring + jnp.sum(rb * cv[None, :], axis=1),
                 bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
 
     zero_p = jnp.zeros((block_p,), _F32)
     s0c, bc_ring, bc_cur = n_chunks(N, block_n, readout,
                                      (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
+    if bcr_ref is not None:
+        bc_ring, bc_cur = bcr_ref[b, g, :], bcc_ref[b, g]
 
     fold = live & (c == L - 1)
     a = a_ref[h]
@@ -311,13 +329,17 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "grid_order", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "ring_scalars", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_scalars, grid_order, num_warps, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
+    bcr = bcc = None
+    if ring_scalars == "xla":
+        bcr, bcc = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
+        bcr, bcc = bcr[:, :, 0], bcc[:, :, 0, 0]                        # [b, G, L], [b, G]
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
@@ -327,7 +349,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
         grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, s_in=buffers.checkpoint, rx_in=buffers.ring_x,
-                    rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
+                    rb_in=buffers.ring_b, rdt_in=buffers.ring_dt, bcr_ref=bcr, bcc_ref=bcc),
         outputs=dict(y_ref=like(x), s_out=like(buffers.checkpoint), rx_out=like(buffers.ring_x),
                      rb_out=like(buffers.ring_b), rdt_out=like(buffers.ring_dt)),
         aliases={"s_in": "s_out", "rx_in": "rx_out", "rb_in": "rb_out", "rdt_in": "rdt_out"},

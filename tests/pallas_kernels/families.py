@@ -111,7 +111,8 @@ class Mamba2(Problem):
     BF16_RING = BF16              # the ring holds activations that are bf16 already
     COMPUTED_RING = ()
     REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first")),
-                      ("row-slowest", Problem.ROW_SLOWEST)]
+                      ("row-slowest", Problem.ROW_SLOWEST),
+                      ("xla-scalars", dict(ring_scalars="xla"))]
     TILE_FIELD = "block_p"
     # two P tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order
     VERIFY_OPTIONS = dict(state_eviction="evict_first", block_p=8, **Problem.ROW_SLOWEST)

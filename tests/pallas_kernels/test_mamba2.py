@@ -92,6 +92,13 @@ def test_bad_grid_order_is_named(kind):
             mamba2.replay_decode(**args, impl="pallas", tiling=tiling)
 
 
+def test_bad_ring_scalars_are_named():
+    pb = Mamba2(1)
+    with pytest.raises(ValueError, match=r"ring_scalars must be one of 'kernel', 'xla', got 'gpu'"):
+        mamba2.replay_decode(**_valid_args(pb), impl="pallas",
+                             tiling=pb.tiling("replay", ring_scalars="gpu"))
+
+
 def test_unknown_impl_is_named():
     pb = Mamba2(1)
     with pytest.raises(ValueError, match=r"impl must be one of"):

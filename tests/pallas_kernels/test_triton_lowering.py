@@ -111,6 +111,7 @@ CASES = [
     (gdn, "replay_decode", dict(ring_scalars="xla"), 3),   # the readout reads no ring keys
     (gdn, "replay_verify", {}, 3),                         # d, g; k in the fold
     (mamba2, "replay_decode", {}, 4),                      # x, dt; B in the readout and fold
+    (mamba2, "replay_decode", dict(ring_scalars="xla"), 3),  # the readout reads no ring B
     (mamba2, "replay_verify", {}, 3),                      # x, dt; B in the fold
 ]
 
