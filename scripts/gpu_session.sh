@@ -35,6 +35,8 @@
 #              greedy prefix column tells a late divergence from an early one)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   profile-b1 - the same at batch 1 on Nemotron-3-Nano-30B-A3B dims, standard then replay
+#   profile-spec - the kernels of a speculative verify step by class (MTP K = 3, batch 64,
+#              Nemotron-H-8B dims), ReplaySSM then the state-per-draft baseline, < 9 min
 #   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
 #              FLOP / byte roofline and the kernels by class: Nemotron-H-8B and Qwen3.5-9B dims
 #              (issue 17)
@@ -491,6 +493,14 @@ print(serve.markdown(rows))" "$out" ;;
     for mode in standard replay; do
       limit 200 python3 -m replayjax.bench.profile --synthetic nemotron-3-nano-30b-a3b --batch 1 \
         --prompt-len 128 --steps 16 --mode $mode --top 25 2>>"$out/profile.log"
+    done ;;
+  profile-spec)
+    # issue 17's speculative target (2x at batch 64, measured 1.43x): where a verify step's time
+    # goes, ReplaySSM then the state-per-draft baseline (MTP K = 3, Nemotron-H-8B dims)
+    for mode in replay standard; do
+      limit 260 python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 64 \
+        --prompt-len 128 --steps 16 --mode $mode --drafter mtp --num-draft 3 --top 30 \
+        2>>"$out/profile.log"
     done ;;
   profile|tp-profile)
     tp=$([ $stage = tp-profile ] && echo 2 || echo 1)

@@ -9,6 +9,9 @@ beside the measured device time.
 The trace (open it in Perfetto or XProf) covers one host visit of --steps decode steps of --batch
 requests of --prompt-len tokens, after a warm-up that compiles everything, without the prompts'
 prefill. Device time sums the kernels of the trace (on a CPU-only machine: XLA's host thunks).
+With --drafter (ngram, or mtp: the model's MTP head; --synthetic models get a random one) it
+traces speculative verify steps of --num-draft drafts instead, by class and kernel; their
+roofline is not modelled (its columns read "-").
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --steps 16",
         f"{PROG} --synthetic qwen3.5-9b --batch 32 --mode standard --top 40",
+        f"{PROG} --synthetic nemotron-h-8b --batch 64 --drafter mtp --num-draft 3",
         f"{PROG} --model DIR --batch 8 --trace-dir traces/run1 --json"])
     add_model_source(ap)
     ap.add_argument("--batch", type=cli.at_least(1), default=8, metavar="N",
@@ -51,6 +55,10 @@ def build_parser():
                     help="how SSM layers decode")
     ap.add_argument("--window", type=cli.window, default=16, metavar="L",
                     help="ReplaySSM ring window L")
+    ap.add_argument("--drafter", choices=["ngram", "mtp"],
+                    help="trace speculative verify steps with this drafter (default: decode)")
+    ap.add_argument("--num-draft", type=cli.at_least(1), default=3, metavar="K",
+                    help="drafts per verify step, with --drafter (default: 3)")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
     add_peak_argument(ap)
@@ -70,6 +78,9 @@ def parse_args(argv=None):
     if args.model and args.dtype:
         ap.error("argument --dtype: sets --synthetic models' weights; --model DIR has its own")
     args.dtype = args.dtype or "bfloat16"
+    if args.drafter and args.num_draft >= args.window:
+        ap.error(f"argument --num-draft: must be < --window = {args.window}, got "
+                 f"{args.num_draft}")
     return args
 
 
@@ -85,16 +96,23 @@ def profile(args, progress):
     with progress.stage("building the model"):
         mesh, experts = cli.tp_placement(args)
         model = (load_model(args.model, mesh=mesh, experts=experts) if args.model else
-                 build(args.synthetic, jnp.dtype(args.dtype), args.seed, mesh=mesh,
-                       experts=experts))
+                 build(args.synthetic, jnp.dtype(args.dtype), args.seed,
+                       args.drafter == "mtp", mesh=mesh, experts=experts))
+    K = args.num_draft if args.drafter else 0
     try:        # before the prompts: the cache check bounds --batch x --prompt-len
-        engine = Engine(model, num_slots=args.batch, max_len=args.prompt_len + args.steps + 16,
-                        ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps)
+        engine = Engine(model, num_slots=args.batch,
+                        max_len=args.prompt_len + (args.steps + 1) * (K + 1) + 16,
+                        ssm_mode=args.mode, window=args.window, steps_per_visit=args.steps,
+                        num_draft=K, drafter=args.drafter)
     except MemoryError as e:
         raise cli.UserError(f"--batch {args.batch}, --prompt-len {args.prompt_len}: {e}") from None
+    except ValueError as e:     # a drafter the model cannot run (mtp without an MTP head)
+        raise cli.UserError(f"--drafter {args.drafter}: {e}") from None
+    kind = "verify" if K else "decode"
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(3, model.cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
-    reqs = lambda: [Request(prompt=p, max_new_tokens=args.steps + 1) for p in prompts]  # noqa: E731
+    new_tokens = (args.steps + 1) * (K + 1)       # enough for --steps steps at any acceptance
+    reqs = lambda: [Request(prompt=p, max_new_tokens=new_tokens) for p in prompts]  # noqa: E731
     with progress.stage("warm-up (compiling)"):
         t0 = time.perf_counter()
         engine.generate(reqs())
@@ -107,43 +125,59 @@ def profile(args, progress):
     trace_dir = args.trace_dir
     engine.visits.clear()
     # prefill stays outside the trace: every visit waits for its results, so nothing of the
-    # prefill is still running when tracing starts at the decode visit
-    with progress.stage(f"tracing {args.steps} decode steps"):
-        visits, tracing = engine.serve(reqs()), False
+    # prefill is still running when tracing starts at the first decode (verify) visit; it stops
+    # once --steps steps of that kind have run (a verify visit is one step), and the rest drains
+    # untraced
+    with progress.stage(f"tracing {args.steps} {kind} steps"):
+        visits, start, end = engine.serve(reqs()), None, None
+        traced = lambda: [v for v in engine.visits[start:end] if v[0] == kind]  # noqa: E731
         try:
-            for kind in visits:
-                if kind == "decode" and not tracing:
+            for visit in visits:
+                if start is not None and end is None and sum(
+                        n for _, n, _ in traced()) >= args.steps:
+                    end = len(engine.visits)
+                    jax.profiler.stop_trace()
+                if visit == kind and start is None:
+                    start = len(engine.visits)
                     jax.profiler.start_trace(trace_dir)
-                    tracing = True
         finally:
-            if tracing:
+            if start is not None and end is None:
+                end = len(engine.visits)
                 jax.profiler.stop_trace()
     with progress.stage("classifying kernels"):
         kernels = kernel_table(trace_dir)
-    steps = sum(n for kind, n, _ in engine.visits if kind == "decode")
-    visit_s = sum(s for kind, _, s in engine.visits if kind == "decode")
+    steps = sum(n for _, n, _ in traced())
+    visit_s = sum(s for _, _, s in traced())
     # with --tp: per device (kernel time of all tp devices / tp, bytes and FLOPs split evenly)
     # the conv class (the prompt's causal conv) counts as ssm here, as its state bytes do
     cls = lambda k: "ssm" if k["cls"] == "conv" else k["cls"]           # noqa: E731
     measured = {c: sum(k["total_ns"] for k in kernels if cls(k) == c) * 1e-9 / args.tp
                 for c in CLASSES}
-    kw = dict(mode=args.mode, window=args.window, state_dtype=jnp.float32)
-    kv_len = args.prompt_len + (steps - 1) / 2
-    min_bytes = decode_step_bytes(model, args.batch, kv_len, **kw)
-    min_flops = decode_step_flops(model, args.batch, kv_len, **kw)
-    return dict(trace_dir=trace_dir, steps=steps, compile_s=compile_s,
+    if K:                   # verify steps: measured per class, no roofline modelled
+        per_step = {c: s / max(steps, 1) * 1e6 for c, s in measured.items()}
+        classes = [dict(cls=c, measured_us=us, min_mb=None, min_gflop=None, ideal_us=None,
+                        bound=None, of_roofline=None)
+                   for c, us in [*per_step.items(), ("total", sum(per_step.values()))]]
+    else:
+        kw = dict(mode=args.mode, window=args.window, state_dtype=jnp.float32)
+        kv_len = args.prompt_len + (steps - 1) / 2
+        min_bytes = decode_step_bytes(model, args.batch, kv_len, **kw)
+        min_flops = decode_step_flops(model, args.batch, kv_len, **kw)
+        classes = table({c: b / args.tp for c, b in min_bytes.items()}, bw, measured,
+                        max(steps, 1), {c: f / args.tp for c, f in min_flops.items()}, peak)
+    return dict(trace_dir=trace_dir, kind=kind, steps=steps, compile_s=compile_s,
                 host_ms_per_step=visit_s / max(steps, 1) * 1e3, copy_gbs=bw / 1e9,
                 peak_tflops=peak / 1e12 if peak else None,
                 kernels=[dict(name=k["name"], cls=k["cls"], count=k["count"],
                               total_us=k["total_ns"] / 1e3) for k in kernels],
-                classes=table({c: b / args.tp for c, b in min_bytes.items()}, bw, measured,
-                              max(steps, 1), {c: f / args.tp for c, f in min_flops.items()},
-                              peak))
+                classes=classes)
 
 
 def print_report(args, r):
-    print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} decode steps of "
-          f"{args.batch} rows, {args.mode}, tp = {args.tp}; "
+    drafts = f" + {args.drafter} drafts of {args.num_draft}" if args.drafter else ""
+    print(f"trace: {r['trace_dir']} (open with Perfetto / XProf); {r['steps']} "
+          f"{r.get('kind', 'decode')} steps of {args.batch} rows, {args.mode}{drafts}, "
+          f"tp = {args.tp}; "
           f"host visit {r['host_ms_per_step']:.2f} ms per step; "
           f"compile {r['compile_s']:.1f} s; copy bandwidth {r['copy_gbs']:.0f} GB/s; "
           f"{peak_note(r['peak_tflops'])}")
@@ -151,6 +185,9 @@ def print_report(args, r):
           "ideal us (bound) | of roofline |\n|---|---|---|---|---|---|")
     for c in r["classes"]:
         frac = "-" if c["of_roofline"] is None else f"{c['of_roofline']:.0%}"
+        if c["ideal_us"] is None:           # verify steps: no roofline
+            print(f"| {c['cls']} | {c['measured_us']:.1f} | - | - | - | - |")
+            continue
         print(f"| {c['cls']} | {c['measured_us']:.1f} | {c['min_mb']:.2f} | "
               f"{c['min_gflop']:.3g} | {c['ideal_us']:.1f} ({c['bound']}) | {frac} |")
     print("\n| kernel | class | launches | total us | us per step |\n|---|---|---|---|---|")

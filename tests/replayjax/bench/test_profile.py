@@ -43,6 +43,25 @@ def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
         sum(c["ideal_us"] for n, c in classes.items() if n != "total"))
 
 
+def test_profile_traces_speculative_verify_steps(capsys, tmp_path):
+    """--drafter: exactly --steps verify steps are traced (one a visit; the rest drain untraced),
+    by class, with no roofline modelled for them; a drafter the model lacks is one line."""
+    assert profile.main(["--model", NEMOTRON, "--batch", "2", "--prompt-len", "6", "--steps",
+                         "3", "--window", "4", "--drafter", "ngram", "--num-draft", "2",
+                         "--trace-dir", str(tmp_path), "--top", "1000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "verify" and out["steps"] == 3
+    classes = {c["cls"]: c for c in out["classes"]}
+    assert classes["ssm"]["measured_us"] > 0 and classes["gemm"]["measured_us"] > 0
+    assert all(c["min_mb"] is None and c["of_roofline"] is None for c in classes.values())
+    assert classes["total"]["measured_us"] == pytest.approx(
+        sum(k["total_us"] for k in out["kernels"]) / 3)
+    assert profile.main(["--model", NEMOTRON, "--drafter", "mtp"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("replayjax profile: error: --drafter mtp: drafter='mtp' needs a model "
+                          "with an MTP head") and len(err.strip().splitlines()) == 1
+
+
 def test_report_says_which_bound_binds_and_when_there_is_no_peak(capsys):
     args = profile.parse_args(["--model", NEMOTRON])
     for peak, note in ((None, "no bf16 peak known (--peak-tflops): ideal from bytes alone"),
@@ -131,6 +150,8 @@ def test_nested_thunks_keep_the_innermost():
     (["--peak-tflops", "0"], "argument --peak-tflops: must be a finite number > 0, got 0"),
     (["--peak-tflops", "-1"], "argument --peak-tflops: must be a finite number > 0, got -1"),
     (["--peak-tflops", "nan"], "argument --peak-tflops: must be a finite number > 0, got nan"),
+    (["--drafter", "ngram", "--num-draft", "16"], "argument --num-draft: must be < --window = 16"),
+    (["--drafter", "eagle"], "argument --drafter: invalid choice: 'eagle'"),
 ])
 def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
