@@ -57,7 +57,7 @@ def build_parser():
                     help="ReplaySSM ring window L")
     ap.add_argument("--drafter", choices=["ngram", "mtp"],
                     help="trace speculative verify steps with this drafter (default: decode)")
-    ap.add_argument("--num-draft", type=cli.at_least(1), default=3, metavar="K",
+    ap.add_argument("--num-draft", type=cli.at_least(1), metavar="K",
                     help="drafts per verify step, with --drafter (default: 3)")
     ap.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
                     help="synthetic weights, prompts")
@@ -78,6 +78,9 @@ def parse_args(argv=None):
     if args.model and args.dtype:
         ap.error("argument --dtype: sets --synthetic models' weights; --model DIR has its own")
     args.dtype = args.dtype or "bfloat16"
+    if args.num_draft is not None and not args.drafter:
+        ap.error("argument --num-draft: needs --drafter (ngram or mtp)")
+    args.num_draft = args.num_draft or 3
     if args.drafter and args.num_draft >= args.window:
         ap.error(f"argument --num-draft: must be < --window = {args.window}, got "
                  f"{args.num_draft}")

@@ -152,6 +152,7 @@ def test_nested_thunks_keep_the_innermost():
     (["--peak-tflops", "nan"], "argument --peak-tflops: must be a finite number > 0, got nan"),
     (["--drafter", "ngram", "--num-draft", "16"], "argument --num-draft: must be < --window = 16"),
     (["--drafter", "eagle"], "argument --drafter: invalid choice: 'eagle'"),
+    (["--num-draft", "2"], "argument --num-draft: needs --drafter (ngram or mtp)"),
 ])
 def test_bad_arguments_are_one_line_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
