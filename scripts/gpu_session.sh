@@ -173,7 +173,10 @@ case $stage in
     # holds 255 registers a thread and spills (20 local-memory requests a program); tiles that
     # hold fewer registers a thread, the fold on the FMA units (its tf32x3 dot keeps split
     # operands live), the ring's B . C from XLA (no [L, block_n] ring B tile in the read-only
-    # pass); only the replay column counts (the standard follows block_n / num_warps)
+    # pass); only the replay column counts (the standard follows block_n / num_warps). First
+    # the new ring_scalars="xla" path compiled against the recurrence
+    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py -k "mamba2 and xla-scalars" 2>&1 | tail -3
     limit 220 python3 -m replayjax.bench.kernels --family mamba2 --batches 256 --impls pallas \
       --tune '[{}, {"num_warps": 4}, {"block_n": 32}, {"block_n": 32, "num_warps": 4},
                {"block_p": 32}, {"fold": "fma"}, {"ring_scalars": "xla"},
