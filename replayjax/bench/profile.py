@@ -41,7 +41,6 @@ PROG = "replayjax profile"
 def build_parser():
     ap = cli.parser(PROG, __doc__, [
         f"{PROG} --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --steps 16",
-        f"{PROG} --synthetic qwen3.5-9b --batch 32 --mode standard --top 40",
         f"{PROG} --synthetic nemotron-h-8b --batch 64 --drafter mtp --num-draft 3",
         f"{PROG} --model DIR --batch 8 --trace-dir traces/run1 --json"])
     add_model_source(ap)
