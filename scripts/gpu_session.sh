@@ -228,15 +228,15 @@ case $stage in
     done ;;
   verify-t8)
     # both families' ReplaySSM verify at T = 2 / 4 / 8, Triton and Mosaic, against the
-    # baselines tuned by window (eleventh session: GDN block_v 32, Mamba-2's order by T); then
-    # GDN's baseline at block_v 16, the one narrower tile not yet timed
+    # baselines tuned by window (GDN block_v 16 since the twelfth session, Mamba-2's order by
+    # T); then GDN's baseline at block_v 8, the one narrower tile not yet timed
     for fam in mamba2:nemotron-h-8b gdn:qwen3-next; do
       limit 150 python3 -m replayjax.bench.verify --family ${fam%%:*} --shapes ${fam##*:} \
         --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
         --json "$out/verify_t248_${fam%%:*}.json" 2>>"$out/verify.log" | grep "^|"
     done
     limit 120 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 4 8 \
-      --batches 256 --tune-baseline '[{}, {"block_v": 16}]' \
+      --batches 256 --tune-baseline '[{}, {"block_v": 8}]' \
       --json "$out/verify_baseline_gdn.json" 2>>"$out/verify.log" | grep "^|" ;;
   e2e)
     # decode A/B (the issue's targets: >= 1.4x at batch 256 on the Mamba-2 model, batch 1 within

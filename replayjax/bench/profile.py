@@ -92,6 +92,7 @@ def profile(args, progress):
     import jax.numpy as jnp
     import numpy as np
 
+    from replayjax.drafters import make_drafter
     from replayjax.engine import Engine, Request
     from replayjax.loading import load_model
 
@@ -101,6 +102,11 @@ def profile(args, progress):
                  build(args.synthetic, jnp.dtype(args.dtype), args.seed,
                        args.drafter == "mtp", mesh=mesh, experts=experts))
     K = args.num_draft if args.drafter else 0
+    if args.drafter:        # the drafter's own check first: its refusal names --drafter
+        try:
+            make_drafter(args.drafter, model, num_draft=K)
+        except ValueError as e:
+            raise cli.UserError(f"--drafter {args.drafter}: {e}") from None
     try:        # before the prompts: the cache check bounds --batch x --prompt-len
         engine = Engine(model, num_slots=args.batch,
                         max_len=args.prompt_len + (args.steps + 1) * (K + 1) + 16,
@@ -108,8 +114,8 @@ def profile(args, progress):
                         num_draft=K, drafter=args.drafter)
     except MemoryError as e:
         raise cli.UserError(f"--batch {args.batch}, --prompt-len {args.prompt_len}: {e}") from None
-    except ValueError as e:     # a drafter the model cannot run (mtp without an MTP head)
-        raise cli.UserError(f"--drafter {args.drafter}: {e}") from None
+    except ValueError as e:     # settings this model cannot serve, named by their flags
+        raise cli.engine_error(e) from None
     kind = "verify" if K else "decode"
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(3, model.cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
