@@ -17,7 +17,9 @@
 #              < 6 min;  gdn-occupancy - GDN replay tiles that hold fewer registers (Triton) or
 #              less shared memory (Mosaic), < 6 min;  mamba2-spills - the Triton Mamba-2
 #              replay's tiles that hold fewer registers (it spills at the default), and its
-#              ring products from XLA (ring_scalars), batch 1 and 256, < 5 min
+#              ring products from XLA (ring_scalars), batch 1 and 256, < 5 min;  b1-tune -
+#              both families' Triton decode kernels at batch 1 over smaller tiles and fewer
+#              warps (one row fills few SMs), < 4 min
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -185,6 +187,20 @@ case $stage in
     limit 90 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 --impls pallas \
       --tune '[{}, {"ring_scalars": "xla"}, {"num_warps": 4}]' \
       --json "$out/kernels_mamba2_spills_b1.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  b1-tune)
+    # batch 1 (issue 16: replay within 10% of standard): one row launches H x P / block_p
+    # programs (Mamba-2 8B: 128 at block_p 64 on 132 SMs; GDN's standard 32 at block_v 128),
+    # so smaller tiles and fewer warps a program; both columns follow the tiling's fields
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 --impls pallas \
+      --tune '[{}, {"num_warps": 4}, {"num_warps": 1}, {"block_p": 32}, {"block_p": 32, "num_warps": 4},
+               {"block_p": 32, "num_warps": 1}, {"block_p": 16}, {"block_p": 16, "num_warps": 1},
+               {"block_n": 32, "num_warps": 4}, {"block_p": 32, "block_n": 32}]' \
+      --json "$out/kernels_mamba2_b1_tune.json" 2>>"$out/kernels.log" | grep "^|"
+    limit 100 python3 -m replayjax.bench.kernels --family gdn --batches 1 --impls pallas \
+      --tune '[{}, {"block_v": 32}, {"block_v": 16}, {"block_v": 32, "num_warps": 2},
+               {"block_v": 16, "num_warps": 2}, {"block_v": 16, "num_warps": 1},
+               {"block_v": 32, "block_k": 32}, {"num_warps": 2}]' \
+      --json "$out/kernels_gdn_b1_tune.json" 2>>"$out/kernels.log" | grep "^|" ;;
   gdn-occupancy)
     # the tenth session's ncu: the Triton GDN replay holds 25% occupancy (127 registers a
     # thread: 4 CTAs an SM), the Mosaic one 12.5% (81 KB of shared memory: 2 CTAs); smaller

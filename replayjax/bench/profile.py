@@ -177,7 +177,8 @@ def profile(args, progress):
                 host_ms_per_step=visit_s / max(steps, 1) * 1e3, copy_gbs=bw / 1e9,
                 peak_tflops=peak / 1e12 if peak else None,
                 kernels=[dict(name=k["name"], cls=k["cls"], count=k["count"],
-                              total_us=k["total_ns"] / 1e3) for k in kernels],
+                              total_us=k["total_ns"] / 1e3, source=k["source"], by=k["by"])
+                         for k in kernels],
                 classes=classes)
 
 
@@ -198,10 +199,13 @@ def print_report(args, r):
             continue
         print(f"| {c['cls']} | {c['measured_us']:.1f} | {c['min_mb']:.2f} | "
               f"{c['min_gflop']:.3g} | {c['ideal_us']:.1f} ({c['bound']}) | {frac} |")
-    print("\n| kernel | class | launches | total us | us per step |\n|---|---|---|---|---|")
+    print("\n| kernel | class | launches | total us | us per step | source |\n"
+          "|---|---|---|---|---|---|")
     for k in r["kernels"][:args.top]:
+        # a kernel whose instruction the trace lacks was classed by its name: "(by name)"
+        source = k["source"] or ("(by name)" if k["by"] == "name" else "")
         print(f"| {k['name'][:80]} | {k['cls']} | {k['count']} | {k['total_us']:.1f} | "
-              f"{k['total_us'] / max(r['steps'], 1):.2f} |")
+              f"{k['total_us'] / max(r['steps'], 1):.2f} | {source[:100]} |")
 
 
 def _main(args):

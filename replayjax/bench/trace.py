@@ -165,7 +165,7 @@ _TABLE = re.compile(r'^(\d+)\s+(?:"(.*)"|\{(.*)\})\s*$')
 
 
 def _stack_tables(text):
-    """frame id -> [(file, function), ...] from the innermost frame out."""
+    """frame id -> [(file, function, line), ...] from the innermost frame out."""
     tables, section = collections.defaultdict(dict), None
     for line in text.splitlines():
         if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
@@ -187,7 +187,8 @@ def _stack_tables(text):
             seen.add(fid)
             loc = locs.get(int(frames[fid]["file_location_id"]), {})
             out.append((files.get(int(loc.get("file_name_id", 0)), ""),
-                        funcs.get(int(loc.get("function_name_id", 0)), "")))
+                        funcs.get(int(loc.get("function_name_id", 0)), ""),
+                        int(loc.get("line", 0))))
             fid = int(frames[fid]["parent_frame_id"]) - 1
         return out
     return {fid: chain(fid) for fid in frames}
@@ -216,24 +217,30 @@ def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> st
     return "other"
 
 
-def classify_module(text: str) -> dict[str, str]:
-    """{instruction name: class} for every instruction of an HLO module's text; a fusion (or
-    call) takes the first of PRIORITY among its own and its called computations' classes."""
-    stacks = _stack_tables(text)
-    comps, own, calls, comp = collections.defaultdict(list), {}, {}, None
+def _instructions(text):
+    """(computation, instruction, opcode, the rest of its line) of an HLO module's text."""
+    comp = None
     for line in text.splitlines():
         if (h := _HEADER.match(line)) and " = " not in line:
             comp = h.group(1)
             continue
         m = _INSTR.match(line)
-        if not m or comp is None:
-            continue
-        name, opcode, rest = m.groups()
+        if m and comp is not None:
+            yield (comp, *m.groups())
+
+
+def classify_module(text: str) -> dict[str, str]:
+    """{instruction name: class} for every instruction of an HLO module's text; a fusion (or
+    call) takes the first of PRIORITY among its own and its called computations' classes."""
+    stacks = _stack_tables(text)
+    comps, own, calls = collections.defaultdict(list), {}, {}
+    for comp, name, opcode, rest in _instructions(text):
         op_name = re.search(r'op_name="([^"]*)"', rest)
         frame = re.search(r"stack_frame_id=(\d+)", rest)
         target = re.search(r'custom_call_target="([^"]*)"', rest)
+        frames = stacks.get(int(frame.group(1)), []) if frame else []
         own[name] = instruction_class(opcode, op_name.group(1) if op_name else "",
-                                      stacks.get(int(frame.group(1)), []) if frame else [],
+                                      [(f, fn) for f, fn, _ in frames],
                                       target.group(1).lower() if target else "")
         calls[name] = re.findall(r"calls=%?([\w.\-]+)", rest)
         comps[comp].append(name)
@@ -247,6 +254,28 @@ def classify_module(text: str) -> dict[str, str]:
     return {name: resolved(name) for name in own}
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def module_sources(text: str) -> dict[str, str]:
+    """{instruction name: "file.py:line function (op)"}: the innermost frame in this checkout
+    (path relative to it) of the instruction's stack and the last part of its op_name (a fusion
+    carries its root's), so a kernel named fusion_123 says which line of ours it comes from."""
+    stacks, out = _stack_tables(text), {}
+    for _, name, _, rest in _instructions(text):
+        frame = re.search(r"stack_frame_id=(\d+)", rest)
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        ours = [(f[len(_ROOT):], fn, line) for f, fn, line in
+                (stacks.get(int(frame.group(1)), []) if frame else []) if f.startswith(_ROOT)]
+        op = op_name.group(1).split("/")[-1] if op_name else ""
+        if ours:
+            f, fn, line = ours[0]
+            out[name] = f"{f}:{line} {fn}" + (f" ({op})" if op else "")
+        elif op:
+            out[name] = op
+    return out
+
+
 def _fallback_class(ev: Event) -> str:
     """A kernel whose HLO the trace lacks: its op_name's scopes, else its name."""
     if (cls := instruction_class("", ev.op_name, [])) != "other":
@@ -254,6 +283,10 @@ def _fallback_class(ev: Event) -> str:
     k = ev.name.lower()
     if k.startswith("moe_"):                  # the MoE kernels (moe_gate_up, moe_down, moe_route)
         return "moe"
+    if "attention" in k:                      # the Pallas decode attention (decode_attention)
+        return "attention"
+    if k.startswith("conv_"):                 # the Pallas decode conv (conv_update)
+        return "conv"
     if any(s in k for s in ("replay", "standard_decode", "mamba", "gdn", "ssm")):
         return "ssm"
     if any(s in k for s in ("gemm", "nvjet", "cublas", "cutlass", "matmul")):
@@ -264,18 +297,24 @@ def _fallback_class(ev: Event) -> str:
 
 
 def kernel_table(trace_dir: str) -> list[dict]:
-    """One row per kernel name: class, launches, total ns; sorted by time."""
+    """One row per kernel name and class: launches, total ns, `source` (`module_sources` of its
+    first launch's instruction; "" when the trace lacks it) and `by` ("hlo": classed by its
+    instruction, "name": the trace lacks the instruction, classed by scopes, else its name);
+    sorted by time."""
     path = xplane_file(trace_dir)
     modules = {}
     for key, text in hlo_modules(path).items():
-        classes = classify_module(text)
-        modules[key] = classes
-        modules.setdefault(key.split("(")[0], classes)       # by name when ids do not match
+        info = classify_module(text), module_sources(text)
+        modules[key] = info
+        modules.setdefault(key.split("(")[0], info)          # by name when ids do not match
     rows = {}
     for ev in device_events(path):
-        classes = modules.get(f"{ev.module}({ev.program_id})") or modules.get(ev.module) or {}
-        cls = classes.get(ev.op) or _fallback_class(ev)
-        row = rows.setdefault((ev.name, cls), dict(name=ev.name, cls=cls, count=0, total_ns=0.0))
+        classes, sources = (modules.get(f"{ev.module}({ev.program_id})")
+                            or modules.get(ev.module) or ({}, {}))
+        by = "hlo" if ev.op in classes else "name"
+        cls = classes[ev.op] if by == "hlo" else _fallback_class(ev)
+        row = rows.setdefault((ev.name, cls), dict(name=ev.name, cls=cls, count=0, total_ns=0.0,
+                                                   source=sources.get(ev.op, ""), by=by))
         row["count"] += 1
         row["total_ns"] += ev.ns
     return sorted(rows.values(), key=lambda r: -r["total_ns"])

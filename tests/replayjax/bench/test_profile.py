@@ -22,6 +22,10 @@ def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
     seen = {k["cls"] for k in out["kernels"]}
     assert {"ssm", "gemm", "attention", "moe", "sampling"} <= seen
     assert all(k["count"] > 0 and k["total_us"] > 0 for k in out["kernels"])
+    # each kernel says which line of ours it comes from: the SSM mixer's, the MoE's
+    sources = {k["source"].split(":")[0] for k in out["kernels"] if k["by"] == "hlo"}
+    assert {"models/nemotron_h.py", "models/moe.py"} & sources, sources
+    assert all(k["by"] == "hlo" for k in out["kernels"])       # CPU: every thunk has its HLO
     classes = {c["cls"]: c for c in out["classes"]}
     for c in ("ssm", "gemm", "attention", "moe"):
         assert classes[c]["min_mb"] > 0 and classes[c]["measured_us"] > 0
@@ -129,6 +133,8 @@ def test_instruction_class(opcode, op_name, frames, target, cls):
     ("fusion_12", "jit(_decode_loop)/while/body/moe/dot_general", "moe"),
     ("mamba2_replay_decode", "", "ssm"),
     ("moe_gate_up", "", "moe"),                  # the MoE Pallas kernels (H200: were "other")
+    ("decode_attention", "", "attention"),       # the Pallas decode attention (H200: "other")
+    ("conv_update", "", "conv"),                 # the Pallas decode conv: the ssm class's bytes
     ("nvjet_sm90_tss_128x136", "jit(f)", "gemm"),
     ("loop_add_fusion", "jit(f)/add", "other"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "", "collective"),
@@ -136,6 +142,17 @@ def test_instruction_class(opcode, op_name, frames, target, cls):
 def test_kernels_without_hlo_fall_back_to_scope_then_name(name, op_name, cls):
     ev = trace.Event(name, 1.0, "jit_missing", 7, "op.1", op_name)
     assert trace._fallback_class(ev) == cls
+
+
+def test_sources_name_our_innermost_frame_and_the_op():
+    def step(x):
+        return jnp.tanh(x) * 2.0
+
+    text = jax.jit(step).lower(jnp.ones((8,))).compile().as_text()
+    line = step.__code__.co_firstlineno + 1
+    assert f"tests/replayjax/bench/test_profile.py:{line} " \
+        "test_sources_name_our_innermost_frame_and_the_op.<locals>.step (mul)" in \
+        trace.module_sources(text).values()
 
 
 def test_nested_thunks_keep_the_innermost():
