@@ -19,7 +19,8 @@
 #              replay's tiles that hold fewer registers (it spills at the default), and its
 #              ring products from XLA (ring_scalars), batch 1 and 256, < 5 min;  b1-tune -
 #              both families' Triton decode kernels at batch 1 over smaller tiles and fewer
-#              warps (one row fills few SMs), < 4 min
+#              warps (one row fills few SMs), < 4 min;  small-batch - the batch-1 tiles
+#              against the batch-256 ones at 1 / 2 / 4 / 8 rows (where SMALL_BATCH_ROWS ends)
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -201,6 +202,24 @@ case $stage in
                {"block_v": 16, "num_warps": 2}, {"block_v": 16, "num_warps": 1},
                {"block_v": 32, "block_k": 32}, {"num_warps": 2}]' \
       --json "$out/kernels_gdn_b1_tune.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  small-batch)
+    # where the batch-1 tiles (`SMALL_BATCH_TILINGS`, b1-tune's winners) stop winning: the
+    # defaults ({}: the small tiles at one row, the batch-256 ones from two) against both tile
+    # sets at 1 / 2 / 4 / 8 rows, and GDN's Mosaic standard kernel beside its Triton one;
+    # first the decode kernels at one row with their default tiles, compiled
+    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider \
+      -W ignore tests/pallas_kernels/test_decode.py -k "window_one and pallas" 2>&1 | tail -2
+    for b in 1 2 4 8; do
+      limit 80 python3 -m replayjax.bench.kernels --family mamba2 --batches $b --impls pallas \
+        --tune '[{}, {"block_p": 32, "num_warps": 4}, {"block_p": 64, "num_warps": 2}]' \
+        --json "$out/kernels_mamba2_small_b$b.json" 2>>"$out/kernels.log" | grep "^|"
+      limit 60 python3 -m replayjax.bench.kernels --family gdn --batches $b --impls pallas \
+        --tune '[{}, {"block_v": 16}, {"block_v": 32}, {"block_v": 64}, {"block_v": 128}]' \
+        --json "$out/kernels_gdn_small_b$b.json" 2>>"$out/kernels.log" | grep "^|"
+      limit 40 python3 -m replayjax.bench.kernels --family gdn --batches $b \
+        --impls pallas_mosaic_gpu --tune '[{}]' \
+        --json "$out/kernels_gdn_mosaic_b$b.json" 2>>"$out/kernels.log" | grep "^|"
+    done ;;
   gdn-occupancy)
     # the tenth session's ncu: the Triton GDN replay holds 25% occupancy (127 registers a
     # thread: 4 CTAs an SM), the Mosaic one 12.5% (81 KB of shared memory: 2 CTAs); smaller

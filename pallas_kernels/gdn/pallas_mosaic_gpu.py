@@ -134,6 +134,9 @@ _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
 # 205.9 vs 199.2, batch 1 / 8 / 32 5.9 / 12.3 / 34.2 vs 4.6 / 10.2 / 32.7), and the whole
 # Qwen3.5-9B step at batch 256 took 15.22 ms with it against 14.70 with Triton (ninth).
 AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
+# Below this batch "auto" keeps the Triton standard kernel (thirteenth session, batch 1: its
+# 16-wide value tiles 2.9 us against this kernel's 3.8).
+AUTO_MIN_BATCH = {"standard_decode": 2}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
@@ -144,10 +147,12 @@ def _tiles(tiling, default, V, K, state_dtype):
 
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
-    measured winner (`AUTO_OPS`) whose default tiling takes their shapes (V a multiple of 64,
-    K <= 256)."""
+    measured winner (`AUTO_OPS`) at the batch it won (`AUTO_MIN_BATCH`) whose default tiling
+    takes their shapes (V a multiple of 64, K <= 256)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     k, v = args[2:4] if op == "standard_decode" else args[3:5]
+    if v.shape[0] < AUTO_MIN_BATCH.get(op, 1):
+        return False
     T = v.shape[1] if op == "replay_verify" else 1
     return auto_takes(op, AUTO_OPS, lambda: _tiles(
         None, measured_tiling(_DEFAULT_TILING, op, T), v.shape[-1], k.shape[-1], state.dtype))

@@ -133,6 +133,15 @@ REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4, grid_order=
 # verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
 # 16 vs 1.90x; T = 8 1.65x vs 1.38x. Both verify kernels launch row-slowest (eighth session,
 # batch 256, T = 4): this one 572 -> 548 us, the baseline 789 -> 767.
+# Batch 1 (thirteenth session, `gpu_session.sh b1-tune`, Qwen3-Next shapes): one row launches
+# Hv * V / block_v programs, 32 for the standard kernel at block_v 128 on 132 SMs. 16-wide value
+# tiles (256 programs) took the standard 5.0 -> 2.9 us (faster than the Mosaic kernel's 3.8, so
+# "auto" keeps Triton there: `pallas_mosaic_gpu.AUTO_MIN_BATCH`), 32-wide the replay 4.6 -> 4.0.
+SMALL_BATCH_ROWS = 1
+SMALL_BATCH_TILINGS = {
+    STANDARD_TILING: dataclasses.replace(STANDARD_TILING, block_v=16),
+    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_v=32),
+}
 VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4,
                                 grid_order="row_slowest")
 # The state-per-draft baseline's own (batch 256, T = 4, 2026-11-30 sweep): 4 warps 795 us (80% of
@@ -148,6 +157,12 @@ STANDARD_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, STANDARD_VERIFY_TILING),)
 def standard_verify_tiling(T):
     """The state-per-draft baseline's measured tiling for a window of T tokens."""
     return for_window(STANDARD_VERIFY_TILINGS, T)
+
+
+def for_shape(tiling, rows):
+    """The measured tiling a kernel whose default is `tiling` runs at `rows` rows a step: its
+    small-batch variant (`SMALL_BATCH_TILINGS`) at up to SMALL_BATCH_ROWS rows."""
+    return SMALL_BATCH_TILINGS.get(tiling, tiling) if rows <= SMALL_BATCH_ROWS else tiling
 
 
 _MIN_BLOCK_V = 4
@@ -176,13 +191,14 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_TILING, v.shape[2]))
+                            **_tiles(tiling, for_shape(STANDARD_TILING, v.shape[0]),
+                                     v.shape[2]))
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, REPLAY_TILING, v.shape[2], k.shape[2],
-                                   buffers.window))
+                          **_tiles(tiling, for_shape(REPLAY_TILING, v.shape[0]), v.shape[2],
+                                   k.shape[2], buffers.window))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):

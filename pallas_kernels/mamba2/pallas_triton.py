@@ -110,9 +110,20 @@ REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_ord
 # P not a multiple of those block_p (Nemotron-Nano-9B-v2's P = 80, eighth session, batch 256):
 # masked P tiles, standard 711 -> 682 us (32 + 32 + 16 live rows); replay one 128-row tile of 80
 # live rows on 4 warps, 649 -> 569 (2 warps 699, block_p 32 742).
+# Batch 1 (thirteenth session, `gpu_session.sh b1-tune`): one row launches H * P / block_p
+# programs, 128 at the 8B's shapes on 132 SMs; 32-row tiles on 4 warps spread it over twice as
+# many: replay 5.0 -> 4.5 us (8B), 5.3 -> 5.1 (P = 80, masked 32-row tiles), against the
+# standard's 4.3 / 4.8 (its own tiles were no faster smaller: 4.3 / 4.7 at block_p 16). At batch
+# 256 the same tiles are slower (423 vs 389 us).
+SMALL_BATCH_ROWS = 1
+SMALL_BATCH_TILINGS = {
+    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=32, num_warps=4),
+}
 RAGGED_P_TILINGS = {
     STANDARD_TILING: dataclasses.replace(STANDARD_TILING, p_tiles="masked"),
     REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=128, num_warps=4, p_tiles="masked"),
+    SMALL_BATCH_TILINGS[REPLAY_TILING]: dataclasses.replace(SMALL_BATCH_TILINGS[REPLAY_TILING],
+                                                            p_tiles="masked"),
 }
 # verify keeps T accumulators per d_state chunk: 32-wide chunks (batch 256, T = 4: 2.24x the
 # baseline, against 1.83x at 64 and 1.74x at 16; T = 8: 2.43x, 2.49x at 16); launched
@@ -138,20 +149,25 @@ def standard_verify_tiling(T):
 _MIN_BLOCK_P = 4
 
 
-def for_head_dim(tiling, P):
-    """The measured tiling a kernel whose default is `tiling` runs at head dim P: `tiling`, or
-    its masked-tile variant (`RAGGED_P_TILINGS`) where its block_p does not divide P."""
+def for_shape(tiling, P, rows):
+    """The measured tiling a kernel whose default is `tiling` runs at head dim P and `rows` rows
+    a step: its small-batch variant (`SMALL_BATCH_TILINGS`) at up to SMALL_BATCH_ROWS rows,
+    then that one's masked-tile variant (`RAGGED_P_TILINGS`) where its block_p does not divide
+    P."""
+    if rows <= SMALL_BATCH_ROWS:
+        tiling = SMALL_BATCH_TILINGS.get(tiling, tiling)
     if tiling in RAGGED_P_TILINGS and P % tiling.block_p:
         return RAGGED_P_TILINGS[tiling]
     return tiling
 
 
-def _tiles(tiling, default, P, N, window=None, scalars=False):
-    """The launch keywords of a tiling (None: `default` at head dim P, `for_head_dim`) for head
-    dim P and d_state N (tiles, launch order, warps, stages); with the ring window L, also the
-    fold mode and the state's eviction policy; `scalars`: also where the ring products come
-    from (replay decode)."""
-    t = resolve_tiling(tiling, for_head_dim(default, P))
+def _tiles(tiling, default, x, N, window=None, scalars=False):
+    """The launch keywords of a tiling (None: `default` at x's head dim P and rows,
+    `for_shape`; x [rows, ..., P]) for d_state N (tiles, launch order, warps, stages); with the
+    ring window L, also the fold mode and the state's eviction policy; `scalars`: also where
+    the ring products come from (replay decode)."""
+    P = x.shape[-1]
+    t = resolve_tiling(tiling, for_shape(default, P, x.shape[0]))
     check_choice("p_tiles", t.p_tiles, TILE_MODES)
     p_block = bounded_block if t.p_tiles == "divide" else masked_block
     tiles = dict(block_p=p_block("block_p", "head_dim P", P, t.block_p, _MIN_BLOCK_P),
@@ -168,25 +184,24 @@ def _tiles(tiling, default, P, N, window=None, scalars=False):
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
-                            **_tiles(tiling, STANDARD_TILING, x.shape[2], B.shape[2]))
+                            **_tiles(tiling, STANDARD_TILING, x, B.shape[2]))
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, REPLAY_TILING, x.shape[2], B.shape[2], buffers.window,
+                          **_tiles(tiling, REPLAY_TILING, x, B.shape[2], buffers.window,
                                    scalars=True))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, VERIFY_TILING, x.shape[3], B.shape[3], buffers.window))
+                           **_tiles(tiling, VERIFY_TILING, x, B.shape[3], buffers.window))
     return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
 
 
 def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, interpret):
     return _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, interpret=interpret,
-                            **_tiles(tiling, standard_verify_tiling(x.shape[1]), x.shape[3],
-                                     B.shape[3]))
+                            **_tiles(tiling, standard_verify_tiling(x.shape[1]), x, B.shape[3]))
 
 
 def _row_head_tile(grid_order, heads_per_group, block_p, P):

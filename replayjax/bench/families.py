@@ -35,8 +35,8 @@ class Family:
     ops: Callable              # () -> the family's kernel module (mamba2 or gdn)
     token_inputs: int          # leading per-token arrays of `setup`'s inputs (the rest: per head)
     default_ring: str          # the models' ring dtype for this family
-    # (a measured default tiling, dims) -> the tiling the kernel runs at dims with tiling=None
-    for_dims: Callable = lambda tiling, dims: tiling
+    # (a measured default tiling, dims, rows) -> the tiling the kernel runs there with tiling=None
+    for_dims: Callable = lambda tiling, dims, rows: tiling
 
     def min_bytes(self, d, L, ring_itemsize, state_itemsize=4):
         """(standard, replay) minimum bytes per row-step: the state read + written vs the state
@@ -100,7 +100,7 @@ def _mamba2() -> Family:
         standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1],
         ops=lambda: mamba2, token_inputs=4, default_ring="bfloat16",
-        for_dims=lambda t, d: mamba2.pallas_triton.for_head_dim(t, d["P"]))
+        for_dims=lambda t, d, rows: mamba2.pallas_triton.for_shape(t, d["P"], rows))
 
 
 def _gdn() -> Family:
@@ -134,7 +134,8 @@ def _gdn() -> Family:
         setup=setup,
         standard=lambda st, inp, slots, **kw: gdn.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1],
-        ops=lambda: gdn, token_inputs=5, default_ring="float32")
+        ops=lambda: gdn, token_inputs=5, default_ring="float32",
+        for_dims=lambda t, d, rows: gdn.pallas_triton.for_shape(t, rows))
 
 
 FAMILIES = {"mamba2": _mamba2, "gdn": _gdn}

@@ -140,8 +140,8 @@ def bench(fam: Family, shape, batch, *, L=16, ring="bfloat16", std_kw=None, rep_
     sets = jnp.asarray(ids[..., 0], jnp.int32)
     ring_dtype = jnp.dtype(ring)
     inputs, bufs = fam.setup(dims, batch, S, L, ring_dtype, jax.random.key(seed), state_dtype)
-    # the tilings tiling=None runs at these dims; overrides replace their fields
-    std_base, rep_base = (fam.for_dims(t, dims) for t in base_tilings(fam.ops(), impl))
+    # the tilings tiling=None runs at these dims and batch; overrides replace their fields
+    std_base, rep_base = (fam.for_dims(t, dims, batch) for t in base_tilings(fam.ops(), impl))
     std_kw = dict(impl=impl, tiling=dataclasses.replace(std_base, **(std_kw or {})))
     rep_kw = dict(impl=impl, tiling=dataclasses.replace(rep_base, **(rep_kw or {})))
     n_steps = n_sets * L

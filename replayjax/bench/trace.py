@@ -296,25 +296,38 @@ def _fallback_class(ev: Event) -> str:
     return "other"
 
 
+def _kernel_name(instruction: str) -> str:
+    """The name XLA's GPU backend gives the kernel of an instruction (fusion.12 -> fusion_12)."""
+    return instruction.replace(".", "_").replace("-", "_")
+
+
 def kernel_table(trace_dir: str) -> list[dict]:
     """One row per kernel name and class: launches, total ns, `source` (`module_sources` of its
-    first launch's instruction; "" when the trace lacks it) and `by` ("hlo": classed by its
-    instruction, "name": the trace lacks the instruction, classed by scopes, else its name);
+    first launch's instruction; "" when unknown) and `by`: "hlo" (classed by the instruction the
+    event names), "kernel" (the event names none, as kernels of a CUDA graph do: the
+    instruction whose kernel name it has, in its module, else in the largest module that has
+    one) or "name" (no such instruction, a Pallas kernel's: classed by scopes, else its name);
     sorted by time."""
     path = xplane_file(trace_dir)
     modules = {}
     for key, text in hlo_modules(path).items():
-        info = classify_module(text), module_sources(text)
+        classes = classify_module(text)
+        info = classes, module_sources(text), {_kernel_name(i): i for i in classes}
         modules[key] = info
         modules.setdefault(key.split("(")[0], info)          # by name when ids do not match
+    largest = sorted({id(m): m for m in modules.values()}.values(), key=lambda m: -len(m[0]))
     rows = {}
     for ev in device_events(path):
-        classes, sources = (modules.get(f"{ev.module}({ev.program_id})")
-                            or modules.get(ev.module) or ({}, {}))
-        by = "hlo" if ev.op in classes else "name"
-        cls = classes[ev.op] if by == "hlo" else _fallback_class(ev)
+        own = modules.get(f"{ev.module}({ev.program_id})") or modules.get(ev.module)
+        if own and ev.op in own[0]:
+            (classes, sources, _), op, by = own, ev.op, "hlo"
+        else:
+            found = next((m for m in ([own] if own else []) + largest if ev.name in m[2]), None)
+            classes, sources, kernels = found or ({}, {}, {})
+            op, by = kernels.get(ev.name), "kernel" if found else "name"
+        cls = classes[op] if op else _fallback_class(ev)
         row = rows.setdefault((ev.name, cls), dict(name=ev.name, cls=cls, count=0, total_ns=0.0,
-                                                   source=sources.get(ev.op, ""), by=by))
+                                                   source=sources.get(op, ""), by=by))
         row["count"] += 1
         row["total_ns"] += ev.ns
     return sorted(rows.values(), key=lambda r: -r["total_ns"])

@@ -197,14 +197,16 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
     assert not mosaic_races_found(interpret)
 
 
+@pytest.mark.parametrize("rows", [2, 1])
 @pytest.mark.parametrize("family,impl", family_impls())
-def test_window_one_is_the_standard_step(family, impl, interpret):
-    """L = 1: every step folds, so the checkpoint is the standard state after every token."""
-    pb = family(3, batch=2, **impl_dims(family, family.SMALL_DIMS, impl))
+def test_window_one_is_the_standard_step(family, impl, rows, interpret):
+    """L = 1: every step folds, so the checkpoint is the standard state after every token; at
+    the measured tilings of `rows` rows (one row: the Triton kernels' small-batch tiles)."""
+    pb = family(3, batch=rows, **impl_dims(family, family.SMALL_DIMS, impl))
     state = pb.random_state()
     bufs = pb.init_buffers(1, F32)._replace(checkpoint=state)
     counts = jnp.zeros((pb.S,), jnp.int32)
-    slots = jnp.asarray([4, 2], jnp.int32)
+    slots = jnp.asarray([4, 2][:rows], jnp.int32)
     rstep = jitted(pb.ops, "replay_decode", **impl_kw(impl, interpret))
     sstep = jitted(pb.ops, "standard_decode", **impl_kw(impl, interpret))
     std = state.copy()

@@ -25,7 +25,10 @@ def test_profile_names_the_decode_kernels_by_class(capsys, tmp_path):
     # each kernel says which line of ours it comes from: the SSM mixer's, the MoE's
     sources = {k["source"].split(":")[0] for k in out["kernels"] if k["by"] == "hlo"}
     assert {"models/nemotron_h.py", "models/moe.py"} & sources, sources
-    assert all(k["by"] == "hlo" for k in out["kernels"])       # CPU: every thunk has its HLO
+    # CPU: the step's thunks name their instructions (a stray thunk of another computation
+    # traced alongside may not)
+    by_hlo = sum(k["total_us"] for k in out["kernels"] if k["by"] == "hlo")
+    assert by_hlo > 0.9 * sum(k["total_us"] for k in out["kernels"])
     classes = {c["cls"]: c for c in out["classes"]}
     for c in ("ssm", "gemm", "attention", "moe"):
         assert classes[c]["min_mb"] > 0 and classes[c]["measured_us"] > 0
@@ -153,6 +156,29 @@ def test_sources_name_our_innermost_frame_and_the_op():
     assert f"tests/replayjax/bench/test_profile.py:{line} " \
         "test_sources_name_our_innermost_frame_and_the_op.<locals>.step (mul)" in \
         trace.module_sources(text).values()
+
+
+def test_kernels_of_a_cuda_graph_are_found_by_their_kernel_name(monkeypatch):
+    """A kernel launched in a CUDA graph carries no instruction: it is matched by the kernel
+    name XLA gives its instruction (fusion.12 -> fusion_12), in its module or the largest; a
+    Pallas kernel's name matches none and falls back to its name."""
+    def step(x, w):
+        with jax.named_scope("moe"):
+            return jnp.exp(x @ w) + 1.0
+
+    text = jax.jit(step).lower(jnp.ones((4, 8)), jnp.ones((8, 8))).compile().as_text()
+    moe = next(i for i, c in trace.classify_module(text).items() if c == "moe" and "." in i)
+    small = jax.jit(jnp.sin).lower(jnp.ones(3)).compile().as_text()
+    monkeypatch.setattr(trace, "xplane_file", lambda d: d)
+    monkeypatch.setattr(trace, "hlo_modules", lambda p: {"jit_step(1)": text, "jit_sin(2)": small})
+    monkeypatch.setattr(trace, "device_events", lambda p: [
+        trace.Event(trace._kernel_name(moe), 5.0, None, None, None),
+        trace.Event("mamba2_replay_decode", 3.0, None, None, None)])
+    rows = {r["name"]: r for r in trace.kernel_table("t")}
+    hit = rows[trace._kernel_name(moe)]
+    assert (hit["cls"], hit["by"]) == ("moe", "kernel") and "test_profile.py" in hit["source"]
+    miss = rows["mamba2_replay_decode"]
+    assert (miss["cls"], miss["by"], miss["source"]) == ("ssm", "name", "")
 
 
 def test_nested_thunks_keep_the_innermost():
