@@ -309,20 +309,23 @@ def kernel_table(trace_dir: str) -> list[dict]:
     one) or "name" (no such instruction, a Pallas kernel's: classed by scopes, else its name);
     sorted by time."""
     path = xplane_file(trace_dir)
-    modules = {}
+    modules, named = {}, collections.defaultdict(list)
     for key, text in hlo_modules(path).items():
         classes = classify_module(text)
-        info = classes, module_sources(text), {_kernel_name(i): i for i in classes}
-        modules[key] = info
-        modules.setdefault(key.split("(")[0], info)          # by name when ids do not match
-    largest = sorted({id(m): m for m in modules.values()}.values(), key=lambda m: -len(m[0]))
+        modules[key] = classes, module_sources(text), {_kernel_name(i): i for i in classes}
+        named[key.split("(")[0]].append(modules[key])
+    largest = sorted(modules.values(), key=lambda m: -len(m[0]))
     rows = {}
     for ev in device_events(path):
-        own = modules.get(f"{ev.module}({ev.program_id})") or modules.get(ev.module)
-        if own and ev.op in own[0]:
+        # its module by id, else those of its name (a program compiled twice, e.g. at two
+        # shapes, has two ids: the one holding its instruction), else every module
+        exact = modules.get(f"{ev.module}({ev.program_id})")
+        mine = ([exact] if exact else []) + named.get(ev.module, [])
+        own = next((m for m in mine if ev.op in m[0]), None)
+        if own:
             (classes, sources, _), op, by = own, ev.op, "hlo"
         else:
-            found = next((m for m in ([own] if own else []) + largest if ev.name in m[2]), None)
+            found = next((m for m in mine + largest if ev.name in m[2]), None)
             classes, sources, kernels = found or ({}, {}, {})
             op, by = kernels.get(ev.name), "kernel" if found else "name"
         cls = classes[op] if op else _fallback_class(ev)
