@@ -163,11 +163,15 @@ def conv_window(conv_state, window, weight, bias, slots):
     state is not changed (see `conv_commit`)."""
     K = weight.shape[1]
     T = window.shape[1]
-    seq = jnp.concatenate([conv_state[slots].astype(jnp.float32),
-                           window.astype(jnp.float32)], axis=1)          # [b, K-1+T, C]
-    w = weight.astype(jnp.float32)
-    out = sum(seq[:, k:k + T] * w[:, k] for k in range(K))
-    return out if bias is None else out + bias.astype(jnp.float32)
+    f32 = jnp.float32
+    state = conv_state[slots]
+    # input j of the sequence state + window, sliced statically: no [b, K-1+T, C] concatenation
+    # in fp32 for XLA to materialise (a profile put it at 14 us per Mamba-2 layer at batch 64,
+    # T = 4, on the H200), one fusion with the gather and the taps
+    seq = lambda j: (state[:, j] if j < K - 1 else window[:, j - K + 1]).astype(f32)  # noqa: E731
+    w = weight.astype(f32)
+    out = jnp.stack([sum(seq(t + k) * w[:, k] for k in range(K)) for t in range(T)], axis=1)
+    return out if bias is None else out + bias.astype(f32)
 
 
 def conv_commit(conv_state, window, slots, n_accepted):

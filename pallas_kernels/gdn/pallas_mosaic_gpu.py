@@ -134,9 +134,9 @@ _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
 # 205.9 vs 199.2, batch 1 / 8 / 32 5.9 / 12.3 / 34.2 vs 4.6 / 10.2 / 32.7), and the whole
 # Qwen3.5-9B step at batch 256 took 15.22 ms with it against 14.70 with Triton (ninth).
 AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
-# Below this batch "auto" keeps the Triton standard kernel (thirteenth session, batch 1: its
-# 16-wide value tiles 2.9 us against this kernel's 3.8).
-AUTO_MIN_BATCH = {"standard_decode": 2}
+# Below this batch "auto" keeps the Triton standard kernel (thirteenth session: 2.9 / 4.1 / 5.8 /
+# 10.7 us at 1 / 2 / 4 / 8 rows against this kernel's 3.8 / 4.6 / 6.9 / 11.3; at 256, 272 vs 284).
+AUTO_MIN_BATCH = {"standard_decode": 9}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 

@@ -133,11 +133,12 @@ REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4, grid_order=
 # verify batch 256 sweep: T = 2 2.19x the baseline at block_k 32 vs 1.72x at 16; T = 4 2.01x at
 # 16 vs 1.90x; T = 8 1.65x vs 1.38x. Both verify kernels launch row-slowest (eighth session,
 # batch 256, T = 4): this one 572 -> 548 us, the baseline 789 -> 767.
-# Batch 1 (thirteenth session, `gpu_session.sh b1-tune`, Qwen3-Next shapes): one row launches
-# Hv * V / block_v programs, 32 for the standard kernel at block_v 128 on 132 SMs. 16-wide value
-# tiles (256 programs) took the standard 5.0 -> 2.9 us (faster than the Mosaic kernel's 3.8, so
-# "auto" keeps Triton there: `pallas_mosaic_gpu.AUTO_MIN_BATCH`), 32-wide the replay 4.6 -> 4.0.
-SMALL_BATCH_ROWS = 1
+# Small batches (thirteenth session, `gpu_session.sh b1-tune` and `small-batch`, Qwen3-Next
+# shapes): one row launches Hv * V / block_v programs, 32 for the standard kernel at block_v 128
+# on 132 SMs. 16-wide value tiles took the standard 5.0 -> 2.9 us at 1 row, 5.3 -> 4.1 at 2,
+# 7.0 -> 5.8 at 4 (10.7 -> 10.4 at 8); 32-wide the replay 4.6 -> 4.0, 5.2 -> 4.8, 6.8 -> 6.3
+# (at 8 rows 64 wins: 10.1 vs 10.9).
+SMALL_BATCH_ROWS = 4
 SMALL_BATCH_TILINGS = {
     STANDARD_TILING: dataclasses.replace(STANDARD_TILING, block_v=16),
     REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_v=32),
