@@ -14,8 +14,13 @@ module. The HLO text of those modules carries each instruction's `op_name` (with
   * else the instruction: a dot or a GEMM custom call -> gemm;
   * else the stack again: pallas_kernels/, Mamba2Mixer / GatedDeltaNet methods -> ssm;
   * else other.
-A kernel whose module the trace lacks is classed by the op_name GPU events carry (scopes), else
-by its name. On a CPU-only machine the "device" events are the host's XLA thunks (same stats,
+A GPU event's instruction is looked up in its module by program id, else in the modules of its
+name (a program compiled at two shapes has two ids: the one holding the instruction); a CUDA
+graph's kernels, which name no instruction, by the kernel name XLA gives one (fusion.12 ->
+fusion_12). A kernel matched to no instruction (a Pallas or cuBLAS kernel's) is classed by the
+op_name GPU events carry (scopes), else by its name. Each kernel also gets its source: the
+innermost frame in this checkout of its instruction's stack (`module_sources`).
+On a CPU-only machine the "device" events are the host's XLA thunks (same stats,
 same HLO). The GPU event stats used here (hlo_module, hlo_op, program_id, name) were read from an
 H200 trace with jax 0.11.2.
 """
