@@ -3,6 +3,7 @@ test_verify.py)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -63,18 +64,22 @@ def test_masked_p_tile_is_the_bound_up_to_p(P, block_p, tile):
     assert masked_block("block_p", "head_dim P", P, block_p, 4) == tile
 
 
-@pytest.mark.parametrize("default,P,want", [
-    (mamba2.STANDARD_TILING, 80, dict(block_p=32, num_warps=8)),
-    (mamba2.REPLAY_TILING, 80, dict(block_p=128, num_warps=4)),
-    (mamba2.STANDARD_TILING, 64, dict(block_p=32, num_warps=8)),
-    (mamba2.REPLAY_TILING, 64, dict(block_p=64, num_warps=2)),
+@pytest.mark.parametrize("default,P,rows,want", [
+    (mamba2.STANDARD_TILING, 80, 8, dict(block_p=32, num_warps=8)),
+    (mamba2.REPLAY_TILING, 80, 8, dict(block_p=128, num_warps=4)),
+    (mamba2.STANDARD_TILING, 64, 8, dict(block_p=32, num_warps=8)),
+    (mamba2.REPLAY_TILING, 64, 8, dict(block_p=64, num_warps=2)),
+    (mamba2.REPLAY_TILING, 64, 1, dict(block_p=32, num_warps=4)),    # one row: small tiles
+    (mamba2.REPLAY_TILING, 80, 1, dict(block_p=32, num_warps=4)),    # masked: 32 + 32 + 16
+    (mamba2.STANDARD_TILING, 64, 1, dict(block_p=32, num_warps=8)),
 ])
-def test_default_tiles_mask_p_only_where_block_p_does_not_divide_it(default, P, want):
+def test_default_tiles_mask_p_only_where_block_p_does_not_divide_it(default, P, rows, want):
     """P = 80 (Nemotron-Nano-9B-v2) takes the measured masked tiles (the last one's rows past
     P masked: block_p 32 / 128, where whole tiles would be five of 16); P = 64 keeps the
-    default's whole tiles."""
+    default's whole tiles; one row a step takes the replay's small tiles (masked at P = 80)."""
     window = 16 if default is mamba2.REPLAY_TILING else None
-    tiles = pallas_triton._tiles(None, default, P, 128, window)
+    x = jax.ShapeDtypeStruct((rows, 4, P), jnp.bfloat16)
+    tiles = pallas_triton._tiles(None, default, x, 128, window)
     assert {k: tiles[k] for k in want} == want
 
 
