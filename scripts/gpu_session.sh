@@ -204,8 +204,8 @@ case $stage in
       --json "$out/kernels_gdn_b1_tune.json" 2>>"$out/kernels.log" | grep "^|" ;;
   small-batch)
     # where the batch-1 tiles (`SMALL_BATCH_TILINGS`, b1-tune's winners) stop winning: the
-    # defaults ({}: the small tiles at one row, the batch-256 ones from two) against both tile
-    # sets at 1 / 2 / 4 / 8 rows, and GDN's Mosaic standard kernel beside its Triton one;
+    # defaults ({}: the small tiles up to SMALL_BATCH_ROWS, the batch-256 ones above) against both
+    # tile sets at 1 / 2 / 4 / 8 rows, and GDN's Mosaic standard kernel beside its Triton one;
     # first the decode kernels at one row with their default tiles, compiled
     REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider \
       -W ignore tests/pallas_kernels/test_decode.py -k "window_one and pallas" 2>&1 | tail -2
