@@ -66,6 +66,7 @@ from replayjax.bench.roofline import (
 )
 from replayjax.bench.synthetic import add_model_source
 from replayjax.bench.timing import add_peak_argument
+from replayjax.bench.trace import PRIORITY, fresh_metadata, kernel_table
 
 PROG = "replayjax bench prefill"
 MODES = ("standard", "replay")
@@ -193,7 +194,6 @@ def kernel_profile(trace_dir: str, tp: int) -> dict:
     """The kernels of the trace in `trace_dir` (one prefill call): device ms per class (all
     `tp` devices' kernels / tp) with each class's share and launches, and the TOP[1] longest
     kernels (name, class, launches, total ms per device)."""
-    from replayjax.bench.trace import PRIORITY, kernel_table
     kernels = [dict(name=k["name"], cls=k["cls"], count=k["count"],
                     total_ms=k["total_ns"] * 1e-6 / tp) for k in kernel_table(trace_dir)]
     total = sum(k["total_ms"] for k in kernels)
@@ -324,8 +324,8 @@ def _main(args):
     args.profile_dir = tempfile.mkdtemp(prefix="replayjax-prefill-trace-") if args.profile \
         else None
     try:
-        with cli.Progress(2 + (2 + args.profile) * len(args.ssm_mode),
-                          cli.interactive(args)) as progress:
+        with fresh_metadata(), cli.Progress(2 + (2 + args.profile) * len(args.ssm_mode),
+                                            cli.interactive(args)) as progress:
             r = bench(args, progress)
     except BaseException:
         if args.profile_dir:        # a failed run leaves no trace directory behind

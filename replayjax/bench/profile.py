@@ -33,7 +33,7 @@ from replayjax.bench.roofline import (
 )
 from replayjax.bench.synthetic import add_model_source, build
 from replayjax.bench.timing import add_peak_argument, copy_bandwidth, peak_flops
-from replayjax.bench.trace import kernel_table
+from replayjax.bench.trace import fresh_metadata, kernel_table
 
 PROG = "replayjax profile"
 
@@ -215,7 +215,7 @@ def _main(args):
     created = args.trace_dir is None or not os.path.exists(args.trace_dir)
     args.trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="replayjax-trace-")
     try:
-        with cli.Progress(6, cli.interactive(args)) as progress:
+        with fresh_metadata(), cli.Progress(6, cli.interactive(args)) as progress:
             r = profile(args, progress)
     except BaseException:
         if created:         # a failed run leaves no trace directory behind

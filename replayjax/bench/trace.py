@@ -28,6 +28,7 @@ H200 trace with jax 0.11.2.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import os
@@ -36,6 +37,21 @@ import warnings
 
 from replayjax.bench.roofline import CLASSES
 from replayjax.commandline import UserError
+
+
+@contextlib.contextmanager
+def fresh_metadata():
+    """Within it, programs key the persistent compilation cache by their metadata too: a program
+    loaded from the cache otherwise keeps the source files and lines of whichever checkout (or
+    earlier version of a file) compiled it first, and a profile would name those."""
+    import jax
+    keyed = jax.config.jax_compilation_cache_include_metadata_in_key
+    jax.config.update("jax_compilation_cache_include_metadata_in_key", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_include_metadata_in_key", keyed)
+
 
 PRIORITY = ("collective", "attention", "moe", "sampling", "gemm", "conv", "ssm", "other")
 # named scopes that class an instruction: the roofline's classes, and the prompt's causal conv

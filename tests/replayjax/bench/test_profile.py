@@ -159,6 +159,33 @@ def test_sources_name_our_innermost_frame_and_the_op():
         trace.module_sources(text).values()
 
 
+def test_profiled_programs_name_their_own_checkout_not_the_cached_one(tmp_path):
+    """The persistent compilation cache ignores metadata: the same program from a second checkout
+    is loaded with the first one's file names, except under `fresh_metadata` (which profiling
+    uses). The flag is restored on leaving it."""
+    def compiled(path):
+        ns = {"jnp": jnp}
+        exec(compile("def f(x):\n    return jnp.sin(x) * 3\n", path, "exec"), ns)
+        return jax.jit(ns["f"]).lower(jnp.ones((4,))).compile().as_text()
+
+    flags = dict(jax_compilation_cache_dir=str(tmp_path),
+                 jax_persistent_cache_min_compile_time_secs=0,
+                 jax_persistent_cache_min_entry_size_bytes=0)
+    before = {k: getattr(jax.config, k) for k in flags}
+    try:
+        for k, v in flags.items():
+            jax.config.update(k, v)
+        compiled("/first/checkout/m.py")
+        assert "/first/" in compiled("/second/checkout/m.py")       # stale: what it guards
+        with trace.fresh_metadata():
+            text = compiled("/third/checkout/m.py")
+        assert "/third/" in text and "/first/" not in text
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+    assert not jax.config.jax_compilation_cache_include_metadata_in_key
+
+
 def test_kernels_of_a_cuda_graph_are_found_by_their_kernel_name(monkeypatch):
     """A kernel launched in a CUDA graph carries no instruction: it is matched by the kernel
     name XLA gives its instruction (fusion.12 -> fusion_12), in its module or the largest; a
