@@ -186,11 +186,12 @@ def measured_tiling(defaults, op, T=1):
     return for_window(tiling, T) if isinstance(tiling, tuple) else tiling
 
 
-def auto_takes(op, auto_ops, resolve) -> bool:
+def auto_takes(op, auto_ops, rows, resolve) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 (a family's `takes`): op is one of
-    `auto_ops` (the measured winners) and resolve() (its default tiling for the call's shapes)
-    raises no ValueError."""
-    if op not in auto_ops:
+    `auto_ops` (the measured winners), its state dim of `rows` splits into whole 64-row tiles
+    (ragged tiles, `tile_rows_of`, are not yet measured against the Triton kernels) and
+    resolve() (its default tiling for the call's shapes) raises no ValueError."""
+    if op not in auto_ops or rows % TILE_ROWS:
         return False
     try:
         resolve()
@@ -199,22 +200,28 @@ def auto_takes(op, auto_ops, resolve) -> bool:
     return True
 
 
-def resolve_tiles(tiling, default, *, field, rows, chunk, max_chunk, state_dtype):
+def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
-    "prologue": one of PROLOGUES} for `tiling` (None: `default`): rows = (name, size) of the
-    state dim the CTAs split into one warpgroup's 64-row tiles; chunk = (name, size) of the dim
-    streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box each). Names
-    end in the dim's letter ("d_state N")."""
+    "prologue": one of PROLOGUES} for `tiling` (None: `default`): chunk = (name, size) of the
+    dim streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box each;
+    the name ends in the dim's letter, "d_state N"). The other state dim, split into one
+    warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
     t = resolve_tiling(tiling, default)
-    (rows_name, R), (chunk_name, C) = rows, chunk
-    check(R % TILE_ROWS == 0, f"pallas_mosaic_gpu needs {rows_name} a multiple of {TILE_ROWS}, "
-          f"got {rows_name.split()[-1]} = {R}")
+    chunk_name, C = chunk
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
     check_choice("prologue", t.prologue, PROLOGUES)
     return {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
             "num_stages": t.num_stages, "prologue": t.prologue}
+
+
+def tile_rows_of(R: int) -> int:
+    """The CTAs along a state dim of R rows: one per 64-row tile, the last one ragged when 64
+    does not divide R. A ragged tile needs no masks: every copy of it is a TMA box, which reads
+    rows past the array's end as zeros and never writes them (the interpreter models both), so
+    its CTA computes on zeros there and its results for them are dropped."""
+    return pl.cdiv(R, TILE_ROWS)
 
 
 def state_layout(block, dtype):

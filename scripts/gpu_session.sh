@@ -59,7 +59,8 @@
 #              amortised, staggered within 5%, standard <= 530 us; GDN replay <= 145 us), the
 #              replay's prologue="serial" first;  mosaic-verify - verify T = 4 at batch 256 of
 #              both families beside the Triton verify, a Mamba-2 tiling sweep, and each with
-#              prologue="overlap"
+#              prologue="overlap";  mosaic-p80 - the Mosaic Mamba-2 kernels at P = 80 (a ragged
+#              last tile): compiled tests, decode beside Triton at 1 / 32 / 256, a sweep, verify
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
 #              with a fold, verify) x shape x tiling in its own process against XLA, one row
 #              per case (OK + relative error, or the error's last line): the real shapes at
@@ -131,6 +132,26 @@ limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $
 e2e() {   # e2e SECONDS ARGS...: one JSON object per run appended to OUT/e2e.jsonl
   limit "$1" python3 -m replayjax.bench.e2e "${@:2}" --new-tokens 64 --json \
     2>>"$out/e2e.log" | tee -a "$out/e2e.jsonl" | tail -c 1500
+}
+each_test() {  # each_test SECONDS PYTEST_ARGS...: the compiled kernel tests of test_decode.py
+  # and test_verify.py that PYTEST_ARGS select, one process each (a CUDA error is sticky for its
+  # process), for at most SECONDS in all: a PASS / FAIL line per test with its first error line,
+  # full logs to OUT/mosaic_tests.log; rc 124 is a timeout, 139 a segfault
+  local end=$(( $(date +%s) + $1 )) ids id log rc first
+  ids=$(REPLAYJAX_TEST_BACKEND=gpu limit 60 python3 -m pytest --collect-only -q \
+    -p no:cacheprovider tests/pallas_kernels/test_decode.py \
+    tests/pallas_kernels/test_verify.py "${@:2}" 2>/dev/null | grep "::" || true)
+  while IFS= read -r id; do
+    [ -n "$id" ] || continue
+    if (( $(date +%s) > end )); then echo "SKIPPED ($1 s of tests spent) $id"; continue; fi
+    log=$(REPLAYJAX_TEST_BACKEND=gpu limit 90 python3 -m pytest -q -p no:cacheprovider \
+      -W ignore "$id" 2>&1 </dev/null) && rc=0 || rc=$?
+    printf '%s\n' "== $id (rc $rc)" "$log" >> "$out/mosaic_tests.log"
+    if (( rc == 0 )); then echo "PASS $id"; else
+      first=$(grep -m1 -E "^E |Fatal Python error" <<<"$log" || tail -n1 <<<"$log")
+      echo "FAIL (rc $rc) $id: $first"
+    fi
+  done <<<"$ids"
 }
 case $stage in
   tests)
@@ -423,23 +444,8 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
     limit 60 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_mosaic_lowering.py 2>&1 | tee "$out/mosaic_tests.log" | tail -3 \
       || true
-    # one process per test (at most 420 s in all: 22 tests with the prologue="overlap" ones):
-    # full logs to mosaic_tests.log; rc 124 is a timeout, 139 a segfault
-    tests_end=$(( $(date +%s) + 420 ))
-    ids=$(REPLAYJAX_TEST_BACKEND=gpu limit 60 python3 -m pytest --collect-only -q \
-      -p no:cacheprovider tests/pallas_kernels/test_decode.py \
-      tests/pallas_kernels/test_verify.py -k mosaic 2>/dev/null | grep "::" || true)
-    while IFS= read -r id; do
-      [ -n "$id" ] || continue
-      if (( $(date +%s) > tests_end )); then echo "SKIPPED (420 s of tests spent) $id"; continue; fi
-      log=$(REPLAYJAX_TEST_BACKEND=gpu limit 90 python3 -m pytest -q -p no:cacheprovider \
-        -W ignore "$id" 2>&1 </dev/null) && rc=0 || rc=$?
-      printf '%s\n' "== $id (rc $rc)" "$log" >> "$out/mosaic_tests.log"
-      if (( rc == 0 )); then echo "PASS $id"; else
-        first=$(grep -m1 -E "^E |Fatal Python error" <<<"$log" || tail -n1 <<<"$log")
-        echo "FAIL (rc $rc) $id: $first"
-      fi
-    done <<<"$ids"
+    # at most 420 s of tests: 22 with the prologue="overlap" ones
+    each_test 420 -k mosaic
     limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 1 32 256 --impls pallas pallas_mosaic_gpu --json "$out/kernels_mosaic.json" \
       2>>"$out/mosaic.log" | grep "^|"
@@ -456,6 +462,27 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
+  mosaic-p80)
+    # The Mosaic kernels at ragged tiles: Nemotron-Nano-9B-v2's P = 80 as one 64-row tile and
+    # one of 16 (TMA reads rows past P as zeros and drops their writes). First Mamba-2's compiled
+    # Mosaic tests (their unit shapes have P = 80 too) and the real P = 80 shape; then its
+    # decode, Triton beside Mosaic, at batch 1 / 32 / 256, Mosaic's chunk widths and prologue at
+    # 256, and verify T = 4 at 256 (issue 16: P = 80 replay >= 1.6x its standard; `auto` keeps
+    # Triton at P = 80 until this says otherwise)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    each_test 200 -k "mosaic and mamba2 and not overlap"
+    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py -k "real_shapes and nano and mosaic" 2>&1 | tail -2
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 1 32 256 --impls pallas pallas_mosaic_gpu --json "$out/kernels_mosaic_p80.json" \
+      2>>"$out/mosaic.log" | grep "^|"
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_p80_tune.json" \
+      --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"prologue": "serial"}]' \
+      2>>"$out/mosaic.log" | grep "^|"
+    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_mosaic_p80.json" 2>>"$out/mosaic.log" | grep "^|" ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \

@@ -2,13 +2,14 @@
 ReplaySSM step with its fold and ReplaySSM verify (math: `pallas_kernels.gdn.reference`). The
 state-per-draft baseline verify runs on the other backends.
 
-Grid (batch, Hv, V // 64): one CTA (one warpgroup) per (row, value head, 64-row V tile). The
-slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state
-tile [64, K] is copied into shared memory in key chunks of block_k (tiled and swizzled) and
-computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the ring's
-keys in a fold) are copied whole (`state_spec` says why); the token's vectors share one SMEM
-buffer per dtype with the other small ones (`VectorPack`). Updated chunks go back by TMA, for
-live rows only (the null slot is never written).
+Grid (batch, Hv, ceil(V / 64)): one CTA (one warpgroup) per (row, value head, 64-row V tile;
+the last one ragged where 64 does not divide V, `tile_rows_of`). The slot read from `slots`
+picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state tile [64, K] is copied
+into shared memory in key chunks of block_k (tiled and swizzled) and computed on in registers
+(WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the ring's keys in a fold) are copied
+whole (`state_spec` says why); the token's vectors share one SMEM buffer per dtype with the
+other small ones (`VectorPack`). Updated chunks go back by TMA, for live rows only (the null
+slot is never written).
 
 Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once
 (64 x K state elements of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
@@ -46,7 +47,7 @@ window's d come by forward substitution over the precomputed window products k_r
 k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The kernel returns
 the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does.
 
-Requires V % 64 == 0 (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
+Takes any V (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
 K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
 entries take validated arguments (see `pallas_kernels.gdn.api`).
 """
@@ -85,6 +86,7 @@ from pallas_kernels._mosaic_utils import (
     state_layout,
     state_spec,
     store_async,
+    tile_rows_of,
     wait_all,
     wait_on_first_step,
     write_chunk,
@@ -140,40 +142,40 @@ AUTO_MIN_BATCH = {"standard_decode": 9}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, V, K, state_dtype):
-    return resolve_tiles(tiling, default, field="block_k", rows=("value dim V", V),
-                         chunk=("key dim K", K), max_chunk=_MAX_K, state_dtype=state_dtype)
+def _tiles(tiling, default, K, state_dtype):
+    return resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
+                         max_chunk=_MAX_K, state_dtype=state_dtype)
 
 
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch it won (`AUTO_MIN_BATCH`) whose default tiling
-    takes their shapes (V a multiple of 64, K <= 256)."""
+    takes their shapes (K <= 256), at whole V tiles (V a multiple of 64)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     k, v = args[2:4] if op == "standard_decode" else args[3:5]
     if v.shape[0] < AUTO_MIN_BATCH.get(op, 1):
         return False
     T = v.shape[1] if op == "replay_verify" else 1
-    return auto_takes(op, AUTO_OPS, lambda: _tiles(
-        None, measured_tiling(_DEFAULT_TILING, op, T), v.shape[-1], k.shape[-1], state.dtype))
+    return auto_takes(op, AUTO_OPS, v.shape[-1], lambda: _tiles(
+        None, measured_tiling(_DEFAULT_TILING, op, T), k.shape[-1], state.dtype))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, v.shape[2], k.shape[2], state.dtype)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"])
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, v.shape[2], k.shape[2],
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2],
                                  buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
     o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, default, v.shape[3], k.shape[3],
+                              **_tiles(tiling, default, k.shape[3],
                                        buffers.checkpoint.dtype))
     return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
 
@@ -271,7 +273,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
     n_chunks = K // block_k
     kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k)
     (o,), (state,) = mosaic_call(
-        kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g, beta_ref=beta,
                     state_ref=state),
@@ -401,7 +403,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o,), new = mosaic_call(
-        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, s_ref=buffers.checkpoint,
@@ -535,7 +537,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue)
     (o, d), (ck,) = mosaic_call(
-        kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, V // TILE_ROWS),
+        kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,

@@ -13,7 +13,7 @@ Rows must name distinct slots (two rows on one slot would race). The ring contra
 counts, folds, commit and rollback) is `pallas_kernels.ring`.
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp),
-"pallas_mosaic_gpu" (Hopper; decode and replay verify, P a multiple of 64), "auto"
+"pallas_mosaic_gpu" (Hopper; decode and replay verify, N <= 256), "auto"
 (XLA off the GPU; the Mosaic GPU kernels on sm90 where they take the shapes, see
 `pallas_mosaic_gpu.takes`; Pallas Triton on other GPUs and for the rest). tiling: the Pallas
 launch configuration (`Mamba2Tiling` / `Mamba2ReplayTiling`; `Mamba2MosaicTiling` for Mosaic

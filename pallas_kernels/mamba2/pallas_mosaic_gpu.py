@@ -2,7 +2,8 @@
 step with its fold, and ReplaySSM verify (T window tokens). The state-per-draft baseline verify
 runs on the other backends.
 
-Grid (batch, H, P // 64): one CTA (one warpgroup) per (row, head, 64-row P tile). The slot read
+Grid (batch, H, ceil(P / 64)): one CTA (one warpgroup) per (row, head, 64-row P tile; the last
+one ragged where 64 does not divide P, `tile_rows_of`). The slot read
 from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N]
 streams through shared memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages
 copies in flight; chunks tiled and swizzled in SMEM) and is computed on in registers (WGMMA
@@ -43,7 +44,8 @@ token's history term; the within-window terms use the precomputed window B_r . C
 c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after the kernel by
 XLA (`write_window`), as the Triton verify does.
 
-Requires P % 64 == 0 (Nemotron-H: P = 64), N <= 256 (B and C are one TMA box each) and
+Takes any P (Nemotron-H: P = 64; Nemotron-Nano-9B-v2: P = 80, a tile of 64 and a ragged one of
+16), N <= 256 (B and C are one TMA box each) and
 N % block_n == 0 with block_n >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
 entries take validated arguments (see `pallas_kernels.mamba2.api`).
 """
@@ -80,6 +82,7 @@ from pallas_kernels._mosaic_utils import (
     staging_smem,
     state_spec,
     store_async,
+    tile_rows_of,
     wait_all,
     wait_on_first_step,
     write_chunk,
@@ -130,16 +133,16 @@ AUTO_MAX_WINDOW = {"replay_verify": 4}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, P, N, state_dtype):
-    return resolve_tiles(tiling, default, field="block_n", rows=("head_dim P", P),
-                         chunk=("d_state N", N), max_chunk=_MAX_N, state_dtype=state_dtype)
+def _tiles(tiling, default, N, state_dtype):
+    return resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
+                         max_chunk=_MAX_N, state_dtype=state_dtype)
 
 
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch and window it won (`AUTO_MIN_BATCH`,
-    `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (P a multiple of 64, N <= 256;
-    Nemotron-Nano-9B-v2's P = 80 stays on Triton)."""
+    `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (N <= 256), at whole P tiles
+    (P a multiple of 64: Nemotron-Nano-9B-v2's P = 80 stays on Triton until measured)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
@@ -147,26 +150,26 @@ def takes(op, args) -> bool:
     T = x.shape[1] if op == "replay_verify" else 1
     if T > AUTO_MAX_WINDOW.get(op, T):
         return False
-    return auto_takes(op, AUTO_OPS, lambda: _tiles(
-        None, measured_tiling(_DEFAULT_TILING, op, T), x.shape[-1], B.shape[-1], state.dtype))
+    return auto_takes(op, AUTO_OPS, x.shape[-1], lambda: _tiles(
+        None, measured_tiling(_DEFAULT_TILING, op, T), B.shape[-1], state.dtype))
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, x.shape[2], B.shape[2], state.dtype)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, B.shape[2], state.dtype)
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
                             block_n=tiles["block_n"], num_stages=tiles["num_stages"])
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, x.shape[2], B.shape[2],
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
                                  buffers.checkpoint.dtype))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", x.shape[1])
     y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, default, x.shape[3], B.shape[3],
+                           **_tiles(tiling, default, B.shape[3],
                                     buffers.checkpoint.dtype))
     return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
 
@@ -253,7 +256,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
     kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_n=block_n,
                                num_stages=num_stages)
     (y,), (state,) = mosaic_call(
-        kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H, P // TILE_ROWS),
+        kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt, a_ref=A, d_ref=D,
                     state_ref=state),
@@ -373,7 +376,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
                                block_n=block_n, num_stages=num_stages, prologue=prologue)
     (y,), new = mosaic_call(
-        kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, P // TILE_ROWS),
+        kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcc_ref=bc_cur,
@@ -494,7 +497,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
                                block_n=block_n, num_stages=num_stages, prologue=prologue)
     (y,), (ck,) = mosaic_call(
-        kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, P // TILE_ROWS),
+        kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win,

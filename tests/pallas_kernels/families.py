@@ -127,11 +127,12 @@ class Mamba2(Problem):
     LONG_STEPS = 2048
     REAL_CASES = [("nemotron-h-8b", dict(H=128, P=64, N=128, G=8)),
                   ("nemotron-nano-9b-v2", dict(H=128, P=80, N=128, G=8))]
-    # One warpgroup tile of P, few CTAs (the interpreter is slow), and N in four chunks of
-    # MOSAIC_CHUNK: the double-buffered write-back reuses its buffers (race detection sees it).
-    MOSAIC_DIMS = dict(H=2, G=1, P=64, N=64)
+    # Two P tiles (P = 80: a warpgroup's 64 rows and a ragged one of 16, as Nemotron-Nano-9B-v2
+    # runs), few CTAs (the interpreter is slow), and N in four chunks of MOSAIC_CHUNK: the
+    # double-buffered write-back reuses its buffers (race detection sees it).
+    MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
-    MOSAIC_REAL_CASES = REAL_CASES[:1]       # P = 80 is no multiple of 64
+    MOSAIC_REAL_CASES = REAL_CASES
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -200,10 +201,11 @@ class GDN(Problem):
     SMALL_DIMS = LONG_DIMS = dict(Hk=1, Hv=2, K=16, V=16)
     LONG_STEPS = 4096
     REAL_CASES = [("qwen3-next", dict(Hk=16, Hv=32, K=128, V=128))]
-    # One warpgroup tile of V, few CTAs (the interpreter is slow), two value heads on one key
-    # head (the key append is the group's), and K in four chunks of MOSAIC_CHUNK: the replay
-    # fold's double-buffered write-back reuses its buffers (race detection sees it).
-    MOSAIC_DIMS = dict(Hk=1, Hv=2, K=64, V=64)
+    # Two V tiles (a warpgroup's 64 rows and a ragged one of 16), few CTAs (the interpreter is
+    # slow), two value heads on one key head (the key append is the group's), and K in four
+    # chunks of MOSAIC_CHUNK: the replay fold's double-buffered write-back reuses its buffers
+    # (race detection sees it).
+    MOSAIC_DIMS = dict(Hk=1, Hv=2, K=64, V=80)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
 

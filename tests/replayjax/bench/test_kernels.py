@@ -267,15 +267,15 @@ def test_without_a_gpu_the_kernel_benches_say_so_in_one_line(module, capsys):
 
 def test_a_shape_an_impl_does_not_take_is_a_row_and_the_rest_still_runs(monkeypatch, capsys,
                                                                           tmp_path):
-    """Mosaic GPU refuses P = 80 (Nemotron-Nano-9B-v2): that impl's row says why, every other
-    (impl, shape) is timed, and --json keeps both."""
+    """An impl that refuses a shape (here Mosaic GPU, made to refuse Nemotron-Nano-9B-v2's): that
+    impl's row says why, every other (impl, shape) is timed, and --json keeps both."""
     monkeypatch.setattr(kernels.cli, "require_gpu", lambda: None)
     monkeypatch.setattr(kernels, "copy_bandwidth", lambda: 4e12)
     timed = []
 
     def fake_bench(fam, shape, batch, *, impl, **kw):
         if impl == "pallas_mosaic_gpu" and shape == "nemotron-nano-9b-v2":
-            raise ValueError("pallas_mosaic_gpu needs head_dim P a multiple of 64, got P = 80")
+            raise ValueError("pallas_mosaic_gpu needs d_state N <= 256, got N = 512")
         timed.append((impl, shape))
         return dict(standard_us=2.0, staggered_us=1.0, amortised_us=1.0, nonfold_us=1.0,
                     fold_us=1.0, std_bytes=1e6, rep_bytes=5e5)
@@ -289,7 +289,7 @@ def test_a_shape_an_impl_does_not_take_is_a_row_and_the_rest_still_runs(monkeypa
                      ("pallas_mosaic_gpu", "nemotron-h-8b")]
     lines = capsys.readouterr().out.splitlines()
     assert any("| pallas_mosaic_gpu | nemotron-nano-9b-v2 | 1 | not taken: pallas_mosaic_gpu "
-               "needs head_dim P a multiple of 64" in line for line in lines)
+               "needs d_state N <= 256" in line for line in lines)
     rows = json.loads(out.read_text())
     assert len(rows) == 4 and sum("error" in r for r in rows) == 1
 
