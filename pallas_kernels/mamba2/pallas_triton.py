@@ -109,7 +109,8 @@ STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8, grid_order="
 REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_order="row_slowest")
 # P not a multiple of those block_p (Nemotron-Nano-9B-v2's P = 80, eighth session, batch 256):
 # masked P tiles, standard 711 -> 682 us (32 + 32 + 16 live rows); replay one 128-row tile of 80
-# live rows on 4 warps, 649 -> 569 (2 warps 699, block_p 32 742).
+# live rows on 4 warps, 649 -> 569 (2 warps 699, block_p 32 742); in 32-wide d_state chunks,
+# which spill less (thirteenth session, `mamba2-spills`), 567.3 -> 543.7.
 # Batch 1 (thirteenth session, `gpu_session.sh b1-tune`): one row launches H * P / block_p
 # programs, 128 at the 8B's shapes on 132 SMs; 32-row tiles on 4 warps spread it over twice as
 # many: replay 5.0 -> 4.5 us (8B), 5.3 -> 5.1 (P = 80, masked 32-row tiles), against the
@@ -121,7 +122,8 @@ SMALL_BATCH_TILINGS = {
 }
 RAGGED_P_TILINGS = {
     STANDARD_TILING: dataclasses.replace(STANDARD_TILING, p_tiles="masked"),
-    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=128, num_warps=4, p_tiles="masked"),
+    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=128, block_n=32, num_warps=4,
+                                       p_tiles="masked"),
     SMALL_BATCH_TILINGS[REPLAY_TILING]: dataclasses.replace(SMALL_BATCH_TILINGS[REPLAY_TILING],
                                                             p_tiles="masked"),
 }
