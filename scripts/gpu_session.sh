@@ -484,9 +484,11 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_mosaic_p80.json" 2>>"$out/mosaic.log" | grep "^|"
     # the Triton replay's P = 80 tiling took 32-wide chunks on the batch-256 sweep: at 2 / 8 rows
-    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
-      --batches 2 8 --impls pallas --tune '[{}, {"block_n": 64}]' \
-      --json "$out/kernels_p80_small.json" 2>>"$out/kernels.log" | grep "^|" ;;
+    for b in 2 8; do
+      limit 60 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+        --batches $b --impls pallas --tune '[{}, {"block_n": 64}]' \
+        --json "$out/kernels_p80_b$b.json" 2>>"$out/kernels.log" | grep "^|"
+    done ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
