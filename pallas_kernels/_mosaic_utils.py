@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.validation import (
+    RING_WRITES,
     bounded_block,
     check,
     check_choice,
@@ -200,20 +201,25 @@ def auto_takes(op, auto_ops, rows, resolve) -> bool:
     return True
 
 
-def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype):
+def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
-    "prologue": one of PROLOGUES} for `tiling` (None: `default`): chunk = (name, size) of the
-    dim streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box each;
-    the name ends in the dim's letter, "d_state N"). The other state dim, split into one
-    warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
+    "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
+    "ring_write" (one of `validation.RING_WRITES`): chunk = (name, size) of the dim streamed in
+    chunks of `field` (at most `max_chunk`: its vectors are one TMA box each; the name ends in
+    the dim's letter, "d_state N"). The other state dim, split into one warpgroup's 64-row
+    tiles, may have any size (`tile_rows_of`)."""
     t = resolve_tiling(tiling, default)
     chunk_name, C = chunk
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
     check_choice("prologue", t.prologue, PROLOGUES)
-    return {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
-            "num_stages": t.num_stages, "prologue": t.prologue}
+    tiles = {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
+             "num_stages": t.num_stages, "prologue": t.prologue}
+    if verify:
+        check_choice("ring_write", t.ring_write, RING_WRITES)
+        tiles["ring_write"] = t.ring_write
+    return tiles
 
 
 def tile_rows_of(R: int) -> int:

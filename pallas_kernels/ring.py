@@ -99,15 +99,20 @@ def verify_folds(count, window_len: int, window: int):
     return count + window_len >= window
 
 
+def window_positions(count, window_len: int, window: int):
+    """The ring positions of a verify window's tokens t = 0..T-1: count + t, or t - 1 for a row
+    that folds (window[0] went into the checkpoint: -1, not written). count: an int32 array of
+    any shape (a row's count, or [b]); returns T arrays of its shape."""
+    folds = verify_folds(count, window_len, window)
+    return [jnp.where(folds, t - 1, count + t) for t in range(window_len)]
+
+
 def write_window_rings(rings, values, counts, slots, window: int):
-    """Writes a verify window into ring tensors (uncommitted): at count..count+T-1, or window[1:]
-    at 0..T-2 for rows that fold (window[0] went into the checkpoint). rings: arrays
-    [S, heads, L, ...]; values: matching [b, T, heads, ...]. Returns the new rings."""
+    """Writes a verify window into ring tensors (uncommitted), at `window_positions`. rings:
+    arrays [S, heads, L, ...]; values: matching [b, T, heads, ...]. Returns the new rings."""
     S, (b, T) = rings[0].shape[0], values[0].shape[:2]
-    count = counts[slots]
-    s = jnp.arange(T)
-    pos = jnp.where(verify_folds(count, T, window)[:, None], s - 1, count[:, None] + s)  # [b, T]
-    keep = (slots != NULL_SLOT)[:, None] & (pos >= 0) & (pos < window)
+    pos = jnp.stack(window_positions(counts[slots], T, window), axis=1)              # [b, T]
+    keep = (slots != NULL_SLOT)[:, None] & (pos >= 0)
     # the rest out of the pool (dropped), each at its own row: (i, p) pairs are unique
     i = jnp.where(keep, slots[:, None], S + jnp.arange(b * T, dtype=slots.dtype).reshape(b, T))
     p = jnp.clip(pos, 0, window - 1)

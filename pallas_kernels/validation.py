@@ -24,6 +24,11 @@ GRID_ORDERS = ("row_fastest", "row_slowest", "head_slowest")
 # Where a Triton replay decode kernel gets its ring dot products (a tiling's `ring_scalars`):
 # each program from the ring rows, or one XLA product per step before the launch.
 RING_SCALARS = ("kernel", "xla")
+# Who writes a verify window's per-row ring entries (Mamba-2's x, GDN's d; a verify tiling's
+# `ring_write`): XLA after the kernel (`write_window`), or the kernel, whose programs own those
+# rows. The group-shared entries (B, k) and the per-head scalars are XLA's either way: a fold
+# reads them in other programs, which the window's rows would overwrite.
+RING_WRITES = ("xla", "kernel")
 # How a tile bound covers its axis (a tiling's `p_tiles`): "divide", the largest power of two
 # dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
 # (`masked_block`).

@@ -56,10 +56,13 @@ def init_replay_buffers(num_slots: int, num_heads: int, head_dim: int, d_state: 
 
 def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffers:
     """Writes a verify window (x [b, T, H, P], B [b, T, G, N], dt [b, T, H]) into the rings,
-    uncommitted (see `pallas_kernels.ring.write_window_rings`)."""
-    rx, rb, rdt = write_window_rings((buffers.ring_x, buffers.ring_b, buffers.ring_dt),
-                                     (x, B, dt), counts, slots, buffers.window)
-    return buffers._replace(ring_x=rx, ring_b=rb, ring_dt=rdt)
+    uncommitted (see `pallas_kernels.ring.write_window_rings`); x None: the verify kernel wrote
+    the ring's x (a tiling's ring_write="kernel"), B and dt only."""
+    names, values = zip(*((n, v) for n, v in (("ring_x", x), ("ring_b", B), ("ring_dt", dt))
+                          if v is not None))
+    rings = write_window_rings(tuple(getattr(buffers, n) for n in names), values, counts, slots,
+                               buffers.window)
+    return buffers._replace(**dict(zip(names, rings)))
 
 
 def bc_products(ring_b, slots, B, C):

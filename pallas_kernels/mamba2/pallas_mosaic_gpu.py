@@ -41,8 +41,10 @@ same order: the outputs are equal.
 Verify: one pass over the checkpoint tile serves all T tokens (T accumulators S0 C_t per
 chunk, C_t for the T tokens in one [T, block_n] tile per step); one ring walk gives every
 token's history term; the within-window terms use the precomputed window B_r . C_t. Rows with
-c + T >= L fold ring[0:c] + window[0] as decode folds. The ring is written after the kernel by
-XLA (`write_window`), as the Triton verify does.
+c + T >= L fold ring[0:c] + window[0] as decode folds. XLA writes the window into the ring after
+the kernel (`write_window`), as the Triton verify does; a tiling's ring_write="kernel" has each
+CTA write its own x rows instead, leaving XLA B and dt (another CTA's fold may still read the
+group's ring B rows the window overwrites).
 
 Takes any P (Nemotron-H: P = 64; Nemotron-Nano-9B-v2: P = 80, a tile of 64 and a ragged one of
 16), N <= 256 (B and C are one TMA box each) and
@@ -90,7 +92,7 @@ from pallas_kernels._mosaic_utils import (
     zeros_row,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
-from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -102,10 +104,13 @@ class Mamba2MosaicTiling:
     state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows. prologue
     (replay decode and verify; the standard kernel has no walk): "serial" lands the CTA's
     vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
-    at once and walks after it (module docstring; the same sums)."""
+    at once and walks after it (module docstring; the same sums). ring_write (verify): who
+    writes the window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or
+    "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
+    ring_write: str = "xla"
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -133,9 +138,9 @@ AUTO_MAX_WINDOW = {"replay_verify": 4}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, N, state_dtype):
+def _tiles(tiling, default, N, state_dtype, verify=False):
     return resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
-                         max_chunk=_MAX_N, state_dtype=state_dtype)
+                         max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify)
 
 
 def takes(op, args) -> bool:
@@ -168,10 +173,12 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", x.shape[1])
-    y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, default, B.shape[3],
-                                    buffers.checkpoint.dtype))
-    return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
+    tiles = _tiles(tiling, default, B.shape[3], buffers.checkpoint.dtype, verify=True)
+    y, ck, rx = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                               **tiles)
+    in_kernel = tiles["ring_write"] == "kernel"
+    return y, write_window(buffers._replace(checkpoint=ck, ring_x=rx), counts, slots,
+                           None if in_kernel else x, B, dt)
 
 
 def _position(heads_per_group):
@@ -397,13 +404,14 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 # --------------------------------------------------------------------------------------------
 # ReplaySSM verify (T window tokens): y for every window token, causally, from checkpoint +
 # committed ring + window; folds ring[0:c] + window[0] into the checkpoint when c + T >= L. The
-# ring is written after the kernel (`write_window`), as the Triton verify does: the fold reads
-# ring rows the window overwrites, in other CTAs of the same group.
+# ring's B and dt are written after the kernel (`write_window`), as the Triton verify does: the
+# fold reads ring rows the window overwrites, in other CTAs of the same group (the x rows are
+# each CTA's own: ring_write="kernel" writes them here).
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bars, *, vectors, heads_per_group, block_n,
-                   num_stages, prologue):
+                   num_stages, prologue, write_ring):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, ps = _position(heads_per_group)
@@ -479,24 +487,36 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
         _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
               ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
+
+    if write_ring:      # the window's x into the ring: this CTA's own rows, read (landed) above
+        for t, pos in enumerate(window_positions(c, T, L)):
+            @pl.when(live & (pos >= 0))
+            def _(t=t, pos=pos):
+                store_async(xs[t], v.ring_x[t], rx_ref.at[slot, h, pos, ps])
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "ring_write",
+                                             "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   interpret):
-    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
-    and the checkpoint pool (folded rows updated); the ring is not touched."""
+                   ring_write, interpret):
+    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
+    the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
+    ring_write is "kernel", else as it was; B and dt are not written)."""
     batch, T, H, P = x.shape
     G, N = B.shape[2:]
     L = buffers.window
     bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C)        # [b, G, T, L], [b, G, T, T]
     bc_ring = bc_ring.reshape(batch, G, T * L)
+    write_ring = ring_write == "kernel"
+    ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=((T, TILE_ROWS), x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
-                            ring_dt=(L, F32), ring_bc=(T * L, F32))
+                            ring_dt=(L, F32), ring_bc=(T * L, F32),
+                            **({"ring_x": ((T, TILE_ROWS), ring_dtype)} if write_ring else {}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages, prologue=prologue)
-    (y,), (ck,) = mosaic_call(
+                               block_n=block_n, num_stages=num_stages, prologue=prologue,
+                               write_ring=write_ring)
+    (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
@@ -504,12 +524,12 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                     s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
-        inplace=("s_ref",),
+        inplace=("s_ref", "rx_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
-                     rx_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_x.dtype),
+                     rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
                      rb_smem=plgpu.SMEM((L, N), buffers.ring_b.dtype),
                      out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=2 * T + 3),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
-    return y, ck
+    return (y, *new) if write_ring else (y, *new, buffers.ring_x)

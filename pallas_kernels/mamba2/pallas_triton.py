@@ -51,10 +51,11 @@ from pallas_kernels._kernel_utils import (
     tile_rows,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
-from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
     RING_SCALARS,
+    RING_WRITES,
     TILE_MODES,
     bounded_block,
     check_choice,
@@ -95,10 +96,13 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     (replay decode; verify always takes them from XLA) is where the B_j . C products come from:
     "kernel" (every program of a group reads its slot's ring B, [L, N], in the read-only pass)
     or "xla" (one product per step before the launch, `buffers.bc_products`; the ring B is then
-    read only to fold: fewer registers a program)."""
+    read only to fold: fewer registers a program). `ring_write` (verify) is who writes the
+    window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel"
+    (each program its own [T, bp] rows; B and dt stay XLA's)."""
     fold: str = "auto"
     state_eviction: str = "evict_normal"
     ring_scalars: str = "kernel"
+    ring_write: str = "xla"
 
 
 # Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md). Launched
@@ -163,11 +167,11 @@ def for_shape(tiling, P, rows):
     return tiling
 
 
-def _tiles(tiling, default, x, N, window=None, scalars=False):
+def _tiles(tiling, default, x, N, window=None, scalars=False, verify=False):
     """The launch keywords of a tiling (None: `default` at x's head dim P and rows,
     `for_shape`; x [rows, ..., P]) for d_state N (tiles, launch order, warps, stages); with the
     ring window L, also the fold mode and the state's eviction policy; `scalars`: also where
-    the ring products come from (replay decode)."""
+    the ring products come from (replay decode); `verify`: also who writes the ring's x."""
     P = x.shape[-1]
     t = resolve_tiling(tiling, for_shape(default, P, x.shape[0]))
     check_choice("p_tiles", t.p_tiles, TILE_MODES)
@@ -181,6 +185,9 @@ def _tiles(tiling, default, x, N, window=None, scalars=False):
     if scalars:
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
+    if verify:
+        check_choice("ring_write", t.ring_write, RING_WRITES)
+        tiles["ring_write"] = t.ring_write
     return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -196,9 +203,12 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
-    y, ck = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                           **_tiles(tiling, VERIFY_TILING, x, B.shape[3], buffers.window))
-    return y, write_window(buffers._replace(checkpoint=ck), counts, slots, x, B, dt)
+    tiles = _tiles(tiling, VERIFY_TILING, x, B.shape[3], buffers.window, verify=True)
+    y, ck, rx = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                               **tiles)
+    in_kernel = tiles["ring_write"] == "kernel"
+    return y, write_window(buffers._replace(checkpoint=ck, ring_x=rx), counts, slots,
+                           None if in_kernel else x, B, dt)
 
 
 def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, tiling, interpret):
@@ -381,9 +391,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 # other programs of the same group still read here).
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, *, grid_order,
+                   bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, *, grid_order,
                    heads_per_group, block_p, block_n, window, num_tokens, fold_dot, precision,
-                   eviction):
+                   eviction, write_ring):
     # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
     # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
     # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
@@ -444,31 +454,41 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             return carry
         n_chunks(N, block_n, fold_chunk, 0)
 
+    if not write_ring:
+        return
+    # The window's x into the ring (ring_write="kernel"; `write_window_rings`' positions): these
+    # rows [L, bp] are this program's alone, and it read them above.
+    for t, pos in enumerate(window_positions(c, T, L)):
+        @pl.when(live & (pos >= 0))
+        def _(t=t, pos=pos):
+            store(rx_out.at[slot, h, pos, ps], xs[t].astype(rx_out.dtype), rows)
+
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "grid_order", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "ring_write", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, grid_order, num_warps, num_stages, interpret):
-    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P]
-    and the checkpoint pool (folded rows updated); the ring is not touched."""
+                   eviction, ring_write, grid_order, num_warps, num_stages, interpret):
+    """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
+    the checkpoint pool (folded rows updated) and the ring_x pool (in place: with the window's
+    x if ring_write is "kernel", else unchanged; B and dt are not written)."""
     batch, T, H, P = x.shape
     G = B.shape[2]
     bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C)        # [b, G, T, L], [b, G, T, T]
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret), eviction=eviction)
-    ck = buffers.checkpoint
+        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel")
+    ck, rx = buffers.checkpoint, buffers.ring_x
     return call(
         kernel, name="mamba2_replay_verify",
         grid=_grid(batch, H, P, block_p, grid_order),
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win, s_in=ck,
-                    rx_in=buffers.ring_x, rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
-        outputs=dict(y_ref=like(x), s_out=like(ck)),
-        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
-        interpret=interpret)
+                    rx_in=rx, rb_in=buffers.ring_b, rdt_in=buffers.ring_dt),
+        outputs=dict(y_ref=like(x), s_out=like(ck), rx_out=like(rx)),
+        aliases={"s_in": "s_out", "rx_in": "rx_out"}, num_warps=num_warps,
+        num_stages=num_stages, interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------

@@ -56,6 +56,10 @@ def verify_params(cases, mosaic_cases):
         [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)])),
     *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, None, id=f"{name}-4-16-options-pallas")
       for name, f in FAMILIES.items()),
+    # the Mosaic verify with the options it has (the window's ring rows written in the kernel)
+    *(pytest.param(f, 4, 8, MOSAIC, f.VERIFY_OPTIONS, None, id=f"{name}-4-8-options-{MOSAIC}")
+      for name, f in FAMILIES.items()
+      if has_mosaic(f, "replay_verify") and "ring_write" in f.VERIFY_OPTIONS),
     *(pytest.param(f, 4, 16, "pallas", opts, dims, id=f"{name}-4-16-{case}-pallas")
       for name, f in FAMILIES.items() for case, dims, opts in f.MASKED_TILE_CASES)])
 def test_random_acceptance_matches_recurrence(family, T, L, impl, options, dims, interpret):
