@@ -24,6 +24,8 @@
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
+#              ring-write - the verify kernels writing the window's per-row ring entries
+#              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - Qwen3.5-9B
 #              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
@@ -488,6 +490,21 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       limit 60 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
         --batches $b --impls pallas --tune '[{}, {"block_n": 64}]' \
         --json "$out/kernels_p80_b$b.json" 2>>"$out/kernels.log" | grep "^|"
+    done ;;
+  ring-write)
+    # issue 16's ring scatter fused into the verify kernels: ring_write="kernel" (each program
+    # writes its own rows of the window's ring entries, Mamba-2's x / GDN's d; XLA the rest)
+    # against "xla" (XLA writes all of them after the kernel): the compiled tests, then verify +
+    # commit at T = 4, batch 256, Triton and Mosaic
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_verify.py -k "ring_write or options" 2>&1 | tail -3
+    for pair in "mamba2 nemotron-h-8b" "gdn qwen3-next"; do
+      read -r fam shape <<<"$pair"
+      for impl in pallas pallas_mosaic_gpu; do
+        limit 100 python3 -m replayjax.bench.verify --family "$fam" --shapes "$shape" \
+          --tokens 4 --batches 256 --impls "$impl" --tune '[{}, {"ring_write": "kernel"}]' \
+          --json "$out/verify_ring_write_${fam}_$impl.json" 2>>"$out/verify.log" | grep "^|"
+      done
     done ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \

@@ -55,10 +55,13 @@ def init_gdn_buffers(num_slots: int, num_k_heads: int, num_v_heads: int, head_k_
 
 def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
     """Writes a verify window's (k [b, T, Hk, K], d [b, T, Hv, V], g [b, T, Hv]) into the rings,
-    uncommitted (see `pallas_kernels.ring.write_window_rings`)."""
-    rk, rd, rg = write_window_rings((buffers.ring_k, buffers.ring_d, buffers.ring_g),
-                                    (k, d, g), counts, slots, buffers.window)
-    return buffers._replace(ring_k=rk, ring_d=rd, ring_g=rg)
+    uncommitted (see `pallas_kernels.ring.write_window_rings`); d None: the verify kernel wrote
+    the ring's d (a tiling's ring_write="kernel"), k and g only."""
+    names, values = zip(*((n, v) for n, v in (("ring_k", k), ("ring_d", d), ("ring_g", g))
+                          if v is not None))
+    rings = write_window_rings(tuple(getattr(buffers, n) for n in names), values, counts, slots,
+                               buffers.window)
+    return buffers._replace(**dict(zip(names, rings)))
 
 
 def ring_key_products(ring_k, slots, *vectors):

@@ -45,7 +45,9 @@ Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
 window's d come by forward substitution over the precomputed window products k_r . k_t and
 k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The kernel returns
-the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does.
+the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does. With a
+tiling's ring_write="kernel" each CTA writes its own d rows into the ring instead, leaving XLA
+k and g (another CTA's fold may still read the key head's ring keys the window overwrites).
 
 Takes any V (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
 K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
@@ -94,7 +96,7 @@ from pallas_kernels._mosaic_utils import (
     zeros_row,
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
-from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -107,10 +109,13 @@ class GDNMosaicTiling:
     of its tile in flight). The V tile is one warpgroup's 64 rows. prologue (replay decode and
     verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
-    after it (module docstring; the same sums)."""
+    after it (module docstring; the same sums). ring_write (verify): who writes the window's d
+    into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each CTA its
+    own [T, 64] rows; k and g stay XLA's)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
+    ring_write: str = "xla"
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -142,9 +147,9 @@ AUTO_MIN_BATCH = {"standard_decode": 9}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, K, state_dtype):
+def _tiles(tiling, default, K, state_dtype, verify=False):
     return resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
-                         max_chunk=_MAX_K, state_dtype=state_dtype)
+                         max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify)
 
 
 def takes(op, args) -> bool:
@@ -174,10 +179,12 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
-    o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, default, k.shape[3],
-                                       buffers.checkpoint.dtype))
-    return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
+    tiles = _tiles(tiling, default, k.shape[3], buffers.checkpoint.dtype, verify=True)
+    o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                                  **tiles)
+    in_kernel = tiles["ring_write"] == "kernel"
+    return o, write_window(buffers._replace(checkpoint=ck, ring_d=rd), counts, slots, k,
+                           None if in_kernel else d, g)
 
 
 def _position(heads_per_key_head):
@@ -433,7 +440,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages, prologue):
+                   heads_per_key_head, block_k, num_stages, prologue, write_ring):
     b, hv, hk, _, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
@@ -507,7 +514,14 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         for r in range(t + 1):
             o = o + (jnp.exp(cum[t] - cum[r]) * wkq_ref[b, hk, r, t]) * ds[r]
         write_out(o, live, sv.v[t], o_ref.at[b, t, hv, vs])       # v_t is in registers
-        store_async(ds[t], sv.d[t], d_ref.at[b, t, hv, vs])
+        if not write_ring:
+            store_async(ds[t], sv.d[t], d_ref.at[b, t, hv, vs])
+
+    if write_ring:      # the window's d into the ring: this CTA's own rows, read (landed) above
+        for t, pos in enumerate(window_positions(c, T, L)):
+            @pl.when(live & (pos >= 0))
+            def _(t=t, pos=pos):
+                store_async(ds[t], sv.d[t], rd_ref.at[slot, hv, pos, vs])
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
@@ -518,12 +532,14 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
+                                             "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   interpret):
+                   ring_write, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
-    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool (folded rows
-    updated); the ring is not touched."""
+    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
+    "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
+    d if ring_write is "kernel", else as it was; k and g are not written)."""
     batch, T, Hv, V = v.shape
     Hk, K = q.shape[2:]
     L = buffers.window
@@ -531,12 +547,17 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     rkk, rkq = (p.reshape(batch, Hk, T * L)                             # [b, Hk, T L]
                 for p in ring_key_products(buffers.ring_k, slots, k, q))
     wkk, wkq = window_key_products(k, q)                              # [b, Hk, T, T]
+    write_ring = ring_write == "kernel"
+    ring_dtype = buffers.ring_d.dtype
+    # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
     vectors = VectorPack.of(v=((T, TILE_ROWS), v.dtype), k=((T, K), k.dtype),
-                            q=((T, K), q.dtype), d=((T, TILE_ROWS), F32), ring_g=(L, F32),
-                            ring_kk=(T * L, F32), ring_kq=(T * L, F32))
+                            q=((T, K), q.dtype), d=((T, TILE_ROWS), ring_dtype if write_ring
+                                                    else F32),
+                            ring_g=(L, F32), ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue)
-    (o, d), (ck,) = mosaic_call(
+                               block_k=block_k, num_stages=num_stages, prologue=prologue,
+                               write_ring=write_ring)
+    (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
@@ -544,12 +565,12 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                     s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
                     rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
-        inplace=("s_ref",),
+        inplace=("s_ref", "rd_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((L, TILE_ROWS), buffers.ring_d.dtype),
+                     rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
                      rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=3 * T + 4),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
-    return o, d, ck
+    return (o, d, *new) if write_ring else (o, d, *new, buffers.ring_d)

@@ -46,10 +46,11 @@ from pallas_kernels._kernel_utils import (
     suffix_sums,
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
-from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
     RING_SCALARS,
+    RING_WRITES,
     bounded_block,
     check_choice,
     fold_uses_dot,
@@ -108,7 +109,9 @@ class GDNVerifyTiling:
     """Launch configuration of the replay verify kernel, as `GDNReplayTiling` except that the key
     chunk depends on the window: the kernel keeps T accumulators per key chunk, so larger T wants
     narrower chunks. block_k bounds it for T <= 2, block_k_long for T > 2. (The ring key
-    products always come from XLA here.)"""
+    products always come from XLA here.) `ring_write` is who writes the window's d into the
+    ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each program its own
+    [T, bv] rows; k and g stay XLA's)."""
     block_v: int
     block_k: int
     block_k_long: int
@@ -117,6 +120,7 @@ class GDNVerifyTiling:
     fold: str = "auto"
     state_eviction: str = "evict_normal"
     grid_order: str = "row_fastest"
+    ring_write: str = "xla"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k if num_tokens <= 2 else self.block_k_long
@@ -173,7 +177,7 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     """The launch keywords of a tiling (None: `default`) for value dim V (tiles, launch order,
     warps, stages); with key dim K and the ring window L, also the key chunk (for a window of
     `num_tokens`), the fold mode, the state's eviction policy and (replay decode) where the ring
-    scalars come from and how its K chunks are walked)."""
+    scalars come from and how its K chunks are walked; verify: who writes the ring's d)."""
     t = resolve_tiling(tiling, default)
     tiles = dict(block_v=bounded_block("block_v", "value dim V", V, t.block_v, _MIN_BLOCK_V))
     if K is not None:
@@ -187,6 +191,9 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     if hasattr(t, "chunk_loop"):
         check_choice("chunk_loop", t.chunk_loop, CHUNK_LOOPS)
         tiles["unrolled"] = t.chunk_loop == "unrolled"
+    if hasattr(t, "ring_write"):
+        check_choice("ring_write", t.ring_write, RING_WRITES)
+        tiles["ring_write"] = t.ring_write
     return dict(tiles, grid_order=t.grid_order, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -203,10 +210,13 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
-    o, d, ck = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                              **_tiles(tiling, VERIFY_TILING, v.shape[3], k.shape[3],
-                                       buffers.window, num_tokens=v.shape[1]))
-    return o, write_window(buffers._replace(checkpoint=ck), counts, slots, k, d, g)
+    tiles = _tiles(tiling, VERIFY_TILING, v.shape[3], k.shape[3], buffers.window,
+                   num_tokens=v.shape[1])
+    o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
+                                  **tiles)
+    in_kernel = tiles["ring_write"] == "kernel"
+    return o, write_window(buffers._replace(checkpoint=ck, ring_d=rd), counts, slots, k,
+                           None if in_kernel else d, g)
 
 
 def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, tiling, interpret):
@@ -397,9 +407,9 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 # ring[0:c] + window[0]. The ring is written by the caller from the returned d.
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out, *,
-                   grid_order, heads_per_key_head, block_v, block_k, window, num_tokens,
-                   fold_dot, precision, eviction):
+                   rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out,
+                   rd_out, *, grid_order, heads_per_key_head, block_v, block_k, window,
+                   num_tokens, fold_dot, precision, eviction, write_ring):
     # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
     # S0 q_t (the decode kernel's readout, T times). The key products (ring x window, window x
     # window) are per key head, not per program: they come precomputed (rkk/rkq/wkk/wkq_ref).
@@ -453,7 +463,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         for r in range(t + 1):
             o = o + jnp.exp(cum[t] - cum[r]) * wkq[r, t] * ds[r]
         o_ref[b, t, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
-        d_ref[b, t, hv, vs] = ds[t]
+        if not write_ring:
+            d_ref[b, t, hv, vs] = ds[t]
 
     @pl.when(live & (c + T >= L))
     def _fold():
@@ -472,15 +483,25 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
             return carry
         n_chunks(K, block_k, fold_chunk, 0)
 
+    if not write_ring:
+        return
+    # The window's d into the ring (ring_write="kernel"; `write_window_rings`' positions): these
+    # rows [L, bv] are this program's alone, and it read them above.
+    for t, pos in enumerate(window_positions(c, T, L)):
+        @pl.when(live & (pos >= 0))
+        def _(t=t, pos=pos):
+            rd_out[slot, hv, pos, vs] = ds[t].astype(rd_out.dtype)
+
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "grid_order", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "ring_write", "grid_order", "num_warps",
+                                             "num_stages", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_write, grid_order, num_warps, num_stages, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
-    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 and the checkpoint pool; the ring is
-    not touched."""
+    o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
+    "kernel"), the checkpoint pool and the ring_d pool (in place: with the window's d if
+    ring_write is "kernel", else unchanged; k and g are not written)."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
     rkk, rkq = ring_key_products(buffers.ring_k, slots, k, q)           # [b, Hk, T, L]
@@ -488,7 +509,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret), eviction=eviction)
+        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel")
     return call(
         kernel, name="gdn_replay_verify",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),
@@ -497,9 +518,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
                     s_in=buffers.checkpoint, rk_in=buffers.ring_k, rd_in=buffers.ring_d,
                     rg_in=buffers.ring_g),
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32),
-                     s_out=like(buffers.checkpoint)),
-        aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
-        interpret=interpret)
+                     s_out=like(buffers.checkpoint), rd_out=like(buffers.ring_d)),
+        aliases={"s_in": "s_out", "rd_in": "rd_out"}, num_warps=num_warps,
+        num_stages=num_stages, interpret=interpret)
 
 
 # --------------------------------------------------------------------------------------------

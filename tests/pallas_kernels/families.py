@@ -195,8 +195,10 @@ class GDN(Problem):
                       ("head-slowest", dict(grid_order="head_slowest")),
                       ("unrolled", dict(chunk_loop="unrolled"))]
     TILE_FIELD = "block_v"
-    # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order
-    VERIFY_OPTIONS = dict(state_eviction="evict_first", block_v=8, **Problem.ROW_SLOWEST)
+    # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
+    # window's d written by the kernel
+    VERIFY_OPTIONS = dict(state_eviction="evict_first", block_v=8, ring_write="kernel",
+                          **Problem.ROW_SLOWEST)
     STANDARD_CASES = [("grouped", dict(Hk=2, Hv=4, K=16, V=16), {}),
                       ("tiled", dict(Hk=1, Hv=2, K=32, V=32), dict(block_v=16))]
     REPLAY_DIMS = dict(Hk=2, Hv=4, K=32, V=16)

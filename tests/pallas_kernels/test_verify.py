@@ -15,6 +15,7 @@ import pytest
 
 from pallas_kernels.ring import NULL_SLOT
 from tests.pallas_kernels.families import (
+    BF16,
     F32,
     FAMILIES,
     IMPLS,
@@ -163,6 +164,33 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
         runs.append((outs, bufs, counts))
     assert_runs_equal(*runs, interpret)
     assert not mosaic_races_found(interpret)
+
+
+@pytest.mark.parametrize("family,impl", [
+    pytest.param(f, impl, id=f"{name}-{impl}") for name, f in FAMILIES.items()
+    for impl in ("pallas", MOSAIC) if impl != MOSAIC or has_mosaic(f, "replay_verify")])
+def test_ring_write_in_kernel_equals_xla(family, impl, interpret):
+    """ring_write="kernel" (the verify kernel writes the window's per-row ring entries, XLA the
+    rest) leaves what "xla" (XLA writes all of them after the kernel) does: outputs, pools and
+    counts bitwise equal (compiled: within an ulp) over steps with random acceptance, rows
+    folding and not, with bf16 activations and the family's ring for them."""
+    T, L = 4, 8
+    runs = []
+    for ring_write in ("xla", "kernel"):
+        pb = family(41, batch=3, act=BF16, **impl_dims(family, family.REPLAY_DIMS, impl))
+        bufs, counts, _ = pb.make_replay_state(L, F32, family.BF16_RING)
+        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+        step = verify_step(pb.ops, T, L, **impl_kw(
+            impl, interpret, pb.tiling("verify", chunk=16, impl=impl, ring_write=ring_write)))
+        outs = []
+        for _ in range(4):
+            n_acc = jnp.asarray(pb.rng.integers(1, T + 1, pb.batch), jnp.int32)
+            out, bufs, counts = step(bufs, counts, (*pb.window_inputs(T), *pb.consts), slots,
+                                     n_acc)
+            outs.append(np.asarray(out))
+        runs.append((outs, bufs, counts))
+    assert_runs_equal(*runs, interpret)
+    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("impl,row_slowest", [*((i, False) for i in IMPLS), ("pallas", True)],
