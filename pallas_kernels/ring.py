@@ -121,6 +121,16 @@ def write_window_rings(rings, values, counts, slots, window: int):
                  for r, v in zip(rings, values))
 
 
+def write_window_fields(buffers, counts, slots, **entries):
+    """`write_window_rings` into the named ring fields of a family's buffers (a NamedTuple with
+    a `window`): entries maps field name -> window values [b, T, heads, ...], None for a field
+    the verify kernel wrote itself. Returns the buffers with those rings replaced."""
+    names = [n for n, v in entries.items() if v is not None]
+    rings = write_window_rings(tuple(getattr(buffers, n) for n in names),
+                               tuple(entries[n] for n in names), counts, slots, buffers.window)
+    return buffers._replace(**dict(zip(names, rings)))
+
+
 def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
     """Commit n_accepted (clamped to [1, T]) of a verify window per live row: the count becomes
     n - 1 after a fold (the first token went into the checkpoint) and count + n otherwise.

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import row_products, write_window_rings
+from pallas_kernels.ring import row_products, write_window_fields
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -57,11 +57,7 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
     """Writes a verify window's (k [b, T, Hk, K], d [b, T, Hv, V], g [b, T, Hv]) into the rings,
     uncommitted (see `pallas_kernels.ring.write_window_rings`); d None: the verify kernel wrote
     the ring's d (a tiling's ring_write="kernel"), k and g only."""
-    names, values = zip(*((n, v) for n, v in (("ring_k", k), ("ring_d", d), ("ring_g", g))
-                          if v is not None))
-    rings = write_window_rings(tuple(getattr(buffers, n) for n in names), values, counts, slots,
-                               buffers.window)
-    return buffers._replace(**dict(zip(names, rings)))
+    return write_window_fields(buffers, counts, slots, ring_k=k, ring_d=d, ring_g=g)
 
 
 def ring_key_products(ring_k, slots, *vectors):

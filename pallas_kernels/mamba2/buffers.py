@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import row_products, write_window_rings
+from pallas_kernels.ring import row_products, write_window_fields
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -58,11 +58,7 @@ def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffe
     """Writes a verify window (x [b, T, H, P], B [b, T, G, N], dt [b, T, H]) into the rings,
     uncommitted (see `pallas_kernels.ring.write_window_rings`); x None: the verify kernel wrote
     the ring's x (a tiling's ring_write="kernel"), B and dt only."""
-    names, values = zip(*((n, v) for n, v in (("ring_x", x), ("ring_b", B), ("ring_dt", dt))
-                          if v is not None))
-    rings = write_window_rings(tuple(getattr(buffers, n) for n in names), values, counts, slots,
-                               buffers.window)
-    return buffers._replace(**dict(zip(names, rings)))
+    return write_window_fields(buffers, counts, slots, ring_x=x, ring_b=B, ring_dt=dt)
 
 
 def bc_products(ring_b, slots, B, C):

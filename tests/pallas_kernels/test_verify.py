@@ -147,23 +147,27 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
     """The Mosaic verify with prologue="overlap" (the ring walk after the checkpoint readout)
     computes "serial"'s sums: outputs, pools and counts bitwise equal (compiled: within an ulp,
     `assert_runs_equal`) over steps with random acceptance, rows folding and not."""
-    T, L = 4, 8
-    runs = []
-    for prologue in ("serial", "overlap"):
-        pb = family(31, batch=3, **impl_dims(family, family.REPLAY_DIMS, MOSAIC))
-        bufs, counts, _ = pb.make_replay_state(L, F32, F32)
-        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
-        step = verify_step(pb.ops, T, L, **impl_kw(
-            MOSAIC, interpret, pb.tiling("verify", impl=MOSAIC, prologue=prologue)))
-        outs = []
-        for _ in range(4):
-            n_acc = jnp.asarray(pb.rng.integers(1, T + 1, pb.batch), jnp.int32)
-            out, bufs, counts = step(bufs, counts, (*pb.window_inputs(T), *pb.consts), slots,
-                                     n_acc)
-            outs.append(np.asarray(out))
-        runs.append((outs, bufs, counts))
+    runs = [_verify_run(family, 31, MOSAIC, interpret, F32, F32,
+                        overrides=dict(prologue=prologue)) for prologue in ("serial", "overlap")]
     assert_runs_equal(*runs, interpret)
     assert not mosaic_races_found(interpret)
+
+
+def _verify_run(family, seed, impl, interpret, act, ring, overrides, T=4, L=8):
+    """Four verify + commit steps (T, L) from one random state with random acceptance, rows
+    folding and not, at the verify tiling with `overrides`: (outputs, buffers, counts) for
+    `assert_runs_equal`."""
+    pb = family(seed, batch=3, act=act, **impl_dims(family, family.REPLAY_DIMS, impl))
+    bufs, counts, _ = pb.make_replay_state(L, F32, ring)
+    slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+    step = verify_step(pb.ops, T, L, **impl_kw(
+        impl, interpret, pb.tiling("verify", chunk=16, impl=impl, **overrides)))
+    outs = []
+    for _ in range(4):
+        n_acc = jnp.asarray(pb.rng.integers(1, T + 1, pb.batch), jnp.int32)
+        out, bufs, counts = step(bufs, counts, (*pb.window_inputs(T), *pb.consts), slots, n_acc)
+        outs.append(np.asarray(out))
+    return outs, bufs, counts
 
 
 @pytest.mark.parametrize("family,impl", [
@@ -174,21 +178,8 @@ def test_ring_write_in_kernel_equals_xla(family, impl, interpret):
     rest) leaves what "xla" (XLA writes all of them after the kernel) does: outputs, pools and
     counts bitwise equal (compiled: within an ulp) over steps with random acceptance, rows
     folding and not, with bf16 activations and the family's ring for them."""
-    T, L = 4, 8
-    runs = []
-    for ring_write in ("xla", "kernel"):
-        pb = family(41, batch=3, act=BF16, **impl_dims(family, family.REPLAY_DIMS, impl))
-        bufs, counts, _ = pb.make_replay_state(L, F32, family.BF16_RING)
-        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
-        step = verify_step(pb.ops, T, L, **impl_kw(
-            impl, interpret, pb.tiling("verify", chunk=16, impl=impl, ring_write=ring_write)))
-        outs = []
-        for _ in range(4):
-            n_acc = jnp.asarray(pb.rng.integers(1, T + 1, pb.batch), jnp.int32)
-            out, bufs, counts = step(bufs, counts, (*pb.window_inputs(T), *pb.consts), slots,
-                                     n_acc)
-            outs.append(np.asarray(out))
-        runs.append((outs, bufs, counts))
+    runs = [_verify_run(family, 41, impl, interpret, BF16, family.BF16_RING,
+                        overrides=dict(ring_write=ring_write)) for ring_write in ("xla", "kernel")]
     assert_runs_equal(*runs, interpret)
     assert impl != MOSAIC or not mosaic_races_found(interpret)
 
