@@ -13,9 +13,9 @@ j // (Hv / Hk)), key dim K, value dim V, pool of S slots (slot 0 = null slot), w
 Rows must name distinct slots. The ring contract is `pallas_kernels.ring`.
 
 impl: as in `pallas_kernels.mamba2.api` ("pallas_mosaic_gpu": decode and replay verify,
-K <= 256). tiling: the Pallas launch configuration (`GDNTiling`,
-`GDNReplayTiling`, `GDNVerifyTiling`; `GDNMosaicTiling` for Mosaic GPU), None for the measured
-one (`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate the pools
+K <= 256). tiling: the Pallas launch configuration (`GDNTiling`, `GDNReplayTiling`,
+`GDNVerifyTiling`; `GDNMosaicTiling` for Mosaic GPU), None for the measured one
+(`STANDARD_TILING`, `REPLAY_TILING`, `VERIFY_TILING`, `MOSAIC_*_TILING`). Donate the pools
 at your jit boundary.
 """
 

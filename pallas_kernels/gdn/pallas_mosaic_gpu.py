@@ -49,8 +49,9 @@ the window's d; XLA writes the ring after it (`write_window`), as the Triton ver
 tiling's ring_write="kernel" each CTA writes its own d rows into the ring instead, leaving XLA
 k and g (another CTA's fold may still read the key head's ring keys the window overwrites).
 
-Takes any V (Qwen3-Next: V = 128), K <= 256 (q and k are one TMA box each) and
-K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+Takes any V (Qwen3-Next: V = 128; a ragged last tile as Mamba-2's P = 80), K <= 256 (q and k
+are one TMA box each) and K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes
+(`state_block`). The public
 entries take validated arguments (see `pallas_kernels.gdn.api`).
 """
 

@@ -404,7 +404,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 #   d_s = beta_s (v_s - e^{G_s} S_w k_s) - sum_{r<s} beta_s e^{G_s-G_r} (k_r . k_s) d_r
 #   o_s = e^{G_s} S_w q_s + sum_{r<=s} e^{G_s-G_r} (k_r . q_s) d_r
 # S_w k and S_w q come from checkpoint + ring without forming S_w. Rows with c + T >= L fold
-# ring[0:c] + window[0]. The ring is written by the caller from the returned d.
+# ring[0:c] + window[0]. The ring is written by the caller from the returned d (with
+# ring_write="kernel", its d rows by the kernel itself).
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out,

@@ -3,11 +3,11 @@ step with its fold, and ReplaySSM verify (T window tokens). The state-per-draft 
 runs on the other backends.
 
 Grid (batch, H, ceil(P / 64)): one CTA (one warpgroup) per (row, head, 64-row P tile; the last
-one ragged where 64 does not divide P, `tile_rows_of`). The slot read
-from `slots` picks the pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N]
-streams through shared memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages
-copies in flight; chunks tiled and swizzled in SMEM) and is computed on in registers (WGMMA
-layout, see `_mosaic_utils`). The vectors B, C (and the ring's B in a fold) are copied whole
+one ragged where 64 does not divide P, `tile_rows_of`). The slot read from `slots` picks the
+pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N] streams through shared
+memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages copies in flight; chunks
+tiled and swizzled in SMEM) and is computed on in registers (WGMMA layout, see
+`_mosaic_utils`). The vectors B, C (and the ring's B in a fold) are copied whole
 before the pipeline (`state_spec` says why); the token's vectors share one SMEM buffer per
 dtype with the other small ones (`VectorPack`: a buffer of its own takes 1 KiB). Updated chunks
 go back by TMA from a double-buffered SMEM staging area, for live rows only (the null slot is
@@ -47,8 +47,8 @@ CTA write its own x rows instead, leaving XLA B and dt (another CTA's fold may s
 group's ring B rows the window overwrites).
 
 Takes any P (Nemotron-H: P = 64; Nemotron-Nano-9B-v2: P = 80, a tile of 64 and a ragged one of
-16), N <= 256 (B and C are one TMA box each) and
-N % block_n == 0 with block_n >= 8 and chunk rows of >= 32 bytes (`state_block`). The public
+16), N <= 256 (B and C are one TMA box each) and N % block_n == 0 with block_n >= 8 and chunk
+rows of >= 32 bytes (`state_block`). The public
 entries take validated arguments (see `pallas_kernels.mamba2.api`).
 """
 
