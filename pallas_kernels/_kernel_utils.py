@@ -95,10 +95,12 @@ def ring_entries(ref, count, cols=None):
     """The ring rows of one slot, `ref` [L, ...] (a view: `ring.at[slot, h, :, tile]`), loaded
     with a mask: rows at positions >= count are never fetched (Triton issues no memory access
     for masked lanes) and read exactly 0. Callers still select them away with `where` (the ring
-    contract). `cols`: a [bp] mask of a masked tile's live columns (`tile_rows`; a [L, bp]
-    view), or None. -> [L, ...] of the ring's dtype."""
+    contract). count None: all L rows are fetched (garbage past the count), so the load need
+    not wait for the count's. `cols`: a [bp] mask of a masked tile's live columns
+    (`tile_rows`; a [L, bp] view), or None. -> [L, ...] of the ring's dtype."""
     from jax.experimental.pallas import triton as pltr
-    keep = lax.broadcasted_iota(jnp.int32, ref.shape, 0) < count
+    keep = (jnp.ones(ref.shape, jnp.bool_) if count is None
+            else lax.broadcasted_iota(jnp.int32, ref.shape, 0) < count)
     if cols is not None:
         keep = keep & axis_mask(cols, ref.shape, 1)
     return pltr.load(ref, mask=keep, other=jnp.zeros((), ref.dtype))

@@ -59,6 +59,8 @@ from pallas_kernels.validation import (
 )
 
 CHUNK_LOOPS = ("fori", "unrolled")
+# Which ring rows a replay decode program fetches (`GDNReplayTiling.ring_loads`).
+RING_LOADS = ("committed", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,10 @@ class GDNReplayTiling:
     "fori" (a loop; the Triton pipeliner overlaps `num_stages` chunks) or "unrolled" (straight-
     line code that issues every checkpoint chunk of the read-only pass right after the slot
     load, before the count and the ring loads that depend on it: a [block_v, K] tile in flight
-    per program, as the ReplaySSM authors' kernel gets from its 2-chunk loop at num_stages 3)."""
+    per program, as the ReplaySSM authors' kernel gets from its 2-chunk loop at num_stages 3).
+    `ring_loads` is which ring rows a program fetches: "committed" (those below the count:
+    half the ring on average, but the loads wait on the count's) or "all" (L rows, the garbage
+    ones selected away: one dependent memory round trip fewer, which matters at small batch)."""
     block_v: int
     block_k: int
     num_warps: int
@@ -99,6 +104,7 @@ class GDNReplayTiling:
     ring_scalars: str = "kernel"
     grid_order: str = "row_fastest"
     chunk_loop: str = "fori"
+    ring_loads: str = "committed"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -191,6 +197,9 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     if hasattr(t, "chunk_loop"):
         check_choice("chunk_loop", t.chunk_loop, CHUNK_LOOPS)
         tiles["unrolled"] = t.chunk_loop == "unrolled"
+    if hasattr(t, "ring_loads"):
+        check_choice("ring_loads", t.ring_loads, RING_LOADS)
+        tiles["all_ring_rows"] = t.ring_loads == "all"
     if hasattr(t, "ring_write"):
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
@@ -287,9 +296,10 @@ def _walk_chunks(n, block, body, init, unrolled):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
                    grid_order, heads_per_key_head, block_v, block_k, window, fold_dot, precision,
-                   eviction, unrolled):
+                   eviction, unrolled, all_ring_rows):
     # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
-    # float32, those products precomputed per key head (ring_scalars="xla").
+    # float32, those products precomputed per key head (ring_scalars="xla"). all_ring_rows:
+    # the read-only pass fetches all L ring rows (`ring_entries` with no count).
     b, hv, hk, t, vs = _program(grid_order, heads_per_key_head, block_v)
     L, K = window, s_in.shape[3]
     slot = slots_ref[b]
@@ -300,9 +310,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
     early = ({i: stream(s_in.at[slot, hv, vs, pl.ds(i, block_k)], eviction)
               for i in range(0, K, block_k)} if unrolled else {})
     c = counts_ref[slot]
-    # Only the committed ring entries are fetched (masked loads): ~half the ring on average.
-    ring_d = ring_entries(rd_in.at[slot, hv, :, vs], c)                     # [L, bv]
-    ring_g = ring_entries(rg_in.at[slot, hv, :], c)                         # [L]
+    # Only the committed ring entries are fetched (masked loads: ~half the ring on average), or
+    # with all_ring_rows all of them, the garbage ones selected away below.
+    rc = None if all_ring_rows else c
+    ring_d = ring_entries(rd_in.at[slot, hv, :, vs], rc)                    # [L, bv]
+    ring_g = ring_entries(rg_in.at[slot, hv, :], rc)                        # [L]
     v = v_ref[b, hv, vs].astype(F32)                  # [bv]
     g, beta = g_ref[b, hv], beta_ref[b, hv]
 
@@ -315,7 +327,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         s0 = (early[ks.start] if unrolled                                   # [bv, bk]
               else stream(s_in.at[slot, hv, vs, ks], eviction)).astype(F32)
         if rkx_ref is None:
-            rk = ring_entries(rk_in.at[slot, hk, :, ks], c).astype(F32)  # [L, bk]
+            rk = ring_entries(rk_in.at[slot, hk, :, ks], rc).astype(F32)  # [L, bk]
             rkk = rkk + jnp.sum(rk * kc[None, :], axis=1)
             rkq = rkq + jnp.sum(rk * qc[None, :], axis=1)
         return (s0k + jnp.sum(s0 * kc[None, :], axis=1), s0q + jnp.sum(s0 * qc[None, :], axis=1),
@@ -371,11 +383,12 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "ring_scalars", "unrolled", "grid_order",
-                                             "num_warps", "num_stages", "interpret"))
+                                             "ring_scalars", "unrolled", "all_ring_rows",
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, ring_scalars, unrolled, grid_order, num_warps, num_stages,
-                   interpret):
+                   eviction, ring_scalars, unrolled, all_ring_rows, grid_order, num_warps,
+                   num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
@@ -384,7 +397,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction, unrolled=unrolled)
+        eviction=eviction, unrolled=unrolled, all_ring_rows=all_ring_rows)
     o, *new = call(
         kernel, name="gdn_replay_decode",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),

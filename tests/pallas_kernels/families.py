@@ -193,6 +193,7 @@ class GDN(Problem):
                                                        state_eviction="evict_first")),
                       ("row-slowest", Problem.ROW_SLOWEST),
                       ("head-slowest", dict(grid_order="head_slowest")),
+                      ("all-ring-rows", dict(ring_loads="all")),
                       ("unrolled", dict(chunk_loop="unrolled"))]
     TILE_FIELD = "block_v"
     # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
