@@ -29,6 +29,9 @@ RING_SCALARS = ("kernel", "xla")
 # rows. The group-shared entries (B, k) and the per-head scalars are XLA's either way: a fold
 # reads them in other programs, which the window's rows would overwrite.
 RING_WRITES = ("xla", "kernel")
+# Which ring rows a Triton replay decode program fetches (a tiling's `ring_loads`): those below
+# the count, or all L (the loads then need not wait for the count's).
+RING_LOADS = ("committed", "all")
 # How a tile bound covers its axis (a tiling's `p_tiles`): "divide", the largest power of two
 # dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
 # (`masked_block`).

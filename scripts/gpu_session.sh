@@ -21,7 +21,8 @@
 #              both families' Triton decode kernels at batch 1 over smaller tiles and fewer
 #              warps (one row fills few SMs), < 4 min;  small-batch - the batch-1 tiles
 #              against the batch-256 ones at 1 / 2 / 4 / 8 rows (where SMALL_BATCH_ROWS ends);
-#              gdn-b1 - GDN's replay at one row over its tiling's other options
+#              gdn-b1 - GDN's replay at one row over its tiling's other options (and
+#              Mamba-2's ring_loads)
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -236,7 +237,11 @@ case $stage in
                {"chunk_loop": "unrolled"}, {"ring_scalars": "xla"}, {"num_stages": 1},
                {"num_stages": 3}, {"block_k": 32}, {"block_k": 128},
                {"state_eviction": "evict_first"}, {"chunk_loop": "unrolled", "num_stages": 3}]' \
-      --json "$out/kernels_gdn_b1_options.json" 2>>"$out/kernels.log" | grep "^|" ;;
+      --json "$out/kernels_gdn_b1_options.json" 2>>"$out/kernels.log" | grep "^|"
+    # Mamba-2's replay has the same option (its batch-1 target is met: 3-6% slower)
+    limit 80 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 --impls pallas \
+      --tune '[{}, {"ring_loads": "all"}]' \
+      --json "$out/kernels_mamba2_b1_ring_loads.json" 2>>"$out/kernels.log" | grep "^|" ;;
   small-batch)
     # where the batch-1 tiles (`SMALL_BATCH_TILINGS`, b1-tune's winners) stop winning: the
     # defaults ({}: the small tiles up to SMALL_BATCH_ROWS, the batch-256 ones above) against both

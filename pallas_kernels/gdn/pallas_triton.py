@@ -49,6 +49,7 @@ from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, w
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    RING_LOADS,
     RING_SCALARS,
     RING_WRITES,
     bounded_block,
@@ -59,8 +60,6 @@ from pallas_kernels.validation import (
 )
 
 CHUNK_LOOPS = ("fori", "unrolled")
-# Which ring rows a replay decode program fetches (`GDNReplayTiling.ring_loads`).
-RING_LOADS = ("committed", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +91,10 @@ class GDNReplayTiling:
     line code that issues every checkpoint chunk of the read-only pass right after the slot
     load, before the count and the ring loads that depend on it: a [block_v, K] tile in flight
     per program, as the ReplaySSM authors' kernel gets from its 2-chunk loop at num_stages 3).
-    `ring_loads` is which ring rows a program fetches: "committed" (those below the count:
-    half the ring on average, but the loads wait on the count's) or "all" (L rows, the garbage
-    ones selected away: one dependent memory round trip fewer, which matters at small batch)."""
+    `ring_loads` is which ring rows a program fetches (`validation.RING_LOADS`): "committed"
+    (those below the count: half the ring on average, but the loads wait on the count's) or
+    "all" (L rows, the garbage ones selected away: one dependent memory round trip fewer, which
+    matters at small batch)."""
     block_v: int
     block_k: int
     num_warps: int

@@ -54,6 +54,7 @@ from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
+    RING_LOADS,
     RING_SCALARS,
     RING_WRITES,
     TILE_MODES,
@@ -98,11 +99,15 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     or "xla" (one product per step before the launch, `buffers.bc_products`; the ring B is then
     read only to fold: fewer registers a program). `ring_write` (verify) is who writes the
     window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel"
-    (each program its own [T, bp] rows; B and dt stay XLA's)."""
+    (each program its own [T, bp] rows; B and dt stay XLA's). `ring_loads` (replay decode) is
+    which ring rows a program fetches (`validation.RING_LOADS`): "committed" (below the count:
+    half the ring on average, but the loads wait on the count's) or "all" (L rows, garbage
+    selected away: one dependent memory round trip fewer, which matters at small batch)."""
     fold: str = "auto"
     state_eviction: str = "evict_normal"
     ring_scalars: str = "kernel"
     ring_write: str = "xla"
+    ring_loads: str = "committed"
 
 
 # Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md). Launched
@@ -185,6 +190,8 @@ def _tiles(tiling, default, x, N, window=None, scalars=False, verify=False):
     if scalars:
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
+        check_choice("ring_loads", t.ring_loads, RING_LOADS)
+        tiles["all_ring_rows"] = t.ring_loads == "all"
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
@@ -278,18 +285,21 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, grid_
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, bcr_ref, bcc_ref, y_ref, s_out, rx_out, rb_out,
                    rdt_out, *, grid_order, heads_per_group, block_p, block_n, window, fold_dot,
-                   precision, eviction):
+                   precision, eviction, all_ring_rows):
     # bcr_ref / bcc_ref: None (the readout forms B_j . C and B . C from the ring and the token)
-    # or [b, G, L] / [b, G] float32, precomputed (ring_scalars="xla")
+    # or [b, G, L] / [b, G] float32, precomputed (ring_scalars="xla"). all_ring_rows: the
+    # read-only pass fetches all L ring rows (`ring_entries` with no count).
     b, h, g, t, ps, rows = _row_head_tile(grid_order, heads_per_group, block_p, x_ref.shape[2])
     L, N = window, s_in.shape[3]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     # Issue the ring loads before the state pass and use the values after it. Only the committed
-    # entries are fetched (masked loads): ~half the ring on average.
+    # entries are fetched (masked loads: ~half the ring on average), or with all_ring_rows all
+    # of them, the garbage ones selected away below.
     c = counts_ref[slot]                              # committed ring entries, 0..L-1
-    ring_x = ring_entries(rx_in.at[slot, h, :, ps], c, rows)                # [L, bp]
-    ring_dt = ring_entries(rdt_in.at[slot, h, :], c)                        # [L]
+    rc = None if all_ring_rows else c
+    ring_x = ring_entries(rx_in.at[slot, h, :, ps], rc, rows)               # [L, bp]
+    ring_dt = ring_entries(rdt_in.at[slot, h, :], rc)                       # [L]
     x = load(x_ref.at[b, h, ps], rows).astype(_F32)  # current token
     dt = dt_ref[b, h]
 
@@ -302,7 +312,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         s0c = s0c + jnp.sum(s0 * cv[None, :], axis=1)
         if bcr_ref is not None:
             return s0c, bc_ring, bc_cur
-        rb = ring_entries(rb_in.at[slot, g, :, ns], c).astype(_F32)      # [L, bn]
+        rb = ring_entries(rb_in.at[slot, g, :, ns], rc).astype(_F32)     # [L, bn]
         return (s0c, bc_ring + jnp.sum(rb * cv[None, :], axis=1),
                 bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
 
@@ -356,10 +366,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "ring_scalars", "grid_order", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "ring_scalars", "all_ring_rows", "grid_order",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, ring_scalars, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_scalars, all_ring_rows, grid_order, num_warps, num_stages,
+                   interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
@@ -370,7 +381,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction)
+        eviction=eviction, all_ring_rows=all_ring_rows)
     y, *new = call(
         kernel, name="mamba2_replay_decode",
         grid=_grid(batch, H, P, block_p, grid_order),

@@ -112,7 +112,8 @@ class Mamba2(Problem):
     COMPUTED_RING = ()
     REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first")),
                       ("row-slowest", Problem.ROW_SLOWEST),
-                      ("xla-scalars", dict(ring_scalars="xla"))]
+                      ("xla-scalars", dict(ring_scalars="xla")),
+                      ("all-ring-rows", dict(ring_loads="all"))]
     TILE_FIELD = "block_p"
     # two P tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
     # window's x written by the kernel
