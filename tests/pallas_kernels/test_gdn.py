@@ -68,6 +68,8 @@ def test_bad_tiles_are_named():
         gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", ring_scalars="gpu"))
     with pytest.raises(ValueError, match=r"chunk_loop must be one of 'fori', 'unrolled', got 'x'"):
         gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", chunk_loop="x"))
+    with pytest.raises(ValueError, match=r"ring_loads must be one of 'committed', 'all', got 'x'"):
+        gdn.replay_decode(**args, impl="pallas", tiling=GDN(1).tiling("replay", ring_loads="x"))
     with pytest.raises(ValueError, match=r"state_eviction must be one of 'evict_normal', "):
         gdn.replay_decode(**args, impl="pallas",
                           tiling=GDN(1).tiling("replay", state_eviction="first"))

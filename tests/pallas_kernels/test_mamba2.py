@@ -97,11 +97,14 @@ def test_bad_grid_order_is_named(kind):
             mamba2.replay_decode(**args, impl="pallas", tiling=tiling)
 
 
-def test_bad_ring_scalars_are_named():
+def test_bad_ring_options_are_named():
     pb = Mamba2(1)
     with pytest.raises(ValueError, match=r"ring_scalars must be one of 'kernel', 'xla', got 'gpu'"):
         mamba2.replay_decode(**_valid_args(pb), impl="pallas",
                              tiling=pb.tiling("replay", ring_scalars="gpu"))
+    with pytest.raises(ValueError, match=r"ring_loads must be one of 'committed', 'all', got 'x'"):
+        mamba2.replay_decode(**_valid_args(pb), impl="pallas",
+                             tiling=pb.tiling("replay", ring_loads="x"))
 
 
 def test_unknown_impl_is_named():

@@ -216,6 +216,16 @@ def test_state_per_draft_baseline(family, impl, row_slowest, interpret):
     assert (np.asarray(state[NULL_SLOT]) == np.asarray(bufs.checkpoint[NULL_SLOT])).all()
 
 
+@pytest.mark.parametrize("impl", ["pallas", MOSAIC])
+@each_family
+def test_bad_ring_write_is_named(family, impl):
+    pb = family(1, batch=2, **impl_dims(family, {}, impl))
+    with pytest.raises(ValueError, match=r"ring_write must be one of 'xla', 'kernel', got 'xl'"):
+        pb.ops.replay_verify(pb.init_buffers(8), jnp.zeros((pb.S,), jnp.int32),
+                             *pb.window_inputs(4), *pb.consts, jnp.asarray([1, 2], jnp.int32),
+                             impl=impl, tiling=pb.tiling("verify", impl=impl, ring_write="xl"))
+
+
 @pytest.mark.parametrize("T,L,match", [(5, 4, r"must not exceed the ring window L = 4"),
                                        (4, 2, r"T = 4 must not exceed the ring window L = 2"),
                                        (9, 16, r"verify window T = 9 must be in \[1, 8\]")])
