@@ -47,6 +47,7 @@ other; device time per class and the top kernels (on a CPU-only machine: XLA's h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -324,8 +325,10 @@ def _main(args):
     args.profile_dir = tempfile.mkdtemp(prefix="replayjax-prefill-trace-") if args.profile \
         else None
     try:
-        with fresh_metadata(), cli.Progress(2 + (2 + args.profile) * len(args.ssm_mode),
-                                            cli.interactive(args)) as progress:
+        # a profile names source lines: programs cached by another checkout must not be reused
+        traced = fresh_metadata() if args.profile else contextlib.nullcontext()
+        with traced, cli.Progress(2 + (2 + args.profile) * len(args.ssm_mode),
+                                  cli.interactive(args)) as progress:
             r = bench(args, progress)
     except BaseException:
         if args.profile_dir:        # a failed run leaves no trace directory behind
