@@ -163,9 +163,43 @@ def store_async(value, smem, dst):
     plgpu.copy_smem_to_gmem(smem, dst)
 
 
-def write_out(value, live, smem, dst):
-    """An output vector through `smem` to `dst` (see `store_async`): zeros for padding rows."""
-    store_async(select(live, value, jnp.zeros_like(value)), smem, dst)
+def rows_box(t):
+    """The 64-row box of tile t along a state dim (`tile_rows_of`): what its loads copy (a TMA
+    load fills rows past the dim's end with zeros). Its stores go through `store_rows`."""
+    return pl.ds(t * TILE_ROWS, TILE_ROWS)
+
+
+def store_rows(value, smem, dst, t):
+    """`store_async` of tile t's rows [64] (a ROW vector) to dst [R] in GMEM, the whole vector
+    of a state dim of R rows. A TMA copy of a vector to GMEM is a bulk copy, bounded by the whole
+    array rather than by its last dim, as tensor copies (loads, the swizzled state chunks) are:
+    a ragged tile's 64-row box would write the next head's rows (the interpreter clips at the
+    dim, so only the GPU shows it). So the ragged tile copies its R % 64 rows only."""
+    smem[...] = value.astype(smem.dtype)
+    plgpu.commit_smem()
+    full, rem = divmod(dst.shape[-1], TILE_ROWS)
+    if not rem:
+        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t)])
+        return
+    nbytes = rem * jnp.dtype(dst.dtype).itemsize
+    check(nbytes % _TMA_BYTES == 0,
+          f"pallas_mosaic_gpu needs a ragged tile's rows in multiples of {_TMA_BYTES} bytes: "
+          f"{dst.shape[-1]} % {TILE_ROWS} = {rem} rows of {jnp.dtype(dst.dtype).name} are "
+          f"{nbytes} bytes")
+
+    @pl.when(t < full)
+    def _():
+        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t)])
+
+    @pl.when(t == full)
+    def _():
+        plgpu.copy_smem_to_gmem(smem.at[pl.ds(0, rem)], dst.at[pl.ds(full * TILE_ROWS, rem)])
+
+
+def write_out(value, live, smem, dst, t):
+    """Tile t's rows of an output vector through `smem` to dst [R] (see `store_rows`): zeros for
+    padding rows."""
+    store_rows(select(live, value, jnp.zeros_like(value)), smem, dst, t)
 
 
 def state_block(name, dim_name, dim, bound, state_dtype):
@@ -224,9 +258,10 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
 
 def tile_rows_of(R: int) -> int:
     """The CTAs along a state dim of R rows: one per 64-row tile, the last one ragged when 64
-    does not divide R. A ragged tile needs no masks: every copy of it is a TMA box, which reads
-    rows past the array's end as zeros and never writes them (the interpreter models both), so
-    its CTA computes on zeros there and its results for them are dropped."""
+    does not divide R. A ragged tile needs no masks: its loads are TMA boxes (`rows_box`), which
+    read rows past the dim's end as zeros, and so are its state chunk stores, which drop them;
+    its vector stores copy its rows only (`store_rows`). Its CTA computes on zeros there and its
+    results for them are dropped."""
     return pl.cdiv(R, TILE_ROWS)
 
 

@@ -87,8 +87,10 @@ from pallas_kernels._mosaic_utils import (
     scalar_vectors,
     staging_smem,
     state_layout,
+    rows_box,
     state_spec,
     store_async,
+    store_rows,
     tile_rows_of,
     wait_all,
     wait_on_first_step,
@@ -191,7 +193,7 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 def _position(heads_per_key_head):
     """(row b, value head hv, key head hk, V tile index, V tile slice) of this CTA."""
     b, hv, t = (lax.axis_index(n) for n in GRID_NAMES)
-    return b, hv, hv // heads_per_key_head, t, pl.ds(t * TILE_ROWS, TILE_ROWS)
+    return b, hv, hv // heads_per_key_head, t, rows_box(t)
 
 
 def _walk(body, init, *, count, ring_g):
@@ -234,7 +236,7 @@ def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live,
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
                      k_smem, v_smem, s_smem, bars, *, heads_per_key_head, block_k):
-    b, hv, hk, _, vs = _position(heads_per_key_head)
+    b, hv, hk, vt, vs = _position(heads_per_key_head)
     n_chunks = s_smem.shape[0]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -270,7 +272,7 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         @pl.when(live)
         def _(n=n):
             plgpu.copy_smem_to_gmem(s_smem.at[n], tile.at[:, pl.ds(n * block_k, block_k)])
-    write_out(o, live, v_smem, o_ref.at[b, hv, vs])
+    write_out(o, live, v_smem, o_ref.at[b, hv], vt)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -366,7 +368,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [64]
     # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
-    write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv, vs])
+    write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv], t)
 
     # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
     # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
@@ -383,7 +385,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # reads.
     @pl.when(live & ~fold)
     def _append():
-        store_async(d, sv.ring_d, rd_ref.at[slot, hv, c, vs])
+        store_rows(d, sv.ring_d, rd_ref.at[slot, hv, c], t)
 
         @pl.when(t == 0)
         def _():
@@ -442,7 +444,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, write_ring):
-    b, hv, hk, _, vs = _position(heads_per_key_head)
+    b, hv, hk, vt, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
@@ -514,15 +516,15 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         o = jnp.exp(cum[t]) * (big_e * s0q[t] + sq_ring[t])
         for r in range(t + 1):
             o = o + (jnp.exp(cum[t] - cum[r]) * wkq_ref[b, hk, r, t]) * ds[r]
-        write_out(o, live, sv.v[t], o_ref.at[b, t, hv, vs])       # v_t is in registers
+        write_out(o, live, sv.v[t], o_ref.at[b, t, hv], vt)       # v_t is in registers
         if not write_ring:
-            store_async(ds[t], sv.d[t], d_ref.at[b, t, hv, vs])
+            store_rows(ds[t], sv.d[t], d_ref.at[b, t, hv], vt)
 
     if write_ring:      # the window's d into the ring: this CTA's own rows, read (landed) above
         for t, pos in enumerate(window_positions(c, T, L)):
             @pl.when(live & (pos >= 0))
             def _(t=t, pos=pos):
-                store_async(ds[t], sv.d[t], rd_ref.at[slot, hv, pos, vs])
+                store_rows(ds[t], sv.d[t], rd_ref.at[slot, hv, pos], vt)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))

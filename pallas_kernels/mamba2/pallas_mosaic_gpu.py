@@ -83,7 +83,9 @@ from pallas_kernels._mosaic_utils import (
     scalar_vectors,
     staging_smem,
     state_spec,
+    rows_box,
     store_async,
+    store_rows,
     tile_rows_of,
     wait_all,
     wait_on_first_step,
@@ -182,9 +184,9 @@ def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 
 
 def _position(heads_per_group):
-    """(row b, head h, group g, P tile slice) of this CTA."""
+    """(row b, head h, group g, P tile t) of this CTA."""
     b, h, t = (lax.axis_index(n) for n in GRID_NAMES)
-    return b, h, h // heads_per_group, pl.ds(t * TILE_ROWS, TILE_ROWS)
+    return b, h, h // heads_per_group, t
 
 
 def _walk(body, init, *, count, ring_dt, a, suffix):
@@ -230,7 +232,8 @@ def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, 
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state_ref, y_ref,
                      x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, block_n,
                      num_stages):
-    b, h, g, ps = _position(heads_per_group)
+    b, h, g, t = _position(heads_per_group)
+    ps = rows_box(t)
     N = b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -252,7 +255,7 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state
         step, grid=(N // block_n,), in_specs=[state_spec(state_ref.dtype, block_n)],
         max_concurrent_steps=num_stages, init_carry=zeros_row(),
     )(tile)
-    write_out(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h, ps])
+    write_out(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h], t)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -285,7 +288,8 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
                    prologue):
-    b, h, g, ps = _position(heads_per_group)
+    b, h, g, t = _position(heads_per_group)
+    ps = rows_box(t)
     v = vectors.views(vec_smem)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
     slot = slots_ref[b]
@@ -339,7 +343,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     if overlap:                   # the rest landed while the state streamed: now the walk
         wait_all(landed[:3] + landed[4:])
         x, decay, y_ring = landed_part()
-    write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h, ps])
+    write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h], t)
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
     fold = c == L - 1
@@ -355,7 +359,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # one reads.
     @pl.when(live & ~fold)
     def _append():
-        store_async(x, v.ring_x, rx_ref.at[slot, h, c, ps])
+        store_rows(x, v.ring_x, rx_ref.at[slot, h, c], t)
 
         @pl.when(lax.axis_index(GRID_NAMES[2]) == 0)
         def _():
@@ -414,7 +418,8 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                    num_stages, prologue, write_ring):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
-    b, h, g, ps = _position(heads_per_group)
+    b, h, g, pt = _position(heads_per_group)
+    ps = rows_box(pt)
     v = vectors.views(vec_smem)
     T, L, N = x_ref.shape[1], rx_ref.shape[2], c_ref.shape[-1]
     slot = slots_ref[b]
@@ -479,7 +484,7 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
         for r in range(t + 1):
             y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
-        write_out(y, live, v.x[t], y_ref.at[b, t, h, ps])     # x_t is in registers
+        write_out(y, live, v.x[t], y_ref.at[b, t, h], pt)     # x_t is in registers
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
@@ -492,7 +497,7 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         for t, pos in enumerate(window_positions(c, T, L)):
             @pl.when(live & (pos >= 0))
             def _(t=t, pos=pos):
-                store_async(xs[t], v.ring_x[t], rx_ref.at[slot, h, pos, ps])
+                store_rows(xs[t], v.ring_x[t], rx_ref.at[slot, h, pos], pt)
     plgpu.wait_smem_to_gmem(0)
 
 

@@ -160,3 +160,12 @@ def test_replay_launch_options_compute_the_same_sums(options, interpret):
         runs.append((outs, bufs, counts))
     assert all(np.isfinite(o).all() and (np.asarray(o)[1] == 0).all() for o in runs[0][0])
     assert_runs_equal(*runs, interpret)
+
+
+def test_mosaic_ragged_tile_rows_must_fill_16_bytes():
+    """A ragged V tile's vector stores copy its V % 64 rows only (`_mosaic_utils.store_rows`):
+    V = 66 leaves 2 rows, under one 16-byte TMA unit, and is refused naming them."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=66)
+    with pytest.raises(ValueError, match=r"ragged tile's rows in multiples of 16 bytes: "
+                                         r"66 % 64 = 2 rows of \w+ are \d+ bytes"):
+        gdn.replay_decode(**_valid_args(pb), impl="pallas_mosaic_gpu")

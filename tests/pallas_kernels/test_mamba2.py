@@ -163,3 +163,17 @@ def test_an_op_without_mosaic_kernel_is_named():
         mamba2.standard_verify(pb.random_state(), x, B, C, dt, pb.A, pb.D,
                                jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
                                impl="pallas_mosaic_gpu")
+
+
+@pytest.mark.parametrize("op", ["standard_decode", "replay_decode"])
+def test_mosaic_ragged_tile_rows_must_fill_16_bytes(op):
+    """A ragged P tile's vector stores copy its P % 64 rows only (a TMA store of a vector is
+    bounded by the whole array, not by P: `_mosaic_utils.store_rows`); 2 rows of a y vector
+    are under one 16-byte TMA unit, so P = 66 is refused, naming the rows."""
+    pb = Mamba2(1, P=66, N=64)
+    args = _valid_args(pb)
+    if op == "standard_decode":
+        args = dict(state=pb.random_state(), **{k: args[k] for k in "x B C dt A D slots".split()})
+    with pytest.raises(ValueError, match=r"ragged tile's rows in multiples of 16 bytes: "
+                                         r"66 % 64 = 2 rows of \w+ are \d+ bytes"):
+        getattr(mamba2, op)(**args, impl="pallas_mosaic_gpu")
