@@ -221,12 +221,14 @@ def measured_tiling(defaults, op, T=1):
     return for_window(tiling, T) if isinstance(tiling, tuple) else tiling
 
 
-def auto_takes(op, auto_ops, rows, resolve) -> bool:
+def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 (a family's `takes`): op is one of
-    `auto_ops` (the measured winners), its state dim of `rows` splits into whole 64-row tiles
-    (ragged tiles, `tile_rows_of`, are not yet measured against the Triton kernels) and
-    resolve() (its default tiling for the call's shapes) raises no ValueError."""
-    if op not in auto_ops or rows % TILE_ROWS:
+    `auto_ops` (the measured winners), its state dim of `rows` splits into whole 64-row tiles,
+    or op is one of `ragged_ops` (those that also won with a ragged last tile, `tile_rows_of`)
+    and that tile's rows fill whole 16-byte stores of bf16 (`store_rows`), and resolve() (its
+    default tiling for the call's shapes) raises no ValueError."""
+    ragged = rows % TILE_ROWS
+    if op not in auto_ops or (ragged and (op not in ragged_ops or ragged % 8)):
         return False
     try:
         resolve()

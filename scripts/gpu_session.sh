@@ -65,7 +65,8 @@
 #              both families beside the Triton verify, a Mamba-2 tiling sweep, and each with
 #              prologue="overlap";  mosaic-p80 - the Mosaic kernels at ragged tiles: compiled
 #              tests of both families (P / V = 80), then Mamba-2 at P = 80 beside Triton: decode
-#              at 1 / 32 / 256, verify
+#              at 1 / 32 / 256, verify;  p80-verify - Mamba-2's verify at P = 80, T = 2 / 4,
+#              batch 32 / 256, Triton beside Mosaic
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
 #              with a fold, verify) x shape x tiling in its own process against XLA, one row
 #              per case (OK + relative error, or the error's last line): the real shapes at
@@ -508,6 +509,12 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_p80_tune.json" \
       --tune '[{}, {"block_n": 16}, {"block_n": 64}, {"prologue": "serial"}]' \
       2>>"$out/mosaic.log" | grep "^|" || true ;;
+  p80-verify)
+    # `auto` takes Mamba-2's Mosaic verify at P = 80 from the T = 4, batch-256 row (1.95x the
+    # baseline vs Triton's 1.54x): T = 2 and 4 at batch 32 and 256, Triton beside Mosaic
+    limit 300 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --tokens 2 4 --batches 32 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_p80.json" 2>>"$out/verify.log" | grep "^|" || true ;;
   ring-write)
     # issue 16's ring scatter fused into the verify kernels: ring_write="kernel" (each program
     # writes its own rows of the window's ring entries, Mamba-2's x / GDN's d; XLA the rest)

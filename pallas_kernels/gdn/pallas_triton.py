@@ -147,15 +147,20 @@ REPLAY_TILING = GDNReplayTiling(block_v=64, block_k=64, num_warps=4, grid_order=
 # shapes): one row launches Hv * V / block_v programs, 32 for the standard kernel at block_v 128
 # on 132 SMs. 16-wide value tiles took the standard 5.0 -> 2.9 us at 1 row, 5.3 -> 4.1 at 2,
 # 7.0 -> 5.8 at 4 (10.7 -> 10.4 at 8); 32-wide the replay 4.6 -> 4.0, 5.2 -> 4.8, 6.8 -> 6.3
-# (at 8 rows 64 wins: 10.1 vs 10.9). Fourteenth session (`gdn-b1`, 1 row): the replay's ring
-# loads freed of the count's (ring_loads "all") and its key chunks unrolled, 4.0 -> 3.4 us
-# (each alone 3.8 / 3.7; ring_scalars "xla" 6.3, 1 or 3 stages 4.0 / 3.9, block_k 32 / 128
-# 4.9 / 3.9, evict_first 4.1).
+# (at 8 rows 64 wins: 10.1 vs 10.9).
 SMALL_BATCH_ROWS = 4
 SMALL_BATCH_TILINGS = {
     STANDARD_TILING: dataclasses.replace(STANDARD_TILING, block_v=16),
-    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_v=32, ring_loads="all",
-                                       chunk_loop="unrolled"),
+    REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_v=32),
+}
+# Fourteenth session (`gdn-b1`, 1 row): the replay's ring loads freed of the count's
+# (ring_loads "all") and its key chunks unrolled, 4.0 -> 3.4 us (each alone 3.8 / 3.7;
+# ring_scalars "xla" 6.3, 1 or 3 stages 4.0 / 3.9, block_k 32 / 128 4.9 / 3.9, evict_first
+# 4.1). Fifteenth: 4.7 -> 4.4 at 2 rows, but 6.3 -> 6.6 at 4 (the standard 2.9 / 4.1 / 5.8).
+TINY_BATCH_ROWS = 2
+TINY_BATCH_TILINGS = {
+    SMALL_BATCH_TILINGS[REPLAY_TILING]: dataclasses.replace(
+        SMALL_BATCH_TILINGS[REPLAY_TILING], ring_loads="all", chunk_loop="unrolled"),
 }
 VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_warps=4,
                                 grid_order="row_slowest")
@@ -176,8 +181,13 @@ def standard_verify_tiling(T):
 
 def for_shape(tiling, rows):
     """The measured tiling a kernel whose default is `tiling` runs at `rows` rows a step: its
-    small-batch variant (`SMALL_BATCH_TILINGS`) at up to SMALL_BATCH_ROWS rows."""
-    return SMALL_BATCH_TILINGS.get(tiling, tiling) if rows <= SMALL_BATCH_ROWS else tiling
+    small-batch variant (`SMALL_BATCH_TILINGS`) at up to SMALL_BATCH_ROWS rows, then that
+    one's (`TINY_BATCH_TILINGS`) at up to TINY_BATCH_ROWS."""
+    if rows <= SMALL_BATCH_ROWS:
+        tiling = SMALL_BATCH_TILINGS.get(tiling, tiling)
+    if rows <= TINY_BATCH_ROWS:
+        tiling = TINY_BATCH_TILINGS.get(tiling, tiling)
+    return tiling
 
 
 _MIN_BLOCK_V = 4

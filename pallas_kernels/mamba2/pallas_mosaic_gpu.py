@@ -137,6 +137,11 @@ AUTO_MIN_BATCH = {"replay_decode": 16}
 # Longer windows keep the Triton verify (eleventh session, batch 256, T = 8: 1,260 vs 1,321 us,
 # 1,254 vs 1,314 in another run; T = 2 / 4: Mosaic 372 / 547 vs 383 / 588).
 AUTO_MAX_WINDOW = {"replay_verify": 4}
+# At P = 80 (Nemotron-Nano-9B-v2: a 64-row tile and a ragged one of 16; fifteenth session,
+# batch 256) the Mosaic verify won at T = 4 (1,005.8 vs 1,271.9 us: 1.95x the state-per-draft
+# baseline against 1.54x); its replay decode tied (543.5 vs 539.4 us staggered) and its
+# standard lost (792.2 vs 682.9), so those stay on Triton there.
+AUTO_RAGGED_OPS = frozenset({"replay_verify"})
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -149,7 +154,8 @@ def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch and window it won (`AUTO_MIN_BATCH`,
     `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (N <= 256), at whole P tiles
-    (P a multiple of 64: Nemotron-Nano-9B-v2's P = 80 stays on Triton until measured)."""
+    (P a multiple of 64) or, for the ops that also won there (`AUTO_RAGGED_OPS`), a ragged
+    last one (Nemotron-Nano-9B-v2's P = 80)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
@@ -158,7 +164,8 @@ def takes(op, args) -> bool:
     if T > AUTO_MAX_WINDOW.get(op, T):
         return False
     return auto_takes(op, AUTO_OPS, x.shape[-1], lambda: _tiles(
-        None, measured_tiling(_DEFAULT_TILING, op, T), B.shape[-1], state.dtype))
+        None, measured_tiling(_DEFAULT_TILING, op, T), B.shape[-1], state.dtype),
+        ragged_ops=AUTO_RAGGED_OPS)
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):

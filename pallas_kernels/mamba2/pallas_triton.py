@@ -125,7 +125,8 @@ REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_ord
 # many: replay 5.0 -> 4.5 us (8B), 5.3 -> 5.1 (P = 80, masked 32-row tiles), against the
 # standard's 4.3 / 4.8 (its own tiles were no faster smaller: 4.3 / 4.7 at block_p 16). At batch
 # 256 the same tiles are slower (423 vs 389 us). Fourteenth session (`gdn-b1`): its ring loads
-# freed of the count's (ring_loads "all"), 4.5 -> 4.3 us (the standard's), P = 80 5.1 -> 5.0.
+# freed of the count's (ring_loads "all"), 4.5 -> 4.3 us (the standard's), P = 80 5.1 -> 5.0;
+# fifteenth 4.5 -> 4.4 and 5.1 -> 5.0 (standard 4.3 / 4.9).
 SMALL_BATCH_ROWS = 1
 SMALL_BATCH_TILINGS = {
     REPLAY_TILING: dataclasses.replace(REPLAY_TILING, block_p=32, num_warps=4, ring_loads="all"),

@@ -83,17 +83,22 @@ def test_auto_keeps_triton_gdn_standard_at_small_batch(device, batch, want):
 def test_triton_kernels_take_their_small_batch_tiles_at_one_row():
     """A few rows a step fill few SMs: the replay (and GDN's standard) kernels take smaller
     tiles up to where they won (Mamba-2: one row, GDN: four), their batch-256 tiles after;
-    Mamba-2's P = 80 masks the small tile."""
+    Mamba-2's P = 80 masks the small tile. The replays fetch every ring row at one row (GDN: up
+    to two, with its key chunks unrolled)."""
     t = mamba2.pallas_triton
     small = t.for_shape(t.REPLAY_TILING, 64, 1)
-    assert (small.block_p, small.num_warps, small.p_tiles) == (32, 4, "divide")
+    assert (small.block_p, small.num_warps, small.p_tiles, small.ring_loads) == (
+        32, 4, "divide", "all")
     assert t.for_shape(t.REPLAY_TILING, 64, 2) == t.REPLAY_TILING
     assert t.for_shape(t.REPLAY_TILING, 80, 1).p_tiles == "masked"
     assert t.for_shape(t.REPLAY_TILING, 80, 2).block_p == 128             # the P = 80 tile
     assert t.for_shape(t.STANDARD_TILING, 64, 1) == t.STANDARD_TILING
     g = gdn.pallas_triton
     assert g.for_shape(g.STANDARD_TILING, 4).block_v == 16
-    assert g.for_shape(g.REPLAY_TILING, 1).block_v == 32
+    for rows, loads, loop in [(1, "all", "unrolled"), (2, "all", "unrolled"),
+                              (3, "committed", "fori"), (4, "committed", "fori")]:
+        r = g.for_shape(g.REPLAY_TILING, rows)
+        assert (r.block_v, r.ring_loads, r.chunk_loop) == (32, loads, loop)
     assert g.for_shape(g.STANDARD_TILING, 5) == g.STANDARD_TILING
     assert g.for_shape(g.REPLAY_TILING, 5) == g.REPLAY_TILING
 
@@ -112,12 +117,25 @@ def test_auto_keeps_triton_verify_for_long_windows(device, T, want):
 @pytest.mark.parametrize("op", MAMBA2_OPS)
 @pytest.mark.parametrize("shape", [dict(P=80), dict(N=512), dict(N=8, state=BF16)])
 def test_auto_keeps_triton_for_shapes_mosaic_does_not_take(device, op, shape):
-    """P = 80 (Nemotron-Nano-9B-v2: the Mosaic kernels run it with a ragged last tile, not yet
-    measured against Triton), d_state past one TMA box, bf16 chunk rows under 32 bytes; GDN's
-    value dim likewise."""
+    """d_state past one TMA box, bf16 chunk rows under 32 bytes; P = 80 (Nemotron-Nano-9B-v2,
+    a ragged last P tile) for the decode kernels, where Mosaic tied (replay) or lost
+    (standard) on the H200; GDN's value dim at 80 (no model has it, not measured)."""
     device(True, True)
-    assert mamba2_api._OPS[op].backend(_mamba2_args(op, **shape)) == "pallas_triton"
+    if not (op == "replay_verify" and shape == dict(P=80)):
+        assert mamba2_api._OPS[op].backend(_mamba2_args(op, **shape)) == "pallas_triton"
     assert gdn_api._OPS[op].backend(_gdn_args(op, V=80)) == "pallas_triton"
+
+
+@pytest.mark.parametrize("P,T,want", [(80, 4, "pallas_mosaic_gpu"), (80, 2, "pallas_mosaic_gpu"),
+                                      (80, 8, "pallas_triton"), (72, 4, "pallas_mosaic_gpu"),
+                                      (68, 4, "pallas_triton")])
+def test_auto_takes_the_mosaic_verify_at_a_ragged_p_tile(device, P, T, want):
+    """Mamba-2's Mosaic verify beat Triton at P = 80 (T = 4, batch 256: 1.95x the baseline vs
+    1.54x), so `auto` takes it at ragged P tiles up to its window limit, where the ragged
+    tile's rows fill whole 16-byte bf16 stores (P % 64 a multiple of 8)."""
+    device(True, True)
+    assert mamba2_api._OPS["replay_verify"].backend(_mamba2_args("replay_verify", P=P, T=T)) == (
+        want)
 
 
 def test_auto_with_a_tiling_stays_on_its_backend(device):
