@@ -95,6 +95,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
+from pallas_kernels.validation import for_window
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -137,11 +138,14 @@ AUTO_MIN_BATCH = {"replay_decode": 16}
 # Longer windows keep the Triton verify (eleventh session, batch 256, T = 8: 1,260 vs 1,321 us,
 # 1,254 vs 1,314 in another run; T = 2 / 4: Mosaic 372 / 547 vs 383 / 588).
 AUTO_MAX_WINDOW = {"replay_verify": 4}
-# At P = 80 (Nemotron-Nano-9B-v2: a 64-row tile and a ragged one of 16; fifteenth session,
-# batch 256) the Mosaic verify won at T = 4 (1,005.8 vs 1,271.9 us: 1.95x the state-per-draft
-# baseline against 1.54x); its replay decode tied (543.5 vs 539.4 us staggered) and its
-# standard lost (792.2 vs 682.9), so those stay on Triton there.
-AUTO_RAGGED_OPS = frozenset({"replay_verify"})
+# At P = 80 (Nemotron-Nano-9B-v2: a 64-row tile and a ragged one of 16; fifteenth session)
+# the Mosaic verify wins from where the Triton one falls off: T = 4 from 128 rows (518.1 vs
+# 666.3 us; 1,003.6 vs 1,272.1 at 256: 1.95x the state-per-draft baseline against 1.54x),
+# T = 2 at 256 (614.0 vs 632.5); Triton wins below (T = 4 at 64: 257.3 vs 271.3; T = 2 at
+# 128: 290.7 vs 319.8). Its replay decode tied (543.5 vs 539.4 us staggered, batch 256) and
+# its standard lost (792.2 vs 682.9), so those stay on Triton there. The least batch by window
+# ((largest T, rows), ...).
+AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (MAX_VERIFY_TOKENS, 128))}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -154,18 +158,22 @@ def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch and window it won (`AUTO_MIN_BATCH`,
     `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (N <= 256), at whole P tiles
-    (P a multiple of 64) or, for the ops that also won there (`AUTO_RAGGED_OPS`), a ragged
-    last one (Nemotron-Nano-9B-v2's P = 80)."""
+    (P a multiple of 64) or, for the ops that also won there, a ragged last one
+    (Nemotron-Nano-9B-v2's P = 80) at the batches it won (`AUTO_RAGGED_MIN_BATCH`)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
-    if x.shape[0] < AUTO_MIN_BATCH.get(op, 1):
-        return False
     T = x.shape[1] if op == "replay_verify" else 1
+    if x.shape[-1] % TILE_ROWS and op in AUTO_RAGGED_MIN_BATCH:
+        min_batch = for_window(AUTO_RAGGED_MIN_BATCH[op], T)
+    else:
+        min_batch = AUTO_MIN_BATCH.get(op, 1)
+    if x.shape[0] < min_batch:
+        return False
     if T > AUTO_MAX_WINDOW.get(op, T):
         return False
     return auto_takes(op, AUTO_OPS, x.shape[-1], lambda: _tiles(
         None, measured_tiling(_DEFAULT_TILING, op, T), B.shape[-1], state.dtype),
-        ragged_ops=AUTO_RAGGED_OPS)
+        ragged_ops=AUTO_RAGGED_MIN_BATCH.keys())
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):

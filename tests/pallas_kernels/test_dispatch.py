@@ -117,25 +117,28 @@ def test_auto_keeps_triton_verify_for_long_windows(device, T, want):
 @pytest.mark.parametrize("op", MAMBA2_OPS)
 @pytest.mark.parametrize("shape", [dict(P=80), dict(N=512), dict(N=8, state=BF16)])
 def test_auto_keeps_triton_for_shapes_mosaic_does_not_take(device, op, shape):
-    """d_state past one TMA box, bf16 chunk rows under 32 bytes; P = 80 (Nemotron-Nano-9B-v2,
-    a ragged last P tile) for the decode kernels, where Mosaic tied (replay) or lost
-    (standard) on the H200; GDN's value dim at 80 (no model has it, not measured)."""
+    """At 32 rows: d_state past one TMA box, bf16 chunk rows under 32 bytes; P = 80
+    (Nemotron-Nano-9B-v2, a ragged last P tile), where Mosaic tied (replay decode) or lost
+    (standard decode; verify at this batch) on the H200; GDN's value dim at 80 (no model has
+    it, not measured)."""
     device(True, True)
-    if not (op == "replay_verify" and shape == dict(P=80)):
-        assert mamba2_api._OPS[op].backend(_mamba2_args(op, **shape)) == "pallas_triton"
+    assert mamba2_api._OPS[op].backend(_mamba2_args(op, **shape)) == "pallas_triton"
     assert gdn_api._OPS[op].backend(_gdn_args(op, V=80)) == "pallas_triton"
 
 
-@pytest.mark.parametrize("P,T,want", [(80, 4, "pallas_mosaic_gpu"), (80, 2, "pallas_mosaic_gpu"),
-                                      (80, 8, "pallas_triton"), (72, 4, "pallas_mosaic_gpu"),
-                                      (68, 4, "pallas_triton")])
-def test_auto_takes_the_mosaic_verify_at_a_ragged_p_tile(device, P, T, want):
-    """Mamba-2's Mosaic verify beat Triton at P = 80 (T = 4, batch 256: 1.95x the baseline vs
-    1.54x), so `auto` takes it at ragged P tiles up to its window limit, where the ragged
-    tile's rows fill whole 16-byte bf16 stores (P % 64 a multiple of 8)."""
+@pytest.mark.parametrize("P,T,batch,want", [
+    (80, 4, 128, "pallas_mosaic_gpu"), (80, 4, 64, "pallas_triton"),
+    (80, 2, 256, "pallas_mosaic_gpu"), (80, 2, 128, "pallas_triton"),
+    (80, 8, 256, "pallas_triton"), (72, 4, 256, "pallas_mosaic_gpu"),
+    (68, 4, 256, "pallas_triton")])
+def test_auto_takes_the_mosaic_verify_at_a_ragged_p_tile(device, P, T, batch, want):
+    """At P = 80 Mamba-2's Mosaic verify beat Triton from 128 rows at T = 4 (1.95x the
+    baseline vs 1.54x at 256) and at 256 at T = 2, and lost below: `auto` takes it at ragged
+    P tiles there, up to its window limit, where the ragged tile's rows fill whole 16-byte
+    bf16 stores (P % 64 a multiple of 8)."""
     device(True, True)
-    assert mamba2_api._OPS["replay_verify"].backend(_mamba2_args("replay_verify", P=P, T=T)) == (
-        want)
+    args = _mamba2_args("replay_verify", P=P, T=T, batch=batch)
+    assert mamba2_api._OPS["replay_verify"].backend(args) == want
 
 
 def test_auto_with_a_tiling_stays_on_its_backend(device):
