@@ -22,7 +22,8 @@
 #              warps (one row fills few SMs), < 4 min;  small-batch - the batch-1 tiles
 #              against the batch-256 ones at 1 / 2 / 4 / 8 rows (where SMALL_BATCH_ROWS ends);
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
-#              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows
+#              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
+#              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -245,6 +246,17 @@ case $stage in
     limit 60 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 --impls pallas \
       --shapes nemotron-h-8b nemotron-nano-9b-v2 --tune '[{}, {"ring_loads": "committed"}]' \
       --json "$out/kernels_mamba2_b1_check.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
+  gdn-b1-tiles)
+    # GDN's replay at 1 / 2 rows on its tiny-batch tiling (ring_loads "all", unrolled key
+    # chunks: 3.4 / 4.4 us against the standard's 2.9 / 4.1): the tiles and warps b1-tune
+    # swept before those options, again with them (more, smaller programs on 132 SMs)
+    for b in 1 2; do
+      limit 90 python3 -m replayjax.bench.kernels --family gdn --batches $b --impls pallas \
+        --tune '[{}, {"block_v": 16}, {"block_v": 16, "num_warps": 2}, {"num_warps": 2},
+                 {"block_v": 16, "num_warps": 2, "num_stages": 3}, {"block_k": 128},
+                 {"block_v": 16, "block_k": 128}]' \
+        --json "$out/kernels_gdn_tiny_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
   small-batch)
     # where the batch-1 tiles (`SMALL_BATCH_TILINGS`, b1-tune's winners) stop winning: the
     # defaults ({}: the small tiles up to SMALL_BATCH_ROWS, the batch-256 ones above) against both
