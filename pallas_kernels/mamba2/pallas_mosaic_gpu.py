@@ -376,7 +376,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     def _append():
         store_rows(x, v.ring_x, rx_ref.at[slot, h, c], t)
 
-        @pl.when(lax.axis_index(GRID_NAMES[2]) == 0)
+        @pl.when(t == 0)
         def _():
             rdt_ref[slot, h, c] = dt
 
