@@ -24,7 +24,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.validation import (
-    FOLD_PASSES,
     RING_WRITES,
     bounded_block,
     check,
@@ -241,8 +240,7 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
 def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
-    "ring_write" (one of `validation.RING_WRITES`) and, for a tiling that has one, its
-    "fold_pass" (`validation.FOLD_PASSES`): chunk = (name, size) of the dim streamed in
+    "ring_write" (one of `validation.RING_WRITES`): chunk = (name, size) of the dim streamed in
     chunks of `field` (at most `max_chunk`: its vectors are one TMA box each; the name ends in
     the dim's letter, "d_state N"). The other state dim, split into one warpgroup's 64-row
     tiles, may have any size (`tile_rows_of`)."""
@@ -257,9 +255,6 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
-    if hasattr(t, "fold_pass"):
-        check_choice("fold_pass", t.fold_pass, FOLD_PASSES)
-        tiles["fold_pass"] = t.fold_pass
     return tiles
 
 

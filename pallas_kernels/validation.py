@@ -36,11 +36,6 @@ RING_LOADS = ("committed", "all")
 # dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
 # (`masked_block`).
 TILE_MODES = ("divide", "masked")
-# How a replay kernel's folding rows stream their checkpoint (a tiling's `fold_pass`): "fused",
-# one pass whose chunks serve both the output's readout and the update (the state read once, as
-# a standard step reads it); "separate", the read-only pass every row runs, then a fold pass
-# that reads the checkpoint again (a fold step cost 1.6-2x a standard step on the H200).
-FOLD_PASSES = ("fused", "separate")
 
 
 def check(cond: bool, msg: str) -> None:

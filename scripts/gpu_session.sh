@@ -68,9 +68,8 @@
 #              tests of both families (P / V = 80), then Mamba-2 at P = 80 beside Triton: decode
 #              at 1 / 32 / 256, verify;  p80-verify - Mamba-2's verify at P = 80, T = 2 / 4,
 #              batch 32 / 256, Triton beside Mosaic
-#   fold-pass - a folding row's checkpoint read once (fold_pass "fused") against a separate
-#              fold pass: the compiled tests, Mamba-2 8B decode at batch 1 / 256, Triton and
-#              Mosaic;  fold-pass-more - the same at P = 80 and for GDN, and verify T = 4 / 8
+#   p80-tiles - the Triton Mamba-2 replay (y before its fold) compiled, at batch 1 / 32 /
+#              256, then P = 80's and the 8B's tiles again at batch 256
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
 #              with a fold, verify) x shape x tiling in its own process against XLA, one row
 #              per case (OK + relative error, or the error's last line): the real shapes at
@@ -499,44 +498,27 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
-  fold-pass|fold-pass-more)
-    # a folding row's checkpoint read once (fold_pass "fused", the default since stop 35: each
-    # chunk folded in the pass that reads it for the output; a fold step cost 1.6-2x a standard
-    # step) against the read-only pass plus a fold pass ("separate"), in the same run.
-    # fold-pass: the compiled tests, then Mamba-2 at the 8B's shapes, batch 1 / 256 (amortised,
-    # staggered, fold step), Triton and Mosaic (issue 16: replay <= 320 us amortised);
-    # fold-pass-more: P = 80 (Triton and Mosaic), GDN (Triton) and verify at T = 4 / 8
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    if [ "$stage" = fold-pass ]; then
-      REPLAYJAX_TEST_BACKEND=gpu limit 240 python3 -m pytest -q -p no:cacheprovider -W ignore \
-        tests/pallas_kernels/test_decode.py tests/pallas_kernels/test_verify.py -k \
-        "fused_fold or separate or (over_folds and not xla) or (random_acceptance and not xla)" \
-        2>&1 | tail -4 || true
-      runs=("mamba2 nemotron-h-8b 1 256 pallas pallas_mosaic_gpu")
-    else
-      runs=("mamba2 nemotron-nano-9b-v2 256 pallas pallas_mosaic_gpu" "gdn qwen3-next 1 256 pallas")
-    fi
-    for run in "${runs[@]}"; do
-      read -r fam shape rest <<<"$run"
-      batches=${rest%% pallas*} impls=pallas${rest#* pallas}
-      for fp in fused separate; do
-        # shellcheck disable=SC2086
-        limit 130 python3 -m replayjax.bench.kernels --family "$fam" --shapes "$shape" \
-          --batches $batches --impls $impls --replay-config "{\"fold_pass\": \"$fp\"}" \
-          --json "$out/kernels_fold_${fp}_${fam}_$shape.json" 2>>"$out/kernels.log" \
-          | grep "^|" || true
-      done
-    done
-    if [ "$stage" = fold-pass-more ]; then
-      for run in "mamba2 nemotron-h-8b pallas_mosaic_gpu" "mamba2 nemotron-h-8b pallas" \
-                 "gdn qwen3-next pallas"; do
-        read -r fam shape impl <<<"$run"
-        limit 120 python3 -m replayjax.bench.verify --family "$fam" --shapes "$shape" \
-          --tokens 4 8 --batches 256 --impls "$impl" \
-          --tune '[{}, {"fold_pass": "separate"}]' \
-          --json "$out/verify_fold_${fam}_$impl.json" 2>>"$out/verify.log" | grep "^|" || true
-      done
-    fi ;;
+  p80-tiles)
+    # the Triton Mamba-2 replay with y stored before its fold, the fold's window terms formed
+    # again inside it (stop 35: the fewer registers live took P = 80's replay from 539 to 479 us
+    # staggered at batch 256): its compiled tests, both shapes at batch 1 / 32 / 256, then the
+    # tiles again at batch 256 (P = 80's default: one masked 128-row tile, 32-wide d_state
+    # chunks, 4 warps; the 8B's: 64 x 64 on 2 warps)
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py -k "mamba2 and pallas] and not xla" 2>&1 | tail -3 \
+      || true
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 32 256 \
+      --impls pallas --json "$out/kernels_mamba2_order.json" 2>>"$out/kernels.log" \
+      | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas --tune '[{}, {"block_n": 64}, {"num_warps": 8},
+               {"block_n": 64, "num_warps": 8}, {"block_p": 64, "num_warps": 2},
+               {"block_p": 64, "num_warps": 4}]' \
+      --json "$out/kernels_p80_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas --tune '[{}, {"block_n": 32, "num_warps": 4},
+               {"num_warps": 4}, {"block_n": 32}]' \
+      --json "$out/kernels_8b_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
   mosaic-p80)
     # The Mosaic kernels at ragged tiles (Nemotron-Nano-9B-v2's P = 80: a 64-row tile and one of
     # 16; the unit shapes' P / V = 80 too). The fourteenth session found their vector stores

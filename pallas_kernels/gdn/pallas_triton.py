@@ -49,7 +49,6 @@ from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, w
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
-    FOLD_PASSES,
     RING_LOADS,
     RING_SCALARS,
     RING_WRITES,
@@ -95,9 +94,7 @@ class GDNReplayTiling:
     `ring_loads` is which ring rows a program fetches (`validation.RING_LOADS`): "committed"
     (those below the count: half the ring on average, but the loads wait on the count's) or
     "all" (L rows, the garbage ones selected away: one dependent memory round trip fewer, which
-    matters at small batch). `fold_pass` (`validation.FOLD_PASSES`): a folding row's "fused"
-    pass keeps the checkpoint chunks its readout reads in registers (an unrolled readout) and
-    folds them once d is known; "separate" reads them again to fold (the same sums)."""
+    matters at small batch)."""
     block_v: int
     block_k: int
     num_warps: int
@@ -108,7 +105,6 @@ class GDNReplayTiling:
     grid_order: str = "row_fastest"
     chunk_loop: str = "fori"
     ring_loads: str = "committed"
-    fold_pass: str = "fused"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -121,7 +117,7 @@ class GDNVerifyTiling:
     narrower chunks. block_k bounds it for T <= 2, block_k_long for T > 2. (The ring key
     products always come from XLA here.) `ring_write` is who writes the window's d into the
     ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each program its own
-    [T, bv] rows; k and g stay XLA's). `fold_pass` as in `GDNReplayTiling`."""
+    [T, bv] rows; k and g stay XLA's)."""
     block_v: int
     block_k: int
     block_k_long: int
@@ -131,7 +127,6 @@ class GDNVerifyTiling:
     state_eviction: str = "evict_normal"
     grid_order: str = "row_fastest"
     ring_write: str = "xla"
-    fold_pass: str = "fused"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k if num_tokens <= 2 else self.block_k_long
@@ -210,8 +205,6 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
         check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
         tiles["eviction"] = t.state_eviction
-        check_choice("fold_pass", t.fold_pass, FOLD_PASSES)
-        tiles["fused"] = t.fold_pass == "fused"
     if hasattr(t, "ring_scalars"):
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
@@ -317,7 +310,7 @@ def _walk_chunks(n, block, body, init, unrolled):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
                    grid_order, heads_per_key_head, block_v, block_k, window, fold_dot, precision,
-                   eviction, unrolled, all_ring_rows, fused):
+                   eviction, unrolled, all_ring_rows):
     # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
     # float32, those products precomputed per key head (ring_scalars="xla"). all_ring_rows:
     # the read-only pass fetches all L ring rows (`ring_entries` with no count).
@@ -341,16 +334,12 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
     # Read-only pass over the checkpoint: S0 k, S0 q (and k_j . k, k_j . q for every ring entry
     # when they do not come precomputed).
-    # held (a folding row's fused pass): {chunk start: [bv, bk]} the chunks read, kept in
-    # registers for the fold (the readout then runs unrolled).
-    def readout(ks, carry, held=None):
+    def readout(ks, carry):
         s0k, s0q, rkk, rkq, kq = carry
         kc = k_ref[b, hk, ks].astype(F32)
         qc = q_ref[b, hk, ks].astype(F32)
         s0 = (early[ks.start] if unrolled                                   # [bv, bk]
               else stream(s_in.at[slot, hv, vs, ks], eviction)).astype(F32)
-        if held is not None:
-            held[ks.start] = s0
         if rkx_ref is None:
             rk = ring_entries(rk_in.at[slot, hk, :, ks], rc).astype(F32)  # [L, bk]
             rkk = rkk + jnp.sum(rk * kc[None, :], axis=1)
@@ -358,13 +347,27 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         return (s0k + jnp.sum(s0 * kc[None, :], axis=1), s0q + jnp.sum(s0 * qc[None, :], axis=1),
                 rkk, rkq, kq + jnp.sum(kc * qc))
 
+    zv, zl = jnp.zeros((block_v,), F32), jnp.zeros((L,), F32)
+    s0k, s0q, rkk, rkq, kq = _walk_chunks(K, block_k, readout,
+                                          (zv, zv, zl, zl, jnp.float32(0)), unrolled)
+    if rkx_ref is not None:
+        rkk, rkq = rkx_ref[b, hk, 0, :], rkx_ref[b, hk, 1, :]
+
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid, cur = j < c, j == c
-    fold = live & (c == L - 1)        # one step in L
+    g_hist = jnp.where(valid, ring_g, 0.0)
+    e = jnp.exp(suffix_sums(g_hist))                  # e_j = exp(sum_{j<i<c} g_i)
+    big_e = jnp.exp(jnp.sum(g_hist))
+    d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)             # [L, bv]
+    sk = big_e * s0k + jnp.sum(jnp.where(valid, e * rkk, 0.0)[:, None] * d_hist, axis=0)
+    sq = big_e * s0q + jnp.sum(jnp.where(valid, e * rkq, 0.0)[:, None] * d_hist, axis=0)
+    alpha = jnp.exp(g)
+    d = beta * (v - alpha * sk)                                              # [bv]
+    o_ref[b, hv, vs] = jnp.where(live, alpha * sq + d * kq, 0.0).astype(o_ref.dtype)
 
-    def fold_pass(d, chunk_of, unroll):
-        """S0 <- exp(sum g) S0 + sum_j w_j d_j k_j^T over ring + current token, chunk by chunk;
-        chunk_of(ks): the checkpoint chunk [bv, bk] (float32)."""
+    # Fold (one step in L): S0 <- exp(sum g) S0 + sum_j w_j d_j k_j^T over ring + current token.
+    @pl.when(live & (c == L - 1))
+    def _fold():
         g_win = jnp.where(valid, ring_g, jnp.where(cur, g, 0.0))
         w = jnp.exp(suffix_sums(g_win))
         decay = jnp.exp(jnp.sum(g_win))
@@ -373,64 +376,32 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
         def fold_chunk(ks, carry):
             kw = masked_window(valid, cur, ring_entries(rk_in.at[slot, hk, :, ks], c),
                                k_ref[b, hk, ks].astype(F32))                # [L, bk]
+            s0 = s_in[slot, hv, vs, ks].astype(F32)
             upd = outer_fold(wd, kw, precision, fold_dot)                   # [bv, bk]
-            s_out[slot, hv, vs, ks] = (decay * chunk_of(ks) + upd).astype(s_out.dtype)
+            s_out[slot, hv, vs, ks] = (decay * s0 + upd).astype(s_out.dtype)
             return carry
-        _walk_chunks(K, block_k, fold_chunk, 0, unroll)
+        _walk_chunks(K, block_k, fold_chunk, 0, unrolled)
 
-    def step(folding):
-        """The output and the append; folding: None (the row folds in a pass of its own if it
-        folds), or True (it folds, from the chunks its readout held), or False (it does not)."""
-        held = {} if folding else None
-        zv, zl = jnp.zeros((block_v,), F32), jnp.zeros((L,), F32)
-        s0k, s0q, rkk, rkq, kq = _walk_chunks(K, block_k,
-                                              functools.partial(readout, held=held),
-                                              (zv, zv, zl, zl, jnp.float32(0)),
-                                              unrolled or bool(folding))
-        if rkx_ref is not None:
-            rkk, rkq = rkx_ref[b, hk, 0, :], rkx_ref[b, hk, 1, :]
-        g_hist = jnp.where(valid, ring_g, 0.0)
-        e = jnp.exp(suffix_sums(g_hist))              # e_j = exp(sum_{j<i<c} g_i)
-        big_e = jnp.exp(jnp.sum(g_hist))
-        d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)         # [L, bv]
-        sk = big_e * s0k + jnp.sum(jnp.where(valid, e * rkk, 0.0)[:, None] * d_hist, axis=0)
-        sq = big_e * s0q + jnp.sum(jnp.where(valid, e * rkq, 0.0)[:, None] * d_hist, axis=0)
-        alpha = jnp.exp(g)
-        d = beta * (v - alpha * sk)                                          # [bv]
-        o_ref[b, hv, vs] = jnp.where(live, alpha * sq + d * kq, 0.0).astype(o_ref.dtype)
+    # Append (k, d, g) at `c` (after a fold it lies past the reset count: harmless).
+    @pl.when(live)
+    def _append():
+        rd_out[slot, hv, c, vs] = d.astype(rd_out.dtype)
 
-        if folding:
-            fold_pass(d, lambda ks: held[ks.start], True)
-        elif folding is None:         # the chunks come back from L2
-            pl.when(fold)(lambda: fold_pass(
-                d, lambda ks: s_in[slot, hv, vs, ks].astype(F32), unrolled))
+        @pl.when(t == 0)
+        def _():
+            rg_out[slot, hv, c] = g
 
-        # Append (k, d, g) at `c` (after a fold it lies past the reset count: harmless).
-        @pl.when(live)
-        def _append():
-            rd_out[slot, hv, c, vs] = d.astype(rd_out.dtype)
-
-            @pl.when(t == 0)
+            @pl.when(hv % heads_per_key_head == 0)
             def _():
-                rg_out[slot, hv, c] = g
-
-                @pl.when(hv % heads_per_key_head == 0)
-                def _():
-                    rk_out[slot, hk, c, :] = k_ref[b, hk, :].astype(rk_out.dtype)
-
-    if fused:
-        pl.when(~fold)(lambda: step(False))
-        pl.when(fold)(lambda: step(True))
-    else:
-        step(None)
+                rk_out[slot, hk, c, :] = k_ref[b, hk, :].astype(rk_out.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "fused", "ring_scalars", "unrolled",
-                                             "all_ring_rows", "grid_order", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "ring_scalars", "unrolled", "all_ring_rows",
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, fused, ring_scalars, unrolled, all_ring_rows, grid_order, num_warps,
+                   eviction, ring_scalars, unrolled, all_ring_rows, grid_order, num_warps,
                    num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
@@ -440,7 +411,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction, unrolled=unrolled, all_ring_rows=all_ring_rows, fused=fused)
+        eviction=eviction, unrolled=unrolled, all_ring_rows=all_ring_rows)
     o, *new = call(
         kernel, name="gdn_replay_decode",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),
@@ -466,7 +437,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, s_in, rk_in, rd_in, rg_in, o_ref, d_ref, s_out,
                    rd_out, *, grid_order, heads_per_key_head, block_v, block_k, window,
-                   num_tokens, fold_dot, precision, eviction, write_ring, fused):
+                   num_tokens, fold_dot, precision, eviction, write_ring):
     # One pass over the checkpoint serves all T tokens: per state chunk, mat-vecs S0 k_t and
     # S0 q_t (the decode kernel's readout, T times). The key products (ring x window, window x
     # window) are per key head, not per program: they come precomputed (rkk/rkq/wkk/wkq_ref).
@@ -487,95 +458,74 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     wkk = {rt: wkk_ref[b, hk, rt[0], rt[1]] for rt in pairs}               # k_r . k_t
     wkq = {rt: wkq_ref[b, hk, rt[0], rt[1]] for rt in pairs}               # k_r . q_t
 
-    # held (a folding row's fused pass): {chunk start: [bv, bk]} the chunks read, kept in
-    # registers for the fold (the readout then runs unrolled).
-    def readout(ks, carry, held=None):
+    def readout(ks, carry):
         s0 = stream(s_in.at[slot, hv, vs, ks], eviction).astype(F32)      # [bv, bk]
-        if held is not None:
-            held[ks.start] = s0
         s0k, s0q = carry
         return (tuple(acc + jnp.sum(s0 * k_ref[b, t, hk, ks].astype(F32)[None, :], axis=1)
                       for t, acc in enumerate(s0k)),
                 tuple(acc + jnp.sum(s0 * q_ref[b, t, hk, ks].astype(F32)[None, :], axis=1)
                       for t, acc in enumerate(s0q)))
 
-    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
-    valid, cur = j < c, j == c
-    fold = live & (c + T >= L)
+    zt = (jnp.zeros((block_v,), F32),) * T
+    s0k, s0q = n_chunks(K, block_k, readout, (zt, zt))
 
-    def fold_pass(d0, chunk_of, unroll):
-        """Folds ring[0:c] + window[0] (d0 its d): chunk_of(ks) is the checkpoint chunk."""
+    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
+    valid = j < c
+    g_hist = jnp.where(valid, ring_g, 0.0)
+    e = jnp.exp(suffix_sums(g_hist))
+    big_e = jnp.exp(jnp.sum(g_hist))
+    d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)                  # [L, bv]
+
+    def through_history(s0x, rkx):                   # S_w x for one window token: [bv]
+        w = jnp.where(valid, e * rkx, 0.0)                                       # [L]
+        return big_e * s0x + jnp.sum(w[:, None] * d_hist, axis=0)
+
+    cum = [sum(gs[:t + 1]) for t in range(T)]        # G_t = sum_{r <= t} g_r
+    ds = []
+    for t in range(T):                               # forward substitution, T <= 8
+        corr = jnp.exp(cum[t]) * through_history(s0k[t], rkk[t])
+        for r in range(t):
+            corr = corr + jnp.exp(cum[t] - cum[r]) * wkk[r, t] * ds[r]
+        ds.append(betas[t] * (vs_[t] - corr))
+        o = jnp.exp(cum[t]) * through_history(s0q[t], rkq[t])
+        for r in range(t + 1):
+            o = o + jnp.exp(cum[t] - cum[r]) * wkq[r, t] * ds[r]
+        o_ref[b, t, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
+        if not write_ring:
+            d_ref[b, t, hv, vs] = ds[t]
+
+    @pl.when(live & (c + T >= L))
+    def _fold():
+        cur = j == c
         g_win = jnp.where(valid, ring_g, jnp.where(cur, gs[0], 0.0))
         w = jnp.exp(suffix_sums(g_win))
         decay = jnp.exp(jnp.sum(g_win))
-        wd = w[:, None] * masked_window(valid, cur, ring_d, d0)                  # [L, bv]
+        wd = w[:, None] * masked_window(valid, cur, ring_d, ds[0])              # [L, bv]
 
         def fold_chunk(ks, carry):
             kw = masked_window(valid, cur, ring_entries(rk_in.at[slot, hk, :, ks], c),
                                k_ref[b, 0, hk, ks].astype(F32))                  # [L, bk]
-            s_out[slot, hv, vs, ks] = (decay * chunk_of(ks) + outer_fold(wd, kw, precision,
-                                                                         fold_dot)
+            s0 = s_in[slot, hv, vs, ks].astype(F32)
+            s_out[slot, hv, vs, ks] = (decay * s0 + outer_fold(wd, kw, precision, fold_dot)
                                        ).astype(s_out.dtype)
             return carry
-        _walk_chunks(K, block_k, fold_chunk, 0, unroll)
+        n_chunks(K, block_k, fold_chunk, 0)
 
-    def step(folding):
-        """The window's outputs (and d); folding as in the decode kernel's `step`."""
-        held = {} if folding else None
-        zt = (jnp.zeros((block_v,), F32),) * T
-        s0k, s0q = _walk_chunks(K, block_k, functools.partial(readout, held=held), (zt, zt),
-                                bool(folding))
-        g_hist = jnp.where(valid, ring_g, 0.0)
-        e = jnp.exp(suffix_sums(g_hist))
-        big_e = jnp.exp(jnp.sum(g_hist))
-        d_hist = jnp.where(valid[:, None], ring_d.astype(F32), 0.0)              # [L, bv]
-
-        def through_history(s0x, rkx):               # S_w x for one window token: [bv]
-            w = jnp.where(valid, e * rkx, 0.0)                                   # [L]
-            return big_e * s0x + jnp.sum(w[:, None] * d_hist, axis=0)
-
-        cum = [sum(gs[:t + 1]) for t in range(T)]    # G_t = sum_{r <= t} g_r
-        ds = []
-        for t in range(T):                           # forward substitution, T <= 8
-            corr = jnp.exp(cum[t]) * through_history(s0k[t], rkk[t])
-            for r in range(t):
-                corr = corr + jnp.exp(cum[t] - cum[r]) * wkk[r, t] * ds[r]
-            ds.append(betas[t] * (vs_[t] - corr))
-            o = jnp.exp(cum[t]) * through_history(s0q[t], rkq[t])
-            for r in range(t + 1):
-                o = o + jnp.exp(cum[t] - cum[r]) * wkq[r, t] * ds[r]
-            o_ref[b, t, hv, vs] = jnp.where(live, o, 0.0).astype(o_ref.dtype)
-            if not write_ring:
-                d_ref[b, t, hv, vs] = ds[t]
-
-        if folding:
-            fold_pass(ds[0], lambda ks: held[ks.start], True)
-        elif folding is None:         # the chunks come back from L2
-            pl.when(fold)(lambda: fold_pass(
-                ds[0], lambda ks: s_in[slot, hv, vs, ks].astype(F32), False))
-        if write_ring:
-            write_ring_rows(ds)
-
+    if not write_ring:
+        return
     # The window's d into the ring (ring_write="kernel"; `write_window_rings`' positions): these
     # rows [L, bv] are this program's alone, and it read them above.
-    def write_ring_rows(ds):
-        for t, pos in enumerate(window_positions(c, T, L)):
-            @pl.when(live & (pos >= 0))
-            def _(t=t, pos=pos):
-                rd_out[slot, hv, pos, vs] = ds[t].astype(rd_out.dtype)
-
-    if fused:
-        pl.when(~fold)(lambda: step(False))
-        pl.when(fold)(lambda: step(True))
-    else:
-        step(None)
+    for t, pos in enumerate(window_positions(c, T, L)):
+        @pl.when(live & (pos >= 0))
+        def _(t=t, pos=pos):
+            rd_out[slot, hv, pos, vs] = ds[t].astype(rd_out.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
-                                             "fused", "ring_write", "grid_order", "num_warps",
+                                             "ring_write", "grid_order", "num_warps",
                                              "num_stages", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, fused, ring_write, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_write, grid_order, num_warps, num_stages, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool and the ring_d pool (in place: with the window's d if
@@ -587,8 +537,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel",
-        fused=fused)
+        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel")
     return call(
         kernel, name="gdn_replay_verify",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),

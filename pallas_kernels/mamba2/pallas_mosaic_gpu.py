@@ -109,15 +109,11 @@ class Mamba2MosaicTiling:
     vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
     at once and walks after it (module docstring; the same sums). ring_write (verify): who
     writes the window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or
-    "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's). fold_pass (replay decode and
-    verify, `validation.FOLD_PASSES`): a folding row's "fused" pass reads each checkpoint chunk
-    once for its readout and its update; "separate" runs the read-only pass, then re-streams
-    the checkpoint to fold it (the same sums either way)."""
+    "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
     ring_write: str = "xla"
-    fold_pass: str = "fused"
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -222,17 +218,14 @@ def _walk(body, init, *, count, ring_dt, a, suffix):
 
 
 def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, *, block_n,
-          num_stages, readout=()):
+          num_stages):
     """The fold: S0 <- decay S0 + dt x B^T + sum_j s_j x_j B_j^T over the committed ring
     entries j, for the state tile [64, N] in GMEM, chunk by chunk, as fp32 rank-1 updates.
     rb_smem: the group's ring B [L, N] (SMEM); bv_smem: the folded token's B [N] (SMEM); x [64]
-    ROW and dt: the folded token; walk: `_walk` bound to the ring with suffix dt. readout: the
-    C vectors [N] (SMEM) whose S0 C the same pass forms from the chunks it reads (the fused
-    fold pass), returned as a tuple of ROW vectors [64] in their order (the read-only pass's
-    sums)."""
+    ROW and dt: the folded token; walk: `_walk` bound to the ring with suffix dt."""
     N = bv_smem.shape[0]
 
-    def fold_chunk(idx, s_smem, *acc):
+    def fold_chunk(idx, s_smem):
         (n,) = idx
         s = s_smem[...].astype(F32)
         upd = decay * s + rows(dt * x, s.shape) * cols(chunk(bv_smem, n, block_n), s.shape)
@@ -241,14 +234,10 @@ def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, 
             bj = chunk(rb_smem.at[j], n, block_n)
             return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
         write_chunk(walk(entry, upd, suffix=dt)[1], n, out_smem, tile, block_n, live)
-        if readout:
-            return tuple(a + jnp.sum(s * cols(chunk(cv, n, block_n), s.shape), axis=1)
-                         for a, cv in zip(acc[0], readout))
 
-    carry = dict(init_carry=(zeros_row(),) * len(readout)) if readout else {}
-    return plgpu.emit_pipeline(
+    plgpu.emit_pipeline(
         fold_chunk, grid=(N // block_n,), in_specs=[state_spec(tile.dtype, block_n)],
-        max_concurrent_steps=num_stages, **carry,
+        max_concurrent_steps=num_stages,
     )(tile)
 
 
@@ -313,7 +302,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
-                   prologue, fold_pass):
+                   prologue):
     b, h, g, t = _position(heads_per_group)
     ps = rows_box(t)
     v = vectors.views(vec_smem)
@@ -349,18 +338,8 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
-        early = landed_part()
-    fold = live & (c == L - 1)    # one step in L
-    fused = fold_pass == "fused"
-    if fused:                     # a folding row's ring B, in flight with the rest
-
-        @pl.when(fold)
-        def _():
-            plgpu.copy_gmem_to_smem(rb_ref.at[slot, g], rb_smem, fold_bar.at[0])
+        x, decay, y_ring = landed_part()
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
-
-    def output(s0c, x, decay, y_ring):
-        write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h], t)
 
     def readout(idx, s_smem, acc):
         (n,) = idx
@@ -372,22 +351,29 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         plgpu.commit_smem()
         return acc + jnp.sum(s * cols(chunk(v.c, n, block_n), s.shape), axis=1)
 
-    def read_only():
-        """The read-only pass and the output; returns x [64] and the decay."""
-        s0c = plgpu.emit_pipeline(
-            readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
-            max_concurrent_steps=num_stages, init_carry=zeros_row(),
-        )(tile)
-        if overlap:               # the rest landed while the state streamed: now the walk
-            wait_all(landed[:3] + landed[4:])
-        x, decay, y_ring = landed_part() if overlap else early
-        output(s0c, x, decay, y_ring)
-        return x, decay
+    s0c = plgpu.emit_pipeline(
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
+        max_concurrent_steps=num_stages, init_carry=zeros_row(),
+    )(tile)
+    if overlap:                   # the rest landed while the state streamed: now the walk
+        wait_all(landed[:3] + landed[4:])
+        x, decay, y_ring = landed_part()
+    write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h], t)
+
+    # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
+    fold = c == L - 1
+
+    @pl.when(live & fold)
+    def _():
+        load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
+        _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
+              block_n=block_n, num_stages=num_stages)
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
     # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
     # one reads.
-    def append(x):
+    @pl.when(live & ~fold)
+    def _append():
         store_rows(x, v.ring_x, rx_ref.at[slot, h, c], t)
 
         @pl.when(t == 0)
@@ -397,42 +383,12 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             @pl.when(h % heads_per_group == 0)
             def _():
                 store_async(plgpu.load(v.b, layout=COL), v.ring_b, rb_ref.at[slot, g, c])
-
-    # Fold: S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates; "fused": in the
-    # pass that reads S0 C (the walk first: the update needs its weights).
-    def fold_pass_of(x, decay, readout_of=()):
-        return _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
-                     block_n=block_n, num_stages=num_stages, readout=readout_of)
-
-    if fused:
-        @pl.when(~fold)
-        def _():
-            x, _ = read_only()
-            pl.when(live)(lambda: append(x))
-
-        @pl.when(fold)
-        def _():
-            if overlap:
-                wait_all(landed)
-            x, decay, y_ring = landed_part() if overlap else early
-            plgpu.barrier_wait(fold_bar.at[0])
-            (s0c,) = fold_pass_of(x, decay, (v.c,))
-            output(s0c, x, decay, y_ring)
-    else:
-        x, decay = read_only()
-
-        @pl.when(fold)
-        def _():
-            load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
-            fold_pass_of(x, decay)
-        pl.when(live & ~fold)(lambda: append(x))
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "fold_pass",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   fold_pass, interpret):
+                   interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -444,8 +400,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
                             ring_dt=(L, F32), ring_bc=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages, prologue=prologue,
-                               fold_pass=fold_pass)
+                               block_n=block_n, num_stages=num_stages, prologue=prologue)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -475,7 +430,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bars, *, vectors, heads_per_group, block_n,
-                   num_stages, prologue, write_ring, fold_pass):
+                   num_stages, prologue, write_ring):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h, g, pt = _position(heads_per_group)
@@ -517,16 +472,7 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
-        early = landed_part()
-    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
-    fold = live & verify_folds(c, T, L)
-    fused = fold_pass == "fused"
-    fold_copies = ((rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
-    if fused:                     # in flight with the rest
-
-        @pl.when(fold)
-        def _():
-            issue_all(fold_bars, *fold_copies)
+        xs, hist_dt, decay_hist, y_hist = landed_part()
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
     def readout(idx, s_smem, acc):
@@ -538,73 +484,42 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         return tuple(acc_t + jnp.sum(s * cols(chunk(v.c[t], n, block_n), s.shape), axis=1)
                      for t, acc_t in enumerate(acc))
 
+    s0c = plgpu.emit_pipeline(
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
+    )(tile)
+    if overlap:                   # the rest, then the walk
+        wait_all(landed[:T] + landed[2 * T:])
+        xs, hist_dt, decay_hist, y_hist = landed_part()
+
     # y_t = exp(A cum_t) (decay_hist S0 C_t + history_t) + sum_{r<=t} dt_r exp(A (cum_t - cum_r))
     #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r.
     cum = list(itertools.accumulate(dts))
+    for t in range(T):
+        y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
+        for r in range(t + 1):
+            y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
+        write_out(y, live, v.x[t], y_ref.at[b, t, h], pt)     # x_t is in registers
 
-    def output(s0c, xs, hist_dt, decay_hist, y_hist):
-        for t in range(T):
-            y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
-            for r in range(t + 1):
-                y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
-            write_out(y, live, v.x[t], y_ref.at[b, t, h], pt)     # x_t is in registers
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & verify_folds(c, T, L))
+    def _():
+        load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
+        _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
+              ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
 
-    def read_only():
-        """The read-only pass and the outputs; returns `landed_part`'s values."""
-        s0c = plgpu.emit_pipeline(
-            readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
-            max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
-        )(tile)
-        if overlap:               # the rest, then the walk
-            wait_all(landed[:T] + landed[2 * T:])
-        parts = landed_part() if overlap else early
-        output(s0c, *parts)
-        return parts
-
-    def fold_pass_of(parts, readout_of=()):
-        xs, hist_dt = parts[:2]
-        return _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
-                     ring_row, out_smem, live, block_n=block_n, num_stages=num_stages,
-                     readout=readout_of)
-
-    def write_ring_rows(xs):  # the window's x into the ring: this CTA's own rows, read above
+    if write_ring:      # the window's x into the ring: this CTA's own rows, read (landed) above
         for t, pos in enumerate(window_positions(c, T, L)):
             @pl.when(live & (pos >= 0))
             def _(t=t, pos=pos):
                 store_rows(xs[t], v.ring_x[t], rx_ref.at[slot, h, pos], pt)
-
-    if fused:
-        @pl.when(~fold)
-        def _():
-            parts = read_only()
-            if write_ring:
-                write_ring_rows(parts[0])
-
-        @pl.when(fold)
-        def _():
-            if overlap:
-                wait_all(landed)
-            parts = landed_part() if overlap else early
-            wait_all(fold_bars.at[i] for i in range(len(fold_copies)))
-            output(fold_pass_of(parts, v.c), *parts)
-            if write_ring:
-                write_ring_rows(parts[0])
-    else:
-        parts = read_only()
-
-        @pl.when(fold)
-        def _():
-            load_all(fold_bars, *fold_copies)
-            fold_pass_of(parts)
-        if write_ring:
-            write_ring_rows(parts[0])
     plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "ring_write",
-                                             "fold_pass", "interpret"))
+                                             "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   ring_write, fold_pass, interpret):
+                   ring_write, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -620,7 +535,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                             **({"ring_x": ((T, TILE_ROWS), ring_dtype)} if write_ring else {}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
                                block_n=block_n, num_stages=num_stages, prologue=prologue,
-                               write_ring=write_ring, fold_pass=fold_pass)
+                               write_ring=write_ring)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,

@@ -54,7 +54,6 @@ from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
-    FOLD_PASSES,
     RING_LOADS,
     RING_SCALARS,
     RING_WRITES,
@@ -103,16 +102,12 @@ class Mamba2ReplayTiling(Mamba2Tiling):
     (each program its own [T, bp] rows; B and dt stay XLA's). `ring_loads` (replay decode) is
     which ring rows a program fetches (`validation.RING_LOADS`): "committed" (below the count:
     half the ring on average, but the loads wait on the count's) or "all" (L rows, garbage
-    selected away: one dependent memory round trip fewer, which matters at small batch).
-    `fold_pass` (`validation.FOLD_PASSES`): a folding row's "fused" pass folds each checkpoint
-    chunk as its readout reads it; "separate" folds in a second pass after the read-only one
-    (the same sums either way)."""
+    selected away: one dependent memory round trip fewer, which matters at small batch)."""
     fold: str = "auto"
     state_eviction: str = "evict_normal"
     ring_scalars: str = "kernel"
     ring_write: str = "xla"
     ring_loads: str = "committed"
-    fold_pass: str = "fused"
 
 
 # Tilings measured best on an H200 at batch 256, fp32 state (docs/benchmarks.md). Launched
@@ -194,8 +189,6 @@ def _tiles(tiling, default, x, N, window=None, scalars=False, verify=False):
         tiles["fold_dot"] = fold_uses_dot(t.fold, window, **tiles)
         check_choice("state_eviction", t.state_eviction, EVICTION_POLICIES)
         tiles["eviction"] = t.state_eviction
-        check_choice("fold_pass", t.fold_pass, FOLD_PASSES)
-        tiles["fused"] = t.fold_pass == "fused"
     if scalars:
         check_choice("ring_scalars", t.ring_scalars, RING_SCALARS)
         tiles["ring_scalars"] = t.ring_scalars
@@ -294,7 +287,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_p, block_n, grid_
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref,
                    s_in, rx_in, rb_in, rdt_in, bcr_ref, bcc_ref, y_ref, s_out, rx_out, rb_out,
                    rdt_out, *, grid_order, heads_per_group, block_p, block_n, window, fold_dot,
-                   precision, eviction, all_ring_rows, fused):
+                   precision, eviction, all_ring_rows):
     # bcr_ref / bcc_ref: None (the readout forms B_j . C and B . C from the ring and the token)
     # or [b, G, L] / [b, G] float32, precomputed (ring_scalars="xla"). all_ring_rows: the
     # read-only pass fetches all L ring rows (`ring_entries` with no count).
@@ -312,7 +305,24 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     x = load(x_ref.at[b, h, ps], rows).astype(_F32)  # current token
     dt = dt_ref[b, h]
 
-    fold = live & (c == L - 1)
+    # Read-only pass over the checkpoint: S0 C and (unless precomputed), for every ring entry,
+    # B_j . C.
+    def readout(ns, carry):
+        s0c, bc_ring, bc_cur = carry
+        cv = c_ref[b, g, ns].astype(_F32)
+        s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
+        s0c = s0c + jnp.sum(s0 * cv[None, :], axis=1)
+        if bcr_ref is not None:
+            return s0c, bc_ring, bc_cur
+        rb = ring_entries(rb_in.at[slot, g, :, ns], rc).astype(_F32)     # [L, bn]
+        return (s0c, bc_ring + jnp.sum(rb * cv[None, :], axis=1),
+                bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
+
+    zero_p = jnp.zeros((block_p,), _F32)
+    s0c, bc_ring, bc_cur = n_chunks(N, block_n, readout,
+                                     (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
+    if bcr_ref is not None:
+        bc_ring, bc_cur = bcr_ref[b, g, :], bcc_ref[b, g]
     a = a_ref[h]
 
     # Window = ring[0:c] + current token at position c (entries past c are garbage).
@@ -320,66 +330,33 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     valid, cur = j < c, j == c
 
     def window_terms():
-        """X [L, bp] over the window, s_j = dt_j exp(A sum_{i>j} dt_i) [L] and the decay:
-        formed after the read-only pass (its registers stay free while it streams), before a
-        fused fold pass (which needs them)."""
+        """X [L, bp] over the window, s_j = dt_j exp(A sum_{i>j} dt_i) [L] and the decay."""
         dtw = jnp.where(valid, ring_dt, jnp.where(cur, dt, 0.0))       # [L]
         return (masked_window(valid, cur, ring_x, x), dtw * jnp.exp(a * suffix_sums(dtw)),
                 jnp.exp(a * jnp.sum(dtw)))
 
-    def fold_chunk(ns, s0, rb, terms):
-        """The fold of one chunk: S0 <- decay S0 + X^T diag(s) B, for the chunk's S0 [bp, bn]
-        and ring B rows rb [L, bn] (below the count)."""
-        xw, s, decay = terms
-        sbw = s[:, None] * masked_window(valid, cur, rb, b_ref[b, g, ns].astype(_F32))
-        upd = outer_fold(xw, sbw, precision, fold_dot)                  # [bp, bn]
-        store(s_out.at[slot, h, ps, ns], (decay * s0 + upd).astype(s_out.dtype), rows)
+    # y first: its [L] / [bp] terms are dead before the fold's [L, bn] tiles are live (at
+    # P = 80's 128-row tile the fold after y took the replay from 539 to 479 us, batch 256).
+    xw, s, decay = window_terms()
+    bc = jnp.where(valid, bc_ring, jnp.where(cur, bc_cur, 0.0))        # [L]  B_j . C
+    y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
+    store(y_ref.at[b, h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
 
-    # The pass over the checkpoint: S0 C and (unless precomputed), for every ring entry,
-    # B_j . C; with `terms` (a folding row's fused pass) each chunk also folded as it is read.
-    def readout(ns, carry, terms=None):
-        s0c, bc_ring, bc_cur = carry
-        folds = terms is not None
-        cv = c_ref[b, g, ns].astype(_F32)
-        s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
-        s0c = s0c + jnp.sum(s0 * cv[None, :], axis=1)
-        rb = (ring_entries(rb_in.at[slot, g, :, ns], c if folds else rc)
-              if folds or bcr_ref is None else None)                         # [L, bn]
-        if folds:
-            fold_chunk(ns, s0, rb, terms)
-        if bcr_ref is not None:
-            return s0c, bc_ring, bc_cur
-        return (s0c, bc_ring + jnp.sum(rb.astype(_F32) * cv[None, :], axis=1),
-                bc_cur + jnp.sum(b_ref[b, g, ns].astype(_F32) * cv))
+    # Fold pass (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk; the S0 chunks
+    # were just read by this program and come back from L2. Its window terms are formed again
+    # here (cheap), so none stay live across the store above.
+    @pl.when(live & (c == L - 1))
+    def _fold():
+        xw, s, decay = window_terms()
 
-    def output(folds):
-        """The pass (fused with the fold if `folds`) and y."""
-        terms = window_terms() if folds else None
-        zero_p = jnp.zeros((block_p,), _F32)
-        s0c, bc_ring, bc_cur = n_chunks(N, block_n, functools.partial(readout, terms=terms),
-                                         (zero_p, jnp.zeros((L,), _F32), jnp.float32(0)))
-        if bcr_ref is not None:
-            bc_ring, bc_cur = bcr_ref[b, g, :], bcc_ref[b, g]
-        xw, s, decay = terms or window_terms()
-        bc = jnp.where(valid, bc_ring, jnp.where(cur, bc_cur, 0.0))    # [L]  B_j . C
-        y = decay * s0c + jnp.sum((s * bc)[:, None] * xw, axis=0) + d_ref[h] * x
-        store(y_ref.at[b, h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
-
-    if fused:     # a folding row reads each chunk once, for its output and its fold
-        pl.when(~fold)(lambda: output(False))
-        pl.when(fold)(lambda: output(True))
-    else:         # the read-only pass, then (one step in L) the fold pass, whose S0 chunks
-        output(False)  # were just read by this program and come back from L2
-
-        @pl.when(fold)
-        def _fold():
-            terms = window_terms()
-
-            def chunk(ns, carry):
-                fold_chunk(ns, load(s_in.at[slot, h, ps, ns], rows).astype(_F32),
-                           ring_entries(rb_in.at[slot, g, :, ns], c), terms)
-                return carry
-            n_chunks(N, block_n, chunk, 0)
+        def fold_chunk(ns, carry):
+            sbw = s[:, None] * masked_window(valid, cur, ring_entries(rb_in.at[slot, g, :, ns], c),
+                                             b_ref[b, g, ns].astype(_F32))  # [L, bn]
+            s0 = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)
+            upd = outer_fold(xw, sbw, precision, fold_dot)              # [bp, bn]
+            store(s_out.at[slot, h, ps, ns], (decay * s0 + upd).astype(s_out.dtype), rows)
+            return carry
+        n_chunks(N, block_n, fold_chunk, 0)
 
     # Append the current token at `c` (after a fold it lies past the reset count: harmless).
     @pl.when(live)
@@ -396,12 +373,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "fused", "ring_scalars", "all_ring_rows",
-                                             "grid_order", "num_warps", "num_stages",
-                                             "interpret"))
+                                             "ring_scalars", "all_ring_rows", "grid_order",
+                                             "num_warps", "num_stages", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, fused, ring_scalars, all_ring_rows, grid_order, num_warps,
-                   num_stages, interpret):
+                   eviction, ring_scalars, all_ring_rows, grid_order, num_warps, num_stages,
+                   interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     L = buffers.ring_x.shape[2]
@@ -412,7 +388,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction, all_ring_rows=all_ring_rows, fused=fused)
+        eviction=eviction, all_ring_rows=all_ring_rows)
     y, *new = call(
         kernel, name="mamba2_replay_decode",
         grid=_grid(batch, H, P, block_p, grid_order),
@@ -435,7 +411,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_in, rx_in, rb_in, rdt_in, y_ref, s_out, rx_out, *, grid_order,
                    heads_per_group, block_p, block_n, window, num_tokens, fold_dot, precision,
-                   eviction, write_ring, fused):
+                   eviction, write_ring):
     # One pass over the checkpoint serves all T tokens: per state chunk, T mat-vecs S0 C_t (the
     # decode kernel's readout, T times). The B . C products (ring x window, window x window) are
     # per group, not per head: they come precomputed (bcr_ref, bcw_ref). Everything per token is
@@ -453,65 +429,48 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     bc_ring = [bcr_ref[b, g, t, :] for t in range(T)]                      # T x [L] B_j . C_t
     bc_win = {(r, t): bcw_ref[b, g, r, t] for t in range(T) for r in range(t + 1)}  # B_r . C_t
 
-    a = a_ref[h]
-    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
-    valid, cur = j < c, j == c
-    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
-    fold = live & (c + T >= L)
-
-    def fold_terms():
-        """The fold's X [L, bp], weights s [L] and decay (ring[0:c] + window[0])."""
-        dtf = jnp.where(valid, ring_dt, jnp.where(cur, dts[0], 0.0))
-        return (masked_window(valid, cur, ring_x, xs[0]), dtf * jnp.exp(a * suffix_sums(dtf)),
-                jnp.exp(a * jnp.sum(dtf)))
-
-    def fold_chunk(ns, s0, terms):
-        xf, sf, decay = terms
-        sbw = sf[:, None] * masked_window(valid, cur, ring_entries(rb_in.at[slot, g, :, ns], c),
-                                          b_ref[b, 0, g, ns].astype(_F32))  # [L, bn]
-        store(s_out.at[slot, h, ps, ns],
-              (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)).astype(s_out.dtype), rows)
-
-    # The pass over the checkpoint (with `terms`, a folding row's fused pass: each chunk also
-    # folded as it is read).
-    def readout(ns, s0c, terms=None):
+    def readout(ns, s0c):
         s0 = stream(s_in.at[slot, h, ps, ns], eviction, rows).astype(_F32)  # [bp, bn]
-        if terms is not None:
-            fold_chunk(ns, s0, terms)
         return tuple(acc + jnp.sum(s0 * c_ref[b, t, g, ns].astype(_F32)[None, :], axis=1)
                      for t, acc in enumerate(s0c))
 
-    def output(terms=None):
-        s0c = n_chunks(N, block_n, functools.partial(readout, terms=terms),
-                       (jnp.zeros((block_p,), _F32),) * T)
-        dth = jnp.where(valid, ring_dt, 0.0)
-        s_hist = dth * jnp.exp(a * suffix_sums(dth))  # weights of ring entries at window start
-        decay_hist = jnp.exp(a * jnp.sum(dth))
-        xh = jnp.where(valid[:, None], ring_x.astype(_F32), 0.0)            # [L, bp]
-        cum = [sum(dts[:t + 1]) for t in range(T)]   # sum_{r <= t} dt_r
-        for t in range(T):
-            w = jnp.where(valid, s_hist * bc_ring[t], 0.0)                # garbage rows -> 0
-            y = (jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + jnp.sum(w[:, None] * xh, axis=0))
-                 + d_ref[h] * xs[t])
-            for r in range(t + 1):
-                y = y + dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bc_win[r, t] * xs[r]
-            store(y_ref.at[b, jnp.int32(t), h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype),
+    s0c = n_chunks(N, block_n, readout, (jnp.zeros((block_p,), _F32),) * T)
+
+    a = a_ref[h]
+    j = lax.broadcasted_iota(jnp.int32, (L,), 0)
+    valid = j < c
+    dth = jnp.where(valid, ring_dt, 0.0)
+    s_hist = dth * jnp.exp(a * suffix_sums(dth))      # weights of ring entries at window start
+    decay_hist = jnp.exp(a * jnp.sum(dth))
+    xh = jnp.where(valid[:, None], ring_x.astype(_F32), 0.0)                # [L, bp]
+    cum = [sum(dts[:t + 1]) for t in range(T)]       # sum_{r <= t} dt_r
+    for t in range(T):
+        w = jnp.where(valid, s_hist * bc_ring[t], 0.0)                    # garbage rows -> 0
+        y = (jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + jnp.sum(w[:, None] * xh, axis=0))
+             + d_ref[h] * xs[t])
+        for r in range(t + 1):
+            y = y + dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bc_win[r, t] * xs[r]
+        store(y_ref.at[b, jnp.int32(t), h, ps], jnp.where(live, y, 0.0).astype(y_ref.dtype), rows)
+
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & (c + T >= L))
+    def _fold():
+        cur = j == c
+        dtf = jnp.where(valid, ring_dt, jnp.where(cur, dts[0], 0.0))
+        sf = dtf * jnp.exp(a * suffix_sums(dtf))
+        decay = jnp.exp(a * jnp.sum(dtf))
+        xf = masked_window(valid, cur, ring_x, xs[0])                        # [L, bp]
+
+        def fold_chunk(ns, carry):
+            sbw = sf[:, None] * masked_window(valid, cur,
+                                              ring_entries(rb_in.at[slot, g, :, ns], c),
+                                              b_ref[b, 0, g, ns].astype(_F32))  # [L, bn]
+            s0 = load(s_in.at[slot, h, ps, ns], rows).astype(_F32)
+            store(s_out.at[slot, h, ps, ns],
+                  (decay * s0 + outer_fold(xf, sbw, precision, fold_dot)).astype(s_out.dtype),
                   rows)
-
-    if fused:
-        pl.when(~fold)(lambda: output())
-        pl.when(fold)(lambda: output(fold_terms()))
-    else:
-        output()
-
-        @pl.when(fold)
-        def _fold():
-            terms = fold_terms()
-
-            def chunk(ns, carry):
-                fold_chunk(ns, load(s_in.at[slot, h, ps, ns], rows).astype(_F32), terms)
-                return carry
-            n_chunks(N, block_n, chunk, 0)
+            return carry
+        n_chunks(N, block_n, fold_chunk, 0)
 
     if not write_ring:
         return
@@ -524,10 +483,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("block_p", "block_n", "fold_dot", "eviction",
-                                             "fused", "ring_write", "grid_order", "num_warps",
+                                             "ring_write", "grid_order", "num_warps",
                                              "num_stages", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_n, fold_dot,
-                   eviction, fused, ring_write, grid_order, num_warps, num_stages, interpret):
+                   eviction, ring_write, grid_order, num_warps, num_stages, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (in place: with the window's
     x if ring_write is "kernel", else unchanged; B and dt are not written)."""
@@ -537,8 +496,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_p, block_
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_group=H // G, block_p=block_p,
         block_n=block_n, window=buffers.ring_x.shape[2], num_tokens=T, fold_dot=fold_dot,
-        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel",
-        fused=fused)
+        precision=dot_precision(interpret), eviction=eviction, write_ring=ring_write == "kernel")
     ck, rx = buffers.checkpoint, buffers.ring_x
     return call(
         kernel, name="mamba2_replay_verify",

@@ -113,13 +113,12 @@ class Mamba2(Problem):
     REPLAY_OPTIONS = [("evict-first", dict(state_eviction="evict_first")),
                       ("row-slowest", Problem.ROW_SLOWEST),
                       ("xla-scalars", dict(ring_scalars="xla")),
-                      ("all-ring-rows", dict(ring_loads="all")),
-                      ("separate-fold", dict(fold_pass="separate"))]
+                      ("all-ring-rows", dict(ring_loads="all"))]
     TILE_FIELD = "block_p"
     # two P tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
-    # window's x written by the kernel; the fold in a pass of its own
+    # window's x written by the kernel
     VERIFY_OPTIONS = dict(state_eviction="evict_first", block_p=8, ring_write="kernel",
-                          fold_pass="separate", **Problem.ROW_SLOWEST)
+                          **Problem.ROW_SLOWEST)
     STANDARD_CASES = [("grouped", dict(H=4, P=16, N=16, G=2), {}),
                       ("p80", dict(H=2, P=80, N=32, G=1), dict(chunk=16))]  # 5 P tiles of 16
     REPLAY_DIMS = dict(H=4, P=16, N=32, G=2)
@@ -196,14 +195,12 @@ class GDN(Problem):
                       ("row-slowest", Problem.ROW_SLOWEST),
                       ("head-slowest", dict(grid_order="head_slowest")),
                       ("all-ring-rows", dict(ring_loads="all")),
-                      ("unrolled", dict(chunk_loop="unrolled")),
-                      ("unrolled-separate-fold", dict(chunk_loop="unrolled",
-                                                      fold_pass="separate"))]
+                      ("unrolled", dict(chunk_loop="unrolled"))]
     TILE_FIELD = "block_v"
     # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
-    # window's d written by the kernel; the fold in a pass of its own
+    # window's d written by the kernel
     VERIFY_OPTIONS = dict(state_eviction="evict_first", block_v=8, ring_write="kernel",
-                          fold_pass="separate", **Problem.ROW_SLOWEST)
+                          **Problem.ROW_SLOWEST)
     STANDARD_CASES = [("grouped", dict(Hk=2, Hv=4, K=16, V=16), {}),
                       ("tiled", dict(Hk=1, Hv=2, K=32, V=32), dict(block_v=16))]
     REPLAY_DIMS = dict(Hk=2, Hv=4, K=32, V=16)
@@ -291,18 +288,6 @@ def impl_cases(attr, mosaic=1):
 def has_mosaic(family, op):
     """Whether `family` has a Mosaic GPU kernel for the op named `op` (and dims that fit one)."""
     return family.MOSAIC_DIMS is not None and hasattr(family.ops.pallas_mosaic_gpu, op)
-
-
-def fold_pass_impls(kind):
-    """pytest params (family, impl) of the Pallas kernels of `kind` ("replay", "verify") whose
-    tiling has a `fold_pass` (Triton, and Mosaic GPU where it has one)."""
-    def has_field(f, impl):
-        prefix = "MOSAIC_" if impl == MOSAIC else ""
-        t = getattr(f.ops, f"{prefix}{kind.upper()}_TILING", None)
-        return t is not None and "fold_pass" in {x.name for x in dataclasses.fields(t)}
-    return [pytest.param(f, impl, id=f"{name}-{impl}") for name, f in FAMILIES.items()
-            for impl in ("pallas", MOSAIC)
-            if (impl != MOSAIC or f.MOSAIC_DIMS is not None) and has_field(f, impl)]
 
 
 def family_impls(mosaic=True):

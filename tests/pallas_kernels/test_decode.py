@@ -29,7 +29,6 @@ from tests.pallas_kernels.families import (
     each_family,
     f64,
     family_impls,
-    fold_pass_impls,
     impl_cases,
     impl_dims,
     long_run,
@@ -196,30 +195,6 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
         runs.append((outs, bufs, counts))
     assert_runs_equal(*runs, interpret)
     assert not mosaic_races_found(interpret)
-
-
-@pytest.mark.parametrize("family,impl", fold_pass_impls("replay"))
-def test_fused_fold_pass_equals_separate(family, impl, interpret):
-    """fold_pass="fused" (a folding row folds each checkpoint chunk in the pass that reads it
-    for its output) forms "separate"'s sums: outputs, checkpoints, rings and counts bitwise
-    equal (compiled: within an ulp, `assert_runs_equal`) over three fold cycles of rows at
-    different counts (NaN ring entries past them) with a padding row, bf16 activations and the
-    family's ring for them."""
-    L = 4
-    runs = []
-    for fold_pass in ("separate", "fused"):
-        pb = family(17, batch=3, act=BF16, **impl_dims(family, family.REPLAY_DIMS, impl))
-        bufs, counts, _ = pb.make_replay_state(L, F32, family.BF16_RING)
-        slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
-        step = jitted(pb.ops, "replay_decode", **impl_kw(
-            impl, interpret, pb.tiling("replay", chunk=16, impl=impl, fold_pass=fold_pass)))
-        outs = []
-        for _ in range(3 * L):
-            out, bufs, counts = step(bufs, counts, *pb.step_inputs(), *pb.consts, slots)
-            outs.append(out)
-        runs.append((outs, bufs, counts))
-    assert_runs_equal(*runs, interpret)
-    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 @pytest.mark.parametrize("rows", [2, 1])

@@ -21,7 +21,6 @@ from tests.pallas_kernels.families import (
     IMPLS,
     MOSAIC,
     each_family,
-    fold_pass_impls,
     has_mosaic,
     impl_dims,
 )
@@ -152,18 +151,6 @@ def test_mosaic_overlap_prologue_equals_serial(family, interpret):
                         overrides=dict(prologue=prologue)) for prologue in ("serial", "overlap")]
     assert_runs_equal(*runs, interpret)
     assert not mosaic_races_found(interpret)
-
-
-@pytest.mark.parametrize("family,impl", fold_pass_impls("verify"))
-def test_fused_fold_pass_equals_separate(family, impl, interpret):
-    """The verify's fold_pass="fused" (a folding row folds the checkpoint chunks its readout
-    read) forms "separate"'s sums: outputs, pools and counts bitwise equal (compiled: within an
-    ulp) over steps with random acceptance, rows folding and not."""
-    runs = [_verify_run(family, 43, impl, interpret, F32, F32,
-                        overrides=dict(fold_pass=fold_pass))
-            for fold_pass in ("separate", "fused")]
-    assert_runs_equal(*runs, interpret)
-    assert impl != MOSAIC or not mosaic_races_found(interpret)
 
 
 def _verify_run(family, seed, impl, interpret, act, ring, overrides, T=4, L=8):
