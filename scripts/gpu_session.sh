@@ -68,6 +68,8 @@
 #              tests of both families (P / V = 80), then Mamba-2 at P = 80 beside Triton: decode
 #              at 1 / 32 / 256, verify;  p80-verify - Mamba-2's verify at P = 80, T = 2 / 4,
 #              batch 32 / 256, Triton beside Mosaic
+#   mosaic-fold - the Mosaic Mamba-2 replay's fold (walk unrolled, copies early, B . C in the
+#              kernel): compiled tests, decode at 1 / 256, verify T = 2 / 4 beside Triton
 #   p80-tiles - the Triton Mamba-2 replay (y before its fold) compiled, at batch 1 / 32 /
 #              256, then P = 80's and the 8B's tiles again at batch 256
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
@@ -519,6 +521,22 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas --tune '[{}, {"block_n": 32, "num_warps": 4},
                {"num_warps": 4}, {"block_n": 32}]' \
       --json "$out/kernels_8b_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
+  mosaic-fold)
+    # the Mosaic Mamba-2 replay's fold (stop 35): its walk unrolled (a decode fold is at count
+    # L - 1), its ring B copy issued with the first copies, B . C formed in the kernel (one XLA
+    # launch fewer); the verify's fold copies issued early too. Compiled tests, then decode at
+    # batch 1 / 256 (issue 16: replay <= 320 us amortised) and verify T = 2 / 4 at 256, beside
+    # Triton (before: 291.6 / 886.8 us non-fold / fold, 328.4 amortised; verify T = 4 548.6)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    REPLAYJAX_TEST_BACKEND=gpu limit 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py tests/pallas_kernels/test_verify.py \
+      -k "mosaic and mamba2" 2>&1 | tail -3 || true
+    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 1 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_fold.json" \
+      2>>"$out/mosaic.log" | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+      --tokens 2 4 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_mosaic_fold.json" 2>>"$out/mosaic.log" | grep "^|" || true ;;
   mosaic-p80)
     # The Mosaic kernels at ragged tiles (Nemotron-Nano-9B-v2's P = 80: a 64-row tile and one of
     # 16; the unit shapes' P / V = 80 too). The fourteenth session found their vector stores
