@@ -23,12 +23,11 @@ committed ring entries backwards (a loop of `count` steps; entries past the coun
 read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the walk's scalars
 (ring dt, B_j . C) are copied whole into SMEM with the first vectors (`scalar_vectors`), so the
 loop waits on no GMEM round trip.
-The fold (one step in L, at count L - 1: its walk unrolled) re-streams the checkpoint and adds
-X^T diag(s) B as rank-1 updates on the FMA units, in fp32: a tf32 wgmma would lose the state's
-precision and a 3-pass tf32 split is not worth it for a pass that runs once every L steps; its
-ring B copy is issued with the first copies (a folding row's only), so it lands behind the
-state stream. Non-fold steps append the token to the ring (x, dt, and B from the group's
-first head).
+The fold (one step in L) re-streams the checkpoint and adds X^T diag(s) B as rank-1 updates on
+the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pass tf32 split
+is not worth it for a pass that runs once every L steps; its ring B copy is issued with the
+first copies (a folding row's only), so it lands behind the state stream. Non-fold steps append
+the token to the ring (x, dt, and B from the group's first head).
 
 Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x N
 checkpoint tile (32 KiB in fp32 at N = 128), so what it does before the first state chunk is
@@ -212,18 +211,12 @@ def _walk(body, init, *, count, ring_dt, a, suffix):
     """Folds body(j, s_j, carry) over the committed ring entries j = count-1 .. 0 (newest first;
     entries past the count are never read) with s_j = dt_j exp(A (suffix + sum_{j<i<count} dt_i)):
     `suffix` is the dt sum of the tokens after the ring. ring_dt(j) reads entry j's dt. Returns
-    (suffix + the ring's dt sum, carry). A Python int count (a decode fold's L - 1) walks as
-    straight-line code: static SMEM offsets, no loop to wait on."""
+    (suffix + the ring's dt sum, carry)."""
     def step(k, carry):
         sfx, acc = carry
         j = count - 1 - k
         dtj = ring_dt(j)
         return sfx + dtj, body(j, dtj * jnp.exp(a * sfx), acc)
-    if isinstance(count, int):
-        carry = (suffix, init)
-        for k in range(count):
-            carry = step(k, carry)
-        return carry
     return lax.fori_loop(0, count, step, (suffix, init))
 
 
@@ -380,9 +373,8 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     @pl.when(live & fold)
     def _():
         plgpu.barrier_wait(fold_bar.at[0])
-        # a decode row folds at count L - 1 only: its walk has a static length
-        _fold(tile, rb_smem, v.b, x, dt, decay, functools.partial(walk, count=L - 1), ring_row,
-              out_smem, live, block_n=block_n, num_stages=num_stages)
+        _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
+              block_n=block_n, num_stages=num_stages)
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
     # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
@@ -487,14 +479,6 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     else:
         load_all(bars, *copies)
         xs, hist_dt, decay_hist, y_hist = landed_part()
-    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring: its
-    # ring B and window[0]'s B in flight behind the state stream.
-    fold = live & verify_folds(c, T, L)
-    fold_landed = [fold_bars.at[0], fold_bars.at[1]]
-
-    @pl.when(fold)
-    def _():
-        issue_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
     def readout(idx, s_smem, acc):
@@ -523,9 +507,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
         write_out(y, live, v.x[t], y_ref.at[b, t, h], pt)     # x_t is in registers
 
-    @pl.when(fold)
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
+    @pl.when(live & verify_folds(c, T, L))
     def _():
-        wait_all(fold_landed)
+        load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
         _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
               ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
 
