@@ -68,8 +68,6 @@
 #              tests of both families (P / V = 80), then Mamba-2 at P = 80 beside Triton: decode
 #              at 1 / 32 / 256, verify;  p80-verify - Mamba-2's verify at P = 80, T = 2 / 4,
 #              batch 32 / 256, Triton beside Mosaic
-#   mosaic-fold - the Mosaic Mamba-2 replay's fold (walk unrolled, copies early, B . C in the
-#              kernel): compiled tests, decode at 1 / 256, verify T = 2 / 4 beside Triton
 #   p80-tiles - the Triton Mamba-2 replay (y before its fold) compiled, at batch 1 / 32 /
 #              256, then P = 80's and the 8B's tiles again at batch 256
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
@@ -500,6 +498,27 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
+  p80-tiles)
+    # the Triton Mamba-2 replay with y stored before its fold, the fold's window terms formed
+    # again inside it (stop 35: the fewer registers live took P = 80's replay from 539 to 479 us
+    # staggered at batch 256): its compiled tests, both shapes at batch 1 / 32 / 256, then the
+    # tiles again at batch 256 (P = 80's default: one masked 128-row tile, 32-wide d_state
+    # chunks, 4 warps; the 8B's: 64 x 64 on 2 warps)
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_decode.py -k "mamba2 and pallas] and not xla" 2>&1 | tail -3 \
+      || true
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 32 256 \
+      --impls pallas --json "$out/kernels_mamba2_order.json" 2>>"$out/kernels.log" \
+      | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas --tune '[{}, {"block_n": 64}, {"num_warps": 8},
+               {"block_n": 64, "num_warps": 8}, {"block_p": 64, "num_warps": 2},
+               {"block_p": 64, "num_warps": 4}]' \
+      --json "$out/kernels_p80_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas --tune '[{}, {"block_n": 32, "num_warps": 4},
+               {"num_warps": 4}, {"block_n": 32}]' \
+      --json "$out/kernels_8b_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
   p80-tiles)
     # the Triton Mamba-2 replay with y stored before its fold, the fold's window terms formed
     # again inside it (stop 35: the fewer registers live took P = 80's replay from 539 to 479 us

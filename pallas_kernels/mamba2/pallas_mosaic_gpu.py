@@ -13,11 +13,10 @@ dtype with the other small ones (`VectorPack`: a buffer of its own takes 1 KiB).
 go back by TMA from a double-buffered SMEM staging area, for live rows only (the null slot is
 never written).
 
-Replay: the per-group products B_j . C (ring x current C) are computed by XLA before the kernel
-(a [b, G, L] read of the ring's B: under 1% of the state traffic; computing them in every CTA
-instead made each CTA copy its group's whole ring B every step, L x N: 4 KiB at the 8B's
-shapes, an eighth of its state tile); B . C needs only the token's vectors, already in SMEM,
-and each CTA forms it (`dot`: one XLA launch fewer). That launch is a fixed cost per layer, so
+Replay: the per-group products B_j . C (ring x current C) and B . C are computed by XLA before
+the kernel (a [b, G, L] read of the ring's B: under 1% of the state traffic; computing them in
+every CTA instead made each CTA copy its group's whole ring B every step, L x N: 4 KiB at the
+8B's shapes, an eighth of its state tile). Their two launches are a fixed cost per layer, so
 "auto" keeps the Triton replay at small batches (`AUTO_MIN_BATCH`). The kernel walks the
 committed ring entries backwards (a loop of `count` steps; entries past the count are never
 read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the walk's scalars
@@ -25,9 +24,8 @@ read), carrying the suffix sum of dt for s_j = dt_j exp(A sum_{i>j} dt_i); the w
 loop waits on no GMEM round trip.
 The fold (one step in L) re-streams the checkpoint and adds X^T diag(s) B as rank-1 updates on
 the FMA units, in fp32: a tf32 wgmma would lose the state's precision and a 3-pass tf32 split
-is not worth it for a pass that runs once every L steps; its ring B copy is issued with the
-first copies (a folding row's only), so it lands behind the state stream. Non-fold steps append
-the token to the ring (x, dt, and B from the group's first head).
+is not worth it for a pass that runs once every L steps. Non-fold steps append the token to the
+ring (x, dt, and B from the group's first head).
 
 Prologue (a tiling's `prologue`, replay decode and verify): a CTA streams only its 64 x N
 checkpoint tile (32 KiB in fp32 at N = 128), so what it does before the first state chunk is
@@ -76,7 +74,6 @@ from pallas_kernels._mosaic_utils import (
     auto_takes,
     chunk,
     cols,
-    dot,
     issue_all,
     load_all,
     measured_tiling,
@@ -303,7 +300,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
                    out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
                    prologue):
     b, h, g, t = _position(heads_per_group)
@@ -332,9 +329,8 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         landed, the readout aside. y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current
         token with s = dt."""
         x = plgpu.load(v.x, layout=ROW).astype(F32)
-        bc = dot(v.b, v.c, block_n)                  # B . C, from SMEM (no XLA op)
         total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
-                             (dt * bc) * x, suffix=dt)
+                             (dt * bcc_ref[b, g]) * x, suffix=dt)
         return x, jnp.exp(a * total), y_ring
 
     overlap = prologue == "overlap"
@@ -343,11 +339,6 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     else:
         load_all(bars, *copies)
         x, decay, y_ring = landed_part()
-    fold = c == L - 1
-
-    @pl.when(live & fold)         # a folding row's ring B, in flight behind its state stream
-    def _():
-        plgpu.copy_gmem_to_smem(rb_ref.at[slot, g], rb_smem, fold_bar.at[0])
     tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
 
     def readout(idx, s_smem, acc):
@@ -370,9 +361,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h], t)
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
+    fold = c == L - 1
+
     @pl.when(live & fold)
     def _():
-        plgpu.barrier_wait(fold_bar.at[0])
+        load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
         _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
               block_n=block_n, num_stages=num_stages)
 
@@ -399,8 +392,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
-    # Per-group ring x current B . C products: tiny next to the state (B . C: in the kernel).
-    bc_ring = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])[0][:, :, 0]  # [b, G, L]
+    # Per-group B . C products (ring x current, current x current): tiny next to the state.
+    bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
+    bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
@@ -411,7 +405,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
-                    a_ref=A, d_ref=D, bcr_ref=bc_ring,
+                    a_ref=A, d_ref=D, bcr_ref=bc_ring, bcc_ref=bc_cur,
                     s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
