@@ -23,6 +23,15 @@ SYNTHETIC = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
         mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4,
         intermediate_size=21504, layer_norm_epsilon=1e-5),
+    # nvidia/NVIDIA-Nemotron-Nano-9B-v2 (Megatron-Bridge recipe nemotron_nano_v2.py; 56 layers:
+    # 27 Mamba-2 with head dim P = 80, 4 attention, 25 MLP): the Mamba-2 kernels' ragged-tile
+    # shape (`bench kernels --shapes nemotron-nano-9b-v2`).
+    "nemotron-nano-9b-v2": dict(
+        model_type="nemotron_h", vocab_size=131072, hidden_size=4480,
+        hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=80, n_groups=8, ssm_state_size=128, conv_kernel=4,
+        intermediate_size=15680, layer_norm_epsilon=1e-5),
     # Qwen3.5-9B (dense): transformers 5.24 Qwen3_5TextConfig defaults, documented as the 9B's,
     # matching a published copy of its config.json.
     "qwen3.5-9b": dict(
@@ -72,6 +81,7 @@ SYNTHETIC = {
 # experts; Nemotron-3-Nano is trained with an "*E" head that its release does not ship.
 SYNTHETIC_MTP = {
     "nemotron-h-8b": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*-"),
+    "nemotron-nano-9b-v2": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*-"),
     "nemotron-3-nano-30b-a3b": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E"),
 }
 

@@ -393,10 +393,11 @@ def test_synthetic_presets_parse_and_describe_an_mtp_head(name):
     assert model.mtp is not None and len(model.mtp.layers) >= 1
 
 
-@pytest.mark.parametrize("name,params_b", [("nemotron-3-nano-30b-a3b", 31.6),
+@pytest.mark.parametrize("name,params_b", [("nemotron-nano-9b-v2", 8.89),
+                                           ("nemotron-3-nano-30b-a3b", 31.6),
                                            ("qwen3.5-35b-a3b", 34.7),
                                            ("qwen3-next-80b-a3b", 79.7)])
-def test_moe_presets_have_their_published_size(name, params_b):
+def test_presets_have_their_published_size(name, params_b):
     total, _ = synthetic.param_bytes(synthetic.synthetic_config(name), jnp.bfloat16)
     assert total / 2 / 1e9 == pytest.approx(params_b, rel=0.01)
 
