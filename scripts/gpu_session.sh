@@ -68,6 +68,7 @@
 #              tests of both families (P / V = 80), then Mamba-2 at P = 80 beside Triton: decode
 #              at 1 / 32 / 256, verify;  p80-verify - Mamba-2's verify at P = 80, T = 2 / 4,
 #              batch 32 / 256, Triton beside Mosaic
+#   replay-tiles - the Triton Mamba-2 replay's tiles at 2 / 4 / 8 rows (8B and P = 80)
 #   p80-tiles - the Triton Mamba-2 replay (y before its fold) compiled, at batch 1 / 32 /
 #              256, then P = 80's and the 8B's tiles again at batch 256
 #   mosaic-diag - scripts/mosaic_diag.py: every Mosaic kernel (both families; standard, replay
@@ -498,6 +499,20 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
+  replay-tiles)
+    # the Triton Mamba-2 replay between batch 1 and `auto`'s Mosaic switch (16 rows): the 8B's
+    # default (64 x 64 tiles on 2 warps: 255 registers and spills at 256) against 4 warps and
+    # 32-wide chunks on 4 warps (365.3 / 360.6 vs 387.9 us at 256, sixteenth session), and P =
+    # 80's (Triton at every batch) against its batch-1 tiles, at 2 / 4 / 8 rows
+    for b in 2 4 8; do
+      limit 60 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+        --batches $b --impls pallas --tune '[{}, {"num_warps": 4},
+                 {"block_n": 32, "num_warps": 4}]' \
+        --json "$out/kernels_8b_tiles_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
+      limit 50 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+        --batches $b --impls pallas --tune '[{}, {"block_p": 32, "ring_loads": "all"}]' \
+        --json "$out/kernels_p80_tiles_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
   p80-tiles)
     # the Triton Mamba-2 replay with y stored before its fold, the fold's window terms formed
     # again inside it (stop 35: the fewer registers live took P = 80's replay from 539 to 479 us
