@@ -534,43 +534,6 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas --tune '[{}, {"block_n": 32, "num_warps": 4},
                {"num_warps": 4}, {"block_n": 32}]' \
       --json "$out/kernels_8b_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
-  p80-tiles)
-    # the Triton Mamba-2 replay with y stored before its fold, the fold's window terms formed
-    # again inside it (stop 35: the fewer registers live took P = 80's replay from 539 to 479 us
-    # staggered at batch 256): its compiled tests, both shapes at batch 1 / 32 / 256, then the
-    # tiles again at batch 256 (P = 80's default: one masked 128-row tile, 32-wide d_state
-    # chunks, 4 warps; the 8B's: 64 x 64 on 2 warps)
-    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_decode.py -k "mamba2 and pallas] and not xla" 2>&1 | tail -3 \
-      || true
-    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 32 256 \
-      --impls pallas --json "$out/kernels_mamba2_order.json" 2>>"$out/kernels.log" \
-      | grep "^|" || true
-    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
-      --batches 256 --impls pallas --tune '[{}, {"block_n": 64}, {"num_warps": 8},
-               {"block_n": 64, "num_warps": 8}, {"block_p": 64, "num_warps": 2},
-               {"block_p": 64, "num_warps": 4}]' \
-      --json "$out/kernels_p80_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true
-    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
-      --batches 256 --impls pallas --tune '[{}, {"block_n": 32, "num_warps": 4},
-               {"num_warps": 4}, {"block_n": 32}]' \
-      --json "$out/kernels_8b_tiles.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
-  mosaic-fold)
-    # the Mosaic Mamba-2 replay's fold (stop 35): its walk unrolled (a decode fold is at count
-    # L - 1), its ring B copy issued with the first copies, B . C formed in the kernel (one XLA
-    # launch fewer); the verify's fold copies issued early too. Compiled tests, then decode at
-    # batch 1 / 256 (issue 16: replay <= 320 us amortised) and verify T = 2 / 4 at 256, beside
-    # Triton (before: 291.6 / 886.8 us non-fold / fold, 328.4 amortised; verify T = 4 548.6)
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false
-    REPLAYJAX_TEST_BACKEND=gpu limit 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_decode.py tests/pallas_kernels/test_verify.py \
-      -k "mosaic and mamba2" 2>&1 | tail -3 || true
-    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
-      --batches 1 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_fold.json" \
-      2>>"$out/mosaic.log" | grep "^|" || true
-    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
-      --tokens 2 4 --batches 256 --impls pallas pallas_mosaic_gpu \
-      --json "$out/verify_mosaic_fold.json" 2>>"$out/mosaic.log" | grep "^|" || true ;;
   mosaic-p80)
     # The Mosaic kernels at ragged tiles (Nemotron-Nano-9B-v2's P = 80: a 64-row tile and one of
     # 16; the unit shapes' P / V = 80 too). The fourteenth session found their vector stores
