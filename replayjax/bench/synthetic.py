@@ -78,7 +78,8 @@ SYNTHETIC = {
 }
 # Config fields added only when a variant drafts with MTP, for models whose release has no MTP
 # head: Nemotron-H 8B and Nemotron-Nano-9B-v2 get Nemotron 3's "*E" shape with their dense MLP
-# ("*-"), as they have no experts; Nemotron-3-Nano is trained with an "*E" head that its release does not ship.
+# ("*-"), as they have no experts; Nemotron-3-Nano is trained with an "*E" head that its release
+# does not ship.
 SYNTHETIC_MTP = {
     "nemotron-h-8b": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*-"),
     "nemotron-nano-9b-v2": dict(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*-"),
