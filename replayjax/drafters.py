@@ -70,6 +70,9 @@ class Drafter(abc.ABC):
 
     name: ClassVar[str]
     speculative: ClassVar[bool] = True      # proposes num_draft >= 1 tokens per step
+    # drafts from `host_drafts`: the host runs between two steps, so a visit is one step
+    # (device drafters chain up to steps_per_visit steps on device)
+    on_host: ClassVar[bool] = False
     models: tuple = ()          # models its device hooks run besides the target (a draft model)
 
     def __init__(self, model, *, num_draft: int, draft_model=None, impl: str = "auto"):
@@ -141,6 +144,7 @@ class NgramDrafter(Drafter):
     """Prompt lookup on the host (`ngram_drafts` over prompt + generated tokens)."""
 
     name = "ngram"
+    on_host = True
 
     def host_drafts(self, num_rows, histories):
         out = np.zeros((num_rows, self.num_draft), np.int32)

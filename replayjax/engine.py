@@ -12,8 +12,9 @@ speculative decoding, live admission and cancellation.
 Each `step` is one host visit: queued requests are admitted into free slots (prefill of up to
 `prefill_rows` prompts and `prefill_tokens` padded positions, padded to a power-of-two length
 bucket and a batch fixed per bucket, so shapes -- and compilations -- stay few), or up to
-`steps_per_visit` decode steps run on device in one `lax.while_loop` over all slots (or one
-speculative step), with the device state donated.
+`steps_per_visit` decode steps run on device in one `lax.while_loop` over all slots (as many
+speculative steps with a device drafter, one with a host drafter: `Drafter.on_host`), with the
+device state donated.
 Admission goes in rounds: a round admits min(free slots, queued) requests, then one decode or
 verify visit runs before the next round, so a stream of arrivals cannot starve running requests.
 Finished slots are freed and reused (prefill resets a slot's state). Sampling keys depend only
@@ -151,6 +152,8 @@ class Engine:
                  prefix_host_gb: float = 0.0):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
+        steps_per_visit: decode steps a visit runs on device, or speculative steps with a
+        device drafter ("mtp", "draft"; "ngram" drafts on the host: one step a visit).
         mesh: a tensor-parallel mesh (`models.sharding.make_mesh`) to run on; models on one
         device are laid out and placed on it (`models.sharding.shard_model`). None: where the
         model's params are (a model loaded onto a mesh runs on that mesh).
@@ -218,8 +221,9 @@ class Engine:
             steps.prefill, drafter=self.drafter, keep_logits=return_logits))
         self._decode = self.runner.jit(functools.partial(steps.decode_loop, n=steps_per_visit,
                                                          **static))
-        self._speculate = self.runner.jit(functools.partial(steps.speculate,
-                                                            drafter=self.drafter, **static))
+        self._speculate = self.runner.jit(functools.partial(
+            steps.speculate_loop, drafter=self.drafter,
+            n=1 if self.drafter.on_host else steps_per_visit, **static))
         self._visit_kind = "verify" if self.drafter.speculative else "decode"
         self.record_drafts = False   # tests: keep (cache length, drafts) per spec step per request
         self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
@@ -676,21 +680,24 @@ class Engine:
             r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in pairs})
         start = time.perf_counter()
         self.state, emitted, n_acc, drafts, logits = self._speculate(self.state, inp, sp, host)
-        emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)
+        emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)   # [rows, steps, T], [rows, steps]
         drafts = np.asarray(drafts) if self.record_drafts else None
         logits = np.asarray(logits) if self.return_logits else None
         now = time.perf_counter()
-        self.visits.append(("verify", 1, now - start))
+        self.visits.append(("verify", int((n_acc > 0).any(0).sum()), now - start))
         events = []
         for r, s in pairs:
             e = self._running[s]
-            if drafts is not None:
-                e.drafts.append((len(e.req.prompt) + len(e.tokens) - 1, drafts[r].tolist()))
-            e.tokens += emitted[r, :n_acc[r]].tolist()
-            if logits is not None:
-                e.logits.append(logits[r, :n_acc[r]])
-            e.verify_steps += 1
-            e.accepted += int(n_acc[r]) - 1
+            for j in np.flatnonzero(n_acc[r]):      # the steps the row took part in
+                k = int(n_acc[r, j])
+                if drafts is not None:
+                    pos = len(e.req.prompt) + len(e.tokens) - 1
+                    e.drafts.append((pos, drafts[r, j].tolist()))
+                e.tokens += emitted[r, j, :k].tolist()
+                if logits is not None:
+                    e.logits.append(logits[r, j, :k])
+                e.verify_steps += 1
+                e.accepted += k - 1
             events += self._settle(s, e, now)
         return events
 

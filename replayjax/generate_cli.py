@@ -119,7 +119,8 @@ def build_parser():
     d.add_argument("--max-len", type=cli.at_least(2), default=2048, metavar="N",
                    help="cache length per slot: prompt + new tokens (+ drafts) must fit")
     d.add_argument("--steps-per-visit", type=cli.at_least(1), default=8, metavar="N",
-                   help="decode steps run on the device between two host visits")
+                   help="decode steps (or speculative steps of a device drafter) run on the "
+                        "device between two host visits")
     cli.add_prefix_arguments(d)
     cli.add_batching_argument(d)
     cli.add_tp_argument(d)

@@ -152,3 +152,43 @@ def speculate(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, h
         inp.last, drafts, emitted, n_acc, hidden, starts, slots, inp.active))
     return (state.replace(cache=cache, drafter=dstate), emitted, jnp.where(inp.active, n_acc, 0),
             drafts, logits)
+
+
+def speculate_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, host, *,
+                   n: int, drafter: Drafter, mode: str, impl: str, keep_logits: bool):
+    """Up to n `speculate` steps over the rows of `inp` in one `lax.while_loop`, stopping early
+    once no row is active: a row stays active while it may generate more tokens and none of
+    its emitted ones is a stop id (the host drops the tokens past either, as after one step).
+    host (`Drafter.host_drafts`) serves every step, so a host drafter runs with n = 1.
+    Returns the state, the emitted tokens [b, n, T], n_acc [b, n] (0 for a row inactive at a
+    step, and for steps not run), the drafts verified [b, n, K] and, with keep_logits, the
+    verify logits [b, n, T, V] fp32 (else None)."""
+    b, K, V = inp.last.shape[0], drafter.num_draft, models[0].cfg.vocab_size
+    T = K + 1
+
+    def cond(c):
+        return (c[0] < n) & jnp.any(c[2].active)
+
+    def body(c):
+        i, st, s, out, acc, dr, lg = c
+        st, emitted, n_acc, drafts, logits = speculate(
+            models, st, s, sp, host, drafter=drafter, mode=mode, impl=impl,
+            keep_logits=keep_logits)
+        valid = jnp.arange(T)[None, :] < n_acc[:, None]                     # [b, T]
+        stop = jnp.any(valid & jnp.any(emitted[:, :, None] == s.stops[:, None, :], axis=2),
+                       axis=1)
+        remaining = s.remaining - n_acc
+        last = jnp.take_along_axis(emitted, jnp.maximum(n_acc - 1, 0)[:, None], axis=1)[:, 0]
+        s = s.replace(last=jnp.where(n_acc > 0, last, s.last),
+                      active=s.active & (remaining > 0) & ~stop,
+                      remaining=remaining, gen_pos=s.gen_pos + n_acc)
+        if keep_logits:
+            lg = lg.at[:, i].set(logits)
+        return (i + 1, st, s, out.at[:, i].set(emitted), acc.at[:, i].set(n_acc),
+                dr.at[:, i].set(drafts), lg)
+
+    init = (0, state, inp, jnp.zeros((b, n, T), jnp.int32), jnp.zeros((b, n), jnp.int32),
+            jnp.zeros((b, n, K), jnp.int32),
+            jnp.zeros((b, n, T, V), jnp.float32) if keep_logits else None)
+    _, state, _, out, acc, dr, lg = jax.lax.while_loop(cond, body, init)
+    return state, out, acc, dr, lg

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-len", type=cli.at_least(16), default=2048,
                     help="cache length per slot: prompt + generated tokens (+ drafts)")
     ap.add_argument("--steps-per-visit", type=cli.at_least(1), default=8,
-                    help="decode steps run on device between two host visits (streaming and "
+                    help="decode steps (or speculative steps of a device drafter) run on device "
+                         "between two host visits (streaming and "
                          "admission happen between visits)")
     cli.add_prefix_arguments(ap)
     cli.add_batching_argument(ap)

@@ -158,3 +158,42 @@ def test_mtp_drafter_needs_an_mtp_head(fixture):
         Engine(plain, window=4, num_draft=2, drafter="mtp")
     with pytest.raises(ValueError, match="drafter must be one of .*'draft', got 'eagle'"):
         Engine(plain, window=4, num_draft=2, drafter="eagle")
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_speculative_steps_chained_on_device_match_one_per_visit(fixture, tmp_path, exact):
+    """A device drafter runs up to steps_per_visit speculative steps per visit: each request
+    gets what one step per visit gives it (tokens, finish reason, verify steps, accepted
+    drafts, the drafts of every step and the logits), with stop ids and length limits reached
+    mid-visit, greedy and seeded sampling. exact: the head whose drafts are all accepted, so a
+    step emits K + 1 tokens and a stop id can land inside a window."""
+    model, _, prompts, want = fixture
+    if exact:
+        if model.cfg.family != "qwen3_next":
+            pytest.skip("the exact head is built for Qwen3-Next")
+        model = _bigram_with_exact_head(tmp_path, "qwen", "qwen3_next")
+    greedy = [c.tokens for c in Engine(model, num_slots=3, max_len=128, window=4).generate(
+        [Request(prompt=p, max_new_tokens=20) for p in prompts[:3]])]
+    stop = greedy[0][9]             # a token the first request emits mid-way
+
+    def run(steps):
+        eng = Engine(model, num_slots=3, max_len=128, window=4, num_draft=3, drafter="mtp",
+                     steps_per_visit=steps, return_logits=True)
+        eng.record_drafts = True
+        out = eng.generate([
+            Request(prompt=prompts[0], max_new_tokens=20, stop_ids=[stop]),
+            Request(prompt=prompts[1], max_new_tokens=13),
+            Request(prompt=prompts[2], max_new_tokens=17,
+                    sampling=SamplingParams(temperature=0.8, seed=3)),
+            Request(prompt=prompts[1][:4], max_new_tokens=6)])
+        return out, [n for kind, n, _ in eng.visits if kind == "verify"]
+
+    (one, visits1), (many, visits6) = run(1), run(6)
+    assert set(visits1) == {1} and max(visits6) > 1
+    assert one[0].finish_reason == "stop" and one[0].tokens[-1] == stop
+    for a, b in zip(one, many):
+        assert (a.tokens, a.finish_reason, a.verify_steps, a.accepted_drafts, a.drafts) == (
+            b.tokens, b.finish_reason, b.verify_steps, b.accepted_drafts, b.drafts)
+        np.testing.assert_array_equal(a.logits, b.logits)
+    if exact:
+        assert all(c.accepted_drafts > 0 for c in one)
