@@ -24,13 +24,16 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
 #              ring-write - the verify kernels writing the window's per-row ring entries
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
-#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-more - Qwen3.5-9B
+#              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-spec-visits -
+#              the same, speculative steps chained on device (16 a visit) against one a visit;
+#              e2e-more - Qwen3.5-9B
 #              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
 #              e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200 (Nemotron-3-Nano,
 #              Qwen3.5-35B) at batch 256 / 32 / 1;  e2e-attn -
@@ -348,6 +351,12 @@ case $stage in
     e2e 330 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --variants replay+mtp standard+mtp
     e2e 250 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --workload sync \
       --variants replay+mtp standard+mtp ;;
+  e2e-spec-visits)
+    # a device drafter's verify steps chained in one while_loop (--steps-per-visit 16, the
+    # bench's default) against one step a host visit (the engine before stop 36), mixed prompts
+    e2e 290 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --variants replay+mtp standard+mtp
+    e2e 280 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --steps-per-visit 1 \
+      --variants replay+mtp standard+mtp ;;
   e2e-more)
     e2e 420 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
   e2e-32)
@@ -499,6 +508,20 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_mosaic_tune_gdn.json" \
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
+  bc-products)
+    # the Mosaic Mamba-2 replay's B . C products by one Pallas launch (bc_products="pallas")
+    # against XLA's gather-and-reduce fusions (6.6 us a step at batch 256, eleventh session):
+    # compiled tests, then the 8B's replay both ways at batch 1 / 32 / 256 (amortised rows)
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_mamba2.py tests/pallas_kernels/test_decode.py \
+      -k "bc_products or bc-pallas or (mamba2 and mosaic and replay_matches)" 2>&1 | tail -3 \
+      || true
+    for cfg in '{}' '{"bc_products": "pallas"}'; do
+      tag=$([ "$cfg" = '{}' ] && echo xla || echo pallas)
+      limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+        --batches 1 32 256 --impls pallas_mosaic_gpu --replay-config "$cfg" \
+        --json "$out/kernels_bc_$tag.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
   replay-tiles)
     # the Triton Mamba-2 replay between batch 1 and `auto`'s Mosaic switch (16 rows): the 8B's
     # default (64 x 64 tiles on 2 warps: 255 registers and spills at 256) against 4 warps and

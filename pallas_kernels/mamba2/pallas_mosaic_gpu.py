@@ -94,8 +94,9 @@ from pallas_kernels._mosaic_utils import (
     zeros_row,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
+from pallas_kernels.mamba2.pallas_triton import decode_bc_products
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
-from pallas_kernels.validation import for_window
+from pallas_kernels.validation import check_choice, for_window, resolve_tiling
 
 GRID_NAMES = ("row", "head", "ptile")
 
@@ -109,11 +110,17 @@ class Mamba2MosaicTiling:
     vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
     at once and walks after it (module docstring; the same sums). ring_write (verify): who
     writes the window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or
-    "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's)."""
+    "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's). bc_products (replay
+    decode): what forms the B . C products before the launch (`BC_PRODUCTS`): "xla"
+    (`buffers.bc_products`) or "pallas" (`pallas_triton.decode_bc_products`, one launch)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
     ring_write: str = "xla"
+    bc_products: str = "xla"
+
+
+BC_PRODUCTS = ("xla", "pallas")
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -183,7 +190,10 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
+    products = resolve_tiling(tiling, MOSAIC_REPLAY_TILING).bc_products
+    check_choice("bc_products", products, BC_PRODUCTS)
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
+                          bc_kernel=products == "pallas",
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
                                  buffers.checkpoint.dtype))
 
@@ -386,15 +396,20 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "bc_kernel",
+                                             "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   interpret):
+                   bc_kernel, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
     # Per-group B . C products (ring x current, current x current): tiny next to the state.
-    bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
-    bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
+    if bc_kernel:
+        bc_ring, bc_cur = decode_bc_products(buffers.ring_b, slots, B, C,
+                                             interpret=bool(interpret))
+    else:
+        bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
+        bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]      # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),

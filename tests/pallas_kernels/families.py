@@ -48,6 +48,7 @@ class Problem:
     TILE_FIELD: str               # the Triton tilings' field of the value / head-dim tile
     MASKED_TILE_CASES: list = []  # (id, dims, overrides): Triton tiles that do not divide
                                   # their axis (masked), run by standard and replay decode
+    MOSAIC_REPLAY_OPTIONS: list = []  # (id, overrides): the Mosaic replay tiling's options
     ROW_SLOWEST = dict(grid_order="row_slowest")  # the launch order every Triton tiling takes
 
     def __init__(self, seed, *, batch=3, num_slots=7, act=F32, **dims):
@@ -136,6 +137,7 @@ class Mamba2(Problem):
     MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
+    MOSAIC_REPLAY_OPTIONS = [("bc-pallas", dict(bc_products="pallas"))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)

@@ -123,9 +123,11 @@ def _replay_params():
     params += [pytest.param(f, *c.values, opts, dims, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
                for name, f in FAMILIES.items() for opt_id, dims, opts in f.MASKED_TILE_CASES
                for c in REPLAY_CASES if c.id in OPTION_CASES]
-    return params + [pytest.param(f, *c.values, {}, f.REPLAY_DIMS, MOSAIC,
-                                  id=f"{name}-{c.id}-{MOSAIC}")
+    return params + [pytest.param(f, *c.values, opts, f.REPLAY_DIMS, MOSAIC,
+                                  id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
                      for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None
+                     for opt_id, opts in [("", {})] + [(f"-{i}", o) for i, o in
+                                                        f.MOSAIC_REPLAY_OPTIONS]
                      for c in (MOSAIC_REPLAY_CASE, MOSAIC_F32_CASE)]
 
 
