@@ -46,6 +46,7 @@
 #              greedy prefix column tells a late divergence from an early one)
 #   profile  - one decode step's kernels by class with the roofline (Nemotron-H-8B, batch 256)
 #   profile-b1 - the same at batch 1 on Nemotron-3-Nano-30B-A3B dims, standard then replay
+#   profile-qwen - the replay step of Qwen3.5-9B dims (batch 256) by class and kernel
 #   profile-spec - the kernels of a speculative verify step by class (MTP K = 3, batch 64,
 #              Nemotron-H-8B dims), ReplaySSM then the state-per-draft baseline, < 9 min
 #   prefill  - prefill tokens/s of 32 x 2048-token prompts, standard and replay caches, with the
@@ -687,6 +688,11 @@ print(serve.markdown(rows))" "$out" ;;
         --prompt-len 128 --steps 16 --mode $mode --drafter mtp --num-draft 3 --top 30 \
         2>>"$out/profile.log"
     done ;;
+  profile-qwen)
+    # issue 17's Qwen3.5-9B row (1.09x against 1.35x): where a replay step's time goes outside
+    # its 24 GDN kernels (never profiled)
+    limit 330 python3 -m replayjax.bench.profile --synthetic qwen3.5-9b --batch 256 \
+      --prompt-len 128 --steps 16 --mode replay --top 40 2>>"$out/profile.log" ;;
   profile|tp-profile)
     tp=$([ $stage = tp-profile ] && echo 2 || echo 1)
     limit 300 python3 -m replayjax.bench.profile --synthetic nemotron-h-8b --batch 256 \
