@@ -510,15 +510,15 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
       --tune '[{}, {"prologue": "serial"}, {"num_stages": 3}, {"block_k": 32}, {"block_k": 128}]' \
       2>>"$out/mosaic.log" | grep "^|" ;;
   bc-products)
-    # the Mosaic Mamba-2 replay's B . C products by one Pallas launch (bc_products="pallas")
-    # against XLA's gather-and-reduce fusions (6.6 us a step at batch 256, eleventh session):
+    # the Mosaic Mamba-2 replay's B . C products by one Pallas launch (bc_products="pallas", the
+    # default since stop 36) against XLA's gather-and-reduce fusions (6.5 us a step at 256):
     # compiled tests, then the 8B's replay both ways at batch 1 / 32 / 256 (amortised rows)
     REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_mamba2.py tests/pallas_kernels/test_decode.py \
-      -k "bc_products or bc-pallas or (mamba2 and mosaic and replay_matches)" 2>&1 | tail -3 \
+      -k "bc_products or bc-xla or (mamba2 and mosaic and replay_matches)" 2>&1 | tail -3 \
       || true
-    for cfg in '{}' '{"bc_products": "pallas"}'; do
-      tag=$([ "$cfg" = '{}' ] && echo xla || echo pallas)
+    for cfg in '{"bc_products": "xla"}' '{}'; do
+      tag=$([ "$cfg" = '{}' ] && echo pallas || echo xla)
       limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
         --batches 1 32 256 --impls pallas_mosaic_gpu --replay-config "$cfg" \
         --json "$out/kernels_bc_$tag.json" 2>>"$out/kernels.log" | grep "^|" || true

@@ -134,8 +134,8 @@ def profile(args, progress):
     engine.visits.clear()
     # prefill stays outside the trace: every visit waits for its results, so nothing of the
     # prefill is still running when tracing starts at the first decode (verify) visit; it stops
-    # once --steps steps of that kind have run (a verify visit is one step), and the rest drains
-    # untraced
+    # once --steps steps of that kind have run (a visit runs up to --steps of them; with a host
+    # drafter one), and the rest drains untraced
     with progress.stage(f"tracing {args.steps} {kind} steps"):
         visits, start, end = engine.serve(reqs()), None, None
         traced = lambda: [v for v in engine.visits[start:end] if v[0] == kind]  # noqa: E731

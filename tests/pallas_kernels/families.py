@@ -137,7 +137,7 @@ class Mamba2(Problem):
     MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
-    MOSAIC_REPLAY_OPTIONS = [("bc-pallas", dict(bc_products="pallas"))]
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla", dict(bc_products="xla"))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
