@@ -42,20 +42,22 @@ class Runner:
         self._commit = self.jit(lambda ms, cache, *a, **kw: ms[0].commit(cache, *a, **kw),
                                 static_argnames=("window_len", "mode"))
 
-    def jit(self, fn, *, static_argnames=()):
+    def jit(self, fn, *, static_argnames=(), compiler_options=None):
         """fn(models, state, *args, **kw) -> out, a pure function of the merged models (the
         tuple (model, *others)), as a jitted `step(state, *args, **kw)`: params are passed as an
         argument, `state` is donated (do not use it after the call), keyword arguments named in
         static_argnames are static (hashable; one compilation per value). On a tp mesh the
         step runs under shard_map (see the module docstring); positional args are replicated
-        onto the mesh first."""
+        onto the mesh first. compiler_options: XLA options of this program (`jax.jit`'s)."""
         graphdef, mesh = self.graphdef, self.mesh
+        jit = functools.partial(jax.jit, donate_argnums=(1,), static_argnames=static_argnames,
+                                compiler_options=compiler_options)
 
         def pure(params, state, *args, **kw):
             return fn(nnx.merge(graphdef, params), state, *args, **kw)
 
         if mesh is None:
-            jitted = jax.jit(pure, donate_argnums=(1,), static_argnames=static_argnames)
+            jitted = jit(pure)
             return lambda state, *args, **kw: jitted(self.params, state, *args, **kw)
         tp = sharding.mesh_tp(mesh)
         param_specs = jax.tree.map(lambda a: a.sharding.spec, self.params)
@@ -68,7 +70,7 @@ class Runner:
                 in_specs=(param_specs, sharding.state_specs(state, tp)) + (P(),) * len(args),
                 out_specs=sharding.state_specs(out, tp))(params, state, *args)
 
-        jitted = jax.jit(spmd, donate_argnums=(1,), static_argnames=static_argnames)
+        jitted = jit(spmd)
         return lambda state, *args, **kw: jitted(self.params, state,
                                                  *sharding.replicate(args, mesh), **kw)
 
