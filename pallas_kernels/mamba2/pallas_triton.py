@@ -115,7 +115,10 @@ class Mamba2ReplayTiling(Mamba2Tiling):
 # (staggered) 417 -> 391 at the 8B's shapes, 722 -> 648 at P = 80; evict_first reads of the
 # checkpoint were slower (438, 413 with row-slowest).
 STANDARD_TILING = Mamba2Tiling(block_p=32, block_n=64, num_warps=8, grid_order="row_slowest")
-REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=2, grid_order="row_slowest")
+# Replay on 4 warps (stop 36, 8B shapes, staggered us; 2 warps held 255 registers and spilled):
+# 2 rows 6.6 -> 6.0, 4 9.1 -> 8.7, 8 17.1 -> 16.0, 16 30.7 -> 28.8, 32 54.8 -> 50.7, 256
+# 387.9 -> 365.3 (sixteenth session; `auto` runs the Mosaic replay from 16 rows).
+REPLAY_TILING = Mamba2ReplayTiling(block_p=64, block_n=64, num_warps=4, grid_order="row_slowest")
 # P not a multiple of those block_p (Nemotron-Nano-9B-v2's P = 80, eighth session, batch 256):
 # masked P tiles, standard 711 -> 682 us (32 + 32 + 16 live rows); replay one 128-row tile of 80
 # live rows on 4 warps, 649 -> 569 (2 warps 699, block_p 32 742); in 32-wide d_state chunks,

@@ -73,7 +73,7 @@ def test_masked_p_tile_is_the_bound_up_to_p(P, block_p, tile):
     (mamba2.STANDARD_TILING, 80, 8, dict(block_p=32, num_warps=8)),
     (mamba2.REPLAY_TILING, 80, 8, dict(block_p=128, block_n=32, num_warps=4)),
     (mamba2.STANDARD_TILING, 64, 8, dict(block_p=32, num_warps=8)),
-    (mamba2.REPLAY_TILING, 64, 8, dict(block_p=64, num_warps=2)),
+    (mamba2.REPLAY_TILING, 64, 8, dict(block_p=64, num_warps=4)),
     (mamba2.REPLAY_TILING, 64, 1, dict(block_p=32, num_warps=4)),    # one row: small tiles
     (mamba2.REPLAY_TILING, 80, 1, dict(block_p=32, num_warps=4)),    # masked: 32 + 32 + 16
     (mamba2.STANDARD_TILING, 64, 1, dict(block_p=32, num_warps=8)),
