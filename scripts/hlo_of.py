@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from replayjax.bench.trace import _kernel_name, hlo_modules, xplane_file
+from replayjax.bench.trace import hlo_modules, kernel_name, xplane_file
 
 
 def main(argv=None):
@@ -24,7 +24,7 @@ def main(argv=None):
         comps = dict(re.findall(r"(?ms)^(?:ENTRY )?%?([\w.\-]+) .*?\{\n(.*?)^\}", text))
         for line in text.splitlines():
             m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
-            if not m or not pat.fullmatch(_kernel_name(m.group(1))):
+            if not m or not pat.fullmatch(kernel_name(m.group(1))):
                 continue
             print(f"== {key}: {line.strip()[:600]}")
             for c in re.findall(r"calls=%?([\w.\-]+)", line):

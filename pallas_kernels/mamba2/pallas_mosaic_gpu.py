@@ -128,7 +128,7 @@ BC_PRODUCTS = ("xla", "pallas")
 # 379 at 64, 490 at 128; verify T = 4 552 us at 32, 571 at 64; 3 or 4 stages change nothing.
 # Seventh session: the replay's "overlap" prologue 329 -> 320 us (3 stages with it: 345).
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
-# Sixteenth session (stop 36): the B . C products by one Pallas launch, 8B at batch 256 326.8 ->
+# Seventeenth session (stop 36): the B . C products by one Pallas launch, 8B at batch 256 326.8 ->
 # 324.8 us staggered, 327.7 -> 326.7 amortised (XLA's fusions 6.5 us a step, the launch 5.1);
 # batch 32 the same; batch 1 6.7 -> 7.0, where `auto` runs Triton (AUTO_MIN_BATCH).
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap", bc_products="pallas")

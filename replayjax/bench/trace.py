@@ -317,7 +317,7 @@ def _fallback_class(ev: Event) -> str:
     return "other"
 
 
-def _kernel_name(instruction: str) -> str:
+def kernel_name(instruction: str) -> str:
     """The name XLA's GPU backend gives the kernel of an instruction (fusion.12 -> fusion_12)."""
     return instruction.replace(".", "_").replace("-", "_")
 
@@ -333,7 +333,7 @@ def kernel_table(trace_dir: str) -> list[dict]:
     modules, named = {}, collections.defaultdict(list)
     for key, text in hlo_modules(path).items():
         classes = classify_module(text)
-        modules[key] = classes, module_sources(text), {_kernel_name(i): i for i in classes}
+        modules[key] = classes, module_sources(text), {kernel_name(i): i for i in classes}
         named[key.split("(")[0]].append(modules[key])
     largest = sorted(modules.values(), key=lambda m: -len(m[0]))
     rows = {}

@@ -200,10 +200,10 @@ def test_kernels_of_a_cuda_graph_are_found_by_their_kernel_name(monkeypatch):
     monkeypatch.setattr(trace, "xplane_file", lambda d: d)
     monkeypatch.setattr(trace, "hlo_modules", lambda p: {"jit_step(1)": text, "jit_sin(2)": small})
     monkeypatch.setattr(trace, "device_events", lambda p: [
-        trace.Event(trace._kernel_name(moe), 5.0, None, None, None),
+        trace.Event(trace.kernel_name(moe), 5.0, None, None, None),
         trace.Event("mamba2_replay_decode", 3.0, None, None, None)])
     rows = {r["name"]: r for r in trace.kernel_table("t")}
-    hit = rows[trace._kernel_name(moe)]
+    hit = rows[trace.kernel_name(moe)]
     assert (hit["cls"], hit["by"]) == ("moe", "kernel") and "test_profile.py" in hit["source"]
     miss = rows["mamba2_replay_decode"]
     assert (miss["cls"], miss["by"], miss["source"]) == ("ssm", "name", "")
