@@ -71,16 +71,21 @@ class Mamba2Mixer(nnx.Module):
 
     def _ssm_inputs(self, conv_out, dt_raw):
         """Post-conv [.., I + 2GN] -> x [.., H, P], B, C [.., G, N]; dt [.., H] fp32."""
-        blocks, c, d = fused_view(self.cfg, self.tp_layout)
+        blocks, c, _ = fused_view(self.cfg, self.tp_layout)
         I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
-        act = jax.nn.silu(conv_out)
-        lead = act.shape[:-1]
-        x, B, C = split_fused(act, (I, GN, GN), blocks)
+        x, B, C = split_fused(jax.nn.silu(conv_out), (I, GN, GN), blocks)
+        return self._heads(x, B, C, dt_raw)
+
+    def _heads(self, x, B, C, dt_raw):
+        """Activated x [.., I], B, C [.., GN] -> x [.., H, P], B, C [.., G, N]; dt [.., H]
+        fp32."""
+        d = fused_view(self.cfg, self.tp_layout)[2]
+        lead = x.shape[:-1]
         x = x.reshape(lead + (d.mamba_num_heads, d.mamba_head_dim))
         B = B.reshape(lead + (d.n_groups, d.ssm_state_size))
         C = C.reshape(lead + (d.n_groups, d.ssm_state_size))
         dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...])
-        lo, hi = c.time_step_limit
+        lo, hi = self.cfg.time_step_limit
         if (lo, hi) != (0.0, float("inf")):
             dt = jnp.clip(dt, lo, hi)
         return x, B, C, dt
@@ -130,10 +135,19 @@ class Mamba2Mixer(nnx.Module):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step). The conv and its state shift are one op
         (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
-        z, xbc, dt_raw = self._split(self.in_proj(h))
-        conv, conv_state = conv_update(cache.conv, xbc, self.conv_weight[...], self._conv_bias(),
-                                       slots, impl=impl)
-        x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
+        zxbcdt = self.in_proj(h)
+        z, xbc, dt_raw = self._split(zxbcdt)
+        blocks, c, _ = fused_view(self.cfg, self.tp_layout)
+        conv_args = (cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
+        if blocks == 1:     # the conv reads xBC in place and writes x, B, C activated
+            I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
+            (x, B, C), conv_state = conv_update(
+                cache.conv, zxbcdt, *conv_args[2:], offset=I, activation="silu",
+                out_dtype=h.dtype, splits=(I, GN, GN), impl=impl)
+            x, B, C, dt = self._heads(x[:, 0], B[:, 0], C[:, 0], dt_raw[:, 0])
+        else:
+            conv, conv_state = conv_update(*conv_args, impl=impl)
+            x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
         if mode == "replay":
             y, bufs = mamba2.replay_decode(cache.buffers, counts, x, B, C, dt, self.A,
                                            self.D[...], slots, impl=impl)

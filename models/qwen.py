@@ -90,10 +90,16 @@ class GatedDeltaNet(nnx.Module):
 
     def _qkv(self, conv_out):
         """Post-conv [.., C] -> q, k [.., Hk, dk] prepared fp32, v [.., Hv, dv]."""
-        blocks, c, d = fused_view(self.cfg, self.tp_layout)
-        act = jax.nn.silu(conv_out)
-        lead, KD = act.shape[:-1], c.gdn_key_dim
-        q, k, v = split_fused(act, (KD, KD, c.gdn_value_dim), blocks)
+        blocks, c, _ = fused_view(self.cfg, self.tp_layout)
+        KD = c.gdn_key_dim
+        return self._heads(*split_fused(jax.nn.silu(conv_out), (KD, KD, c.gdn_value_dim),
+                                        blocks))
+
+    def _heads(self, q, k, v):
+        """Activated q, k [.., Hk dk], v [.., Hv dv] -> q, k [.., Hk, dk] prepared fp32,
+        v [.., Hv, dv]."""
+        d = fused_view(self.cfg, self.tp_layout)[2]
+        lead = q.shape[:-1]
         q = q.reshape(lead + (d.linear_num_key_heads, d.linear_key_head_dim))
         k = k.reshape(lead + (d.linear_num_key_heads, d.linear_key_head_dim))
         v = v.reshape(lead + (d.linear_num_value_heads, d.linear_value_head_dim))
@@ -132,11 +138,21 @@ class GatedDeltaNet(nnx.Module):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step). The conv and its state shift are one op
         (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
-        qkv, z, ba = self._split(self.in_proj(h))
+        proj = self.in_proj(h)
+        qkv, z, ba = self._split(proj)
         g, beta = self._gates(ba)
-        conv, conv_state = conv_update(cache.conv, qkv, self.conv_weight[...], None,
-                                       slots, impl=impl)   # [b, 1, C] f32
-        q, k, v = self._qkv(conv[:, 0].astype(h.dtype))
+        blocks, c, _ = fused_view(self.cfg, self.tp_layout)
+        if blocks == 1:     # the conv reads qkv in place and writes q, k, v activated
+            KD = c.gdn_key_dim
+            (q, k, v), conv_state = conv_update(
+                cache.conv, proj, self.conv_weight[...], None, slots, offset=0,
+                activation="silu", out_dtype=h.dtype, splits=(KD, KD, c.gdn_value_dim),
+                impl=impl)
+            q, k, v = self._heads(q[:, 0], k[:, 0], v[:, 0])
+        else:
+            conv, conv_state = conv_update(cache.conv, qkv, self.conv_weight[...], None,
+                                           slots, impl=impl)   # [b, 1, C] f32
+            q, k, v = self._qkv(conv[:, 0].astype(h.dtype))
         if mode == "replay":
             o, bufs = gdn.replay_decode(cache.buffers, counts, q, k, v, g[:, 0], beta[:, 0],
                                         slots, impl=impl)

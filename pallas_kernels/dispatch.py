@@ -65,12 +65,15 @@ class Op:
             return "pallas_mosaic_gpu"
         return backend
 
-    def __call__(self, *args, impl="auto", tiling=None, interpret=None):
+    def __call__(self, *args, impl="auto", tiling=None, interpret=None, **options):
+        """Runs the op's `impl` on args; `options` (an op's static keywords) go to every
+        backend, tiling and interpret to the Pallas ones."""
         backend = self.backend(args, impl, tiling)
         check(backend in self.impls, f"{self.name} has no {backend} implementation")
         if backend == "xla":
-            return self.impls[backend](*args)
-        return self.impls[backend](*args, tiling=tiling, interpret=resolve_interpret(interpret))
+            return self.impls[backend](*args, **options)
+        return self.impls[backend](*args, tiling=tiling, interpret=resolve_interpret(interpret),
+                                   **options)
 
 
 def family_ops(family: str, names, **backends) -> dict[str, Op]:

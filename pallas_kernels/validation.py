@@ -7,6 +7,7 @@ dimension binds it, every later one must agree, so a family states its layout on
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax.numpy as jnp
 
@@ -112,6 +113,11 @@ def check_replay_cache(fields, buffers, counts, dims) -> int:
     check_fields((Field("counts", ("S",), INT32_ONLY),), {"counts": counts}, dims)
     check_pool(dims["S"])
     return L
+
+
+def is_int(x) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def is_pow2(n: int) -> bool:

@@ -70,9 +70,6 @@ class Drafter(abc.ABC):
 
     name: ClassVar[str]
     speculative: ClassVar[bool] = True      # proposes num_draft >= 1 tokens per step
-    # drafts from `host_drafts`: the host runs between two steps, so a visit is one step
-    # (device drafters chain up to steps_per_visit steps on device)
-    on_host: ClassVar[bool] = False
     models: tuple = ()          # models its device hooks run besides the target (a draft model)
 
     def __init__(self, model, *, num_draft: int, draft_model=None, impl: str = "auto"):
@@ -88,6 +85,13 @@ class Drafter(abc.ABC):
             raise ValueError(f"draft_model is only used with drafter='draft' (this is "
                              f"drafter={self.name!r})")
         self.num_draft, self.impl = num_draft, impl
+
+    @property
+    def on_host(self) -> bool:
+        """Whether it drafts on the host (it overrides `host_drafts`): the host runs between two
+        steps, so a visit is one step; device drafters chain up to steps_per_visit steps on
+        device."""
+        return type(self).host_drafts is not Drafter.host_drafts
 
     def init_state(self, num_slots: int, init_cache: Callable) -> Any:
         """The drafter's device state for a pool of num_slots slots (donated with the target
@@ -144,7 +148,6 @@ class NgramDrafter(Drafter):
     """Prompt lookup on the host (`ngram_drafts` over prompt + generated tokens)."""
 
     name = "ngram"
-    on_host = True
 
     def host_drafts(self, num_rows, histories):
         out = np.zeros((num_rows, self.num_draft), np.int32)

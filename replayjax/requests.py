@@ -5,11 +5,11 @@ engine queues it (a `RequestError` naming the request, the field and the rule ot
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from pallas_kernels.validation import is_int
 from replayjax.sampling import SamplingParams
 
 
@@ -89,11 +89,6 @@ def check_request(r: Request, *, vocab: int, max_len: int, num_draft: int) -> No
         r.sampling.check()
     except ValueError as e:
         fail(str(e))
-
-
-def is_int(x) -> bool:
-    """An integer (Python or NumPy), not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _token_ids(ids, field, fail) -> np.ndarray:

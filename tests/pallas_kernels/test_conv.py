@@ -143,6 +143,41 @@ def test_decode_steps_chain(interpret):
     assert not np.isnan(np.asarray(pools["pallas"])[live]).any()    # the initial state is gone
 
 
+FUSED = [(64, (32, 16, 16), BF16), (64, None, F32), (40, (24, 16), BF16)]
+
+
+@pytest.mark.parametrize("C,splits,out_dtype", FUSED,
+                         ids=["xBC-bf16", "whole-f32", "pieces-under-16-bf16"])
+def test_offset_activation_and_splits(C, splits, out_dtype, interpret):
+    """The models' fused form: the token's channels read at an offset of a wider window (a
+    projection's output), SiLU applied in fp32, the result cast and split into pieces, each its
+    own array: the kernel gives the XLA path bitwise (interpreted; compiled within FMA rounding)
+    and the float64 oracle's silu(conv) within the cast's rounding; the pool as without them.
+    Pieces of 24 and 16 channels share no 16-channel block: split by XLA after the kernel."""
+    pb = Problem(7, C=C, pool=BF16, inputs=BF16)
+    rng = np.random.default_rng(8)
+    wide = jnp.asarray(rng.standard_normal((B, 1, C + 13)), BF16)
+    pb.window = wide[..., 5:5 + C]                        # what the oracle reads
+    kw = dict(offset=5, activation="silu", out_dtype=out_dtype, splits=splits)
+    outs = {}
+    for impl in ("pallas", "xla"):
+        fn = jax.jit(functools.partial(conv.conv_update, **kw,
+                                       **impl_kw(impl, interpret, BLOCK16)))
+        outs[impl] = fn(pb.state, wide, pb.weight, pb.bias, pb.slots)
+    want_out, want_pool = pb.oracle()
+    silu = want_out / (1 + np.exp(-want_out))
+    for out, pool in outs.values():
+        pieces = out if splits else (out,)
+        assert [p.shape for p in pieces] == [(B, 1, n) for n in splits or (C,)]
+        assert all(p.dtype == out_dtype for p in pieces)
+        tol = 1e-2 if out_dtype == BF16 else 1e-6
+        assert rel_err(np.concatenate([np.asarray(p, np.float64) for p in pieces], -1),
+                       silu) < tol
+        assert bitwise_equal(pool, want_pool)
+    for got, want in zip(jax.tree.leaves(outs["pallas"][0]), jax.tree.leaves(outs["xla"][0])):
+        assert same_sums(got, want, 0 if interpret else 1e-2 if out_dtype == BF16 else 1e-6)
+
+
 @pytest.mark.parametrize("auto_pallas", [True, False])
 def test_auto_backend(auto_pallas, monkeypatch):
     """"auto" runs the kernel on a GPU while AUTO_PALLAS is set (the default) and the XLA ops
@@ -158,7 +193,8 @@ def test_auto_backend(auto_pallas, monkeypatch):
 def _bad(**changes):
     pb = Problem(0, C=40)
     args = dict(zip(("conv_state", "window", "weight", "bias", "slots"), pb.args()))
-    kw = {k: changes.pop(k) for k in ("impl", "tiling") if k in changes}
+    kw = {k: changes.pop(k) for k in ("impl", "tiling", "offset", "activation", "out_dtype",
+                                      "splits") if k in changes}
     args.update(changes)
     return args, kw
 
@@ -166,7 +202,19 @@ def _bad(**changes):
 BAD = {
     "window T > 1": (dict(window=jnp.zeros((B, 2, 40))), "one token per row"),
     "window 2-d": (dict(window=jnp.zeros((B, 40))), "window must be [batch, 1, channels]"),
-    "window channels": (dict(window=jnp.zeros((B, 1, 48))), "window has shape"),
+    "window channels": (dict(window=jnp.zeros((B, 1, 48))),
+                        "window has 48 channels, the conv state 40 (pass offset="),
+    "window narrower": (dict(window=jnp.zeros((B, 1, 32)), offset=0),
+                        "window has 32 channels, fewer than the conv state's C = 40"),
+    "offset past": (dict(window=jnp.zeros((B, 1, 48)), offset=9),
+                    "offset = 9 must be an integer in [0, W - C = 8]"),
+    "offset type": (dict(window=jnp.zeros((B, 1, 48)), offset=1.0),
+                    "offset = 1.0 must be an integer"),
+    "activation": (dict(activation="gelu"), "activation must be one of (None, 'silu')"),
+    "out_dtype": (dict(out_dtype=I32), "out_dtype must be one of"),
+    "splits sum": (dict(splits=(16, 16)), "splits must be None or a tuple of positive sizes "
+                                          "summing to C = 40, got (16, 16)"),
+    "splits list": (dict(splits=[20, 20]), "splits must be None or a tuple"),
     "weight taps": (dict(weight=jnp.zeros((40, 3))), "weight has K = 3 taps"),
     "weight channels": (dict(weight=jnp.zeros((48, K))), "weight has shape"),
     "state dtype": (dict(conv_state=jnp.zeros((S, K - 1, 40), jnp.float16)),

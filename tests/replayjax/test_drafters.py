@@ -103,3 +103,35 @@ def test_a_registered_drafter_runs_through_the_interface(fixture, monkeypatch):
         seq = list(r.prompt) + c.tokens                # drafts at cache length n: seq[n] K times
         assert c.drafts and all(d == [seq[n]] * K for n, d in c.drafts)
     assert int(np.asarray(eng.state.drafter).sum()) > 0    # its commit hook ran
+
+
+class HostCounter(Drafter):
+    """A drafter of its own on the host: drafts the number of host_drafts calls so far, so a
+    step verifying stale host drafts would show."""
+
+    name = "host-counter"
+    calls = 0
+
+    def host_drafts(self, num_rows, histories):
+        HostCounter.calls += 1
+        return jnp.full((num_rows, self.num_draft), HostCounter.calls % 50 + 3, jnp.int32)
+
+    def propose(self, target, own, cache, state, last, slots, host):
+        return host
+
+
+def test_host_drafters_take_one_step_a_visit(fixture, monkeypatch):
+    """A drafter that overrides `host_drafts` drafts on the host (`Drafter.on_host`), so its
+    visits run one speculative step each, whatever steps_per_visit; the built-in ones: "ngram"
+    on the host, "mtp" and "draft" on device."""
+    model, prompts, want = fixture
+    assert [object.__new__(DRAFTERS[n]).on_host for n in ("ngram", "mtp", "draft")] == [
+        True, False, False]
+    monkeypatch.setitem(DRAFTERS, "host-counter", HostCounter)
+    eng = Engine(model, num_slots=2, max_len=64, window=4, drafter="host-counter",
+                 num_draft=K, steps_per_visit=6)
+    assert eng.drafter.on_host
+    out = eng.generate(_requests(prompts))
+    assert [c.tokens for c in out] == [list(want[i, :n]) for i, n in [(0, 12), (1, 5), (2, 9)]]
+    verify = [n for kind, n, _ in eng.visits if kind == "verify"]
+    assert verify and set(verify) == {1} and HostCounter.calls >= len(verify)
