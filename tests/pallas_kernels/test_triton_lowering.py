@@ -225,26 +225,33 @@ def test_masked_p_tiles_mask_every_access_on_p(op, block_p, tiles):
 CONV_SHAPES = {"nemotron-h-8b": (10240, True), "qwen3.5-9b": (8192, False)}
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("grid_order", ["row_fastest", "row_slowest"])
 @pytest.mark.parametrize("model", list(CONV_SHAPES))
-def test_conv_update_lowers_in_place(model, grid_order):
+def test_conv_update_lowers_in_place(model, grid_order, fused):
     """The models' decode conv (bf16 pool and inputs; Nemotron-H-8B's biased, Qwen3.5-9B's
-    not), batch 256, the default 1024-channel blocks: one Triton kernel whose grid is (rows,
-    channel blocks) in the tiling's order, that writes the fp32 output and the K-1 shifted state
+    not), batch 256, the default channel blocks: one Triton kernel whose grid is (rows,
+    channel blocks) in the tiling's order, that writes the output and the K-1 shifted state
     rows with masked [block_c] stores, and whose pool output aliases the pool operand (in place,
-    no copy)."""
+    no copy). fused: as the models call it, the channels at an offset of the wider projection,
+    SiLU'd into three bf16 pieces (each block stores into the one holding it: 3 guarded
+    stores)."""
     (C, biased), block_c = CONV_SHAPES[model], conv.TILING.block_c
-    args = (sds((S, 3, C), BF16), sds((B, 1, C), BF16), sds((C, 4), BF16),
+    W, offset = (C + 8192 + 64, 8192) if fused else (C, None)
+    args = (sds((S, 3, C), BF16), sds((B, 1, W), BF16), sds((C, 4), BF16),
             sds((C,), BF16) if biased else None, sds((B,), I32))
     tiling = dataclasses.replace(conv.TILING, grid_order=grid_order)
+    pieces = (C - 2048, 1024, 1024)
     fn = functools.partial(conv.conv_update, impl="pallas_triton", tiling=tiling,
-                           interpret=False)
+                           interpret=False, offset=offset,
+                           **(dict(activation="silu", out_dtype=BF16, splits=pieces) if fused
+                              else {}))
     with jax.sharding.use_abstract_mesh(H200):
         module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
     (call,) = [op for op in _ops(module.operation) if op.name == "stablehlo.custom_call"]
     aliases = str(call.attributes["output_operand_aliases"])
     pool = 3 + biased                 # operands: slots, weight, (bias,) window, pool
-    assert f"output_tuple_indices = [1], operand_index = {pool}" in aliases, aliases
+    assert f"output_tuple_indices = [0], operand_index = {pool}" in aliases, aliases
     config = ir.DictAttr(call.attributes["mhlo.backend_config"])
     grid = tuple(ir.IntegerAttr(config[f"grid_{a}"]).value for a in "xyz")
     logical = (B, C // block_c)
@@ -254,6 +261,8 @@ def test_conv_update_lowers_in_place(model, grid_order):
     with ctx:
         text = str(ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes))
     stores = [line.strip() for line in text.splitlines() if "tt.store" in line]
-    assert len(stores) == 4 and all(st.split(" : ")[0].count(",") == 2 for st in stores), stores
+    outs = 3 if fused else 1
+    assert len(stores) == 3 + outs, stores
     assert sorted(st.split(" : ")[1] for st in stores) == sorted(
-        [f"tensor<{block_c}x!tt.ptr<f32>>"] + [f"tensor<{block_c}x!tt.ptr<bf16>>"] * 3), stores
+        [f"tensor<{block_c}x!tt.ptr<{'bf16' if fused else 'f32'}>>"] * outs
+        + [f"tensor<{block_c}x!tt.ptr<bf16>>"] * 3), stores
