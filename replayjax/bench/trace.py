@@ -278,11 +278,36 @@ def classify_module(text: str) -> dict[str, str]:
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
+_SHAPED = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def _made_by_xla(text: str) -> dict[str, str]:
+    """{instruction name: "XLA <opcode> <shape>"}: what an instruction computes, its fused
+    computation's root for a fusion (layouts dropped), for the ones no line of ours made."""
+    roots, found, comp = {}, {}, None
+    for line in text.splitlines():
+        if (h := _HEADER.match(line)) and " = " not in line:
+            comp = h.group(1)
+            continue
+        if (m := _SHAPED.match(line)) and comp is not None:
+            root, name, shape, opcode, rest = m.groups()
+            if root:
+                roots[comp] = opcode
+            found[name] = opcode, re.sub(r"\{[^}]*\}", "", shape), rest
+    out = {}
+    for name, (opcode, shape, rest) in found.items():
+        called = re.search(r"calls=%?([\w.\-]+)", rest)
+        out[name] = f"XLA {roots.get(called.group(1), opcode) if called else opcode} {shape}"
+    return out
+
+
 def module_sources(text: str) -> dict[str, str]:
     """{instruction name: "file.py:line function (op)"}: the innermost frame in this checkout
     (path relative to it) of the instruction's stack and the last part of its op_name (a fusion
-    carries its root's), so a kernel named fusion_123 says which line of ours it comes from."""
-    stacks, out = _stack_tables(text), {}
+    carries its root's), so a kernel named fusion_123 says which line of ours it comes from; an
+    instruction with neither (XLA made it: a fused concatenation of weights, say) says what it
+    computes, "XLA <opcode> <shape>" (`_made_by_xla`)."""
+    stacks, out, made = _stack_tables(text), {}, None
     for _, name, _, rest in _instructions(text):
         frame = re.search(r"stack_frame_id=(\d+)", rest)
         op_name = re.search(r'op_name="([^"]*)"', rest)
@@ -294,6 +319,9 @@ def module_sources(text: str) -> dict[str, str]:
             out[name] = f"{f}:{line} {fn}" + (f" ({op})" if op else "")
         elif op:
             out[name] = op
+        else:
+            made = made if made is not None else _made_by_xla(text)
+            out[name] = made.get(name, "")
     return out
 
 

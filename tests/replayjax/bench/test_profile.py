@@ -236,3 +236,26 @@ def test_missing_model_is_one_line(capsys):
     assert profile.main(["--model", "no/such/dir"]) == 1
     assert capsys.readouterr().err == "replayjax profile: error: --model: model directory " \
                                       "'no/such/dir' does not exist\n"
+
+
+def test_sources_say_what_an_instruction_xla_made_computes():
+    """An instruction carrying no op_name and no frame (XLA made it, as the dot merger's
+    concatenation of the q / k / v weights) is named by its fused root's opcode and its shape."""
+    text = """HloModule m
+
+%wrapped_concatenate_computation (p0: bf16[4,4], p1: bf16[4,2]) -> bf16[4,6] {
+  %p0 = bf16[4,4]{1,0} parameter(0)
+  %p1 = bf16[4,2]{1,0} parameter(1)
+  ROOT %concatenate.1 = bf16[4,6]{1,0} concatenate(%p0, %p1), dimensions={1}
+}
+
+ENTRY %main (a: bf16[4,4], b: bf16[4,2]) -> bf16[4,6] {
+  %a = bf16[4,4]{1,0} parameter(0)
+  %b = bf16[4,2]{1,0} parameter(1)
+  ROOT %wrapped_concatenate = bf16[4,6]{1,0} fusion(%a, %b), kind=kLoop, calls=%FUSED
+}
+""".replace("%FUSED", "%wrapped_concatenate_computation, "
+            'metadata={scheduling_name="wrapped_concatenate"}')
+    sources = trace.module_sources(text)
+    assert sources["wrapped_concatenate"] == "XLA concatenate bf16[4,6]"
+    assert sources["concatenate.1"] == "XLA concatenate bf16[4,6]"
