@@ -134,19 +134,20 @@ class Mamba2Mixer(nnx.Module):
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step). The conv and its state shift are one op
-        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
+        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place), which
+        reads xBC in the projection's output and writes x, B, C SiLU'd."""
         zxbcdt = self.in_proj(h)
         z, xbc, dt_raw = self._split(zxbcdt)
         blocks, c, _ = fused_view(self.cfg, self.tp_layout)
-        conv_args = (cache.conv, xbc, self.conv_weight[...], self._conv_bias(), slots)
+        w, bias = self.conv_weight[...], self._conv_bias()
         if blocks == 1:     # the conv reads xBC in place and writes x, B, C activated
             I, GN = c.mamba_intermediate_size, c.n_groups * c.ssm_state_size
             (x, B, C), conv_state = conv_update(
-                cache.conv, zxbcdt, *conv_args[2:], offset=I, activation="silu",
+                cache.conv, zxbcdt, w, bias, slots, offset=I, activation="silu",
                 out_dtype=h.dtype, splits=(I, GN, GN), impl=impl)
             x, B, C, dt = self._heads(x[:, 0], B[:, 0], C[:, 0], dt_raw[:, 0])
         else:
-            conv, conv_state = conv_update(*conv_args, impl=impl)
+            conv, conv_state = conv_update(cache.conv, xbc, w, bias, slots, impl=impl)
             x, B, C, dt = self._ssm_inputs(conv[:, 0].astype(h.dtype), dt_raw[:, 0])
         if mode == "replay":
             y, bufs = mamba2.replay_decode(cache.buffers, counts, x, B, C, dt, self.A,

@@ -137,7 +137,8 @@ class GatedDeltaNet(nnx.Module):
     def decode(self, h, cache: SSMCache, counts, slots, rows, mode, impl):
         """One token per row: h [b, 1, D]. Returns out [b, 1, D] and the cache (counts are
         advanced by the model once per step). The conv and its state shift are one op
-        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place)."""
+        (`pallas_kernels.conv.conv_update`: under impl "pallas" one kernel, in place), which
+        reads qkv in the projection's output and writes q, k, v SiLU'd."""
         proj = self.in_proj(h)
         qkv, z, ba = self._split(proj)
         g, beta = self._gates(ba)
