@@ -351,8 +351,9 @@ class Engine:
     def cancel(self, request_id: Hashable) -> bool:
         """Cancels a queued or running request: at the next `step` a queued one is dropped
         (never prefilled), a running one stops with the tokens it has and frees its slot; either
-        is reported there as a completion with finish_reason "cancelled". Returns False if no
-        queued or running request has this id. Thread-safe."""
+        is reported there as a completion with finish_reason "cancelled" (a running one that
+        the visit already on the device finishes, by length or a stop id, completes as it
+        would have). Returns False if no queued or running request has this id. Thread-safe."""
         with self._lock:
             if request_id not in self._ids:
                 return False

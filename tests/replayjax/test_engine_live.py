@@ -131,7 +131,8 @@ def test_a_thread_submitting_while_another_steps_loses_nothing(fixture, engine):
     assert not engine.has_work and sorted(got.done) == sorted(r.id for r in reqs)
     for r, (i, n) in zip(reqs, specs):
         c = got.done[r.id]
-        if r.id == "t4" and cancelled == [True]:
+        if r.id == "t4" and cancelled == [True] and c.finish_reason != "length":
+            # (a visit already on the device when the cancel came may finish it by length)
             assert c.finish_reason == "cancelled" and c.tokens == list(want[i, :len(c.tokens)])
         else:
             assert c.finish_reason == "length" and c.tokens == list(want[i, :n])
