@@ -34,6 +34,7 @@ import glob
 import os
 import re
 import warnings
+from typing import NamedTuple
 
 from replayjax.bench.roofline import CLASSES
 from replayjax.commandline import UserError
@@ -180,7 +181,7 @@ def hlo_modules(path: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- classification
 
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\b([a-z][a-z0-9\-]*)\((.*)$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s*\b([a-z][a-z0-9\-]*)\((.*)$")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _TABLE = re.compile(r'^(\d+)\s+(?:"(.*)"|\{(.*)\})\s*$')
 
@@ -238,8 +239,17 @@ def instruction_class(opcode: str, op_name: str, frames, target: str = "") -> st
     return "other"
 
 
+class _Instruction(NamedTuple):
+    comp: str               # the computation holding it
+    name: str
+    opcode: str
+    rest: str               # its line after the opcode's "("
+    shape: str              # its result shape, layouts dropped
+    root: bool              # its computation's ROOT
+
+
 def _instructions(text):
-    """(computation, instruction, opcode, the rest of its line) of an HLO module's text."""
+    """The `_Instruction`s of an HLO module's text."""
     comp = None
     for line in text.splitlines():
         if (h := _HEADER.match(line)) and " = " not in line:
@@ -247,7 +257,9 @@ def _instructions(text):
             continue
         m = _INSTR.match(line)
         if m and comp is not None:
-            yield (comp, *m.groups())
+            root, name, shape, opcode, rest = m.groups()
+            yield _Instruction(comp, name, opcode, rest, re.sub(r"\{[^}]*\}", "", shape),
+                               bool(root))
 
 
 def classify_module(text: str) -> dict[str, str]:
@@ -255,7 +267,7 @@ def classify_module(text: str) -> dict[str, str]:
     call) takes the first of PRIORITY among its own and its called computations' classes."""
     stacks = _stack_tables(text)
     comps, own, calls = collections.defaultdict(list), {}, {}
-    for comp, name, opcode, rest in _instructions(text):
+    for comp, name, opcode, rest, *_ in _instructions(text):
         op_name = re.search(r'op_name="([^"]*)"', rest)
         frame = re.search(r"stack_frame_id=(\d+)", rest)
         target = re.search(r'custom_call_target="([^"]*)"', rest)
@@ -278,37 +290,15 @@ def classify_module(text: str) -> dict[str, str]:
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
-_SHAPED = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
-
-
-def _made_by_xla(text: str) -> dict[str, str]:
-    """{instruction name: "XLA <opcode> <shape>"}: what an instruction computes, its fused
-    computation's root for a fusion (layouts dropped), for the ones no line of ours made."""
-    roots, found, comp = {}, {}, None
-    for line in text.splitlines():
-        if (h := _HEADER.match(line)) and " = " not in line:
-            comp = h.group(1)
-            continue
-        if (m := _SHAPED.match(line)) and comp is not None:
-            root, name, shape, opcode, rest = m.groups()
-            if root:
-                roots[comp] = opcode
-            found[name] = opcode, re.sub(r"\{[^}]*\}", "", shape), rest
-    out = {}
-    for name, (opcode, shape, rest) in found.items():
-        called = re.search(r"calls=%?([\w.\-]+)", rest)
-        out[name] = f"XLA {roots.get(called.group(1), opcode) if called else opcode} {shape}"
-    return out
-
-
 def module_sources(text: str) -> dict[str, str]:
     """{instruction name: "file.py:line function (op)"}: the innermost frame in this checkout
     (path relative to it) of the instruction's stack and the last part of its op_name (a fusion
     carries its root's), so a kernel named fusion_123 says which line of ours it comes from; an
     instruction with neither (XLA made it: a fused concatenation of weights, say) says what it
-    computes, "XLA <opcode> <shape>" (`_made_by_xla`)."""
-    stacks, out, made = _stack_tables(text), {}, None
-    for _, name, _, rest in _instructions(text):
+    computes, "XLA <opcode> <shape>" (a fusion's: its fused computation's root opcode)."""
+    stacks, out, instrs = _stack_tables(text), {}, list(_instructions(text))
+    roots = {i.comp: i.opcode for i in instrs if i.root}
+    for _, name, opcode, rest, shape, _ in instrs:
         frame = re.search(r"stack_frame_id=(\d+)", rest)
         op_name = re.search(r'op_name="([^"]*)"', rest)
         ours = [(f[len(_ROOT):], fn, line) for f, fn, line in
@@ -320,8 +310,8 @@ def module_sources(text: str) -> dict[str, str]:
         elif op:
             out[name] = op
         else:
-            made = made if made is not None else _made_by_xla(text)
-            out[name] = made.get(name, "")
+            called = re.search(r"calls=%?([\w.\-]+)", rest)
+            out[name] = f"XLA {roots.get(called.group(1), opcode) if called else opcode} {shape}"
     return out
 
 
