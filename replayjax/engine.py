@@ -687,8 +687,10 @@ class Engine:
 
     def _spec_visit(self):
         pairs, inp, sp = self._slot_inputs()
-        host = self.drafter.host_drafts(inp.last.shape[0], {
-            r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in pairs})
+        host = None
+        if self.drafter.on_host:        # a device drafter needs no histories built
+            host = self.drafter.host_drafts(inp.last.shape[0], {
+                r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in pairs})
         start = time.perf_counter()
         self.state, emitted, n_acc, drafts, logits = self._speculate(self.state, inp, sp, host)
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)   # [rows, steps, T], [rows, steps]
