@@ -81,6 +81,20 @@ def prefill(models, state: EngineState, tokens, lengths, slots, sp: SamplingArra
             last if keep_logits else None)
 
 
+def _advance(s: SlotInputs, emitted, n) -> SlotInputs:
+    """The rows after a step that emitted tokens emitted[:, :n] ([b, W] int32, n [b] int32; 0
+    for a row that took no part): each one's last token, remaining and next sampling position
+    move on, and it stays active while it may generate more and emitted no stop id (the host
+    drops the tokens past either)."""
+    valid = jnp.arange(emitted.shape[1])[None, :] < n[:, None]                   # [b, W]
+    stop = jnp.any(valid & jnp.any(emitted[:, :, None] == s.stops[:, None, :], axis=2), axis=1)
+    remaining = s.remaining - n
+    last = jnp.take_along_axis(emitted, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+    return s.replace(last=jnp.where(n > 0, last, s.last),
+                     active=s.active & (remaining > 0) & ~stop,
+                     remaining=remaining, gen_pos=s.gen_pos + n)
+
+
 def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays, *, mode: str,
                 impl: str, n: int, keep_logits: bool):
     """Up to n decode steps over the rows of `inp` (each decoding its slot), stopping early
@@ -107,12 +121,7 @@ def decode_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArrays,
         else:                   # greedy batches gather only each shard's (max, argmax)
             tok = sp.sample_local(local, V, s.gen_pos)
         out = out.at[:, i].set(jnp.where(s.active, tok, -1))
-        remaining = s.remaining - s.active
-        stop = jnp.any(tok[:, None] == s.stops, axis=1)
-        s = s.replace(last=jnp.where(s.active, tok, s.last),
-                      active=s.active & (remaining > 0) & ~stop,
-                      remaining=remaining, gen_pos=s.gen_pos + s.active)
-        return i + 1, cache, s, out, lg
+        return i + 1, cache, _advance(s, tok[:, None], s.active.astype(jnp.int32)), out, lg
 
     out = jnp.full((b, n), -1, jnp.int32)
     lg = jnp.zeros((b, n, V), jnp.float32) if keep_logits else None
@@ -174,14 +183,7 @@ def speculate_loop(models, state: EngineState, inp: SlotInputs, sp: SamplingArra
         st, emitted, n_acc, drafts, logits = speculate(
             models, st, s, sp, host, drafter=drafter, mode=mode, impl=impl,
             keep_logits=keep_logits)
-        valid = jnp.arange(T)[None, :] < n_acc[:, None]                     # [b, T]
-        stop = jnp.any(valid & jnp.any(emitted[:, :, None] == s.stops[:, None, :], axis=2),
-                       axis=1)
-        remaining = s.remaining - n_acc
-        last = jnp.take_along_axis(emitted, jnp.maximum(n_acc - 1, 0)[:, None], axis=1)[:, 0]
-        s = s.replace(last=jnp.where(n_acc > 0, last, s.last),
-                      active=s.active & (remaining > 0) & ~stop,
-                      remaining=remaining, gen_pos=s.gen_pos + n_acc)
+        s = _advance(s, emitted, n_acc)
         if keep_logits:
             lg = lg.at[:, i].set(logits)
         return (i + 1, st, s, out.at[:, i].set(emitted), acc.at[:, i].set(n_acc),
