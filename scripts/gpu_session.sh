@@ -95,6 +95,9 @@
 #   check    - one call after a restructure: every kernel and model test compiled (6 processes),
 #              decode kernels at batch 1 / 32 / 256, verify T = 4 at batch 256 with the baseline's
 #              tiling sweep, one MoE layer (ours vs tokamax when .whl carries it)
+#   ncu-gdn  - the authors' GDN replay kernel (.peer_bench carried) under Nsight Compute beside
+#              ours (Triton default and at their 1 warp / 3 stages, Mosaic; bf16 rings), then
+#              their and our batch-256 times in the same run
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
 #   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
@@ -415,6 +418,34 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
         done
       done
     done ;;
+  ncu-gdn)
+    # issue 16's GDN replay (ours 196.6-208 us against the authors' 162.6 at batch 256): the
+    # authors' kernel under the same Nsight Compute sections as ours, every kernel on bf16 rings
+    # (the authors' and the models'), ours at its default and the authors' launch (1 warp, 3
+    # stages); then the same run's times (peer harness, GDN only, and `bench kernels`)
+    sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats"
+    run_ncu() {  # run_ncu NAME REGEX CMD...
+      limit ${NCU_LIMIT:-120} ncu --clock-control none --kernel-name regex:$2 --launch-skip 40 \
+        --launch-count 2 --csv --page details $sections "${@:3}" > "$out/ncu_gdn_$1.csv" \
+        2>>"$out/ncu.log" || true
+      pkill -f "scripts/ncu_" || true
+      grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|\
+Theoretical Occupancy|Block Limit|Shared Memory Configuration Size|Dynamic Shared|Static Shared|\
+Warp Cycles Per Issued|Spilling" "$out/ncu_gdn_$1.csv" | head -24 || true
+    }
+    run_ncu authors replayssm python3 scripts/ncu_peer_gdn.py --peer .peer_bench
+    run_ncu pallas_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+      --ring-dtype bfloat16
+    run_ncu pallas_bf16_w1s3 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+      --ring-dtype bfloat16 --tiling '{"num_warps": 1, "num_stages": 3}'
+    run_ncu mosaic_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+      --impl pallas_mosaic_gpu --ring-dtype bfloat16
+    limit 90 python3 .peer_bench/peer_bench.py --out "$out" --batches 256 --families gdn \
+      --no-fla --skip-check 2>>"$out/peers.log" | tail -12 || true
+    limit 150 python3 -m replayjax.bench.kernels --family gdn --batches 256 --ring-dtype bfloat16 \
+      --impls pallas pallas_mosaic_gpu --json "$out/kernels_gdn_bf16.json" \
+      2>>"$out/kernels.log" | grep "^|" ;;
   attention)
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
       --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"block_k": 128}, {"num_stages": 3}]' \

@@ -38,6 +38,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--ring-dtype", choices=["bfloat16", "float32"],
+                    help="ring dtype (default: the family's, as `bench kernels`)")
     args = ap.parse_args(argv)
     shape = args.shape or DEFAULT_SHAPE[args.family]
     if shape not in SHAPES[args.family]:
@@ -55,8 +57,8 @@ def main(argv=None):
     dims, L = fam.shapes[shape], args.window
     n_sets, S, ids = pool_sets(fam, dims, args.batch, 1, MIN_POOL_BYTES, 0)
     sets = jnp.asarray(ids[..., 0], jnp.int32)
-    inputs, bufs = fam.setup(dims, args.batch, S, L, jnp.dtype(fam.default_ring),
-                             jax.random.key(0))
+    ring = jnp.dtype(args.ring_dtype or fam.default_ring)
+    inputs, bufs = fam.setup(dims, args.batch, S, L, ring, jax.random.key(0))
     T = args.tokens
     ops = fam.ops()
     prefix = "MOSAIC_" if args.impl == "pallas_mosaic_gpu" else ""
