@@ -98,6 +98,9 @@
 #   ncu-gdn  - the authors' GDN replay kernel (.peer_bench carried) under Nsight Compute beside
 #              ours (Triton default and at their 1 warp / 3 stages, Mosaic; bf16 rings), then
 #              their and our batch-256 times in the same run
+#   gdn-warps - our Triton GDN replay at 1-2 warps a program (the authors' launch), ring key
+#              products from XLA, bf16 rings, batch 256
+#   isa-gdn  - static opcode histograms of both GDN replay kernels (scripts/isa_histogram.py)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
 #   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
@@ -446,6 +449,31 @@ Warp Cycles Per Issued|Spilling" "$out/ncu_gdn_$1.csv" | head -24 || true
     limit 150 python3 -m replayjax.bench.kernels --family gdn --batches 256 --ring-dtype bfloat16 \
       --impls pallas pallas_mosaic_gpu --json "$out/kernels_gdn_bf16.json" \
       2>>"$out/kernels.log" | grep "^|" ;;
+  gdn-warps)
+    # the authors' GDN replay runs 1 warp a program at 238 registers, 8 warps an SM, with 75%
+    # of DRAM throughput (ncu-gdn); ours at 1 warp spilled. Our Triton replay at 1-2 warps with
+    # the ring key products from XLA (no [L, bk] ring keys live in the state pass), bf16 rings
+    limit 240 python3 -m replayjax.bench.kernels --family gdn --batches 256 --ring-dtype bfloat16 \
+      --tune '[{}, {"ring_scalars": "xla"}, {"num_warps": 1, "num_stages": 3},
+        {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla"},
+        {"num_warps": 1, "num_stages": 2, "ring_scalars": "xla"},
+        {"num_warps": 2, "num_stages": 3, "ring_scalars": "xla"},
+        {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla", "block_k": 32},
+        {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla", "grid_order": "head_slowest"},
+        {"num_warps": 1, "ring_scalars": "xla", "chunk_loop": "unrolled"}]' \
+      --json "$out/kernels_gdn_warps.json" 2>>"$out/kernels.log" | grep "^|" ;;
+  isa-gdn)
+    # static opcode histograms of the GDN replay kernels (scripts/isa_histogram.py): the
+    # Mosaic kernel's SASS, the Triton kernel's PTX from XLA's dump; the files, gzipped
+    rm -rf /tmp/isa-m /tmp/isa-t && mkdir -p /tmp/isa-m /tmp/isa-t
+    MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=/tmp/isa-m limit 90 python3 scripts/ncu_kernels.py \
+      --family gdn --impl pallas_mosaic_gpu --ring-dtype bfloat16 --steps 2 >/dev/null || true
+    XLA_FLAGS=--xla_dump_to=/tmp/isa-t limit 90 python3 scripts/ncu_kernels.py --family gdn \
+      --ring-dtype bfloat16 --steps 2 >/dev/null 2>&1 || true
+    ls /tmp/isa-m | head || true; ls /tmp/isa-t | grep -i -E "ptx|triton" | head || true
+    python3 scripts/isa_histogram.py $(grep -l -i replay /tmp/isa-m/* | head -3) \
+      $(ls /tmp/isa-t/*.ptx 2>/dev/null | head -3) --top 30 || true
+    tar czf "$out/isa_gdn.tgz" -C /tmp isa-m $(cd /tmp && ls isa-t/*.ptx 2>/dev/null) || true ;;
   attention)
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
       --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"block_k": 128}, {"num_stages": 3}]' \
