@@ -33,10 +33,6 @@ RING_WRITES = ("xla", "kernel")
 # Which ring rows a Triton replay decode program fetches (a tiling's `ring_loads`): those below
 # the count, or all L (the loads then need not wait for the count's).
 RING_LOADS = ("committed", "all")
-# When a Triton GDN replay decode program fetches its ring's d and g rows (a tiling's
-# `ring_fetch`): before the state pass (their latency hidden behind it, their registers live
-# through it) or after it (no registers held across the pass; other programs hide the wait).
-RING_FETCHES = ("before_state", "after_state")
 # How a tile bound covers its axis (a tiling's `p_tiles`): "divide", the largest power of two
 # dividing the axis (`bounded_block`); "masked", the bound itself, the last tile masked
 # (`masked_block`).

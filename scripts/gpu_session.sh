@@ -460,10 +460,7 @@ Warp Cycles Per Issued|Spilling" "$out/ncu_gdn_$1.csv" | head -24 || true
         {"num_warps": 2, "num_stages": 3, "ring_scalars": "xla"},
         {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla", "block_k": 32},
         {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla", "grid_order": "head_slowest"},
-        {"num_warps": 1, "ring_scalars": "xla", "chunk_loop": "unrolled"},
-        {"num_warps": 1, "num_stages": 3, "ring_scalars": "xla", "ring_fetch": "after_state"},
-        {"num_warps": 2, "num_stages": 3, "ring_scalars": "xla", "ring_fetch": "after_state"},
-        {"num_warps": 4, "ring_scalars": "xla", "ring_fetch": "after_state"}]' \
+        {"num_warps": 1, "ring_scalars": "xla", "chunk_loop": "unrolled"}]' \
       --json "$out/kernels_gdn_warps.json" 2>>"$out/kernels.log" | grep "^|" ;;
   isa-gdn)
     # static opcode histograms of the GDN replay kernels (scripts/isa_histogram.py): the

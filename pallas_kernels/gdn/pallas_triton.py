@@ -49,7 +49,6 @@ from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, w
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
-    RING_FETCHES,
     RING_LOADS,
     RING_SCALARS,
     RING_WRITES,
@@ -95,10 +94,7 @@ class GDNReplayTiling:
     `ring_loads` is which ring rows a program fetches (`validation.RING_LOADS`): "committed"
     (those below the count: half the ring on average, but the loads wait on the count's) or
     "all" (L rows, the garbage ones selected away: one dependent memory round trip fewer, which
-    matters at small batch). `ring_fetch` is when the ring's d and g rows are fetched
-    (`validation.RING_FETCHES`): "before_state" or "after_state" (their registers are not live
-    across the state pass: what a program of one warp, the ReplaySSM authors' launch, needs to
-    keep its [block_v, block_k] chunk in registers unspilled)."""
+    matters at small batch)."""
     block_v: int
     block_k: int
     num_warps: int
@@ -109,7 +105,6 @@ class GDNReplayTiling:
     grid_order: str = "row_fastest"
     chunk_loop: str = "fori"
     ring_loads: str = "committed"
-    ring_fetch: str = "before_state"
 
     def key_block(self, num_tokens: int) -> int:
         return self.block_k
@@ -219,9 +214,6 @@ def _tiles(tiling, default, V, K=None, window=None, num_tokens=1):
     if hasattr(t, "ring_loads"):
         check_choice("ring_loads", t.ring_loads, RING_LOADS)
         tiles["all_ring_rows"] = t.ring_loads == "all"
-    if hasattr(t, "ring_fetch"):
-        check_choice("ring_fetch", t.ring_fetch, RING_FETCHES)
-        tiles["ring_late"] = t.ring_fetch == "after_state"
     if hasattr(t, "ring_write"):
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
@@ -318,11 +310,10 @@ def _walk_chunks(n, block, body, init, unrolled):
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                    s_in, rk_in, rd_in, rg_in, rkx_ref, o_ref, s_out, rk_out, rd_out, rg_out, *,
                    grid_order, heads_per_key_head, block_v, block_k, window, fold_dot, precision,
-                   eviction, unrolled, all_ring_rows, ring_late):
+                   eviction, unrolled, all_ring_rows):
     # rkx_ref: None (the readout forms k_j . k, k_j . q from the ring keys) or [b, Hk, 2, L]
     # float32, those products precomputed per key head (ring_scalars="xla"). all_ring_rows:
-    # the read-only pass fetches all L ring rows (`ring_entries` with no count). ring_late: the
-    # ring's d and g rows are fetched after the read-only pass.
+    # the read-only pass fetches all L ring rows (`ring_entries` with no count).
     b, hv, hk, t, vs = _program(grid_order, heads_per_key_head, block_v)
     L, K = window, s_in.shape[3]
     slot = slots_ref[b]
@@ -336,13 +327,8 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
     # Only the committed ring entries are fetched (masked loads: ~half the ring on average), or
     # with all_ring_rows all of them, the garbage ones selected away below.
     rc = None if all_ring_rows else c
-
-    def fetch_ring():
-        return (ring_entries(rd_in.at[slot, hv, :, vs], rc),                # [L, bv]
-                ring_entries(rg_in.at[slot, hv, :], rc))                    # [L]
-
-    if not ring_late:
-        ring_d, ring_g = fetch_ring()
+    ring_d = ring_entries(rd_in.at[slot, hv, :, vs], rc)                    # [L, bv]
+    ring_g = ring_entries(rg_in.at[slot, hv, :], rc)                        # [L]
     v = v_ref[b, hv, vs].astype(F32)                  # [bv]
     g, beta = g_ref[b, hv], beta_ref[b, hv]
 
@@ -366,8 +352,6 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
                                           (zv, zv, zl, zl, jnp.float32(0)), unrolled)
     if rkx_ref is not None:
         rkk, rkq = rkx_ref[b, hk, 0, :], rkx_ref[b, hk, 1, :]
-    if ring_late:
-        ring_d, ring_g = fetch_ring()
 
     j = lax.broadcasted_iota(jnp.int32, (L,), 0)
     valid, cur = j < c, j == c
@@ -414,11 +398,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref,
 
 @functools.partial(jax.jit, static_argnames=("block_v", "block_k", "fold_dot", "eviction",
                                              "ring_scalars", "unrolled", "all_ring_rows",
-                                             "ring_late", "grid_order", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "grid_order", "num_warps", "num_stages",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k, fold_dot,
-                   eviction, ring_scalars, unrolled, all_ring_rows, ring_late, grid_order,
-                   num_warps, num_stages, interpret):
+                   eviction, ring_scalars, unrolled, all_ring_rows, grid_order, num_warps,
+                   num_stages, interpret):
     batch, Hv, V = v.shape
     Hk = q.shape[1]
     L = buffers.ring_k.shape[2]
@@ -427,7 +411,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     kernel = functools.partial(
         _replay_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=L, fold_dot=fold_dot, precision=dot_precision(interpret),
-        eviction=eviction, unrolled=unrolled, all_ring_rows=all_ring_rows, ring_late=ring_late)
+        eviction=eviction, unrolled=unrolled, all_ring_rows=all_ring_rows)
     o, *new = call(
         kernel, name="gdn_replay_decode",
         grid=launch_grid((batch, Hv, V // block_v), grid_order),

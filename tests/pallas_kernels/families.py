@@ -197,10 +197,7 @@ class GDN(Problem):
                       ("row-slowest", Problem.ROW_SLOWEST),
                       ("head-slowest", dict(grid_order="head_slowest")),
                       ("all-ring-rows", dict(ring_loads="all")),
-                      ("unrolled", dict(chunk_loop="unrolled")),
-                      ("ring-after-state", dict(ring_fetch="after_state")),
-                      ("one-warp-ring-after-state", dict(num_warps=1, ring_scalars="xla",
-                                                         ring_fetch="after_state"))]
+                      ("unrolled", dict(chunk_loop="unrolled"))]
     TILE_FIELD = "block_v"
     # two V tiles of 8 (an FMA fold): every launch axis > 1 in the row-slowest order; the
     # window's d written by the kernel

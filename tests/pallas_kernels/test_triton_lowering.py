@@ -187,24 +187,6 @@ def test_unrolled_chunk_loop_loads_the_checkpoint_before_the_count(chunk_loop):
         assert len(masked(loads)) == 4, loads
 
 
-@pytest.mark.parametrize("ring_fetch", ["before_state", "after_state"])
-def test_ring_fetch_places_the_ring_loads_around_the_state_pass(ring_fetch):
-    """GDN replay decode with the ring products from XLA: "before_state" loads the ring's d
-    [L, bv] and g [L] (masked by the count) ahead of the read-only pass over the checkpoint
-    (the evict_first load), "after_state" after it; either way they stay masked and the fold
-    still reads the ring's keys."""
-    tiling = dataclasses.replace(gdn.REPLAY_TILING, state_eviction="evict_first",
-                                 ring_scalars="xla", ring_fetch=ring_fetch)
-    fn = functools.partial(gdn.replay_decode, impl="pallas_triton", tiling=tiling,
-                           interpret=False)
-    _, loads = triton_kernel(fn, *op_args(gdn, "replay_decode"))
-    (state,) = [i for i, ld in enumerate(loads) if "evict_first" in ld]
-    ring = [i for i, ld in enumerate(loads) if ld in masked(loads)]
-    assert len(ring) == 3, loads                     # d, g; the keys in the fold
-    first_two_after = all(i > state for i in ring[:2])
-    assert first_two_after == (ring_fetch == "after_state"), loads
-
-
 # Mamba-2 at P = 80 with p_tiles="masked": (loads, stores) of [tile] / [tile, chunk] blocks on the
 # P axis. decode: x and the state (replay: in the readout and the fold; and the ring's x, masked
 # by count anyway); stores: the state and y (replay: and the ring's x). verify (T = 4, unrolled):
