@@ -307,18 +307,20 @@ def dot(u, w, block):
     return total
 
 
-def staging_smem(block, dtype):
-    """The double-buffered staging area of state chunk writes (see `write_chunk`)."""
-    return plgpu.SMEM((2, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))
+def staging_smem(block, dtype, buffers=2):
+    """The staging area of state chunk writes (see `write_chunk`): double-buffered, or with
+    buffers=1 single (each write waits for the copy before it to have left)."""
+    return plgpu.SMEM((buffers, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))
 
 
 def write_chunk(value, n, out_smem, tile, block, live):
-    """Writes state chunk n ([64, block]) of `tile` (GMEM [64, N]) if `live`, through a
-    double-buffered SMEM staging area out_smem [2, 64, block] (`staging_smem`): the copy issued
-    two chunks ago has left the buffer when at most one copy is still reading. The kernels'
+    """Writes state chunk n ([64, block]) of `tile` (GMEM [64, N]) if `live`, through an SMEM
+    staging area out_smem [m, 64, block] of m buffers (`staging_smem`): the copy issued m
+    chunks ago has left its buffer when at most m - 1 copies are still reading. The kernels'
     pipelines have inputs only: their output copies would write rows of the null slot too."""
-    buf = out_smem.at[n % 2]
-    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+    m = out_smem.shape[0]
+    buf = out_smem.at[n % m]
+    plgpu.wait_smem_to_gmem(m - 1, wait_read_only=True)
     buf[...] = value.astype(buf.dtype)
     plgpu.commit_smem()
 

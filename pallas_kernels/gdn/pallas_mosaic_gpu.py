@@ -100,6 +100,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
+from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -114,11 +115,18 @@ class GDNMosaicTiling:
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
     after it (module docstring; the same sums). ring_write (verify): who writes the window's d
     into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each CTA its
-    own [T, 64] rows; k and g stay XLA's)."""
+    own [T, 64] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode): the
+    fold's chunks in flight (0: num_stages) and its write-back's staging buffers (2 or 1). The
+    fold's SMEM (the ring's keys, the staging, its pipeline) is allocated in the fold's own
+    scope, over the read-only pass's: the kernel's peak SMEM is the larger of the two passes',
+    so a leaner fold lets the read-only pass keep more chunks in flight at the same CTAs an
+    SM."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
     ring_write: str = "xla"
+    fold_stages: int = 0
+    fold_buffers: int = 2
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -128,7 +136,11 @@ class GDNMosaicTiling:
 # in 3 stages take 200.6 us (block_k 64: 224.8-247.8; 32 in 2 stages 204.1, in 4 209.2; 16 in
 # 4-6 208.0-221.7; "serial" 206.1), ahead of the Triton replay's 207.9.
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
-MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap")
+# Eighteenth: the fold's SMEM in its own scope, 2 chunks in flight and one staging buffer, so
+# 4 read-only chunks (the whole 64 x 128 tile) fit 4 CTAs an SM: 197.3 -> 185.0 us (bf16
+# rings, staggered; 4 stages with today's fold needed 58 KB, 3 CTAs an SM).
+MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=4, prologue="overlap",
+                                       fold_stages=2, fold_buffers=1)
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
 # Verify by window (eleventh session, batch 256; Nsight Compute at T = 4: 251 registers a
 # thread and 83 KB of SMEM, 2 CTAs an SM): chunks of 32 keys, 4 in flight, the overlap
@@ -175,9 +187,13 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
+    tiles = _tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2], buffers.checkpoint.dtype)
+    t = resolve_tiling(tiling, MOSAIC_REPLAY_TILING)
+    check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
+    check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2],
-                                 buffers.checkpoint.dtype))
+                          fold_stages=t.fold_stages or tiles["num_stages"],
+                          fold_buffers=t.fold_buffers, **tiles)
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -302,9 +318,9 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, rk_smem,
-                   out_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k, num_stages,
-                   prologue):
+                   rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, bars,
+                   fold_bar, *, vectors, heads_per_key_head, block_k, num_stages, prologue,
+                   fold_stages, fold_buffers):
     b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
@@ -374,11 +390,16 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
     fold = c == L - 1
 
-    @pl.when(live & fold)
-    def _():
+    def folded(rk_smem, out_smem):
         load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
         _fold(tile, rk_smem, sv.k, d, alpha, big_e, walk, ring_d, out_smem, live,
-              block_k=block_k, num_stages=num_stages)
+              block_k=block_k, num_stages=fold_stages)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
+
+    # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
+    pl.when(live & fold)(lambda: pl.run_scoped(
+        folded, plgpu.SMEM((L, K), rk_ref.dtype),
+        staging_smem(block_k, s_ref.dtype, fold_buffers)))
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
     # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
@@ -397,9 +418,10 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
+                                             "fold_buffers", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   interpret):
+                   fold_stages, fold_buffers, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -411,7 +433,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue,
+                               fold_stages=fold_stages, fold_buffers=fold_buffers)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V)),
         grid_names=GRID_NAMES,
@@ -422,8 +445,6 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     rk_smem=plgpu.SMEM((L, K), ring_dtype),
-                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=7),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)

@@ -216,6 +216,9 @@ class GDN(Problem):
     MOSAIC_DIMS = dict(Hk=1, Hv=2, K=64, V=80)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
+    # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
+    # waits for the one before); the fold as the read-only pass, double-buffered, beside it
+    MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2))]
 
     @property
     def state_shape(self):

@@ -117,6 +117,17 @@ def test_bad_mosaic_prologue_is_named():
         gdn.standard_decode(pb.random_state(), *pb.step_inputs(2), args["slots"], **kw)
 
 
+@pytest.mark.parametrize("fields,match", [
+    (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
+    (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$")])
+def test_bad_mosaic_fold_tiles_are_named(fields, match):
+    """The Mosaic replay's fold knobs are checked before any kernel runs."""
+    args = _valid_args(GDN(1, Hk=1, Hv=1, K=64, V=64), L=4)
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_decode(**args, impl="pallas_mosaic_gpu",
+                          tiling=gdn.GDNMosaicTiling(block_k=16, **fields))
+
+
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
     """Mosaic GPU swizzles 32, 64 or 128 bytes: a bf16 chunk of 8 (16 bytes) is refused."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
