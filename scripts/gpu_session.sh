@@ -100,6 +100,8 @@
 #              their and our batch-256 times in the same run
 #   gdn-warps - our Triton GDN replay at 1-2 warps a program (the authors' launch), ring key
 #              products from XLA, bf16 rings, batch 256
+#   e2e-qwen-mosaic - the Qwen3.5-9B step at batch 256 with the Mosaic GDN replay in `auto`,
+#              then without it (one process each, --isolate none)
 #   isa-gdn  - static opcode histograms of both GDN replay kernels (scripts/isa_histogram.py)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
@@ -366,6 +368,17 @@ case $stage in
       --variants replay+mtp standard+mtp ;;
   e2e-more)
     e2e 420 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
+  e2e-qwen-mosaic)
+    # the Qwen3.5-9B step with the Mosaic GDN replay in `auto` (from 16 rows, as Mamba-2's):
+    # AUTO_OPS patched in this process, so the variants run in it (--isolate none); then the
+    # same without the patch, for a same-run ratio (eighteenth session: Mosaic 185.0 vs Triton
+    # 210.7 us a layer at batch 256)
+    for patch in "m.AUTO_OPS = m.AUTO_OPS | {'replay_decode'}; m.AUTO_MIN_BATCH['replay_decode'] = 16" ""; do
+      limit 280 python3 -c "import sys; import pallas_kernels.gdn.pallas_mosaic_gpu as m; $patch
+from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic qwen3.5-9b \
+        --batch 256 --prompt-len 128 --variants standard replay --isolate none \
+        --new-tokens 64 --json 2>>"$out/e2e.log" | tee -a "$out/e2e.jsonl" | tail -c 800 || true
+    done ;;
   e2e-32)
     e2e 250 --synthetic nemotron-h-8b --batch 32 --prompt-len 128 --variants standard replay ;;
   e2e-moe|e2e-moe-qwen)
