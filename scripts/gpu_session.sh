@@ -102,7 +102,7 @@
 #              products from XLA, bf16 rings, batch 256
 #   e2e-qwen-mosaic - the Qwen3.5-9B step at batch 256 with the Mosaic GDN replay in `auto`,
 #              then without it (one process each, --isolate none)
-#   isa-gdn  - static opcode histograms of both GDN replay kernels (scripts/isa_histogram.py)
+#   isa-gdn  - static opcode histogram of the Mosaic GDN replay's PTX (scripts/isa_histogram.py)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
 #   conv     - the decode conv + conv-state update over the slot pool: the Pallas kernel (one
@@ -154,6 +154,21 @@ limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $
 e2e() {   # e2e SECONDS ARGS...: one JSON object per run appended to OUT/e2e.jsonl
   limit "$1" python3 -m replayjax.bench.e2e "${@:2}" --new-tokens 64 --json \
     2>>"$out/e2e.log" | tee -a "$out/e2e.jsonl" | tail -c 1500
+}
+ncu_csv() {  # ncu_csv NAME KERNEL_REGEX CMD...: Nsight Compute on 2 launches of the kernels
+  # matching KERNEL_REGEX after 40 (clocks as found: ncu's default would lock them to base) into
+  # OUT/ncu_NAME.csv, then its headline rows
+  limit ${NCU_LIMIT:-120} ncu --clock-control none --kernel-name regex:$2 --launch-skip 40 \
+    --launch-count 2 --csv --page details --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats "${@:3}" > "$out/ncu_$1.csv" \
+    2>>"$out/ncu.log" || true
+  # a timed-out ncu leaves its target running, holding the GPU's memory (the next process then
+  # fails with CUDA_ERROR_OUT_OF_MEMORY at start-up: eleventh session)
+  pkill -f "scripts/ncu_" || true
+  grep -E "Kernel Name|Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|\
+Theoretical Occupancy|Block Limit|Dynamic Shared|Warp Cycles Per Issued|Issued Warp|\
+Spilling Requests\"" "$out/ncu_$1.csv" | head -24 || true
 }
 each_test() {  # each_test SECONDS PYTEST_ARGS...: the compiled kernel tests of test_decode.py
   # and test_verify.py that PYTEST_ARGS select, one process each (a CUDA error is sticky for its
@@ -420,17 +435,8 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       if [ "$kern" = verify ]; then name=replay_verify suffix=_verify; fi
       for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
         for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
-          limit ${NCU_LIMIT:-120} ncu --clock-control none --kernel-name regex:$name \
-            --launch-skip 40 --launch-count 2 --csv --page details \
-            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-            --section LaunchStats --section WarpStateStats \
-            python3 scripts/ncu_kernels.py --family $fam --impl $impl --kernel $kern \
-            > "$out/ncu_${fam}_$impl$suffix.csv" 2>>"$out/ncu.log" || true
-          # a timed-out ncu leaves its target running, holding the GPU's memory (the next
-          # process then fails with CUDA_ERROR_OUT_OF_MEMORY at start-up: eleventh session)
-          pkill -f scripts/ncu_kernels.py || true
-          grep -E "Kernel Name|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|\
-Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}_$impl$suffix.csv" | head -20 || true
+          ncu_csv "${fam}_$impl$suffix" $name python3 scripts/ncu_kernels.py --family $fam \
+            --impl $impl --kernel $kern
         done
       done
     done ;;
@@ -439,23 +445,12 @@ Registers Per Thread|Theoretical Occupancy|Spilling Requests\"" "$out/ncu_${fam}
     # authors' kernel under the same Nsight Compute sections as ours, every kernel on bf16 rings
     # (the authors' and the models'), ours at its default and the authors' launch (1 warp, 3
     # stages); then the same run's times (peer harness, GDN only, and `bench kernels`)
-    sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --section WarpStateStats --section SchedulerStats"
-    run_ncu() {  # run_ncu NAME REGEX CMD...
-      limit ${NCU_LIMIT:-120} ncu --clock-control none --kernel-name regex:$2 --launch-skip 40 \
-        --launch-count 2 --csv --page details $sections "${@:3}" > "$out/ncu_gdn_$1.csv" \
-        2>>"$out/ncu.log" || true
-      pkill -f "scripts/ncu_" || true
-      grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|\
-Theoretical Occupancy|Block Limit|Shared Memory Configuration Size|Dynamic Shared|Static Shared|\
-Warp Cycles Per Issued|Spilling" "$out/ncu_gdn_$1.csv" | head -24 || true
-    }
-    run_ncu authors replayssm python3 scripts/ncu_peer_gdn.py --peer .peer_bench
-    run_ncu pallas_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+    ncu_csv gdn_authors replayssm python3 scripts/ncu_peer_gdn.py --peer .peer_bench
+    ncu_csv gdn_pallas_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
       --ring-dtype bfloat16
-    run_ncu pallas_bf16_w1s3 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+    ncu_csv gdn_pallas_bf16_w1s3 replay_decode python3 scripts/ncu_kernels.py --family gdn \
       --ring-dtype bfloat16 --tiling '{"num_warps": 1, "num_stages": 3}'
-    run_ncu mosaic_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
+    ncu_csv gdn_mosaic_bf16 replay_decode python3 scripts/ncu_kernels.py --family gdn \
       --impl pallas_mosaic_gpu --ring-dtype bfloat16
     limit 90 python3 .peer_bench/peer_bench.py --out "$out" --batches 256 --families gdn \
       --no-fla --skip-check 2>>"$out/peers.log" | tail -12 || true
@@ -476,17 +471,15 @@ Warp Cycles Per Issued|Spilling" "$out/ncu_gdn_$1.csv" | head -24 || true
         {"num_warps": 1, "ring_scalars": "xla", "chunk_loop": "unrolled"}]' \
       --json "$out/kernels_gdn_warps.json" 2>>"$out/kernels.log" | grep "^|" ;;
   isa-gdn)
-    # static opcode histograms of the GDN replay kernels (scripts/isa_histogram.py): the
-    # Mosaic kernel's SASS, the Triton kernel's PTX from XLA's dump; the files, gzipped
-    rm -rf /tmp/isa-m /tmp/isa-t && mkdir -p /tmp/isa-m /tmp/isa-t
-    MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=/tmp/isa-m limit 90 python3 scripts/ncu_kernels.py \
-      --family gdn --impl pallas_mosaic_gpu --ring-dtype bfloat16 --steps 2 >/dev/null || true
-    XLA_FLAGS=--xla_dump_to=/tmp/isa-t limit 90 python3 scripts/ncu_kernels.py --family gdn \
-      --ring-dtype bfloat16 --steps 2 >/dev/null 2>&1 || true
-    ls /tmp/isa-m | head || true; ls /tmp/isa-t | grep -i -E "ptx|triton" | head || true
-    python3 scripts/isa_histogram.py $(grep -l -i replay /tmp/isa-m/* | head -3) \
-      $(ls /tmp/isa-t/*.ptx 2>/dev/null | head -3) --top 30 || true
-    tar czf "$out/isa_gdn.tgz" -C /tmp isa-m $(cd /tmp && ls isa-t/*.ptx 2>/dev/null) || true ;;
+    # static opcode histogram of the Mosaic GDN replay's PTX (scripts/isa_histogram.py; the
+    # H200 image has no nvdisasm for SASS, and XLA's dump holds no Triton PTX); the dump, gzipped
+    rm -rf /tmp/isa-m && mkdir -p /tmp/isa-m
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/isa-m limit 90 \
+      python3 scripts/ncu_kernels.py --family gdn --impl pallas_mosaic_gpu \
+      --ring-dtype bfloat16 --steps 2 >/dev/null || true
+    cat /tmp/isa-m/*.ptxas 2>/dev/null || true
+    python3 scripts/isa_histogram.py $(ls /tmp/isa-m/*.ptx 2>/dev/null) --top 30 || true
+    tar czf "$out/isa_gdn.tgz" -C /tmp isa-m || true ;;
   attention)
     limit 280 python3 -m replayjax.bench.attention --batches 1 32 256 --tokens 1 4 \
       --tune '[{}, {"block_k": 32}, {"block_k": 64}, {"block_k": 128}, {"num_stages": 3}]' \

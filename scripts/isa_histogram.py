@@ -1,9 +1,10 @@
 """Opcode histogram of the kernels in dumped PTX / SASS files (what a kernel spends its issue
 slots on, beside Nsight Compute's "instructions per element"):
 
-    MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=/tmp/d python3 ...   # Mosaic GPU kernels
-    XLA_FLAGS=--xla_dump_to=/tmp/x python3 ...                     # XLA's PTX (Triton kernels)
-    python3 scripts/isa_histogram.py /tmp/d/*sass* --top 30
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=/tmp/d python3 ...    # a Mosaic GPU kernel's PTX
+    python3 scripts/isa_histogram.py /tmp/d/*.ptx --top 30
+
+(MOSAIC_GPU_DUMP_SASS=1 dumps SASS where nvdisasm is installed; the H200 image has none.)
 
 Counts static instructions (the code's lines, not executed ones), by opcode without modifiers
 ("FFMA", "ld"); loops are where the executed count diverges, so read it with the source.

@@ -187,8 +187,8 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2], buffers.checkpoint.dtype)
     t = resolve_tiling(tiling, MOSAIC_REPLAY_TILING)
+    tiles = _tiles(t, MOSAIC_REPLAY_TILING, k.shape[2], buffers.checkpoint.dtype)
     check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
     check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
