@@ -237,13 +237,16 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
     return True
 
 
-def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False):
+def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False,
+                  fold=False):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
-    "ring_write" (one of `validation.RING_WRITES`): chunk = (name, size) of the dim streamed in
-    chunks of `field` (at most `max_chunk`: its vectors are one TMA box each; the name ends in
-    the dim's letter, "d_state N"). The other state dim, split into one warpgroup's 64-row
-    tiles, may have any size (`tile_rows_of`)."""
+    "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
+    fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
+    "fold_buffers" (1 or 2): chunk = (name, size) of the dim streamed in chunks of `field` (at
+    most `max_chunk`: its vectors are one TMA box each; the name ends in the dim's letter,
+    "d_state N"). The other state dim, split into one warpgroup's 64-row tiles, may have any
+    size (`tile_rows_of`)."""
     t = resolve_tiling(tiling, default)
     chunk_name, C = chunk
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
@@ -255,6 +258,10 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
+    if fold:
+        check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
+        check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
+        tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
     return tiles
 
 

@@ -24,6 +24,9 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   lean-fold - the Mosaic Mamba-2 replay with its fold in its own SMEM scope: compiled fold
+#              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
+#              beside Triton at batch 1 / 32 / 256
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -588,6 +591,22 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --batches 1 32 256 --impls pallas_mosaic_gpu --replay-config "$cfg" \
         --json "$out/kernels_bc_$tag.json" 2>>"$out/kernels.log" | grep "^|" || true
     done ;;
+  lean-fold)
+    # the Mosaic Mamba-2 replay's fold in its own SMEM scope (as GDN's since stop 37): its
+    # compiled fold tests (the lean-fold option too), the 8B at batch 256 with lean folds under
+    # 3-4 read-only stages beside the default; then the Mosaic GDN replay's lean-fold default
+    # beside Triton over batches (fp32 rings)
+    REPLAYJAX_TEST_BACKEND=gpu limit 170 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_mamba2.py tests/pallas_kernels/test_decode.py \
+      -k "fold_tiles or (mamba2 and mosaic and replay_matches)" 2>&1 | tail -3 || true
+    limit 230 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_lean_fold.json" \
+      --tune '[{}, {"num_stages": 4, "fold_stages": 2, "fold_buffers": 1},
+               {"num_stages": 3, "fold_stages": 2, "fold_buffers": 1}, {"fold_buffers": 1}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 170 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 1 32 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/kernels_gdn_lean_sweep.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
   replay-tiles)
     # the Triton Mamba-2 replay between batch 1 and `auto`'s Mosaic switch (16 rows): the 8B's
     # default (64 x 64 tiles on 2 warps: 255 registers and spills at 256) against 4 warps and

@@ -100,7 +100,6 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
-from pallas_kernels.validation import check, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -162,9 +161,9 @@ AUTO_MIN_BATCH = {"standard_decode": 9}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, K, state_dtype, verify=False):
+def _tiles(tiling, default, K, state_dtype, verify=False, fold=False):
     return resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
-                         max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify)
+                         max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold)
 
 
 def takes(op, args) -> bool:
@@ -187,13 +186,9 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
-    t = resolve_tiling(tiling, MOSAIC_REPLAY_TILING)
-    tiles = _tiles(t, MOSAIC_REPLAY_TILING, k.shape[2], buffers.checkpoint.dtype)
-    check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
-    check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          fold_stages=t.fold_stages or tiles["num_stages"],
-                          fold_buffers=t.fold_buffers, **tiles)
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2],
+                                   buffers.checkpoint.dtype, fold=True))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):

@@ -112,12 +112,19 @@ class Mamba2MosaicTiling:
     writes the window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or
     "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's). bc_products (replay
     decode): what forms the B . C products before the launch (`BC_PRODUCTS`): "xla"
-    (`buffers.bc_products`) or "pallas" (`pallas_triton.decode_bc_products`, one launch)."""
+    (`buffers.bc_products`) or "pallas" (`pallas_triton.decode_bc_products`, one launch).
+    fold_stages, fold_buffers (replay decode): the fold's chunks in flight (0: num_stages) and
+    its write-back's staging buffers (2 or 1). The fold's SMEM (the group's ring B, the
+    staging, its pipeline) is allocated in the fold's own scope, over the read-only pass's: the
+    kernel's peak SMEM is the larger of the two passes', so a leaner fold lets the read-only
+    pass keep more chunks in flight at the same CTAs an SM."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
     ring_write: str = "xla"
     bc_products: str = "xla"
+    fold_stages: int = 0
+    fold_buffers: int = 2
 
 
 BC_PRODUCTS = ("xla", "pallas")
@@ -159,9 +166,9 @@ AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (MAX_VERIFY_TOKENS, 128))}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, N, state_dtype, verify=False):
+def _tiles(tiling, default, N, state_dtype, verify=False, fold=False):
     return resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
-                         max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify)
+                         max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold)
 
 
 def takes(op, args) -> bool:
@@ -198,7 +205,7 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
                           bc_kernel=products == "pallas",
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
-                                 buffers.checkpoint.dtype))
+                                   buffers.checkpoint.dtype, fold=True))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -313,9 +320,9 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
-                   out_smem, bars, fold_bar, *, vectors, heads_per_group, block_n, num_stages,
-                   prologue):
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
+                   fold_bar, *, vectors, heads_per_group, block_n, num_stages, prologue,
+                   fold_stages, fold_buffers):
     b, h, g, t = _position(heads_per_group)
     ps = rows_box(t)
     v = vectors.views(vec_smem)
@@ -376,11 +383,16 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
     fold = c == L - 1
 
-    @pl.when(live & fold)
-    def _():
+    def folded(rb_smem, out_smem):
         load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
         _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
-              block_n=block_n, num_stages=num_stages)
+              block_n=block_n, num_stages=fold_stages)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
+
+    # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
+    pl.when(live & fold)(lambda: pl.run_scoped(
+        folded, plgpu.SMEM((L, N), rb_ref.dtype),
+        staging_smem(block_n, s_ref.dtype, fold_buffers)))
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
     # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
@@ -399,10 +411,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "bc_kernel",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "fold_stages",
+                                             "fold_buffers", "bc_kernel", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   bc_kernel, interpret):
+                   fold_stages, fold_buffers, bc_kernel, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -418,7 +430,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
                             ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
                             ring_dt=(L, F32), ring_bc=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages, prologue=prologue)
+                               block_n=block_n, num_stages=num_stages, prologue=prologue,
+                               fold_stages=fold_stages, fold_buffers=fold_buffers)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -430,8 +443,6 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     rb_smem=plgpu.SMEM((L, N), ring_dtype),
-                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
                      bars=plgpu.Barrier(num_barriers=6),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)

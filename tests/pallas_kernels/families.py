@@ -137,7 +137,10 @@ class Mamba2(Problem):
     MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
-    MOSAIC_REPLAY_OPTIONS = [("bc-xla", dict(bc_products="xla"))]
+    # the B . C products by XLA; a lean fold (2 chunks in flight, one staging buffer: each
+    # write-back waits for the one before) under a 4-stage read-only pass
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla", dict(bc_products="xla")),
+                             ("lean-fold", dict(num_stages=4, fold_stages=2, fold_buffers=1))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)

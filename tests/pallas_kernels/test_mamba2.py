@@ -133,6 +133,17 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
                                tiling=tiling)
 
 
+@pytest.mark.parametrize("fields,match", [
+    (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
+    (dict(fold_buffers=0), r"^fold_buffers = 0 must be 1 or 2$")])
+def test_bad_mosaic_fold_tiles_are_named(fields, match):
+    """The Mosaic replay's fold knobs are checked before any kernel runs."""
+    with pytest.raises(ValueError, match=match):
+        mamba2.replay_decode(**_valid_args(Mamba2(1, P=64, N=64), L=4),
+                             impl="pallas_mosaic_gpu",
+                             tiling=mamba2.Mamba2MosaicTiling(block_n=16, **fields))
+
+
 def test_bad_mosaic_prologue_is_named():
     """A prologue other than "serial" / "overlap" is named by replay decode and verify (the
     kernels that take it) and by the standard decode (same tiling), before any kernel runs."""
