@@ -103,8 +103,9 @@
 #              their and our batch-256 times in the same run
 #   gdn-warps - our Triton GDN replay at 1-2 warps a program (the authors' launch), ring key
 #              products from XLA, bf16 rings, batch 256
-#   e2e-qwen-mosaic - the Qwen3.5-9B step at batch 256 with the Mosaic GDN replay in `auto`,
-#              then without it (one process each, --isolate none)
+#   e2e-qwen-mosaic - the Mosaic GDN kernels' compiled tests, then the Qwen3.5-9B replay step
+#              at batch 256 with today's `auto`, then without the Mosaic replay (one process each,
+#              --isolate none; QWEN_VARIANTS="standard replay" adds the standard step)
 #   isa-gdn  - static opcode histogram of the Mosaic GDN replay's PTX (scripts/isa_histogram.py)
 #   attention - decode attention over the slot pool: the Pallas kernel (in-kernel gather) vs the
 #              XLA gather + einsum, batch 1 / 32 / 256, T = 1 and 4, a tiling sweep
@@ -387,14 +388,17 @@ case $stage in
   e2e-more)
     e2e 420 --synthetic qwen3.5-9b --batch 256 --prompt-len 128 --variants standard replay ;;
   e2e-qwen-mosaic)
-    # the Qwen3.5-9B step with the Mosaic GDN replay in `auto` (from 16 rows, as Mamba-2's):
-    # AUTO_OPS patched in this process, so the variants run in it (--isolate none); then the
-    # same without the patch, for a same-run ratio (eighteenth session: Mosaic 185.0 vs Triton
-    # 210.7 us a layer at batch 256)
-    for patch in "m.AUTO_OPS = m.AUTO_OPS | {'replay_decode'}; m.AUTO_MIN_BATCH['replay_decode'] = 16" ""; do
-      limit 280 python3 -c "import sys; import pallas_kernels.gdn.pallas_mosaic_gpu as m; $patch
+    # the Mosaic GDN kernels' compiled tests, then the Qwen3.5-9B step at batch 256 with
+    # today's `auto` (the Mosaic GDN replay from 16 rows since the nineteenth session) and
+    # without that replay (AUTO_OPS patched in that process, --isolate none), for a same-run
+    # ratio. QWEN_VARIANTS (default "replay": the patch leaves the standard step as it is)
+    # picks the variants of each run
+    REPLAYJAX_TEST_BACKEND=gpu limit 110 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels -k "gdn and mosaic" 2>&1 | tail -3 || true
+    for patch in "" "m.AUTO_OPS = m.AUTO_OPS - {'replay_decode'}"; do
+      limit 240 python3 -c "import sys; import pallas_kernels.gdn.pallas_mosaic_gpu as m; $patch
 from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic qwen3.5-9b \
-        --batch 256 --prompt-len 128 --variants standard replay --isolate none \
+        --batch 256 --prompt-len 128 --variants ${QWEN_VARIANTS:-replay} --isolate none \
         --new-tokens 64 --json 2>>"$out/e2e.log" | tee -a "$out/e2e.jsonl" | tail -c 800 || true
     done ;;
   e2e-32)

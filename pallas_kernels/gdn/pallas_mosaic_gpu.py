@@ -150,14 +150,15 @@ _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
 # shapes, fp32 state, batch 256): standard 274 vs 287 us, verify T = 4 528 vs 548 (tenth
-# session, the Triton verify row-slowest). The replay decode stays on Triton: at its tenth-
-# session tiling the Mosaic one wins only batch 256 staggered (199.8 vs 208.7 us; amortised
-# 205.9 vs 199.2, batch 1 / 8 / 32 5.9 / 12.3 / 34.2 vs 4.6 / 10.2 / 32.7), and the whole
-# Qwen3.5-9B step at batch 256 took 15.22 ms with it against 14.70 with Triton (ninth).
-AUTO_OPS = frozenset({"standard_decode", "replay_verify"})
-# Below this batch "auto" keeps the Triton standard kernel (thirteenth session: 2.9 / 4.1 / 5.8 /
-# 10.7 us at 1 / 2 / 4 / 8 rows against this kernel's 3.8 / 4.6 / 6.9 / 11.3; at 256, 272 vs 284).
-AUTO_MIN_BATCH = {"standard_decode": 9}
+# session, the Triton verify row-slowest); the replay decode since its lean fold (nineteenth:
+# fp32 rings, amortised / staggered 185.8 / 186.4 vs 199.9 / 208.8 at 256, 29.3 / 30.1 vs 30.3 /
+# 33.0 at 32), and the Qwen3.5-9B step at batch 256 with it 13.73 ms against 13.99 with Triton
+# (the tenth-session tiling had lost: 15.22 vs 14.70 ms, ninth).
+AUTO_OPS = frozenset({"standard_decode", "replay_decode", "replay_verify"})
+# Below these batches "auto" keeps the Triton kernels: standard (thirteenth session: 2.9 / 4.1 /
+# 5.8 / 10.7 us at 1 / 2 / 4 / 8 rows against this kernel's 3.8 / 4.6 / 6.9 / 11.3; at 256, 272
+# vs 284); replay (batch 1 3.4 vs 5.9 us, nineteenth; 8 10.2 vs 12.3, tenth), as Mamba-2's.
+AUTO_MIN_BATCH = {"standard_decode": 9, "replay_decode": 16}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 

@@ -137,7 +137,9 @@ BC_PRODUCTS = ("xla", "pallas")
 MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 # Seventeenth session (stop 36): the B . C products by one Pallas launch, 8B at batch 256 326.8 ->
 # 324.8 us staggered, 327.7 -> 326.7 amortised (XLA's fusions 6.5 us a step, the launch 5.1);
-# batch 32 the same; batch 1 6.7 -> 7.0, where `auto` runs Triton (AUTO_MIN_BATCH).
+# batch 32 the same; batch 1 6.7 -> 7.0, where `auto` runs Triton (AUTO_MIN_BATCH). Nineteenth:
+# the fold's lean SMEM options, staggered at 256: default 323.5 us, fold_buffers 1 322.8 (noise),
+# 4 / 3 read-only stages with a 2-stage single-buffered fold 333.4 / 349.6: the default stays.
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap", bc_products="pallas")
 MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
 MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)     # one for every window
