@@ -53,8 +53,9 @@ def cols(v, shape):
     return lax.broadcast_in_dim(v, shape, (1,))
 
 
-def zeros_row(dtype=F32):
-    return plgpu.layout_cast(jnp.zeros((TILE_ROWS,), dtype), ROW)
+def zeros_row(dtype=F32, tile_rows=TILE_ROWS):
+    """A ROW vector [tile_rows] of zeros."""
+    return plgpu.layout_cast(jnp.zeros((tile_rows,), dtype), ROW)
 
 
 def select(pred, on_true, on_false):
@@ -163,37 +164,40 @@ def store_async(value, smem, dst):
     plgpu.copy_smem_to_gmem(smem, dst)
 
 
-def rows_box(t):
-    """The 64-row box of tile t along a state dim (`tile_rows_of`): what its loads copy (a TMA
-    load fills rows past the dim's end with zeros). Its stores go through `store_rows`."""
-    return pl.ds(t * TILE_ROWS, TILE_ROWS)
+def rows_box(t, tile_rows=TILE_ROWS):
+    """The box of tile t (of tile_rows rows, 64 or a multiple) along a state dim
+    (`tile_rows_of`): what its loads copy (a TMA load fills rows past the dim's end with
+    zeros). Its stores go through `store_rows`."""
+    return pl.ds(t * tile_rows, tile_rows)
 
 
 def store_rows(value, smem, dst, t):
-    """`store_async` of tile t's rows [64] (a ROW vector) to dst [R] in GMEM, the whole vector
-    of a state dim of R rows. A TMA copy of a vector to GMEM is a bulk copy, bounded by the whole
-    array rather than by its last dim, as tensor copies (loads, the swizzled state chunks) are:
-    a ragged tile's 64-row box would write the next head's rows (the interpreter clips at the
-    dim, so only the GPU shows it). So the ragged tile copies its R % 64 rows only."""
+    """`store_async` of tile t's rows [m] (a ROW vector, m = smem's length: 64 or a multiple) to dst
+    [R] in GMEM, the whole vector of a state dim of R rows. A TMA copy of a vector to GMEM is a bulk
+    copy, bounded by the whole array rather than by its last dim, as tensor copies (loads, the
+    swizzled state chunks) are: a ragged tile's 64-row box would write the next head's rows (the
+    interpreter clips at the dim, so only the GPU shows it). So the ragged tile copies its R % m
+    rows only."""
     smem[...] = value.astype(smem.dtype)
     plgpu.commit_smem()
-    full, rem = divmod(dst.shape[-1], TILE_ROWS)
+    m = smem.shape[-1]
+    full, rem = divmod(dst.shape[-1], m)
     if not rem:
-        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t)])
+        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t, m)])
         return
     nbytes = rem * jnp.dtype(dst.dtype).itemsize
     check(nbytes % _TMA_BYTES == 0,
           f"pallas_mosaic_gpu needs a ragged tile's rows in multiples of {_TMA_BYTES} bytes: "
-          f"{dst.shape[-1]} % {TILE_ROWS} = {rem} rows of {jnp.dtype(dst.dtype).name} are "
+          f"{dst.shape[-1]} % {m} = {rem} rows of {jnp.dtype(dst.dtype).name} are "
           f"{nbytes} bytes")
 
     @pl.when(t < full)
     def _():
-        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t)])
+        plgpu.copy_smem_to_gmem(smem, dst.at[rows_box(t, m)])
 
     @pl.when(t == full)
     def _():
-        plgpu.copy_smem_to_gmem(smem.at[pl.ds(0, rem)], dst.at[pl.ds(full * TILE_ROWS, rem)])
+        plgpu.copy_smem_to_gmem(smem.at[pl.ds(0, rem)], dst.at[pl.ds(full * m, rem)])
 
 
 def write_out(value, live, smem, dst, t):
@@ -265,32 +269,34 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     return tiles
 
 
-def tile_rows_of(R: int) -> int:
-    """The CTAs along a state dim of R rows: one per 64-row tile, the last one ragged when 64
-    does not divide R. A ragged tile needs no masks: its loads are TMA boxes (`rows_box`), which
-    read rows past the dim's end as zeros, and so are its state chunk stores, which drop them;
-    its vector stores copy its rows only (`store_rows`). Its CTA computes on zeros there and its
-    results for them are dropped."""
-    return pl.cdiv(R, TILE_ROWS)
+def tile_rows_of(R: int, tile_rows: int = TILE_ROWS) -> int:
+    """The CTAs along a state dim of R rows: one per tile of tile_rows (64: one warpgroup's
+    WGMMA tile; 128: two of them in one warpgroup's registers), the last one ragged when
+    tile_rows does not divide R. A ragged tile needs no masks: its loads are TMA boxes
+    (`rows_box`), which read rows past the dim's end as zeros, and so are its state chunk
+    stores, which drop them; its vector stores copy its rows only (`store_rows`). Its CTA
+    computes on zeros there and its results for them are dropped."""
+    return pl.cdiv(R, tile_rows)
 
 
 def state_layout(block, dtype):
-    """SMEM transforms of a state chunk [64, block]: 8-row tiles, swizzled as wide as the rows
-    allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
+    """SMEM transforms of a state chunk [tile rows, block]: 8-row tiles, swizzled as wide as
+    the rows allow, so the warpgroup's WGMMA-layout reads and writes spread over the banks."""
     bits = jnp.dtype(dtype).itemsize * 8
     swizzle = plgpu.find_swizzle(block * bits, "the state chunk")
     return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
-def state_spec(state_dtype, block):
-    """The BlockSpec of one [64, block] chunk of the state tile per pipeline step (swizzled).
+def state_spec(state_dtype, block, tile_rows=TILE_ROWS):
+    """The BlockSpec of one [tile_rows, block] chunk of the state tile per pipeline step
+    (swizzled).
 
     The pipelines stream the state only. Each of their SMEM buffers holds `num_stages` slots back
     to back, and a TMA tensor copy needs its SMEM address 128-byte aligned: a slot of a [block]
     vector (block x itemsize bytes) breaks that (64 bytes at block 32, bf16; CUDA reports
     CUDA_ERROR_MISALIGNED_ADDRESS), so the kernels copy their vectors whole before the pipeline
     and read chunks of them with `chunk` (a register load, no alignment rule)."""
-    return plgpu.BlockSpec((TILE_ROWS, block), lambda n: (0, n),
+    return plgpu.BlockSpec((tile_rows, block), lambda n: (0, n),
                            transforms=state_layout(block, state_dtype))
 
 
@@ -314,15 +320,16 @@ def dot(u, w, block):
     return total
 
 
-def staging_smem(block, dtype, buffers=2):
-    """The staging area of state chunk writes (see `write_chunk`): double-buffered, or with
-    buffers=1 single (each write waits for the copy before it to have left)."""
-    return plgpu.SMEM((buffers, TILE_ROWS, block), dtype, transforms=state_layout(block, dtype))
+def staging_smem(block, dtype, buffers=2, tile_rows=TILE_ROWS):
+    """The staging area of state chunk writes [tile_rows, block] (see `write_chunk`):
+    double-buffered, or with buffers=1 single (each write waits for the copy before it to have
+    left)."""
+    return plgpu.SMEM((buffers, tile_rows, block), dtype, transforms=state_layout(block, dtype))
 
 
 def write_chunk(value, n, out_smem, tile, block, live):
-    """Writes state chunk n ([64, block]) of `tile` (GMEM [64, N]) if `live`, through an SMEM
-    staging area out_smem [m, 64, block] of m buffers (`staging_smem`): the copy issued m
+    """Writes state chunk n ([rows, block]) of `tile` (GMEM [rows, N]) if `live`, through an
+    SMEM staging area out_smem [m, rows, block] of m buffers (`staging_smem`): the copy issued m
     chunks ago has left its buffer when at most m - 1 copies are still reading. The kernels'
     pipelines have inputs only: their output copies would write rows of the null slot too."""
     m = out_smem.shape[0]

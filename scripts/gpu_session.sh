@@ -27,6 +27,7 @@
 #   lean-fold - the Mosaic Mamba-2 replay with its fold in its own SMEM scope: compiled fold
 #              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
 #              beside Triton at batch 1 / 32 / 256
+#   gdn-rows - the Mosaic GDN kernels over 128-row V tiles against 64-row ones, batch 1..512
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -691,6 +692,29 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
           --tokens 4 --batches 256 --impls "$impl" --tune '[{}, {"ring_write": "kernel"}]' \
           --json "$out/verify_ring_write_${fam}_$impl.json" 2>>"$out/verify.log" | grep "^|"
       done
+    done ;;
+  gdn-rows)
+    # the Mosaic GDN kernels over 128-row V tiles (one CTA over two WGMMA tiles: half the CTAs,
+    # each one's fixed work, prologue copies and barriers, ring walk, epilogue, over twice the
+    # state bytes) against the 64-row ones: compiled tests, then Qwen3-Next shapes at batch 256
+    # (standard and replay over tilings; verify at T = 4), then the batch sweep both ways
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py -k mosaic 2>&1 | tail -3 || true
+    limit 220 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_gdn_rows.json" \
+      --tune '[{}, {"tile_rows": 128}, {"tile_rows": 128, "num_stages": 3},
+               {"tile_rows": 128, "block_k": 16, "num_stages": 6},
+               {"tile_rows": 128, "prologue": "serial"}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 90 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 4 \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/verify_gdn_rows.json" \
+      --tune '[{}, {"tile_rows": 128}, {"tile_rows": 128, "num_stages": 2}]' \
+      2>>"$out/verify.log" | grep "^|" || true
+    for rows in 64 128; do
+      limit 90 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+        --batches 1 32 256 512 --impls pallas_mosaic_gpu --std-config "{\"tile_rows\": $rows}" \
+        --replay-config "{\"tile_rows\": $rows}" --json "$out/kernels_gdn_rows_$rows.json" \
+        2>>"$out/kernels.log" | grep "^|" || true
     done ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \

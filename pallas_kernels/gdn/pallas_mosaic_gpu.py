@@ -100,6 +100,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
+from pallas_kernels.validation import check
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -109,7 +110,7 @@ class GDNMosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_k bounds the key chunk the state
     tile is copied in (the largest power of two dividing K up to it: at least 8, and 16 for a
     bf16 state), num_stages the replay pipelines' chunks in flight (the standard kernel has all
-    of its tile in flight). The V tile is one warpgroup's 64 rows. prologue (replay decode and
+    of its tile in flight). prologue (replay decode and
     verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
     after it (module docstring; the same sums). ring_write (verify): who writes the window's d
@@ -119,13 +120,17 @@ class GDNMosaicTiling:
     fold's SMEM (the ring's keys, the staging, its pipeline) is allocated in the fold's own
     scope, over the read-only pass's: the kernel's peak SMEM is the larger of the two passes',
     so a leaner fold lets the read-only pass keep more chunks in flight at the same CTAs an
-    SM."""
+    SM. tile_rows: the V rows of a CTA, 64 (one WGMMA tile) or 128 (two in the warpgroup's
+    registers: half the CTAs, each paying its fixed work, the prologue's copies and barriers,
+    the walk and the epilogue, over twice the state bytes); 128 needs V % 128 == 0, and a
+    measured default of 128 runs 64-row tiles where V is not such a multiple."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
     ring_write: str = "xla"
     fold_stages: int = 0
     fold_buffers: int = 2
+    tile_rows: int = TILE_ROWS
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -162,9 +167,19 @@ AUTO_MIN_BATCH = {"standard_decode": 9, "replay_decode": 16}
 _MAX_K = 256                      # one TMA box per q / k vector
 
 
-def _tiles(tiling, default, K, state_dtype, verify=False, fold=False):
-    return resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
-                         max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold)
+_TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
+
+
+def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False):
+    tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
+                          max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold)
+    rows = (tiling or default).tile_rows
+    check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
+    if rows != TILE_ROWS and V % rows:
+        check(tiling is None, f"pallas_mosaic_gpu tile_rows = {rows} needs value dim V a "
+              f"multiple of {rows}, got V = {V}")
+        rows = TILE_ROWS                  # the measured default, where its tile does not fit
+    return {**tiles, "tile_rows": rows}
 
 
 def takes(op, args) -> bool:
@@ -177,24 +192,25 @@ def takes(op, args) -> bool:
         return False
     T = v.shape[1] if op == "replay_verify" else 1
     return auto_takes(op, AUTO_OPS, v.shape[-1], lambda: _tiles(
-        None, measured_tiling(_DEFAULT_TILING, op, T), k.shape[-1], state.dtype))
+        None, measured_tiling(_DEFAULT_TILING, op, T), k.shape[-1], v.shape[-1], state.dtype))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], state.dtype)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
-                            block_k=tiles["block_k"])
+                            block_k=tiles["block_k"], tile_rows=tiles["tile_rows"])
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2],
+                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2], v.shape[2],
                                    buffers.checkpoint.dtype, fold=True))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
-    tiles = _tiles(tiling, default, k.shape[3], buffers.checkpoint.dtype, verify=True)
+    tiles = _tiles(tiling, default, k.shape[3], v.shape[3], buffers.checkpoint.dtype,
+                   verify=True)
     o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                                   **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -202,10 +218,10 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                            None if in_kernel else d, g)
 
 
-def _position(heads_per_key_head):
+def _position(heads_per_key_head, tile_rows):
     """(row b, value head hv, key head hk, V tile index, V tile slice) of this CTA."""
     b, hv, t = (lax.axis_index(n) for n in GRID_NAMES)
-    return b, hv, hv // heads_per_key_head, t, rows_box(t)
+    return b, hv, hv // heads_per_key_head, t, rows_box(t, tile_rows)
 
 
 def _walk(body, init, *, count, ring_g):
@@ -238,7 +254,8 @@ def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live,
         write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
 
     plgpu.emit_pipeline(
-        fold_chunk, grid=(K // block_k,), in_specs=[state_spec(tile.dtype, block_k)],
+        fold_chunk, grid=(K // block_k,),
+        in_specs=[state_spec(tile.dtype, block_k, tile.shape[0])],
         max_concurrent_steps=num_stages,
     )(tile)
 
@@ -248,11 +265,12 @@ def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live,
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
                      k_smem, v_smem, s_smem, bars, *, heads_per_key_head, block_k):
-    b, hv, hk, vt, vs = _position(heads_per_key_head)
+    R = v_smem.shape[0]                                               # the CTA's V rows
+    b, hv, hk, vt, vs = _position(heads_per_key_head, R)
     n_chunks = s_smem.shape[0]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    tile = state_ref.at[slot, hv, vs]                                 # [64, K] in GMEM
+    tile = state_ref.at[slot, hv, vs]                                 # [R, K] in GMEM
     # Every chunk of the tile in flight at once (barrier n), then the token's vectors.
     for n in range(n_chunks):
         plgpu.copy_gmem_to_smem(tile.at[:, pl.ds(n * block_k, block_k)], s_smem.at[n],
@@ -266,14 +284,14 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     v = plgpu.load(v_smem, layout=ROW).astype(F32)
 
     # Pass 1: S k of the old state, chunk by chunk as the copies land.
-    sk = zeros_row()
+    sk = zeros_row(tile_rows=R)
     for n in range(n_chunks):
         plgpu.barrier_wait(bars.at[n])
-        s = s_smem.at[n][...].astype(F32)                             # [64, bk]
+        s = s_smem.at[n][...].astype(F32)                             # [R, bk]
         sk = sk + jnp.sum(s * cols(chunk(k_smem, n, block_k), s.shape), axis=1)
-    d = beta * (v - alpha * sk)                                       # [64]
+    d = beta * (v - alpha * sk)                                       # [R]
     # Pass 2: S <- alpha S + d k^T in each chunk's buffer, copied out for live rows; o = S q.
-    o = zeros_row()
+    o = zeros_row(tile_rows=R)
     for n in range(n_chunks):
         s = s_smem.at[n][...].astype(F32)
         s = alpha * s + rows(d, s.shape) * cols(chunk(k_smem, n, block_k), s.shape)
@@ -288,22 +306,22 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "interpret"))
-def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, interpret):
+@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     n_chunks = K // block_k
     kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k)
     (o,), (state,) = mosaic_call(
-        kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V)),
+        kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, q_ref=q, k_ref=k, v_ref=v, g_ref=g, beta_ref=beta,
                     state_ref=state),
         outputs=dict(o_ref=like(v)),
         inplace=("state_ref",),
         scratch=dict(q_smem=plgpu.SMEM((K,), q.dtype), k_smem=plgpu.SMEM((K,), k.dtype),
-                     v_smem=plgpu.SMEM((TILE_ROWS,), v.dtype),
-                     s_smem=plgpu.SMEM((n_chunks, TILE_ROWS, block_k), state.dtype,
+                     v_smem=plgpu.SMEM((tile_rows,), v.dtype),
+                     s_smem=plgpu.SMEM((n_chunks, tile_rows, block_k), state.dtype,
                                        transforms=state_layout(block_k, state.dtype)),
                      bars=plgpu.Barrier(num_barriers=n_chunks + 3)),
         interpret=interpret)
@@ -317,8 +335,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, bars,
                    fold_bar, *, vectors, heads_per_key_head, block_k, num_stages, prologue,
                    fold_stages, fold_buffers):
-    b, hv, hk, t, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
+    R = sv.v.shape[0]                                                 # the CTA's V rows
+    b, hv, hk, t, vs = _position(heads_per_key_head, R)
     L, K = rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -348,7 +367,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         """v [64], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
         copies landed, the readout aside."""
         v = plgpu.load(sv.v, layout=ROW).astype(F32)
-        total, ring = walk(through_ring, (zeros_row(), zeros_row()))
+        total, ring = walk(through_ring, (zeros_row(tile_rows=R),) * 2)
         return v, jnp.exp(total), ring
 
     overlap = prologue == "overlap"
@@ -357,7 +376,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     else:
         load_all(bars, *copies)
         v, big_e, (sk_ring, sq_ring) = landed_part()
-    tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
+    tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
@@ -371,14 +390,14 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                 acc[1] + jnp.sum(s * cols(chunk(sv.q, n, block_k), s.shape), axis=1))
 
     s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
-        max_concurrent_steps=num_stages, init_carry=(zeros_row(), zeros_row()),
+        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k, R)],
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(tile_rows=R),) * 2,
     )(tile)
     if overlap:                   # the rest landed while the state streamed: now the walk
         wait_all(landed[:2] + landed[4:])
         v, big_e, (sk_ring, sq_ring) = landed_part()
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
-    d = beta * (v - alpha * sk)                                       # [64]
+    d = beta * (v - alpha * sk)                                       # [R]
     # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
     write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv], t)
 
@@ -395,7 +414,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
     pl.when(live & fold)(lambda: pl.run_scoped(
         folded, plgpu.SMEM((L, K), rk_ref.dtype),
-        staging_smem(block_k, s_ref.dtype, fold_buffers)))
+        staging_smem(block_k, s_ref.dtype, fold_buffers, R)))
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
     # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
@@ -415,9 +434,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
-                                             "fold_buffers", "interpret"))
+                                             "fold_buffers", "tile_rows", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, interpret):
+                   fold_stages, fold_buffers, tile_rows, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -425,14 +444,14 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
         buffers.ring_k, slots, k[:, None], q[:, None]))
     ring_dtype = buffers.ring_k.dtype
-    vectors = VectorPack.of(v=(TILE_ROWS, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
-                            ring_d=(TILE_ROWS, ring_dtype), ring_k=(K, ring_dtype),
+    vectors = VectorPack.of(v=(tile_rows, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
+                            ring_d=(tile_rows, ring_dtype), ring_k=(K, ring_dtype),
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                fold_stages=fold_stages, fold_buffers=fold_buffers)
     (o,), new = mosaic_call(
-        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V)),
+        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, s_ref=buffers.checkpoint,
@@ -440,7 +459,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
+                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
                      bars=plgpu.Barrier(num_barriers=7),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
@@ -461,8 +480,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
                    vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, write_ring):
-    b, hv, hk, vt, vs = _position(heads_per_key_head)
     sv = vectors.views(vec_smem)
+    R = sv.v[0].shape[0]                                              # the CTA's V rows
+    b, hv, hk, vt, vs = _position(heads_per_key_head, R)
     T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -490,7 +510,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         dj = ring_d(j)
         return tuple(tuple(acc_t + (ej * prod(t * L + j)) * dj for t, acc_t in enumerate(a))
                      for prod, a in zip(ring_products, acc))
-    zt = (zeros_row(),) * T
+    zt = (zeros_row(tile_rows=R),) * T
 
     def landed_part():
         """The v_t, exp of the ring's g sum and the ring's parts (as the decode's)."""
@@ -504,7 +524,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     else:
         load_all(bars, *copies)
         vs_, big_e, (sk_ring, sq_ring) = landed_part()
-    tile = s_ref.at[slot, hv, vs]                                     # [64, K] in GMEM
+    tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
@@ -516,7 +536,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                            for t, acc_t in enumerate(a)) for a, x in zip(acc, (sv.k, sv.q)))
 
     s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k)],
+        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k, R)],
         max_concurrent_steps=num_stages, init_carry=(zt, zt),
     )(tile)
     if overlap:                   # the rest, then the walk
@@ -553,9 +573,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
-                                             "interpret"))
+                                             "tile_rows", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   ring_write, interpret):
+                   ring_write, tile_rows, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -570,15 +590,15 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
-    vectors = VectorPack.of(v=((T, TILE_ROWS), v.dtype), k=((T, K), k.dtype),
-                            q=((T, K), q.dtype), d=((T, TILE_ROWS), ring_dtype if write_ring
+    vectors = VectorPack.of(v=((T, tile_rows), v.dtype), k=((T, K), k.dtype),
+                            q=((T, K), q.dtype), d=((T, tile_rows), ring_dtype if write_ring
                                                     else F32),
                             ring_g=(L, F32), ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring)
     (o, d), new = mosaic_call(
-        kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V)),
+        kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
@@ -587,9 +607,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
         inplace=("s_ref", "rd_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
+                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
                      rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
-                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype),
+                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype, 2, tile_rows),
                      bars=plgpu.Barrier(num_barriers=3 * T + 4),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)

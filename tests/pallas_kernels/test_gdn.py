@@ -7,14 +7,16 @@ makes: measured, reported and bounded here (3e-2 over 4096 steps).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels import gdn
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import BF16, GDN, IMPLS, long_run
-from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw
+from tests.pallas_kernels.families import BF16, GDN, IMPLS, MOSAIC, long_run
+from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw, mosaic_races_found
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -180,3 +182,56 @@ def test_mosaic_ragged_tile_rows_must_fill_16_bytes():
     with pytest.raises(ValueError, match=r"ragged tile's rows in multiples of 16 bytes: "
                                          r"66 % 64 = 2 rows of \w+ are \d+ bytes"):
         gdn.replay_decode(**_valid_args(pb), impl="pallas_mosaic_gpu")
+
+
+def _tile_rows_run(op, tile_rows, interpret, L=4, T=4):
+    """Two fold cycles of `op` ("standard_decode", "replay_decode" or "replay_verify") on the
+    Mosaic kernels at their measured tiling with `tile_rows`, V = 256 (two 128-row tiles, four
+    64-row ones), two value heads on one key head, a padding row, NaN ring entries past the
+    counts: (outputs per step, final pools, final counts) for `assert_runs_equal`."""
+    pb = GDN(17, batch=3, Hk=1, Hv=2, K=32, V=256)
+    bufs, counts, _ = pb.make_replay_state(L, jnp.float32, jnp.float32)
+    slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+    kind = {"standard_decode": "standard", "replay_decode": "replay", "replay_verify": "verify"}[op]
+    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), tile_rows=tile_rows)
+    kw = impl_kw(MOSAIC, interpret, tiling)
+    outs, state = [], bufs.checkpoint
+    for i in range(2 * L):
+        if op == "standard_decode":
+            out, state = gdn.standard_decode(state, *pb.step_inputs(), slots, **kw)
+        elif op == "replay_decode":
+            out, bufs = gdn.replay_decode(bufs, counts, *pb.step_inputs(), slots, **kw)
+            counts = gdn.advance_counts(counts, slots, L)
+        else:
+            out, bufs = gdn.replay_verify(bufs, counts, *pb.window_inputs(T), slots, **kw)
+            accepted = jnp.asarray([(i % T) + 1, 1, T - (i % T)], jnp.int32)
+            counts = gdn.commit_counts(counts, slots, accepted, T, L)
+        outs.append(out)
+    assert np.isfinite(np.asarray(outs)).all() and (np.asarray(outs)[:, 1] == 0).all()
+    return outs, (state,) if op == "standard_decode" else bufs, counts
+
+
+@pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify"])
+def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
+    """tile_rows=128 (one CTA over two WGMMA tiles of V rows) computes every row's sums as the
+    64-row tiles do: outputs, pools and counts bitwise equal (compiled: within an ulp) over two
+    fold cycles; no data races."""
+    assert_runs_equal(*(_tile_rows_run(op, r, interpret) for r in (64, 128)), interpret)
+    assert not mosaic_races_found(interpret)
+
+
+def test_mosaic_tile_rows_are_checked():
+    """A tile_rows other than 64 / 128, or 128 on a V it does not divide, is named; the measured
+    default falls back to 64-row tiles there (V = 80: a 64-row and a ragged 16-row tile)."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=80)
+    args = _valid_args(pb, L=4)
+    for rows, match in ((96, r"^tile_rows = 96 must be one of \(64, 128\)$"),
+                        (128, r"^pallas_mosaic_gpu tile_rows = 128 needs value dim V a multiple "
+                              r"of 128, got V = 80$")):
+        with pytest.raises(ValueError, match=match):
+            gdn.replay_decode(**args, impl="pallas_mosaic_gpu",
+                              tiling=gdn.GDNMosaicTiling(block_k=16, tile_rows=rows))
+    tiles = gdn.pallas_mosaic_gpu._tiles(
+        None, dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, tile_rows=128), 64, 80, jnp.float32,
+        fold=True)
+    assert tiles["tile_rows"] == 64
