@@ -27,7 +27,8 @@
 #   lean-fold - the Mosaic Mamba-2 replay with its fold in its own SMEM scope: compiled fold
 #              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
 #              beside Triton at batch 1 / 32 / 256
-#   gdn-rows - the Mosaic GDN kernels over 128-row V tiles against 64-row ones, batch 1..512
+#   gdn-rows - the Mosaic GDN kernels over 128-row V tiles against 64-row ones, batch 1..512;
+#              gdn-rows-tune - the 128-row tilings' neighbours, decode and verify (T = 4, 8)
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -715,6 +716,24 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --batches 1 32 256 512 --impls pallas_mosaic_gpu --std-config "{\"tile_rows\": $rows}" \
         --replay-config "{\"tile_rows\": $rows}" --json "$out/kernels_gdn_rows_$rows.json" \
         2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
+  gdn-rows-tune)
+    # the 128-row tiles' neighbours at batch 256 (gdn-rows: replay 186.7 -> 177.9 us in 3
+    # stages, verify T = 4 465.4 -> 422.9 in 2): fewer stages and smaller key chunks (4 CTAs an
+    # SM under 56 KiB), the fold's staging; verify at T = 4 and 8
+    limit 200 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_gdn_rows_tune.json" \
+      --tune '[{"tile_rows": 128, "num_stages": 3}, {"tile_rows": 128, "num_stages": 2},
+               {"tile_rows": 128, "block_k": 16, "num_stages": 4},
+               {"tile_rows": 128, "num_stages": 3, "fold_buffers": 2},
+               {"tile_rows": 128, "num_stages": 3, "fold_stages": 1}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    for tc in '4 [{"tile_rows": 128, "num_stages": 2}, {"tile_rows": 128, "num_stages": 3},
+                  {"tile_rows": 128, "block_k": 16, "num_stages": 4}]' \
+              '8 [{}, {"tile_rows": 128}, {"tile_rows": 128, "block_k": 32, "num_stages": 2}]'; do
+      limit 90 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
+        --json "$out/verify_gdn_rows_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
     done ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \

@@ -142,14 +142,21 @@ class GDNMosaicTiling:
 MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 # Eighteenth: the fold's SMEM in its own scope, 2 chunks in flight and one staging buffer, so
 # 4 read-only chunks (the whole 64 x 128 tile) fit 4 CTAs an SM: 197.3 -> 185.0 us (bf16
-# rings, staggered; 4 stages with the full fold needed 56 KB: 3 CTAs an SM).
-MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=4, prologue="overlap",
-                                       fold_stages=2, fold_buffers=1)
-MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=64)
+# rings, staggered; 4 stages with the full fold needed 56 KB: 3 CTAs an SM). Twentieth:
+# 128-row tiles (half the CTAs, each one's prologue, walk and epilogue over twice the bytes)
+# in 3 stages, 67 KB: 3 CTAs an SM, 186.7 -> 177.9 / 179.8 us (2 stages 178.1; 4 stages
+# 184.2; the standard kernel gained nothing from them, 273.3 vs 274.4, nor batch 1).
+MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap",
+                                       fold_stages=2, fold_buffers=1, tile_rows=128)
 # Verify by window (eleventh session, batch 256; Nsight Compute at T = 4: 251 registers a
 # thread and 83 KB of SMEM, 2 CTAs an SM): chunks of 32 keys, 4 in flight, the overlap
-# prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0.
-MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=32, num_stages=4, prologue="overlap")),
+# prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0. Twentieth, 128-row tiles:
+# T = 4 in chunks of 16 keys, 4 in flight, 465.4 -> 403.6 us (1.55x -> 1.77x the baseline;
+# chunks of 32 in 2-3 stages 417-423); T = 8 in chunks of 32, 2 in flight, 877.4 -> 687.7
+# (1.45x -> 1.85x; the 64-key chunks at 128 rows 1026.7).
+MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128)
+MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=16, num_stages=4, prologue="overlap",
+                                             tile_rows=128)),
                          (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
