@@ -115,15 +115,15 @@ class GDNMosaicTiling:
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
     after it (module docstring; the same sums). ring_write (verify): who writes the window's d
     into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each CTA its
-    own [T, 64] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode): the
+    own [T, tile_rows] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode): the
     fold's chunks in flight (0: num_stages) and its write-back's staging buffers (2 or 1). The
     fold's SMEM (the ring's keys, the staging, its pipeline) is allocated in the fold's own
     scope, over the read-only pass's: the kernel's peak SMEM is the larger of the two passes',
     so a leaner fold lets the read-only pass keep more chunks in flight at the same CTAs an
     SM. tile_rows: the V rows of a CTA, 64 (one WGMMA tile) or 128 (two in the warpgroup's
     registers: half the CTAs, each paying its fixed work, the prologue's copies and barriers,
-    the walk and the epilogue, over twice the state bytes); 128 needs V % 128 == 0, and a
-    measured default of 128 runs 64-row tiles where V is not such a multiple."""
+    the walk and the epilogue, over twice the state bytes), a bound as block_k is: 128 runs
+    64-row tiles where V is not a multiple of 128."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -182,11 +182,8 @@ def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False):
                           max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold)
     rows = (tiling or default).tile_rows
     check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
-    if rows != TILE_ROWS and V % rows:
-        check(tiling is None, f"pallas_mosaic_gpu tile_rows = {rows} needs value dim V a "
-              f"multiple of {rows}, got V = {V}")
-        rows = TILE_ROWS                  # the measured default, where its tile does not fit
-    return {**tiles, "tile_rows": rows}
+    # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
+    return {**tiles, "tile_rows": rows if V % rows == 0 else TILE_ROWS}
 
 
 def takes(op, args) -> bool:

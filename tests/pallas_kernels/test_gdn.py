@@ -221,17 +221,13 @@ def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
 
 
 def test_mosaic_tile_rows_are_checked():
-    """A tile_rows other than 64 / 128, or 128 on a V it does not divide, is named; the measured
-    default falls back to 64-row tiles there (V = 80: a 64-row and a ragged 16-row tile)."""
+    """A tile_rows other than 64 / 128 is named; 128 is a bound, as block_k: it runs 64-row
+    tiles where V is not a multiple of 128 (V = 80: a 64-row and a ragged 16-row tile)."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=80)
-    args = _valid_args(pb, L=4)
-    for rows, match in ((96, r"^tile_rows = 96 must be one of \(64, 128\)$"),
-                        (128, r"^pallas_mosaic_gpu tile_rows = 128 needs value dim V a multiple "
-                              r"of 128, got V = 80$")):
-        with pytest.raises(ValueError, match=match):
-            gdn.replay_decode(**args, impl="pallas_mosaic_gpu",
-                              tiling=gdn.GDNMosaicTiling(block_k=16, tile_rows=rows))
-    tiles = gdn.pallas_mosaic_gpu._tiles(
-        None, dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, tile_rows=128), 64, 80, jnp.float32,
-        fold=True)
-    assert tiles["tile_rows"] == 64
+    with pytest.raises(ValueError, match=r"^tile_rows = 96 must be one of \(64, 128\)$"):
+        gdn.replay_decode(**_valid_args(pb, L=4), impl="pallas_mosaic_gpu",
+                          tiling=gdn.GDNMosaicTiling(block_k=16, tile_rows=96))
+    for V, rows in ((80, 64), (256, 128)):
+        tiles = gdn.pallas_mosaic_gpu._tiles(None, gdn.MOSAIC_REPLAY_TILING, 64, V, jnp.float32,
+                                             fold=True)
+        assert tiles["tile_rows"] == rows
