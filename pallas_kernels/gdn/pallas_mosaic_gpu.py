@@ -158,6 +158,12 @@ MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128)
 MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=16, num_stages=4, prologue="overlap",
                                              tile_rows=128)),
                          (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
+# Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
+# 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
+# 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.
+MOSAIC_SMALL_BATCH_ROWS = 64
+MOSAIC_SMALL_BATCH_TILINGS = {
+    MOSAIC_REPLAY_TILING: dataclasses.replace(MOSAIC_REPLAY_TILING, num_stages=4)}
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next
@@ -186,6 +192,13 @@ def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False):
     return {**tiles, "tile_rows": rows if V % rows == 0 else TILE_ROWS}
 
 
+def for_shape(tiling, rows):
+    """The measured tiling a kernel whose default is `tiling` runs at `rows` rows a step: its
+    small-batch variant (`MOSAIC_SMALL_BATCH_TILINGS`) up to MOSAIC_SMALL_BATCH_ROWS rows."""
+    return MOSAIC_SMALL_BATCH_TILINGS.get(tiling, tiling) if rows <= MOSAIC_SMALL_BATCH_ROWS \
+        else tiling
+
+
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch it won (`AUTO_MIN_BATCH`) whose default tiling
@@ -207,8 +220,8 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, k.shape[2], v.shape[2],
-                                   buffers.checkpoint.dtype, fold=True))
+                          **_tiles(tiling, for_shape(MOSAIC_REPLAY_TILING, v.shape[0]),
+                                   k.shape[2], v.shape[2], buffers.checkpoint.dtype, fold=True))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):

@@ -135,7 +135,8 @@ def _gdn() -> Family:
         standard=lambda st, inp, slots, **kw: gdn.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: gdn.replay_decode(b, c, *inp, slots, **kw)[1],
         ops=lambda: gdn, token_inputs=5, default_ring="float32",
-        for_dims=lambda t, d, rows: gdn.pallas_triton.for_shape(t, rows))
+        for_dims=lambda t, d, rows: gdn.pallas_mosaic_gpu.for_shape(
+            gdn.pallas_triton.for_shape(t, rows), rows))
 
 
 FAMILIES = {"mamba2": _mamba2, "gdn": _gdn}
