@@ -2,18 +2,19 @@
 ReplaySSM step with its fold and ReplaySSM verify (math: `pallas_kernels.gdn.reference`). The
 state-per-draft baseline verify runs on the other backends.
 
-Grid (batch, Hv, ceil(V / 64)): one CTA (one warpgroup) per (row, value head, 64-row V tile;
-the last one ragged where 64 does not divide V, `tile_rows_of`). The slot read from `slots`
-picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the state tile [64, K] is copied
-into shared memory in key chunks of block_k (tiled and swizzled) and computed on in registers
-(WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the ring's keys in a fold) are copied
-whole (`state_spec` says why); the token's vectors share one SMEM buffer per dtype with the
-other small ones (`VectorPack`). Updated chunks go back by TMA, for live rows only (the null
-slot is never written).
+Grid (batch, Hv, ceil(V / R)): one CTA (one warpgroup) per (row, value head, V tile of R =
+`tile_rows` rows, 64 or 128; the last one ragged where R does not divide V, `tile_rows_of`).
+The slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the
+state tile [R, K] is copied into shared memory in key chunks of block_k (tiled and swizzled)
+and computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the
+ring's keys in a fold) are copied whole (`state_spec` says why); the token's vectors share one
+SMEM buffer per dtype with the other small ones (`VectorPack`). Updated chunks go back by TMA,
+for live rows only (the null slot is never written).
 
 Standard: S k is needed whole before any update, so every chunk of the tile is in flight at once
-(64 x K state elements of SMEM: 32 KiB at K = 128, fp32): pass 1 reduces S k chunk by chunk as
-they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces o = S q.
+(R x K state elements of SMEM: 32 KiB at R = 64, K = 128, fp32): pass 1 reduces S k chunk by
+chunk as they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces
+o = S q.
 
 Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed by XLA before
 the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint
@@ -254,10 +255,10 @@ def _walk(body, init, *, count, ring_g):
 
 def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
           num_stages):
-    """The fold of the ring and one more token (k, d, g = log alpha) into the state tile [64, K]
+    """The fold of the ring and one more token (k, d, g = log alpha) into the state tile [R, K]
     in GMEM: S0 <- big_e alpha S0 + d k^T + sum_j alpha e_j d_j k_j^T (big_e = exp of the ring's
     g sum), chunk by chunk, as fp32 rank-1 updates. rk_smem: the key head's ring keys [L, K]
-    (SMEM); kc_smem: the token's key [K] (SMEM); d [64] ROW; walk: `_walk` bound to the ring."""
+    (SMEM); kc_smem: the token's key [K] (SMEM); d [R] ROW; walk: `_walk` bound to the ring."""
     K = kc_smem.shape[0]
 
     def fold_chunk(idx, s_smem):
@@ -381,7 +382,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
 
     def landed_part():
-        """v [64], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
+        """v [R], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
         copies landed, the readout aside."""
         v = plgpu.load(sv.v, layout=ROW).astype(F32)
         total, ring = walk(through_ring, (zeros_row(tile_rows=R),) * 2)
@@ -511,7 +512,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
         (rkq_ref.at[b, hk], sv.ring_kq))
     # The window's v, k, q rows one 1-D copy each (into the pack, not [T, n] buffers of their
-    # own), the ring's d rows [L, 64] and the walk's scalars.
+    # own), the ring's d rows [L, R] and the walk's scalars.
     copies = (*((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
               *((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
               *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T)),
