@@ -28,7 +28,8 @@
 #              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
 #              beside Triton at batch 1 / 32 / 256
 #   gdn-rows - the Mosaic GDN kernels over 128-row V tiles against 64-row ones, batch 1..512;
-#              gdn-rows-tune - the 128-row tilings' neighbours, decode and verify (T = 4, 8)
+#              gdn-rows-tune - the 128-row tilings' neighbours, decode and verify (T = 4, 8);
+#              gdn-rows-small - where the replay's 4-stage small-batch default should end
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -735,6 +736,16 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
         --json "$out/verify_gdn_rows_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
     done ;;
+  gdn-rows-small)
+    # where the Mosaic GDN replay's 4-stage small-batch default (up to MOSAIC_SMALL_BATCH_ROWS
+    # = 64 rows) should end: the default (4 stages up to 64 rows, 3 after) against the other
+    # stage count at 96 / 128 / 192 rows, then the Qwen3.5-9B step at batch 32
+    for b in 96 128 192; do
+      limit 60 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+        --batches $b --impls pallas_mosaic_gpu --json "$out/kernels_gdn_rows_b$b.json" \
+        --tune '[{}, {"num_stages": 4}]' 2>>"$out/kernels.log" | grep "^|" || true
+    done
+    e2e 300 --synthetic qwen3.5-9b --batch 32 --prompt-len 128 --variants standard replay ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \
