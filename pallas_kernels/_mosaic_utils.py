@@ -287,16 +287,16 @@ def state_layout(block, dtype):
     return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
 
 
-def state_spec(state_dtype, block, tile_rows=TILE_ROWS):
-    """The BlockSpec of one [tile_rows, block] chunk of the state tile per pipeline step
-    (swizzled).
+def state_spec(state_dtype, block, tile_rows=TILE_ROWS, lead=()):
+    """The BlockSpec of one [*lead, tile_rows, block] chunk of the state tile per pipeline step
+    (swizzled; `lead`: untiled leading dims, the heads of a CTA that covers several).
 
     The pipelines stream the state only. Each of their SMEM buffers holds `num_stages` slots back
     to back, and a TMA tensor copy needs its SMEM address 128-byte aligned: a slot of a [block]
     vector (block x itemsize bytes) breaks that (64 bytes at block 32, bf16; CUDA reports
     CUDA_ERROR_MISALIGNED_ADDRESS), so the kernels copy their vectors whole before the pipeline
     and read chunks of them with `chunk` (a register load, no alignment rule)."""
-    return plgpu.BlockSpec((tile_rows, block), lambda n: (0, n),
+    return plgpu.BlockSpec((*lead, tile_rows, block), lambda n: (*(0 for _ in lead), 0, n),
                            transforms=state_layout(block, state_dtype))
 
 
@@ -320,27 +320,35 @@ def dot(u, w, block):
     return total
 
 
-def staging_smem(block, dtype, buffers=2, tile_rows=TILE_ROWS):
-    """The staging area of state chunk writes [tile_rows, block] (see `write_chunk`):
+def staging_smem(block, dtype, buffers=2, tile_rows=TILE_ROWS, lead=()):
+    """The staging area of state chunk writes [*lead, tile_rows, block] (see `write_chunk`):
     double-buffered, or with buffers=1 single (each write waits for the copy before it to have
     left)."""
-    return plgpu.SMEM((buffers, tile_rows, block), dtype, transforms=state_layout(block, dtype))
+    return plgpu.SMEM((buffers, *lead, tile_rows, block), dtype,
+                      transforms=state_layout(block, dtype))
 
 
 def write_chunk(value, n, out_smem, tile, block, live):
-    """Writes state chunk n ([rows, block]) of `tile` (GMEM [rows, N]) if `live`, through an
-    SMEM staging area out_smem [m, rows, block] of m buffers (`staging_smem`): the copy issued m
-    chunks ago has left its buffer when at most m - 1 copies are still reading. The kernels'
-    pipelines have inputs only: their output copies would write rows of the null slot too."""
+    """Writes state chunk n ([rows, block], or a tuple of them, one per leading index of a
+    [*lead, rows, block] chunk) of `tile` (GMEM [*lead, rows, N]) if `live`, through an SMEM
+    staging area out_smem [m, *lead, rows, block] of m buffers (`staging_smem`): the copy
+    issued m chunks ago has left its buffer when at most m - 1 copies are still reading. The
+    kernels' pipelines have inputs only: their output copies would write rows of the null slot
+    too."""
     m = out_smem.shape[0]
     buf = out_smem.at[n % m]
     plgpu.wait_smem_to_gmem(m - 1, wait_read_only=True)
-    buf[...] = value.astype(buf.dtype)
+    if isinstance(value, tuple):
+        for k, part in enumerate(value):
+            buf.at[k][...] = part.astype(buf.dtype)
+    else:
+        buf[...] = value.astype(buf.dtype)
     plgpu.commit_smem()
 
     @pl.when(live)
     def _():
-        plgpu.copy_smem_to_gmem(buf, tile.at[:, pl.ds(n * block, block)])
+        lead = (slice(None),) * (tile.ndim - 1)
+        plgpu.copy_smem_to_gmem(buf, tile.at[(*lead, pl.ds(n * block, block))])
 
 
 def interpret_params(interpret: bool):

@@ -30,6 +30,8 @@
 #   gdn-rows - the Mosaic GDN kernels over 128-row V tiles against 64-row ones, batch 1..512;
 #              gdn-rows-tune - the 128-row tilings' neighbours, decode and verify (T = 4, 8);
 #              gdn-rows-small - where the replay's 4-stage small-batch default should end
+#   m2-heads - the Mosaic Mamba-2 kernels over two / four heads a CTA, replay and standard
+#              tilings at batch 256; m2-heads-verify - verify T = 4 / 8 and the standard
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -746,6 +748,36 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --tune '[{}, {"num_stages": 4}]' 2>>"$out/kernels.log" | grep "^|" || true
     done
     e2e 300 --synthetic qwen3.5-9b --batch 32 --prompt-len 128 --variants standard replay ;;
+  m2-heads)
+    # the Mosaic Mamba-2 kernels over two (four) heads of a group a CTA (`heads`: each CTA's
+    # fixed work, the vectors' copies and barriers, the walk's loop, the group's B, C and walk
+    # scalars, over twice the state bytes): compiled tests, then Nemotron-H-8B shapes at batch
+    # 256, replay and standard over tilings (heads=2 doubles a pipeline step's bytes: the
+    # chunks and stages that keep CTAs an SM)
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_mamba2.py -k "mosaic and heads" 2>&1 | tail -3 || true
+    limit 260 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads.json" \
+      --tune '[{}, {"heads": 2}, {"heads": 2, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 2, "block_n": 16, "num_stages": 3},
+               {"heads": 2, "block_n": 16, "num_stages": 4, "fold_stages": 2, "fold_buffers": 1},
+               {"heads": 4, "block_n": 16, "num_stages": 2, "fold_stages": 2, "fold_buffers": 1}]' \
+      2>>"$out/kernels.log" | grep "^|" || true ;;
+  m2-heads-verify)
+    # heads=2 for the Mosaic Mamba-2 verify (T = 4, 8) and the standard decode (against the
+    # Triton standard `auto` runs), batch 256
+    for tc in '4 [{}, {"heads": 2, "block_n": 16}, {"heads": 2, "block_n": 16, "num_stages": 3},
+                  {"heads": 2}]' \
+              '8 [{}, {"heads": 2, "block_n": 16}, {"heads": 2, "block_n": 16, "num_stages": 3}]'; do
+      limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
+        --json "$out/verify_m2_heads_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
+    done
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_std.json" \
+      --tune '[{"heads": 2, "block_n": 32}, {"heads": 2, "block_n": 32, "num_stages": 3},
+               {"heads": 2, "block_n": 16, "num_stages": 4}]' \
+      2>>"$out/kernels.log" | grep "^|" || true ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \

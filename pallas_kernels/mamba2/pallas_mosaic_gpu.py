@@ -117,7 +117,11 @@ class Mamba2MosaicTiling:
     its write-back's staging buffers (2 or 1). The fold's SMEM (the group's ring B, the
     staging, its pipeline) is allocated in the fold's own scope, over the read-only pass's: the
     kernel's peak SMEM is the larger of the two passes', so a leaner fold lets the read-only
-    pass keep more chunks in flight at the same CTAs an SM."""
+    pass keep more chunks in flight at the same CTAs an SM. heads: the heads of one group a CTA
+    covers (1, 2 or 4; a bound as block_n is: the largest power of two up to it dividing the
+    heads of a group), each one's [64, N] tile in the same pipeline steps: a CTA's fixed work
+    (the vectors' copies and barriers, the ring walk's loop, the group's B, C and walk scalars)
+    is paid once for all of them."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -125,9 +129,11 @@ class Mamba2MosaicTiling:
     bc_products: str = "xla"
     fold_stages: int = 0
     fold_buffers: int = 2
+    heads: int = 1
 
 
 BC_PRODUCTS = ("xla", "pallas")
+_HEADS = (1, 2, 4)
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -168,9 +174,16 @@ AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (MAX_VERIFY_TOKENS, 128))}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, N, state_dtype, verify=False, fold=False):
-    return resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
-                         max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold)
+def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_group=1):
+    """`resolve_tiles` and "heads": the tiling's bound on the heads a CTA covers, as run for
+    groups of `heads_per_group` heads."""
+    tiles = resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
+                          max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold)
+    heads = resolve_tiling(tiling, default).heads
+    check_choice("heads", heads, _HEADS)
+    while heads_per_group % heads:
+        heads //= 2
+    return {**tiles, "heads": heads}
 
 
 def takes(op, args) -> bool:
@@ -196,9 +209,11 @@ def takes(op, args) -> bool:
 
 
 def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, B.shape[2], state.dtype)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, B.shape[2], state.dtype,
+                   heads_per_group=x.shape[1] // B.shape[1])
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
-                            block_n=tiles["block_n"], num_stages=tiles["num_stages"])
+                            heads=tiles["heads"], block_n=tiles["block_n"],
+                            num_stages=tiles["num_stages"])
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -207,12 +222,14 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
                           bc_kernel=products == "pallas",
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
-                                   buffers.checkpoint.dtype, fold=True))
+                                   buffers.checkpoint.dtype, fold=True,
+                                   heads_per_group=x.shape[1] // B.shape[1]))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", x.shape[1])
-    tiles = _tiles(tiling, default, B.shape[3], buffers.checkpoint.dtype, verify=True)
+    tiles = _tiles(tiling, default, B.shape[3], buffers.checkpoint.dtype, verify=True,
+                   heads_per_group=x.shape[2] // B.shape[2])
     y, ck, rx = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
                                **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -220,46 +237,63 @@ def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
                            None if in_kernel else x, B, dt)
 
 
-def _position(heads_per_group):
-    """(row b, head h, group g, P tile t) of this CTA."""
-    b, h, t = (lax.axis_index(n) for n in GRID_NAMES)
-    return b, h, h // heads_per_group, t
+def _position(heads_per_group, heads):
+    """(row b, the CTA's first head h0, group g, P tile t) of this CTA: it covers heads h0 ..
+    h0 + heads - 1, all of group g."""
+    b, hc, t = (lax.axis_index(n) for n in GRID_NAMES)
+    h0 = hc * heads
+    return b, h0, h0 // heads_per_group, t
 
 
-def _walk(body, init, *, count, ring_dt, a, suffix):
+def _heads_flat(state):
+    """The state pool [S, H, P, N] as [S * H, P, N] (a free reshape, in place): a CTA's tile
+    [heads, 64, N] is then one TMA box of three dims (slot and heads merged), within the five a
+    copy takes once the chunk's [64, block] is tiled into four."""
+    S, H, P, N = state.shape
+    return state.reshape(S * H, P, N)
+
+
+def _walk(body, init, *, count, ring_dts, a, suffix):
     """Folds body(j, s_j, carry) over the committed ring entries j = count-1 .. 0 (newest first;
-    entries past the count are never read) with s_j = dt_j exp(A (suffix + sum_{j<i<count} dt_i)):
-    `suffix` is the dt sum of the tokens after the ring. ring_dt(j) reads entry j's dt. Returns
-    (suffix + the ring's dt sum, carry)."""
-    def step(k, carry):
+    entries past the count are never read), for the CTA's heads k at once: s_j is a tuple of
+    s_jk = dt_jk exp(a_k (suffix_k + sum_{j<i<count} dt_ik)), `suffix` (a tuple) the dt sums
+    of the tokens after the ring, ring_dts per head a reader j -> dt_jk. Returns (per head
+    suffix_k + the ring's dt sum, carry)."""
+    def step(i, carry):
         sfx, acc = carry
-        j = count - 1 - k
-        dtj = ring_dt(j)
-        return sfx + dtj, body(j, dtj * jnp.exp(a * sfx), acc)
-    return lax.fori_loop(0, count, step, (suffix, init))
+        j = count - 1 - i
+        dts = tuple(dt_of(j) for dt_of in ring_dts)
+        s = tuple(d * jnp.exp(ak * sk) for d, ak, sk in zip(dts, a, sfx, strict=True))
+        return tuple(sk + d for sk, d in zip(sfx, dts)), body(j, s, acc)
+    return lax.fori_loop(0, count, step, (tuple(suffix), init))
 
 
-def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, *, block_n,
+def _fold(tile, rb_smem, bv_smem, xs, dts, decays, walk, ring_rows, out_smem, live, *, block_n,
           num_stages):
     """The fold: S0 <- decay S0 + dt x B^T + sum_j s_j x_j B_j^T over the committed ring
-    entries j, for the state tile [64, N] in GMEM, chunk by chunk, as fp32 rank-1 updates.
-    rb_smem: the group's ring B [L, N] (SMEM); bv_smem: the folded token's B [N] (SMEM); x [64]
-    ROW and dt: the folded token; walk: `_walk` bound to the ring with suffix dt."""
+    entries j, for the CTA's state tile [heads, 64, N] in GMEM, chunk by chunk, as fp32 rank-1
+    updates. rb_smem: the group's ring B [L, N] (SMEM); bv_smem: the folded token's B [N]
+    (SMEM); per head (tuples) xs [64] ROW, dts, decays: the folded token; ring_rows: readers
+    j -> ring x_j [64]; walk: `_walk` bound to the ring."""
     N = bv_smem.shape[0]
+    spec = state_spec(tile.dtype, block_n, lead=tile.shape[:1])
 
     def fold_chunk(idx, s_smem):
         (n,) = idx
-        s = s_smem[...].astype(F32)
-        upd = decay * s + rows(dt * x, s.shape) * cols(chunk(bv_smem, n, block_n), s.shape)
+        bv = chunk(bv_smem, n, block_n)
+        ups = []
+        for k, (x, dt, decay) in enumerate(zip(xs, dts, decays, strict=True)):
+            s = s_smem.at[k][...].astype(F32)
+            ups.append(decay * s + rows(dt * x, s.shape) * cols(bv, s.shape))
 
         def entry(j, sj, acc):
             bj = chunk(rb_smem.at[j], n, block_n)
-            return acc + rows(sj * ring_row(j), s.shape) * cols(bj, s.shape)
-        write_chunk(walk(entry, upd, suffix=dt)[1], n, out_smem, tile, block_n, live)
+            return tuple(u + rows(sjk * ring_row(j), u.shape) * cols(bj, u.shape)
+                         for u, sjk, ring_row in zip(acc, sj, ring_rows, strict=True))
+        write_chunk(walk(entry, tuple(ups), suffix=dts)[1], n, out_smem, tile, block_n, live)
 
     plgpu.emit_pipeline(
-        fold_chunk, grid=(N // block_n,), in_specs=[state_spec(tile.dtype, block_n)],
-        max_concurrent_steps=num_stages,
+        fold_chunk, grid=(N // block_n,), in_specs=[spec], max_concurrent_steps=num_stages,
     )(tile)
 
 
@@ -267,55 +301,63 @@ def _fold(tile, rb_smem, bv_smem, x, dt, decay, walk, ring_row, out_smem, live, 
 # Standard decode: reads and writes the state of every live row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state_ref, y_ref,
-                     x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, block_n,
-                     num_stages):
-    b, h, g, t = _position(heads_per_group)
+                     x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, heads,
+                     block_n, num_stages):
+    b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
+    hs = range(heads)
     N = b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
-    load_all(bars, (x_ref.at[b, h, ps], x_smem), (b_ref.at[b, g], bv_smem),
-             (c_ref.at[b, g], cv_smem))
-    x = plgpu.load(x_smem, layout=ROW).astype(F32)
-    dt = dt_ref[b, h]
-    da, dtx = jnp.exp(dt * a_ref[h]), dt * x
-    tile = state_ref.at[slot, h, ps]                                  # [64, N] in GMEM
+    load_all(bars, *((x_ref.at[b, h0 + k, ps], x_smem.at[k]) for k in hs),
+             (b_ref.at[b, g], bv_smem), (c_ref.at[b, g], cv_smem))
+    xs = [plgpu.load(x_smem.at[k], layout=ROW).astype(F32) for k in hs]
+    dts = [dt_ref[b, h0 + k] for k in hs]
+    das = [jnp.exp(dt * a_ref[h0 + k]) for k, dt in enumerate(dts)]
+    dtxs = [dt * x for dt, x in zip(dts, xs)]
+    tile = state_ref.at[pl.ds(slot * x_ref.shape[1] + h0, heads), ps]  # [heads, 64, N], GMEM
 
-    def step(idx, s_smem, y):
+    def step(idx, s_smem, ys):
         (n,) = idx
-        s = s_smem[...].astype(F32)                                   # [64, bn]
-        s = da * s + rows(dtx, s.shape) * cols(chunk(bv_smem, n, block_n), s.shape)
-        write_chunk(s, n, out_smem, tile, block_n, live)     # the null slot is never written
-        return y + jnp.sum(s * cols(chunk(cv_smem, n, block_n), s.shape), axis=1)
+        bv, cv = chunk(bv_smem, n, block_n), chunk(cv_smem, n, block_n)
+        news, out = [], []
+        for k, y in enumerate(ys):
+            s = s_smem.at[k][...].astype(F32)                         # [64, bn]
+            s = das[k] * s + rows(dtxs[k], s.shape) * cols(bv, s.shape)
+            news.append(s)
+            out.append(y + jnp.sum(s * cols(cv, s.shape), axis=1))
+        write_chunk(tuple(news), n, out_smem, tile, block_n, live)   # never the null slot
+        return tuple(out)
 
-    y = plgpu.emit_pipeline(
-        step, grid=(N // block_n,), in_specs=[state_spec(state_ref.dtype, block_n)],
-        max_concurrent_steps=num_stages, init_carry=zeros_row(),
+    ys = plgpu.emit_pipeline(
+        step, grid=(N // block_n,), in_specs=[state_spec(state_ref.dtype, block_n, lead=(heads,))],
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * heads,
     )(tile)
-    write_out(y + d_ref[h] * x, live, x_smem, y_ref.at[b, h], t)
+    for k, y in enumerate(ys):
+        write_out(y + d_ref[h0 + k] * xs[k], live, x_smem.at[k], y_ref.at[b, h0 + k], t)
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "interpret"))
-def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, interpret):
+@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "interpret"))
+def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
-    kernel = functools.partial(_standard_kernel, heads_per_group=H // G, block_n=block_n,
-                               num_stages=num_stages)
-    (y,), (state,) = mosaic_call(
-        kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
+    kernel = functools.partial(_standard_kernel, heads_per_group=H // G, heads=heads,
+                               block_n=block_n, num_stages=num_stages)
+    (y,), (flat,) = mosaic_call(
+        kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt, a_ref=A, d_ref=D,
-                    state_ref=state),
+                    state_ref=_heads_flat(state)),
         outputs=dict(y_ref=like(x)),
         inplace=("state_ref",),
-        scratch=dict(x_smem=plgpu.SMEM((TILE_ROWS,), x.dtype),
+        scratch=dict(x_smem=plgpu.SMEM((heads, TILE_ROWS), x.dtype),
                      bv_smem=plgpu.SMEM(B.shape[2:], B.dtype),
                      cv_smem=plgpu.SMEM(C.shape[2:], C.dtype),
-                     out_smem=staging_smem(block_n, state.dtype),
-                     bars=plgpu.Barrier(num_barriers=3)),
+                     out_smem=staging_smem(block_n, state.dtype, lead=(heads,)),
+                     bars=plgpu.Barrier(num_barriers=heads + 2)),
         interpret=interpret)
-    return y, state
+    return y, flat.reshape(state.shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,100 +365,114 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, block_n, num_stages, in
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
-                   fold_bar, *, vectors, heads_per_group, block_n, num_stages, prologue,
+                   fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
                    fold_stages, fold_buffers):
-    b, h, g, t = _position(heads_per_group)
+    b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
+    hs = range(heads)
     v = vectors.views(vec_smem)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    dt, a = dt_ref[b, h], a_ref[h]
-    # The walk's scalars: the ring's dt [L] and B_j . C [L] (whole: entries >= c are not read;
-    # the append's dt write at c, by another P tile's CTA, lands in an entry no walk reads).
-    walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
-                                                     (bcr_ref.at[b, g], v.ring_bc))
-    # The token's x, B, C, the ring's x rows and the walk's scalars, all in flight at once.
-    copies = ((x_ref.at[b, h, ps], v.x), (rx_ref.at[slot, h, :, ps], rx_smem),
-              (b_ref.at[b, g], v.b), (c_ref.at[b, g], v.c), *walk_copies)
-
-    def ring_row(j):
-        return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
-
-    walk = functools.partial(_walk, count=c, ring_dt=ring_dt, a=a)
+    dts = tuple(dt_ref[b, h0 + k] for k in hs)
+    a = tuple(a_ref[h0 + k] for k in hs)
+    # The walk's scalars: per head the ring's dt [L], and the group's B_j . C [L] (whole:
+    # entries >= c are not read; the append's dt write at c, by another P tile's CTA, lands in
+    # an entry no walk reads).
+    walk_copies, (*ring_dts, ring_bc) = scalar_vectors(
+        *((rdt_ref.at[slot, h0 + k], v.ring_dt[k]) for k in hs), (bcr_ref.at[b, g], v.ring_bc))
+    # C first (the overlapped readout waits for it alone), then the token's x and B, the ring's
+    # x rows and the walk's scalars, all in flight at once.
+    copies = ((c_ref.at[b, g], v.c), *((x_ref.at[b, h0 + k, ps], v.x[k]) for k in hs),
+              (b_ref.at[b, g], v.b), (rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem),
+              *walk_copies)
+    ring_rows = tuple(
+        (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
+    walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
 
     def landed_part():
-        """x [64], the decay and y's part from the ring and the token: what needs the copies
-        landed, the readout aside. y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the current
-        token with s = dt."""
-        x = plgpu.load(v.x, layout=ROW).astype(F32)
-        total, y_ring = walk(lambda j, sj, acc: acc + (sj * ring_bc(j)) * ring_row(j),
-                             (dt * bcc_ref[b, g]) * x, suffix=dt)
-        return x, jnp.exp(a * total), y_ring
+        """Per head x [64], the decay and y's part from the ring and the token: what needs the
+        copies landed, the readout aside. y = decay S0 C + sum_j s_j (B_j . C) x_j + D x, the
+        current token with s = dt."""
+        xs = tuple(plgpu.load(v.x[k], layout=ROW).astype(F32) for k in hs)
+
+        def entry(j, sj, acc):
+            return tuple(y + (sjk * ring_bc(j)) * ring_row(j)
+                         for y, sjk, ring_row in zip(acc, sj, ring_rows))
+        bcc = bcc_ref[b, g]
+        totals, y_ring = walk(entry, tuple((dt * bcc) * x for dt, x in zip(dts, xs)),
+                              suffix=dts)
+        return xs, tuple(jnp.exp(ak * tk) for ak, tk in zip(a, totals)), y_ring
 
     overlap = prologue == "overlap"
     if overlap:                   # the state stream first; the readout waits for C
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
-        x, decay, y_ring = landed_part()
-    tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
+        xs, decays, y_ring = landed_part()
+    tile = s_ref.at[pl.ds(slot * x_ref.shape[1] + h0, heads), ps]    # [heads, 64, N], GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
         if overlap:
-            wait_on_first_step(n, landed[3:4])              # copy 3: C
-        s = s_smem[...].astype(F32)
+            wait_on_first_step(n, landed[:1])               # copy 0: C
+        ss = [s_smem.at[k][...].astype(F32) for k in hs]
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race).
         plgpu.commit_smem()
-        return acc + jnp.sum(s * cols(chunk(v.c, n, block_n), s.shape), axis=1)
+        cv = chunk(v.c, n, block_n)
+        return tuple(y + jnp.sum(s * cols(cv, s.shape), axis=1) for y, s in zip(acc, ss))
 
     s0c = plgpu.emit_pipeline(
-        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
-        max_concurrent_steps=num_stages, init_carry=zeros_row(),
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
+        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * heads,
     )(tile)
     if overlap:                   # the rest landed while the state streamed: now the walk
-        wait_all(landed[:3] + landed[4:])
-        x, decay, y_ring = landed_part()
-    write_out(decay * s0c + y_ring + d_ref[h] * x, live, v.x, y_ref.at[b, h], t)
+        wait_all(landed[1:])
+        xs, decays, y_ring = landed_part()
+    for k in hs:
+        write_out(decays[k] * s0c[k] + y_ring[k] + d_ref[h0 + k] * xs[k], live, v.x[k],
+                  y_ref.at[b, h0 + k], t)
 
     # Fold (one step in L): S0 <- decay S0 + X^T diag(s) B, chunk by chunk, rank-1 updates.
     fold = c == L - 1
 
     def folded(rb_smem, out_smem):
         load_all(fold_bar, (rb_ref.at[slot, g], rb_smem))
-        _fold(tile, rb_smem, v.b, x, dt, decay, walk, ring_row, out_smem, live,
+        _fold(tile, rb_smem, v.b, xs, dts, decays, walk, ring_rows, out_smem, live,
               block_n=block_n, num_stages=fold_stages)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
 
     # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
     pl.when(live & fold)(lambda: pl.run_scoped(
         folded, plgpu.SMEM((L, N), rb_ref.dtype),
-        staging_smem(block_n, s_ref.dtype, fold_buffers)))
+        staging_smem(block_n, s_ref.dtype, fold_buffers, lead=(heads,))))
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
     # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
     # one reads.
     @pl.when(live & ~fold)
     def _append():
-        store_rows(x, v.ring_x, rx_ref.at[slot, h, c], t)
+        for k in hs:
+            store_rows(xs[k], v.ring_x[k], rx_ref.at[slot, h0 + k, c], t)
 
         @pl.when(t == 0)
         def _():
-            rdt_ref[slot, h, c] = dt
+            for k in hs:
+                rdt_ref[slot, h0 + k, c] = dts[k]
 
-            @pl.when(h % heads_per_group == 0)
+            @pl.when(h0 % heads_per_group == 0)
             def _():
                 store_async(plgpu.load(v.b, layout=COL), v.ring_b, rb_ref.at[slot, g, c])
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "fold_stages",
-                                             "fold_buffers", "bc_kernel", "interpret"))
-def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   fold_stages, fold_buffers, bc_kernel, interpret):
+@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
+                                             "fold_stages", "fold_buffers", "bc_kernel",
+                                             "interpret"))
+def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
+                   prologue, fold_stages, fold_buffers, bc_kernel, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -428,27 +484,29 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
         bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
         bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]      # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
-    vectors = VectorPack.of(x=(TILE_ROWS, x.dtype), b=(N, B.dtype), c=(N, C.dtype),
-                            ring_x=(TILE_ROWS, ring_dtype), ring_b=(N, ring_dtype),
-                            ring_dt=(L, F32), ring_bc=(L, F32))
+    vectors = VectorPack.of(x=((heads, TILE_ROWS), x.dtype), b=(N, B.dtype), c=(N, C.dtype),
+                            ring_x=((heads, TILE_ROWS), ring_dtype), ring_b=(N, ring_dtype),
+                            ring_dt=((heads, L), F32), ring_bc=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages, prologue=prologue,
-                               fold_stages=fold_stages, fold_buffers=fold_buffers)
+                               heads=heads, block_n=block_n, num_stages=num_stages,
+                               prologue=prologue, fold_stages=fold_stages,
+                               fold_buffers=fold_buffers)
     (y,), new = mosaic_call(
-        kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H, tile_rows_of(P)),
+        kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcc_ref=bc_cur,
-                    s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
+                    s_ref=_heads_flat(buffers.checkpoint), rx_ref=buffers.ring_x,
+                    rb_ref=buffers.ring_b,
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
-                     bars=plgpu.Barrier(num_barriers=6),
+                     rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
+                     bars=plgpu.Barrier(num_barriers=2 * heads + 4),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
-    return y, type(buffers)(*new)
+    return y, type(buffers)(new[0].reshape(buffers.checkpoint.shape), *new[1:])
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,43 +518,49 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
-                   out_smem, bars, fold_bars, *, vectors, heads_per_group, block_n,
+                   out_smem, bars, fold_bars, *, vectors, heads_per_group, heads, block_n,
                    num_stages, prologue, write_ring):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
-    b, h, g, pt = _position(heads_per_group)
+    b, h0, g, pt = _position(heads_per_group, heads)
     ps = rows_box(pt)
+    hs = range(heads)
     v = vectors.views(vec_smem)
     T, L, N = x_ref.shape[1], rx_ref.shape[2], c_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    a = a_ref[h]
-    dts = [dt_ref[b, t, h] for t in range(T)]
-    # The walk's scalars: the ring's dt [L] and B_j . C_t [T * L] (t-major).
-    walk_copies, (ring_dt, ring_bc) = scalar_vectors((rdt_ref.at[slot, h], v.ring_dt),
-                                                     (bcr_ref.at[b, g], v.ring_bc))
-    # The window's x and C rows one 1-D copy each (into the pack, not a [T, n] buffer of its
-    # own), the ring's x rows [L, 64] and the walk's scalars.
-    copies = (*((x_ref.at[b, t, h, ps], v.x[t]) for t in range(T)),
-              *((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
-              (rx_ref.at[slot, h, :, ps], rx_smem), *walk_copies)
+    a = tuple(a_ref[h0 + k] for k in hs)
+    dts = [[dt_ref[b, t, h0 + k] for k in hs] for t in range(T)]          # [T][heads]
+    # The walk's scalars: per head the ring's dt [L], and the group's B_j . C_t [T * L]
+    # (t-major).
+    walk_copies, (*ring_dts, ring_bc) = scalar_vectors(
+        *((rdt_ref.at[slot, h0 + k], v.ring_dt[k]) for k in hs), (bcr_ref.at[b, g], v.ring_bc))
+    # The window's C rows first (the overlapped readout waits for them alone), then its x rows
+    # (one 1-D copy each, into the pack: x of token t and head k at v.x[t * heads + k]), the
+    # ring's x rows [heads, L, 64] and the walk's scalars.
+    copies = (*((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
+              *((x_ref.at[b, t, h0 + k, ps], v.x[t * heads + k]) for t in range(T) for k in hs),
+              (rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem), *walk_copies)
+    ring_rows = tuple(
+        (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
+    walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
 
-    def ring_row(j):
-        return plgpu.load(rx_smem.at[j], layout=ROW).astype(F32)
-
-    walk = functools.partial(_walk, count=c, ring_dt=ring_dt, a=a)
-
-    # Ring history at the window start: sum_j s_j (B_j . C_t) x_j per token t, one walk.
+    # Ring history at the window start: sum_j s_j (B_j . C_t) x_j per token t and head k, one
+    # walk (acc[t][k]).
     def entry(j, sj, acc):
-        xj = ring_row(j)
-        return tuple(acc_t + (sj * ring_bc(t * L + j)) * xj for t, acc_t in enumerate(acc))
+        xj = [ring_row(j) for ring_row in ring_rows]
+        return tuple(tuple(acc_tk + (sj[k] * ring_bc(t * L + j)) * xj[k]
+                           for k, acc_tk in enumerate(acc_t)) for t, acc_t in enumerate(acc))
 
     def landed_part():
-        """The x_t, the ring's dt sum, its decay and history terms (as the decode's)."""
-        xs = [plgpu.load(v.x[t], layout=ROW).astype(F32) for t in range(T)]
-        hist_dt, y_hist = walk(entry, (zeros_row(),) * T, suffix=jnp.zeros((), F32))
-        return xs, hist_dt, jnp.exp(a * hist_dt), y_hist
+        """The x_t per head, the ring's dt sums, its decays and history terms (as the
+        decode's)."""
+        xs = [[plgpu.load(v.x[t * heads + k], layout=ROW).astype(F32) for k in hs]
+              for t in range(T)]
+        hist_dt, y_hist = walk(entry, ((zeros_row(),) * heads,) * T,
+                               suffix=(jnp.zeros((), F32),) * heads)
+        return xs, hist_dt, [jnp.exp(ak * hk) for ak, hk in zip(a, hist_dt)], y_hist
 
     overlap = prologue == "overlap"
     if overlap:                   # as the decode: the readout waits for the C_t
@@ -504,53 +568,60 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     else:
         load_all(bars, *copies)
         xs, hist_dt, decay_hist, y_hist = landed_part()
-    tile = s_ref.at[slot, h, ps]                                      # [64, N] in GMEM
+    tile = s_ref.at[pl.ds(slot * x_ref.shape[2] + h0, heads), ps]    # [heads, 64, N], GMEM
 
     def readout(idx, s_smem, acc):
         (n,) = idx
         if overlap:
-            wait_on_first_step(n, landed[T:2 * T])          # the C_t
-        s = s_smem[...].astype(F32)
+            wait_on_first_step(n, landed[:T])               # the C_t
+        ss = [s_smem.at[k][...].astype(F32) for k in hs]
         plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(acc_t + jnp.sum(s * cols(chunk(v.c[t], n, block_n), s.shape), axis=1)
-                     for t, acc_t in enumerate(acc))
+        cvs = [chunk(v.c[t], n, block_n) for t in range(T)]
+        return tuple(tuple(acc_tk + jnp.sum(s * cols(cv, s.shape), axis=1)
+                           for acc_tk, s in zip(acc_t, ss)) for acc_t, cv in zip(acc, cvs))
 
     s0c = plgpu.emit_pipeline(
-        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n)],
-        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * T,
+        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
+        max_concurrent_steps=num_stages, init_carry=((zeros_row(),) * heads,) * T,
     )(tile)
     if overlap:                   # the rest, then the walk
-        wait_all(landed[:T] + landed[2 * T:])
+        wait_all(landed[T:])
         xs, hist_dt, decay_hist, y_hist = landed_part()
 
     # y_t = exp(A cum_t) (decay_hist S0 C_t + history_t) + sum_{r<=t} dt_r exp(A (cum_t - cum_r))
-    #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r.
-    cum = list(itertools.accumulate(dts))
-    for t in range(T):
-        y = jnp.exp(a * cum[t]) * (decay_hist * s0c[t] + y_hist[t]) + d_ref[h] * xs[t]
-        for r in range(t + 1):
-            y = y + (dts[r] * jnp.exp(a * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]) * xs[r]
-        write_out(y, live, v.x[t], y_ref.at[b, t, h], pt)     # x_t is in registers
+    #       (B_r . C_t) x_r + D x_t, with cum_t = sum_{r<=t} dt_r (per head).
+    for k in hs:
+        cum = list(itertools.accumulate(dts[t][k] for t in range(T)))
+        for t in range(T):
+            y = (jnp.exp(a[k] * cum[t]) * (decay_hist[k] * s0c[t][k] + y_hist[t][k])
+                 + d_ref[h0 + k] * xs[t][k])
+            for r in range(t + 1):
+                y = y + (dts[r][k] * jnp.exp(a[k] * (cum[t] - cum[r])) * bcw_ref[b, g, r, t]
+                         ) * xs[r][k]
+            write_out(y, live, v.x[t * heads + k], y_ref.at[b, t, h0 + k], pt)   # x in regs
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
     @pl.when(live & verify_folds(c, T, L))
     def _():
         load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
-        _fold(tile, rb_smem, v.b, xs[0], dts[0], jnp.exp(a * (hist_dt + dts[0])), walk,
-              ring_row, out_smem, live, block_n=block_n, num_stages=num_stages)
+        _fold(tile, rb_smem, v.b, xs[0], dts[0],
+              [jnp.exp(ak * (hk + d)) for ak, hk, d in zip(a, hist_dt, dts[0])], walk,
+              ring_rows, out_smem, live, block_n=block_n, num_stages=num_stages)
 
     if write_ring:      # the window's x into the ring: this CTA's own rows, read (landed) above
         for t, pos in enumerate(window_positions(c, T, L)):
             @pl.when(live & (pos >= 0))
             def _(t=t, pos=pos):
-                store_rows(xs[t], v.ring_x[t], rx_ref.at[slot, h, pos], pt)
+                for k in hs:
+                    store_rows(xs[t][k], v.ring_x[t * heads + k], rx_ref.at[slot, h0 + k, pos],
+                               pt)
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "num_stages", "prologue", "ring_write",
-                                             "interpret"))
-def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_stages, prologue,
-                   ring_write, interpret):
+@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
+                                             "ring_write", "interpret"))
+def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
+                   prologue, ring_write, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -561,26 +632,29 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, block_n, num_st
     bc_ring = bc_ring.reshape(batch, G, T * L)
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_x.dtype
-    vectors = VectorPack.of(x=((T, TILE_ROWS), x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
-                            ring_dt=(L, F32), ring_bc=(T * L, F32),
-                            **({"ring_x": ((T, TILE_ROWS), ring_dtype)} if write_ring else {}))
+    rows_x = (T * heads, TILE_ROWS)
+    vectors = VectorPack.of(x=(rows_x, x.dtype), c=((T, N), C.dtype), b=(N, B.dtype),
+                            ring_dt=((heads, L), F32), ring_bc=(T * L, F32),
+                            **({"ring_x": (rows_x, ring_dtype)} if write_ring else {}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
-                               block_n=block_n, num_stages=num_stages, prologue=prologue,
-                               write_ring=write_ring)
+                               heads=heads, block_n=block_n, num_stages=num_stages,
+                               prologue=prologue, write_ring=write_ring)
     (y,), new = mosaic_call(
-        kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H, tile_rows_of(P)),
+        kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcw_ref=bc_win,
-                    s_ref=buffers.checkpoint, rx_ref=buffers.ring_x, rb_ref=buffers.ring_b,
+                    s_ref=_heads_flat(buffers.checkpoint), rx_ref=buffers.ring_x,
+                    rb_ref=buffers.ring_b,
                     rdt_ref=buffers.ring_dt),
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref", "rx_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
-                     rx_smem=plgpu.SMEM((L, TILE_ROWS), ring_dtype),
+                     rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
                      rb_smem=plgpu.SMEM((L, N), buffers.ring_b.dtype),
-                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype),
-                     bars=plgpu.Barrier(num_barriers=2 * T + 3),
+                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype, lead=(heads,)),
+                     bars=plgpu.Barrier(num_barriers=(heads + 1) * T + heads + 2),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
+    new = (new[0].reshape(buffers.checkpoint.shape), *new[1:])
     return (y, *new) if write_ring else (y, *new, buffers.ring_x)
