@@ -32,6 +32,8 @@
 #              gdn-rows-small - where the replay's 4-stage small-batch default should end
 #   m2-heads - the Mosaic Mamba-2 kernels over two / four heads a CTA, replay and standard
 #              tilings at batch 256; m2-heads-verify - verify T = 4 / 8 and the standard
+#              m2-heads-tune - their neighbours, P = 80, the batch sweep with two heads a CTA
+#              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -778,6 +780,57 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tune '[{"heads": 2, "block_n": 32}, {"heads": 2, "block_n": 32, "num_stages": 3},
                {"heads": 2, "block_n": 16, "num_stages": 4}]' \
       2>>"$out/kernels.log" | grep "^|" || true ;;
+  m2-heads-tune)
+    # m2-heads' neighbours (two heads a CTA with a one-stage single-buffered fold: 324.3 ->
+    # 313.5 us; verify T = 4 / 8 with 16-column chunks in 3 stages 2.94x / 3.00x): replay at
+    # batch 256 and its sweep (amortised too), P = 80's replay, verify at T = 4 and 8
+    limit 160 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_tune.json" \
+      --tune '[{"heads": 2, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 2, "num_stages": 3, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 2, "block_n": 16, "num_stages": 4, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 4, "block_n": 16, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 2, "fold_stages": 1, "fold_buffers": 1, "prologue": "serial"}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 100 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_p80.json" \
+      --tune '[{}, {"heads": 2, "fold_stages": 1, "fold_buffers": 1},
+               {"heads": 4, "block_n": 16, "fold_stages": 1, "fold_buffers": 1}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    for tc in '4 [{"heads": 2, "block_n": 16, "num_stages": 4}, {"heads": 2, "block_n": 8,
+                  "num_stages": 4}, {"heads": 2, "block_n": 16, "num_stages": 3,
+                  "prologue": "overlap"}, {"heads": 4, "block_n": 16}]' \
+              '8 [{"heads": 2, "block_n": 16, "num_stages": 4}, {"heads": 2, "block_n": 8,
+                  "num_stages": 4}, {"heads": 4, "block_n": 8, "num_stages": 3}]'; do
+      limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
+        --json "$out/verify_m2_heads_tune_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
+    done
+    limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 32 128 256 512 --impls pallas_mosaic_gpu \
+      --replay-config '{"heads": 2, "fold_stages": 1, "fold_buffers": 1}' \
+      --json "$out/kernels_m2_heads_sweep.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
+  m2-heads-defaults)
+    # the two-heads defaults (replay: one-stage single-buffered fold, "serial"; verify: 16-column
+    # chunks, the fold in its own lean scope): compiled tests, the replay's prologue once more,
+    # verify's lean fold against the kept one, then verify Triton vs Mosaic at T = 2 / 4 / 8
+    REPLAYJAX_TEST_BACKEND=gpu limit 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_mamba2.py tests/pallas_kernels/test_decode.py \
+      tests/pallas_kernels/test_verify.py -k "mosaic and (mamba2 or Mamba2 or heads)" 2>&1 \
+      | tail -4 || true
+    limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_prologue.json" \
+      --tune '[{}, {"prologue": "overlap"}]' 2>>"$out/kernels.log" | grep "^|" || true
+    for tc in '4 [{}, {"fold_stages": 0, "fold_buffers": 2}, {"num_stages": 4},
+                  {"block_n": 32, "num_stages": 2}]' \
+              '8 [{}, {"fold_stages": 0, "fold_buffers": 2}, {"num_stages": 6}]'; do
+      limit 100 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
+        --json "$out/verify_m2_heads_lean_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
+    done
+    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+      --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_m2_heads_t248.json" 2>>"$out/verify.log" | grep "^|" || true ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \

@@ -113,15 +113,15 @@ class Mamba2MosaicTiling:
     "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's). bc_products (replay
     decode): what forms the B . C products before the launch (`BC_PRODUCTS`): "xla"
     (`buffers.bc_products`) or "pallas" (`pallas_triton.decode_bc_products`, one launch).
-    fold_stages, fold_buffers (replay decode): the fold's chunks in flight (0: num_stages) and
-    its write-back's staging buffers (2 or 1). The fold's SMEM (the group's ring B, the
-    staging, its pipeline) is allocated in the fold's own scope, over the read-only pass's: the
-    kernel's peak SMEM is the larger of the two passes', so a leaner fold lets the read-only
-    pass keep more chunks in flight at the same CTAs an SM. heads: the heads of one group a CTA
-    covers (1, 2 or 4; a bound as block_n is: the largest power of two up to it dividing the
-    heads of a group), each one's [64, N] tile in the same pipeline steps: a CTA's fixed work
-    (the vectors' copies and barriers, the ring walk's loop, the group's B, C and walk scalars)
-    is paid once for all of them."""
+    fold_stages, fold_buffers (replay decode and verify): the fold's chunks in flight (0:
+    num_stages) and its write-back's staging buffers (2 or 1). The fold's SMEM (the group's
+    ring B, the staging, its pipeline) is allocated in the fold's own scope, over the read-only
+    pass's: the kernel's peak SMEM is the larger of the two passes', so a leaner fold lets the
+    read-only pass keep more chunks in flight at the same CTAs an SM. heads: the heads of one
+    group a CTA covers (1, 2 or 4; a bound as block_n is: the largest power of two up to it
+    dividing the heads of a group), each one's [64, N] tile in the same pipeline steps: a CTA's
+    fixed work (the vectors' copies and barriers, the ring walk's loop, the group's B, C and
+    walk scalars) is paid once for all of them."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -146,9 +146,18 @@ MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 # batch 32 the same; batch 1 6.7 -> 7.0, where `auto` runs Triton (AUTO_MIN_BATCH). Nineteenth:
 # the fold's lean SMEM options, staggered at 256: default 323.5 us, fold_buffers 1 322.8 (noise),
 # 4 / 3 read-only stages with a 2-stage single-buffered fold 333.4 / 349.6: the default stays.
-MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, prologue="overlap", bc_products="pallas")
-MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=32)
-MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)     # one for every window
+# Twenty-first (stop 42): two heads a CTA with a one-stage single-buffered fold (5 CTAs an SM,
+# 10 head tiles) 324.3 -> 313.5 / 314.0 us staggered ("overlap"), 310.0 ("serial"); with the
+# default fold (3 CTAs) 372.6; four heads 400.8-431.2; 16-column chunks 340-343.
+MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, bc_products="pallas", heads=2,
+                                          fold_stages=1, fold_buffers=1)
+# Verify, two heads a CTA in 16-column chunks (twenty-first session, batch 256): T = 4 545.6 ->
+# 511.1 us in 3 stages (2.76x -> 2.94x the state-per-draft baseline), 4 stages 544.5; T = 8
+# 1,319.7 -> 1,128.9 in 4 stages (3.06x); the fold in its own lean scope keeps more CTAs an SM.
+MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=16, num_stages=4, heads=2, fold_stages=1,
+                                          fold_buffers=1)
+MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, num_stages=3)),
+                         (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200: replay 320
@@ -229,7 +238,7 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", x.shape[1])
     tiles = _tiles(tiling, default, B.shape[3], buffers.checkpoint.dtype, verify=True,
-                   heads_per_group=x.shape[2] // B.shape[2])
+                   fold=True, heads_per_group=x.shape[2] // B.shape[2])
     y, ck, rx = _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
                                **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -517,9 +526,9 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
 # each CTA's own: ring_write="kernel" writes them here).
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, rb_smem,
-                   out_smem, bars, fold_bars, *, vectors, heads_per_group, heads, block_n,
-                   num_stages, prologue, write_ring):
+                   bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
+                   fold_bars, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
+                   write_ring, fold_stages, fold_buffers):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h0, g, pt = _position(heads_per_group, heads)
@@ -600,13 +609,18 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                          ) * xs[r][k]
             write_out(y, live, v.x[t * heads + k], y_ref.at[b, t, h0 + k], pt)   # x in regs
 
-    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
-    @pl.when(live & verify_folds(c, T, L))
-    def _():
+    # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring, its
+    # SMEM in its own scope over the readout's (as the decode's fold).
+    def folded(rb_smem, out_smem):
         load_all(fold_bars, (rb_ref.at[slot, g], rb_smem), (b_ref.at[b, 0, g], v.b))
         _fold(tile, rb_smem, v.b, xs[0], dts[0],
               [jnp.exp(ak * (hk + d)) for ak, hk, d in zip(a, hist_dt, dts[0])], walk,
-              ring_rows, out_smem, live, block_n=block_n, num_stages=num_stages)
+              ring_rows, out_smem, live, block_n=block_n, num_stages=fold_stages)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
+
+    pl.when(live & verify_folds(c, T, L))(lambda: pl.run_scoped(
+        folded, plgpu.SMEM((L, N), rb_ref.dtype),
+        staging_smem(block_n, s_ref.dtype, fold_buffers, lead=(heads,))))
 
     if write_ring:      # the window's x into the ring: this CTA's own rows, read (landed) above
         for t, pos in enumerate(window_positions(c, T, L)):
@@ -619,9 +633,10 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
-                                             "ring_write", "interpret"))
+                                             "ring_write", "fold_stages", "fold_buffers",
+                                             "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, ring_write, interpret):
+                   prologue, ring_write, fold_stages, fold_buffers, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -638,7 +653,8 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                             **({"ring_x": (rows_x, ring_dtype)} if write_ring else {}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
-                               prologue=prologue, write_ring=write_ring)
+                               prologue=prologue, write_ring=write_ring,
+                               fold_stages=fold_stages, fold_buffers=fold_buffers)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -651,8 +667,6 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
         inplace=("s_ref", "rx_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
-                     rb_smem=plgpu.SMEM((L, N), buffers.ring_b.dtype),
-                     out_smem=staging_smem(block_n, buffers.checkpoint.dtype, lead=(heads,)),
                      bars=plgpu.Barrier(num_barriers=(heads + 1) * T + heads + 2),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
