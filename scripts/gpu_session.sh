@@ -821,9 +821,9 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_prologue.json" \
       --tune '[{}, {"prologue": "overlap"}]' 2>>"$out/kernels.log" | grep "^|" || true
-    for tc in '4 [{}, {"fold_stages": 0, "fold_buffers": 2}, {"num_stages": 4},
+    for tc in '4 [{}, {"fold_stages": 3, "fold_buffers": 2}, {"num_stages": 4},
                   {"block_n": 32, "num_stages": 2}]' \
-              '8 [{}, {"fold_stages": 0, "fold_buffers": 2}, {"num_stages": 6}]'; do
+              '8 [{}, {"fold_stages": 4, "fold_buffers": 2}, {"num_stages": 6}]'; do
       limit 100 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
         --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
         --json "$out/verify_m2_heads_lean_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
