@@ -34,6 +34,7 @@
 #              tilings at batch 256; m2-heads-verify - verify T = 4 / 8 and the standard
 #              m2-heads-tune - their neighbours, P = 80, the batch sweep with two heads a CTA
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
+#              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -831,6 +832,17 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_m2_heads_t248.json" 2>>"$out/verify.log" | grep "^|" || true ;;
+  m2-heads-final)
+    # the two-heads defaults beside the peers in one run: the peer harness, the Mamba-2 sweep
+    # (both shapes, Triton and Mosaic, batch 1..512), verify + commit by window at batch 256
+    limit 150 python3 .peer_bench/peer_bench.py --out "$out" --batches 1 32 256 512 \
+      2>>"$out/peers.log" | tail -40 || true
+    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --batches 1 8 32 64 128 256 512 \
+      --impls pallas pallas_mosaic_gpu --json "$out/kernels_sweep_mamba2.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+      --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_m2_final.json" 2>>"$out/verify.log" | grep "^|" || true ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \

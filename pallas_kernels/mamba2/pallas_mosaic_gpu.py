@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -151,12 +152,17 @@ MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 # default fold (3 CTAs) 372.6; four heads 400.8-431.2; 16-column chunks 340-343.
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, bc_products="pallas", heads=2,
                                           fold_stages=1, fold_buffers=1)
-# Verify, two heads a CTA in 16-column chunks (twenty-first session, batch 256): T = 4 545.6 ->
-# 511.1 us in 3 stages (2.76x -> 2.94x the state-per-draft baseline), 4 stages 544.5; T = 8
-# 1,319.7 -> 1,128.9 in 4 stages (3.06x); the fold in its own lean scope keeps more CTAs an SM.
-MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=16, num_stages=4, heads=2, fold_stages=1,
-                                          fold_buffers=1)
-MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, num_stages=3)),
+# Verify (twenty-first session, batch 256, us, x the state-per-draft baseline): two heads a CTA
+# from T = 3. T = 4: 545.6 (2.76x) -> 497.8 (3.02x) in 32-column chunks, 2 stages, a one-stage
+# single-buffered fold in its own scope (5 CTAs an SM); 16-column chunks 509.9-523.9. T = 8:
+# 1,319.7 -> 1,129.9 (3.06x) in 16-column chunks, 4 stages, the fold's as many (1,164.0 with
+# the one-stage fold: verify folds a row every L / T steps, the decode every L). T = 2 with
+# two heads in 16-column chunks lost to Triton (407.5 vs 383.0): one head, as before (372 vs
+# 383, eleventh session).
+MOSAIC_VERIFY_TILING = Mamba2MosaicTiling(block_n=16, num_stages=4, heads=2)
+MOSAIC_VERIFY_TILINGS = ((2, Mamba2MosaicTiling(block_n=32)),
+                         (4, Mamba2MosaicTiling(block_n=32, heads=2, fold_stages=1,
+                                                fold_buffers=1)),
                          (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
@@ -169,17 +175,17 @@ AUTO_OPS = frozenset({"replay_decode", "replay_verify"})
 # batch 1 6.7 vs 8.1 us (the Mosaic wrapper's two B.C einsums are a fixed cost per layer), 8
 # 19.2 vs 19.4; Mosaic from 32 (52.7 vs 57.4), 128 (171 vs 201), 256 (330 vs 392).
 AUTO_MIN_BATCH = {"replay_decode": 16}
-# Longer windows keep the Triton verify (eleventh session, batch 256, T = 8: 1,260 vs 1,321 us,
-# 1,254 vs 1,314 in another run; T = 2 / 4: Mosaic 372 / 547 vs 383 / 588).
-AUTO_MAX_WINDOW = {"replay_verify": 4}
+# Every window runs the Mosaic verify since two heads a CTA (twenty-first session, batch 256,
+# T = 8: 1,163.6 vs Triton's 1,254.5 us; T = 4 523.8 vs 588.5; eleventh, T = 2: 372 vs 383).
+AUTO_MAX_WINDOW = {}
 # At P = 80 (Nemotron-Nano-9B-v2: a 64-row tile and a ragged one of 16; fifteenth session)
 # the Mosaic verify wins from where the Triton one falls off: T = 4 from 128 rows (518.1 vs
 # 666.3 us; 1,003.6 vs 1,272.1 at 256: 1.95x the state-per-draft baseline against 1.54x),
 # T = 2 at 256 (614.0 vs 632.5); Triton wins below (T = 4 at 64: 257.3 vs 271.3; T = 2 at
 # 128: 290.7 vs 319.8). Its replay decode tied (543.5 vs 539.4 us staggered, batch 256) and
 # its standard lost (792.2 vs 682.9), so those stay on Triton there. The least batch by window
-# ((largest T, rows), ...).
-AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (MAX_VERIFY_TOKENS, 128))}
+# ((largest T, rows), ...). Windows past 4 were not measured there with two heads a CTA: Triton.
+AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (4, 128), (MAX_VERIFY_TOKENS, math.inf))}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
