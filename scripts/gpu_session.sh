@@ -35,6 +35,7 @@
 #              m2-heads-tune - their neighbours, P = 80, the batch sweep with two heads a CTA
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
+#              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -843,6 +844,14 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_m2_final.json" 2>>"$out/verify.log" | grep "^|" || true ;;
+  m2-heads-e2e)
+    # Nemotron-H-8B end to end with the two-heads Mosaic replay (batch 256, mixed prompts), then
+    # P = 80's replay neighbours (1.58x its standard staggered at 256 in m2-heads-final)
+    e2e 330 --synthetic nemotron-h-8b --batch 256 --prompt-len 128 --variants standard replay
+    limit 90 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_p80_tune.json" \
+      --tune '[{}, {"num_stages": 3}, {"fold_stages": 2}, {"block_n": 16, "num_stages": 4}]' \
+      2>>"$out/kernels.log" | grep "^|" || true ;;
   mosaic-verify)
     limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 4 --batches 256 --impls pallas pallas_mosaic_gpu \

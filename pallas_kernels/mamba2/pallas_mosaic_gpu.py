@@ -182,10 +182,13 @@ AUTO_MAX_WINDOW = {}
 # the Mosaic verify wins from where the Triton one falls off: T = 4 from 128 rows (518.1 vs
 # 666.3 us; 1,003.6 vs 1,272.1 at 256: 1.95x the state-per-draft baseline against 1.54x),
 # T = 2 at 256 (614.0 vs 632.5); Triton wins below (T = 4 at 64: 257.3 vs 271.3; T = 2 at
-# 128: 290.7 vs 319.8). Its replay decode tied (543.5 vs 539.4 us staggered, batch 256) and
-# its standard lost (792.2 vs 682.9), so those stay on Triton there. The least batch by window
+# 128: 290.7 vs 319.8). Its replay decode tied then (543.5 vs 539.4 us staggered, batch 256)
+# and its standard lost (792.2 vs 682.9), which stays on Triton there. The least batch by window
 # ((largest T, rows), ...). Windows past 4 were not measured there with two heads a CTA: Triton.
-AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (4, 128), (MAX_VERIFY_TOKENS, math.inf))}
+# Twenty-first session: with two heads a CTA its replay decode wins from 32 rows (staggered
+# 65.3 vs 69.4 us at 32, 223.6 vs 247.9 at 128, 436.7 vs 485.7 at 256; 23.5 vs 21.3 at 8).
+AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (4, 128), (MAX_VERIFY_TOKENS, math.inf)),
+                         "replay_decode": 32}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -211,7 +214,8 @@ def takes(op, args) -> bool:
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     T = x.shape[1] if op == "replay_verify" else 1
     if x.shape[-1] % TILE_ROWS and op in AUTO_RAGGED_MIN_BATCH:
-        min_batch = for_window(AUTO_RAGGED_MIN_BATCH[op], T)
+        rule = AUTO_RAGGED_MIN_BATCH[op]
+        min_batch = for_window(rule, T) if isinstance(rule, tuple) else rule
     else:
         min_batch = AUTO_MIN_BATCH.get(op, 1)
     if x.shape[0] < min_batch:
