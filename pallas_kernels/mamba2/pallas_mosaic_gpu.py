@@ -2,9 +2,10 @@
 step with its fold, and ReplaySSM verify (T window tokens). The state-per-draft baseline verify
 runs on the other backends.
 
-Grid (batch, H, ceil(P / 64)): one CTA (one warpgroup) per (row, head, 64-row P tile; the last
-one ragged where 64 does not divide P, `tile_rows_of`). The slot read from `slots` picks the
-pool rows the TMA copies (`ref.at[slot, h]`); the state tile [64, N] streams through shared
+Grid (batch, H / heads, ceil(P / 64)): one CTA (one warpgroup) per (row, `heads` heads of a
+group, 64-row P tile; the last one ragged where 64 does not divide P, `tile_rows_of`). The slot
+read from `slots` picks the pool rows the TMA copies (the pool seen as [S * H, P, N],
+`_heads_flat`); the state tile [heads, 64, N] streams through shared
 memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages copies in flight; chunks
 tiled and swizzled in SMEM) and is computed on in registers (WGMMA layout, see
 `_mosaic_utils`). The vectors B, C (and the ring's B in a fold) are copied whole
