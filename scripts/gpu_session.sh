@@ -183,6 +183,12 @@ ncu_csv() {  # ncu_csv NAME KERNEL_REGEX CMD...: Nsight Compute on 2 launches of
 Theoretical Occupancy|Block Limit|Dynamic Shared|Warp Cycles Per Issued|Issued Warp|\
 Spilling Requests\"" "$out/ncu_$1.csv" | head -24 || true
 }
+verify_tune() {  # verify_tune SECONDS FAMILY SHAPE NAME T CONFIGS: the Mosaic verify at window
+  # T over the tilings CONFIGS (--tune), batch 256, rows to OUT/verify_NAME_tT.json
+  limit "$1" python3 -m replayjax.bench.verify --family "$2" --shapes "$3" --tokens "$5" \
+    --batches 256 --impls pallas_mosaic_gpu --tune "$6" --json "$out/verify_$4_t$5.json" \
+    2>>"$out/verify.log" | grep "^|" || true
+}
 each_test() {  # each_test SECONDS PYTEST_ARGS...: the compiled kernel tests of test_decode.py
   # and test_verify.py that PYTEST_ARGS select, one process each (a CUDA error is sticky for its
   # process), for at most SECONDS in all: a PASS / FAIL line per test with its first error line,
@@ -735,13 +741,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
                {"tile_rows": 128, "num_stages": 3, "fold_buffers": 2},
                {"tile_rows": 128, "num_stages": 3, "fold_stages": 1}]' \
       2>>"$out/kernels.log" | grep "^|" || true
-    for tc in '4 [{"tile_rows": 128, "num_stages": 2}, {"tile_rows": 128, "num_stages": 3},
-                  {"tile_rows": 128, "block_k": 16, "num_stages": 4}]' \
-              '8 [{}, {"tile_rows": 128}, {"tile_rows": 128, "block_k": 32, "num_stages": 2}]'; do
-      limit 90 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
-        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
-        --json "$out/verify_gdn_rows_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
-    done ;;
+    verify_tune 90 gdn qwen3-next gdn_rows 4 '[{"tile_rows": 128, "num_stages": 2},
+      {"tile_rows": 128, "num_stages": 3}, {"tile_rows": 128, "block_k": 16, "num_stages": 4}]'
+    verify_tune 90 gdn qwen3-next gdn_rows 8 '[{}, {"tile_rows": 128},
+      {"tile_rows": 128, "block_k": 32, "num_stages": 2}]' ;;
   gdn-rows-small)
     # where the Mosaic GDN replay's 4-stage small-batch default (up to MOSAIC_SMALL_BATCH_ROWS
     # = 64 rows) should end: the default (4 stages up to 64 rows, 3 after) against the other
@@ -770,13 +773,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
   m2-heads-verify)
     # heads=2 for the Mosaic Mamba-2 verify (T = 4, 8) and the standard decode (against the
     # Triton standard `auto` runs), batch 256
-    for tc in '4 [{}, {"heads": 2, "block_n": 16}, {"heads": 2, "block_n": 16, "num_stages": 3},
-                  {"heads": 2}]' \
-              '8 [{}, {"heads": 2, "block_n": 16}, {"heads": 2, "block_n": 16, "num_stages": 3}]'; do
-      limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
-        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
-        --json "$out/verify_m2_heads_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
-    done
+    verify_tune 120 mamba2 nemotron-h-8b m2_heads 4 '[{}, {"heads": 2, "block_n": 16},
+      {"heads": 2, "block_n": 16, "num_stages": 3}, {"heads": 2}]'
+    verify_tune 120 mamba2 nemotron-h-8b m2_heads 8 '[{}, {"heads": 2, "block_n": 16},
+      {"heads": 2, "block_n": 16, "num_stages": 3}]'
     limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_std.json" \
       --tune '[{"heads": 2, "block_n": 32}, {"heads": 2, "block_n": 32, "num_stages": 3},
@@ -799,15 +799,12 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tune '[{}, {"heads": 2, "fold_stages": 1, "fold_buffers": 1},
                {"heads": 4, "block_n": 16, "fold_stages": 1, "fold_buffers": 1}]' \
       2>>"$out/kernels.log" | grep "^|" || true
-    for tc in '4 [{"heads": 2, "block_n": 16, "num_stages": 4}, {"heads": 2, "block_n": 8,
-                  "num_stages": 4}, {"heads": 2, "block_n": 16, "num_stages": 3,
-                  "prologue": "overlap"}, {"heads": 4, "block_n": 16}]' \
-              '8 [{"heads": 2, "block_n": 16, "num_stages": 4}, {"heads": 2, "block_n": 8,
-                  "num_stages": 4}, {"heads": 4, "block_n": 8, "num_stages": 3}]'; do
-      limit 120 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
-        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
-        --json "$out/verify_m2_heads_tune_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
-    done
+    verify_tune 120 mamba2 nemotron-h-8b m2_heads_tune 4 '[{"heads": 2, "block_n": 16,
+      "num_stages": 4}, {"heads": 2, "block_n": 8, "num_stages": 4}, {"heads": 2, "block_n": 16,
+      "num_stages": 3, "prologue": "overlap"}, {"heads": 4, "block_n": 16}]'
+    verify_tune 120 mamba2 nemotron-h-8b m2_heads_tune 8 '[{"heads": 2, "block_n": 16,
+      "num_stages": 4}, {"heads": 2, "block_n": 8, "num_stages": 4},
+      {"heads": 4, "block_n": 8, "num_stages": 3}]'
     limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 32 128 256 512 --impls pallas_mosaic_gpu \
       --replay-config '{"heads": 2, "fold_stages": 1, "fold_buffers": 1}' \
@@ -823,13 +820,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_m2_heads_prologue.json" \
       --tune '[{}, {"prologue": "overlap"}]' 2>>"$out/kernels.log" | grep "^|" || true
-    for tc in '4 [{}, {"fold_stages": 3, "fold_buffers": 2}, {"num_stages": 4},
-                  {"block_n": 32, "num_stages": 2}]' \
-              '8 [{}, {"fold_stages": 4, "fold_buffers": 2}, {"num_stages": 6}]'; do
-      limit 100 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
-        --tokens "${tc%% *}" --batches 256 --impls pallas_mosaic_gpu --tune "${tc#* }" \
-        --json "$out/verify_m2_heads_lean_t${tc%% *}.json" 2>>"$out/verify.log" | grep "^|" || true
-    done
+    verify_tune 100 mamba2 nemotron-h-8b m2_heads_lean 4 '[{}, {"fold_stages": 3,
+      "fold_buffers": 2}, {"num_stages": 4}, {"block_n": 32, "num_stages": 2}]'
+    verify_tune 100 mamba2 nemotron-h-8b m2_heads_lean 8 '[{}, {"fold_stages": 4,
+      "fold_buffers": 2}, {"num_stages": 6}]'
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_m2_heads_t248.json" 2>>"$out/verify.log" | grep "^|" || true ;;

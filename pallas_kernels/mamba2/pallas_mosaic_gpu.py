@@ -178,7 +178,6 @@ AUTO_OPS = frozenset({"replay_decode", "replay_verify"})
 AUTO_MIN_BATCH = {"replay_decode": 16}
 # Every window runs the Mosaic verify since two heads a CTA (twenty-first session, batch 256,
 # T = 8: 1,163.6 vs Triton's 1,254.5 us; T = 4 523.8 vs 588.5; eleventh, T = 2: 372 vs 383).
-AUTO_MAX_WINDOW = {}
 # At P = 80 (Nemotron-Nano-9B-v2: a 64-row tile and a ragged one of 16; fifteenth session)
 # the Mosaic verify wins from where the Triton one falls off: T = 4 from 128 rows (518.1 vs
 # 666.3 us; 1,003.6 vs 1,272.1 at 256: 1.95x the state-per-draft baseline against 1.54x),
@@ -189,7 +188,7 @@ AUTO_MAX_WINDOW = {}
 # Twenty-first session: with two heads a CTA its replay decode wins from 32 rows (staggered
 # 65.3 vs 69.4 us at 32, 223.6 vs 247.9 at 128, 436.7 vs 485.7 at 256; 23.5 vs 21.3 at 8).
 AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (4, 128), (MAX_VERIFY_TOKENS, math.inf)),
-                         "replay_decode": 32}
+                         "replay_decode": ((1, 32),)}
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
@@ -207,21 +206,18 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
 
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
-    measured winner (`AUTO_OPS`) at the batch and window it won (`AUTO_MIN_BATCH`,
-    `AUTO_MAX_WINDOW`) whose default tiling takes their shapes (N <= 256), at whole P tiles
-    (P a multiple of 64) or, for the ops that also won there, a ragged last one
-    (Nemotron-Nano-9B-v2's P = 80) at the batches it won (`AUTO_RAGGED_MIN_BATCH`)."""
+    measured winner (`AUTO_OPS`) at the batch it won (`AUTO_MIN_BATCH`) whose default tiling
+    takes their shapes (N <= 256), at whole P tiles (P a multiple of 64) or, for the ops that
+    also won there, a ragged last one (Nemotron-Nano-9B-v2's P = 80) at the batches and
+    windows it won (`AUTO_RAGGED_MIN_BATCH`)."""
     state = args[0] if op == "standard_decode" else args[0].checkpoint
     x, B = args[1:3] if op == "standard_decode" else args[2:4]
     T = x.shape[1] if op == "replay_verify" else 1
     if x.shape[-1] % TILE_ROWS and op in AUTO_RAGGED_MIN_BATCH:
-        rule = AUTO_RAGGED_MIN_BATCH[op]
-        min_batch = for_window(rule, T) if isinstance(rule, tuple) else rule
+        min_batch = for_window(AUTO_RAGGED_MIN_BATCH[op], T)
     else:
         min_batch = AUTO_MIN_BATCH.get(op, 1)
     if x.shape[0] < min_batch:
-        return False
-    if T > AUTO_MAX_WINDOW.get(op, T):
         return False
     return auto_takes(op, AUTO_OPS, x.shape[-1], lambda: _tiles(
         None, measured_tiling(_DEFAULT_TILING, op, T), B.shape[-1], state.dtype),

@@ -16,7 +16,7 @@ import pytest
 
 from pallas_kernels import gdn, mamba2
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.helpers import rel_err
+from tests.pallas_kernels.helpers import impl_kw, rel_err
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 f64 = lambda a: np.asarray(a, np.float64)
@@ -308,6 +308,39 @@ def family_impls(mosaic=True):
 def impl_dims(family, dims, impl):
     """`dims` as the problem runs them with `impl` (Mosaic GPU: the family's MOSAIC_DIMS)."""
     return {**dims, **family.MOSAIC_DIMS} if impl == MOSAIC else dims
+
+
+def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4, T=4):
+    """Two fold cycles of `op` ("standard_decode", "replay_decode" or "replay_verify") on the
+    Mosaic kernels of `family` at `dims` (fresh random inputs of one seed: two runs see the
+    same ones) at their measured tiling with `field` = `value`: rows on
+    slots 5, the null slot (a padding row) and 1, the pools' ring entries past the counts NaN
+    (`make_replay_state`), verify accepting a varying number of tokens. Returns (outputs per
+    step, final pools, final counts) for `assert_runs_equal`; checks the outputs are finite
+    and the padding row's zero."""
+    pb = family(17, batch=3, **dims)
+    ops = pb.ops
+    bufs, counts, _ = pb.make_replay_state(L, jnp.float32, ring_dtype)
+    slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
+    kind = {"standard_decode": "standard", "replay_decode": "replay", "replay_verify": "verify"}[op]
+    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), **{field: value})
+    kw = impl_kw(MOSAIC, interpret, tiling)
+    outs, state = [], bufs.checkpoint
+    for i in range(2 * L):
+        if op == "standard_decode":
+            out, state = ops.standard_decode(state, *pb.step_inputs(), *pb.consts, slots, **kw)
+        elif op == "replay_decode":
+            out, bufs = ops.replay_decode(bufs, counts, *pb.step_inputs(), *pb.consts, slots,
+                                          **kw)
+            counts = ops.advance_counts(counts, slots, L)
+        else:
+            out, bufs = ops.replay_verify(bufs, counts, *pb.window_inputs(T), *pb.consts, slots,
+                                          **kw)
+            accepted = jnp.asarray([(i % T) + 1, 1, T - (i % T)], jnp.int32)
+            counts = ops.commit_counts(counts, slots, accepted, T, L)
+        outs.append(out)
+    assert np.isfinite(np.asarray(outs)).all() and (np.asarray(outs)[:, 1] == 0).all()
+    return outs, (state,) if op == "standard_decode" else bufs, counts
 
 
 def long_run(family, impl_kw, ring_dtype, L=16, n_steps=None):

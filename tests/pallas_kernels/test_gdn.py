@@ -7,15 +7,13 @@ makes: measured, reported and bounded here (3e-2 over 4096 steps).
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels import gdn
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import BF16, GDN, IMPLS, MOSAIC, long_run
+from tests.pallas_kernels.families import BF16, F32, GDN, IMPLS, long_run, mosaic_tiling_run
 from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw, mosaic_races_found
 
 
@@ -184,39 +182,15 @@ def test_mosaic_ragged_tile_rows_must_fill_16_bytes():
         gdn.replay_decode(**_valid_args(pb), impl="pallas_mosaic_gpu")
 
 
-def _tile_rows_run(op, tile_rows, interpret, L=4, T=4):
-    """Two fold cycles of `op` ("standard_decode", "replay_decode" or "replay_verify") on the
-    Mosaic kernels at their measured tiling with `tile_rows`, V = 256 (two 128-row tiles, four
-    64-row ones), two value heads on one key head, a padding row, NaN ring entries past the
-    counts: (outputs per step, final pools, final counts) for `assert_runs_equal`."""
-    pb = GDN(17, batch=3, Hk=1, Hv=2, K=32, V=256)
-    bufs, counts, _ = pb.make_replay_state(L, jnp.float32, jnp.float32)
-    slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
-    kind = {"standard_decode": "standard", "replay_decode": "replay", "replay_verify": "verify"}[op]
-    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), tile_rows=tile_rows)
-    kw = impl_kw(MOSAIC, interpret, tiling)
-    outs, state = [], bufs.checkpoint
-    for i in range(2 * L):
-        if op == "standard_decode":
-            out, state = gdn.standard_decode(state, *pb.step_inputs(), slots, **kw)
-        elif op == "replay_decode":
-            out, bufs = gdn.replay_decode(bufs, counts, *pb.step_inputs(), slots, **kw)
-            counts = gdn.advance_counts(counts, slots, L)
-        else:
-            out, bufs = gdn.replay_verify(bufs, counts, *pb.window_inputs(T), slots, **kw)
-            accepted = jnp.asarray([(i % T) + 1, 1, T - (i % T)], jnp.int32)
-            counts = gdn.commit_counts(counts, slots, accepted, T, L)
-        outs.append(out)
-    assert np.isfinite(np.asarray(outs)).all() and (np.asarray(outs)[:, 1] == 0).all()
-    return outs, (state,) if op == "standard_decode" else bufs, counts
-
-
 @pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify"])
 def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
     """tile_rows=128 (one CTA over two WGMMA tiles of V rows) computes every row's sums as the
     64-row tiles do: outputs, pools and counts bitwise equal (compiled: within an ulp) over two
     fold cycles; no data races."""
-    assert_runs_equal(*(_tile_rows_run(op, r, interpret) for r in (64, 128)), interpret)
+    # V = 256: two 128-row tiles, four 64-row ones; two value heads on one key head
+    dims = dict(Hk=1, Hv=2, K=32, V=256)
+    assert_runs_equal(*(mosaic_tiling_run(GDN, dims, op, "tile_rows", r, interpret, F32)
+                        for r in (64, 128)), interpret)
     assert not mosaic_races_found(interpret)
 
 

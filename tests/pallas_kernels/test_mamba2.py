@@ -3,12 +3,10 @@ test_verify.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from pallas_kernels import mamba2
@@ -16,13 +14,8 @@ from pallas_kernels.mamba2 import pallas_triton
 from pallas_kernels.mamba2.buffers import bc_products
 from pallas_kernels.ring import NULL_SLOT
 from pallas_kernels.validation import masked_block
-from tests.pallas_kernels.families import BF16, F32, MOSAIC, Mamba2
-from tests.pallas_kernels.helpers import (
-    assert_runs_equal,
-    impl_kw,
-    mosaic_races_found,
-    rel_err,
-)
+from tests.pallas_kernels.families import BF16, F32, Mamba2, mosaic_tiling_run
+from tests.pallas_kernels.helpers import assert_runs_equal, mosaic_races_found, rel_err
 
 
 def _valid_args(pb, L=16):
@@ -231,43 +224,17 @@ def test_bc_products_kernel_equals_xla(dtype, interpret):
     assert rel_err(cur, want_cur[:, :, 0, 0]) < 1e-6
 
 
-def _heads_run(op, heads, interpret, L=4, T=4):
-    """Two fold cycles of `op` ("standard_decode", "replay_decode" or "replay_verify") on the
-    Mosaic kernels at their measured tiling with `heads` heads a CTA: two groups of two heads,
-    P = 80 (a 64-row and a ragged 16-row tile), N in four chunks (the write-back's buffers
-    reused), a padding row, NaN ring entries past the counts: (outputs per step, final pools,
-    final counts) for `assert_runs_equal`."""
-    pb = Mamba2(17, batch=3, H=4, G=2, P=80, N=64)
-    bufs, counts, _ = pb.make_replay_state(L, jnp.float32, BF16)
-    slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
-    kind = {"standard_decode": "standard", "replay_decode": "replay", "replay_verify": "verify"}[op]
-    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), heads=heads)
-    kw = impl_kw(MOSAIC, interpret, tiling)
-    outs, state = [], bufs.checkpoint
-    for i in range(2 * L):
-        if op == "standard_decode":
-            out, state = mamba2.standard_decode(state, *pb.step_inputs(), pb.A, pb.D, slots, **kw)
-        elif op == "replay_decode":
-            out, bufs = mamba2.replay_decode(bufs, counts, *pb.step_inputs(), pb.A, pb.D, slots,
-                                             **kw)
-            counts = mamba2.advance_counts(counts, slots, L)
-        else:
-            out, bufs = mamba2.replay_verify(bufs, counts, *pb.window_inputs(T), pb.A, pb.D,
-                                             slots, **kw)
-            accepted = jnp.asarray([(i % T) + 1, 1, T - (i % T)], jnp.int32)
-            counts = mamba2.commit_counts(counts, slots, accepted, T, L)
-        outs.append(out)
-    assert np.isfinite(np.asarray(outs)).all() and (np.asarray(outs)[:, 1] == 0).all()
-    return outs, (state,) if op == "standard_decode" else bufs, counts
-
-
 @pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify"])
 def test_mosaic_heads_per_cta_compute_the_one_head_sums(op, interpret):
     """heads=2 (one CTA over two heads of a group, their tiles in the same pipeline steps, the
     group's vectors and walk scalars copied once) computes every row's sums as one head a CTA
     does: outputs, pools and counts bitwise equal (compiled: within an ulp) over two fold
     cycles, across two groups and a ragged P tile; no data races."""
-    assert_runs_equal(*(_heads_run(op, h, interpret) for h in (1, 2)), interpret)
+    # two groups of two heads, P = 80 (a 64-row and a ragged 16-row tile), N in four chunks
+    # (the write-back's buffers reused)
+    dims = dict(H=4, G=2, P=80, N=64)
+    assert_runs_equal(*(mosaic_tiling_run(Mamba2, dims, op, "heads", h, interpret, BF16)
+                        for h in (1, 2)), interpret)
     assert not mosaic_races_found(interpret)
 
 
