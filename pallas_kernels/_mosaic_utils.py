@@ -41,6 +41,12 @@ COL = plgpu.Layout.WGMMA.reduce(0)        # [n] vectors: one value per tile colu
 # lands its vectors and walks the ring first; "overlap" starts the stream at once (the module
 # docstrings of the families say more).
 PROLOGUES = ("serial", "overlap")
+# How a replay kernel forms S0 x from its checkpoint chunks (a tiling's `readout`): "fma"
+# multiplies each chunk by the vectors x on the FMA units and sums its columns, two operations a
+# state element and vector; "mma" splits each fp32 chunk into a tf32 high part and the exact
+# rest and reads both with tf32 wgmmas against all the vectors at once (`mma_step`), a few
+# operations a state element for any number of vectors (a verify window's 2T).
+READOUTS = ("fma", "mma")
 
 
 def rows(v, shape):
@@ -242,12 +248,13 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
 
 
 def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False,
-                  fold=False):
+                  fold=False, readout=False):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
-    "fold_buffers" (1 or 2): chunk = (name, size) of the dim streamed in chunks of `field` (at
+    "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
+    state only): chunk = (name, size) of the dim streamed in chunks of `field` (at
     most `max_chunk`: its vectors are one TMA box each; the name ends in the dim's letter,
     "d_state N"). The other state dim, split into one warpgroup's 64-row tiles, may have any
     size (`tile_rows_of`)."""
@@ -262,6 +269,11 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
+    if readout:
+        check_choice("readout", t.readout, READOUTS)
+        check(t.readout == "fma" or jnp.dtype(state_dtype) == F32,
+              f"readout = 'mma' needs a float32 state, got {jnp.dtype(state_dtype).name}")
+        tiles["readout"] = t.readout
     if fold:
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
@@ -320,6 +332,57 @@ def dot(u, w, block):
     return total
 
 
+def tf32_hi(x):
+    """x (fp32) with its 13 low mantissa bits cleared, a tf32 value; x - tf32_hi(x) is exact."""
+    return lax.bitcast_convert_type(
+        lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-(1 << 13)), F32)
+
+
+def mma_operands(x, block):
+    """The B operands of the "mma" readout (XLA, before the launch): vectors x [b, n, H, K]
+    (any float dtype; n per row and head, e.g. a window's k_t then q_t) as fp32 rows
+    [b, H, K // block, N, block] (N = n rounded up to 8, the extra rows zero; chunk c of K in
+    [:, :, c], the layout `mma_step` reads), its tf32 high part and, for inputs a tf32 read
+    would round (fp32), its exact rest: a list of one or two arrays."""
+    b, n, H, K = x.shape
+    N = pl.cdiv(n, 8) * 8
+    rows_ = jnp.pad(jnp.moveaxis(x.astype(F32), 1, 2), ((0, 0), (0, 0), (0, N - n), (0, 0)))
+    parts = [rows_] if jnp.dtype(x.dtype).itemsize <= 2 else [tf32_hi(rows_),
+                                                                rows_ - tf32_hi(rows_)]
+    return [p.reshape(b, H, N, K // block, block).swapaxes(2, 3) for p in parts]
+
+
+def mma_operand_smem(K, N, block):
+    """The SMEM of one `mma_operands` array of a row and head: [K // block, N, block] fp32, each
+    chunk tiled and swizzled as the state chunks are (a wgmma's operands share one swizzle)."""
+    return plgpu.SMEM((K // block, N, block), F32, transforms=state_layout(block, F32))
+
+
+def mma_step(acc, chunk_smem, lo_smem, operands, n):
+    """acc [R, N] (a WGMMA accumulator ref) += S x_i for fp32 state chunk n (chunk_smem [R,
+    block] in SMEM) and the rows x_i of `operands` (`mma_operands` in SMEM, `mma_operand_smem`).
+    S = hi + lo: hi (`tf32_hi`) is written over the chunk and lo to lo_smem (its layout), so
+    each tf32 wgmma reads its operand exactly (whether the hardware truncates or rounds);
+    hi x_hi + hi x_lo + lo x_hi leaves out lo x_lo and the tf32 rounding of lo and x_lo, under
+    2^-21 of |S| |x| in all (fp32 FMAs: 2^-24). Waits for the wgmmas: the pipeline may refill
+    the chunk's buffer, and the next step rewrites lo_smem."""
+    s = chunk_smem[...]
+    hi = tf32_hi(s)
+    chunk_smem[...] = hi
+    lo_smem[...] = s - hi
+    plgpu.commit_smem()                       # the stores, visible to the wgmmas (async proxy)
+    for a, parts in ((chunk_smem, operands), (lo_smem, operands[:1])):
+        for x in parts:
+            plgpu.wgmma(acc, a, x.at[n].T)
+    plgpu.wgmma_wait(0)
+
+
+def acc_column(acc, j):
+    """Column j of a WGMMA accumulator value [R, N] as a ROW vector [R]."""
+    iota = plgpu.broadcasted_iota(jnp.int32, acc.shape, 1, layout=plgpu.Layout.WGMMA)
+    return jnp.sum(jnp.where(iota == j, acc, jnp.zeros_like(acc)), axis=1)
+
+
 def staging_smem(block, dtype, buffers=2, tile_rows=TILE_ROWS, lead=()):
     """The staging area of state chunk writes [*lead, tile_rows, block] (see `write_chunk`):
     double-buffered, or with buffers=1 single (each write waits for the copy before it to have
@@ -367,8 +430,9 @@ def mosaic_call(kernel, *, name, grid, grid_names, inputs, outputs, inplace, scr
     """`plgpu.kernel` with named arguments: `inputs` (name -> array), `outputs`
     (name -> ShapeDtypeStruct) and `scratch` (name -> SMEM / Barrier type) are ordered dicts whose
     names are the kernel's ref parameters in order (checked); the inputs named in `inplace` are
-    updated in place (donate them at the outer jit). Returns (outputs tuple, updated inplace
-    arrays tuple, in `inplace` order)."""
+    updated in place (donate them at the outer jit). An input or scratch given as None is not
+    allocated and its parameter is None (what a tiling does not use). Returns (outputs tuple,
+    updated inplace arrays tuple, in `inplace` order)."""
     refs = [p.name for p in inspect.signature(kernel).parameters.values()
             if p.kind is p.POSITIONAL_OR_KEYWORD]
     if refs != [*inputs, *outputs, *scratch]:
@@ -377,9 +441,16 @@ def mosaic_call(kernel, *, name, grid, grid_names, inputs, outputs, inplace, scr
     for n in inplace:
         if n not in inputs:
             raise ValueError(f"{name}: in-place {n!r} names no input of the kernel")
-    args = {n: jax.new_ref(a) if n in inplace else a for n, a in inputs.items()}
+    args = {n: jax.new_ref(a) if n in inplace else a for n, a in inputs.items()
+            if a is not None}
+    given = [n for n, v in {**inputs, **outputs, **scratch}.items() if v is not None]
+
+    def body(*given_refs):
+        named = dict(zip(given, given_refs))
+        kernel(*(named.get(n) for n in refs))
     outs = plgpu.kernel(
-        kernel, out_type=tuple(outputs.values()), scratch_types=tuple(scratch.values()),
+        body, out_type=tuple(outputs.values()),
+        scratch_types=tuple(v for v in scratch.values() if v is not None),
         grid=grid, grid_names=grid_names, interpret=interpret_params(interpret),
         compiler_params=_COMPILER_PARAMS, kernel_name=name)(*args.values())
     return tuple(outs), tuple(jax.freeze(args[n]) for n in inplace)

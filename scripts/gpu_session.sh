@@ -36,6 +36,9 @@
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
+#   gdn-mma  - the Mosaic GDN replay and verify with readout "mma" (tf32 wgmmas of each fp32
+#              checkpoint chunk's high and low parts against all keys and queries at once):
+#              compiled tests, then decode and verify T = 2 / 4 / 8 at batch 256 against "fma"
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -745,6 +748,26 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       {"tile_rows": 128, "num_stages": 3}, {"tile_rows": 128, "block_k": 16, "num_stages": 4}]'
     verify_tune 90 gdn qwen3-next gdn_rows 8 '[{}, {"tile_rows": 128},
       {"tile_rows": 128, "block_k": 32, "num_stages": 2}]' ;;
+  gdn-mma)
+    # readout "mma" against the FMA readout: compiled tests (equal sums, the long run, the
+    # checks), then the decode (its SMEM: 87 KiB at the default chunks, 55 KiB at 16-key ones in
+    # 4 stages) and verify by window at batch 256, fp32 state and rings
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py -k "mma or readout" 2>&1 | tail -3 || true
+    limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_gdn_mma.json" \
+      --tune '[{}, {"readout": "mma"}, {"readout": "mma", "block_k": 16, "num_stages": 4},
+               {"readout": "mma", "block_k": 16, "num_stages": 6},
+               {"readout": "mma", "num_stages": 2}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 80 gdn qwen3-next gdn_mma 2 '[{}, {"readout": "mma"},
+      {"readout": "mma", "block_k": 32, "num_stages": 2}]'
+    verify_tune 80 gdn qwen3-next gdn_mma 4 '[{}, {"readout": "mma"},
+      {"readout": "mma", "block_k": 32, "num_stages": 3, "prologue": "overlap"},
+      {"readout": "mma", "block_k": 32, "num_stages": 2, "prologue": "overlap"}]'
+    verify_tune 80 gdn qwen3-next gdn_mma 8 '[{}, {"readout": "mma"},
+      {"readout": "mma", "block_k": 16, "num_stages": 4, "prologue": "overlap"},
+      {"readout": "mma", "block_k": 32, "num_stages": 2, "prologue": "overlap"}]' ;;
   gdn-rows-small)
     # where the Mosaic GDN replay's 4-stage small-batch default (up to MOSAIC_SMALL_BATCH_ROWS
     # = 64 rows) should end: the default (4 stages up to 64 rows, 3 after) against the other

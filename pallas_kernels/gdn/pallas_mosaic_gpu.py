@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,7 @@ from pallas_kernels._mosaic_utils import (
     ROW,
     TILE_ROWS,
     VectorPack,
+    acc_column,
     auto_takes,
     chunk,
     cols,
@@ -82,6 +84,9 @@ from pallas_kernels._mosaic_utils import (
     issue_all,
     load_all,
     measured_tiling,
+    mma_operand_smem,
+    mma_operands,
+    mma_step,
     mosaic_call,
     resolve_tiles,
     rows,
@@ -124,7 +129,10 @@ class GDNMosaicTiling:
     SM. tile_rows: the V rows of a CTA, 64 (one WGMMA tile) or 128 (two in the warpgroup's
     registers: half the CTAs, each paying its fixed work, the prologue's copies and barriers,
     the walk and the epilogue, over twice the state bytes), a bound as block_k is: 128 runs
-    64-row tiles where V is not a multiple of 128."""
+    64-row tiles where V is not a multiple of 128. readout (replay decode and verify;
+    `_mosaic_utils.READOUTS`): how the checkpoint pass forms S0 k and S0 q, "fma" on the FMA
+    units, or "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against
+    all of the window's keys and queries at once (`_readout`)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -132,6 +140,7 @@ class GDNMosaicTiling:
     fold_stages: int = 0
     fold_buffers: int = 2
     tile_rows: int = TILE_ROWS
+    readout: str = "fma"
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -184,9 +193,10 @@ _MAX_K = 256                      # one TMA box per q / k vector
 _TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
 
 
-def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False):
+def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True):
     tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
-                          max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold)
+                          max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold,
+                          readout=readout)
     rows = (tiling or default).tile_rows
     check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
@@ -210,11 +220,13 @@ def takes(op, args) -> bool:
         return False
     T = v.shape[1] if op == "replay_verify" else 1
     return auto_takes(op, AUTO_OPS, v.shape[-1], lambda: _tiles(
-        None, measured_tiling(_DEFAULT_TILING, op, T), k.shape[-1], v.shape[-1], state.dtype))
+        None, measured_tiling(_DEFAULT_TILING, op, T), k.shape[-1], v.shape[-1], state.dtype,
+        readout=op != "standard_decode"))
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype,
+                   readout=False)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"], tile_rows=tiles["tile_rows"])
 
@@ -236,6 +248,31 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                            None if in_kernel else d, g)
 
 
+class _Operands(NamedTuple):
+    """A replay kernel's "mma" readout refs (`_operands`): the inputs xh_ref, xl_ref, the
+    scratch xh_smem, xl_smem, lo_smem (None where unused) and how many copies they add."""
+    inputs: dict
+    scratch: dict
+    copies: int
+
+
+def _operands(readout, x, block_k, tile_rows):
+    """The refs of readout "mma" for the vectors x [b, n, Hk, K] (`mma_operands`): their
+    fp32 hi (and lo) rows, the SMEM they land in and the chunk's low part's; for "fma" all
+    None."""
+    if readout != "mma":
+        return _Operands(dict(xh_ref=None, xl_ref=None),
+                         dict(xh_smem=None, xl_smem=None, lo_smem=None), 0)
+    hi, *lo = mma_operands(x, block_k)
+    lo = lo[0] if lo else None
+    smem = mma_operand_smem(x.shape[-1], hi.shape[3], block_k)
+    return _Operands(
+        dict(xh_ref=hi, xl_ref=lo),
+        dict(xh_smem=smem, xl_smem=None if lo is None else smem,
+             lo_smem=plgpu.SMEM((tile_rows, block_k), F32, transforms=state_layout(block_k, F32))),
+        1 if lo is None else 2)
+
+
 def _position(heads_per_key_head, tile_rows):
     """(row b, value head hv, key head hk, V tile index, V tile slice) of this CTA."""
     b, hv, t = (lax.axis_index(n) for n in GRID_NAMES)
@@ -251,6 +288,59 @@ def _walk(body, init, *, count, ring_g):
         j = count - 1 - i
         return suffix + ring_g(j), body(j, jnp.exp(suffix), acc)
     return lax.fori_loop(0, count, step, (jnp.float32(0), init))
+
+
+def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
+    """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
+    over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
+    pass waits for the copies of `wait_first` (barriers) on its first step. readout "fma"
+    (mma None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along its
+    columns. "mma": `vectors` is their number m and mma = (lo_smem, operands), the chunk's low
+    part's SMEM and the x as the rows of `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one
+    [R, N] accumulator for all of them, its first m columns the results."""
+    R, K = tile.shape
+    pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
+                                 in_specs=[state_spec(tile.dtype, block_k, R)],
+                                 max_concurrent_steps=num_stages)
+
+    def first(n):
+        if wait_first:
+            wait_on_first_step(n, wait_first)
+
+    if mma is None:
+        def fma_step(idx, s_smem, acc):
+            (n,) = idx
+            first(n)
+            s = s_smem[...].astype(F32)
+            # The pipeline's next TMA into this stage's buffers must follow these reads (an
+            # input-only pipeline has no fence of its own; the interpreter flags the race).
+            plgpu.commit_smem()
+            return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
+                         for a, x in zip(acc, vectors))
+        return pipeline(fma_step, init_carry=(zeros_row(tile_rows=R),) * len(vectors))(tile)
+
+    lo_smem, operands = mma
+
+    def run(acc_ref):
+        def mma_step_(idx, s_smem):
+            (n,) = idx
+            first(n)
+            mma_step(acc_ref, s_smem, lo_smem, operands, n)
+        pipeline(mma_step_)(tile)
+        acc = acc_ref[...]
+        return tuple(acc_column(acc, j) for j in range(vectors))
+    return pl.run_scoped(run, plgpu.ACC((R, operands[0].shape[1]), F32))
+
+
+def _readout_copies(vector_copies, operand_refs, at):
+    """The copies a replay kernel's readout waits for, its "mma" operands and the other copies:
+    with readout "fma" (operand refs None) the (src, dst) `vector_copies` of the x, else the
+    copies of the operand_refs ((GMEM, SMEM) each, `mma_operands` of the kernel's row and key
+    head `at`; the vectors then follow the readout, for the fold and the epilogue)."""
+    operands = [(ref.at[at], smem) for ref, smem in operand_refs if ref is not None]
+    if not operands:
+        return vector_copies, None, ()
+    return operands, [smem for _, smem in operands], vector_copies
 
 
 def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
@@ -350,9 +440,10 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, inte
 # ReplaySSM decode (T = 1): S k and S q from checkpoint + ring, state written on folds only.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem, rd_smem, bars,
-                   fold_bar, *, vectors, heads_per_key_head, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers):
+                   rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
+                   rd_smem, xh_smem, xl_smem, lo_smem, bars, fold_bar, *, vectors,
+                   heads_per_key_head, block_k, num_stages, prologue, fold_stages,
+                   fold_buffers):
     sv = vectors.views(vec_smem)
     R = sv.v.shape[0]                                                 # the CTA's V rows
     b, hv, hk, t, vs = _position(heads_per_key_head, R)
@@ -367,9 +458,14 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     walk_copies, (ring_g, ring_kk, ring_kq) = scalar_vectors(
         (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
         (rkq_ref.at[b, hk], sv.ring_kq))
-    # The token's v, k, q, the ring's d rows and the walk's scalars, all in flight at once.
-    copies = ((v_ref.at[b, hv, vs], sv.v), (rd_ref.at[slot, hv, :, vs], rd_smem),
-              (k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q), *walk_copies)
+    # What the readout reads first (k and q, or for readout "mma" their wgmma operands), then
+    # the token's v, the ring's d rows, the walk's scalars: all in flight at once.
+    readout_copies, operands, rest = _readout_copies(
+        ((k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q)),
+        ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
+    copies = (*readout_copies, (v_ref.at[b, hv, vs], sv.v),
+              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
+    n_first = len(readout_copies)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -395,24 +491,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         load_all(bars, *copies)
         v, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
-
-    def readout(idx, s_smem, acc):
-        (n,) = idx
-        if overlap:
-            wait_on_first_step(n, landed[2:4])              # copies 2, 3: k, q
-        s = s_smem[...].astype(F32)
-        # The pipeline's next TMA into this stage's buffers must follow these reads (an
-        # input-only pipeline has no fence of its own; the interpreter flags the race).
-        plgpu.commit_smem()
-        return (acc[0] + jnp.sum(s * cols(chunk(sv.k, n, block_k), s.shape), axis=1),
-                acc[1] + jnp.sum(s * cols(chunk(sv.q, n, block_k), s.shape), axis=1))
-
-    s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k, R)],
-        max_concurrent_steps=num_stages, init_carry=(zeros_row(tile_rows=R),) * 2,
-    )(tile)
+    s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
+                        num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
+                        mma=None if operands is None else (lo_smem, operands))
     if overlap:                   # the rest landed while the state streamed: now the walk
-        wait_all(landed[:2] + landed[4:])
+        wait_all(landed[n_first:])
         v, big_e, (sk_ring, sq_ring) = landed_part()
     sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [R]
@@ -452,9 +535,10 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
-                                             "fold_buffers", "tile_rows", "interpret"))
+                                             "fold_buffers", "tile_rows", "readout",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, interpret):
+                   fold_stages, fold_buffers, tile_rows, readout, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -468,17 +552,19 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                fold_stages=fold_stages, fold_buffers=fold_buffers)
+    operands = _operands(readout, jnp.stack([k, q], axis=1), block_k, tile_rows)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
-                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, s_ref=buffers.checkpoint,
-                    rk_ref=buffers.ring_k, rd_ref=buffers.ring_d, rg_ref=buffers.ring_g),
+                    beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, **operands.inputs,
+                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
+                    rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
-                     bars=plgpu.Barrier(num_barriers=7),
+                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype), **operands.scratch,
+                     bars=plgpu.Barrier(num_barriers=7 + operands.copies),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, type(buffers)(*new)
@@ -495,13 +581,14 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # fold reads ring rows the window overwrites, in other CTAs of the same key head.
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, wkk_ref, wkq_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, d_ref,
-                   vec_smem, rd_smem, rk_smem, out_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages, prologue, write_ring):
+                   rkq_ref, wkk_ref, wkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref,
+                   o_ref, d_ref, vec_smem, rd_smem, rk_smem, out_smem, xh_smem, xl_smem,
+                   lo_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
+                   num_stages, prologue, write_ring):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
-    T, L, K = v_ref.shape[1], rd_ref.shape[2], k_ref.shape[-1]
+    T, L = v_ref.shape[1], rd_ref.shape[2]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
@@ -511,12 +598,16 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     walk_copies, (ring_g, *ring_products) = scalar_vectors(
         (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
         (rkq_ref.at[b, hk], sv.ring_kq))
-    # The window's v, k, q rows one 1-D copy each (into the pack, not [T, n] buffers of their
-    # own), the ring's d rows [L, R] and the walk's scalars.
-    copies = (*((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
-              *((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
-              *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T)),
-              (rd_ref.at[slot, hv, :, vs], rd_smem), *walk_copies)
+    # The window's k, q rows (or their "mma" operands) first, then its v rows, one 1-D copy
+    # each (into the pack, not [T, n] buffers of their own), the ring's d rows [L, R] and the
+    # walk's scalars.
+    readout_copies, operands, rest = _readout_copies(
+        (*((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
+         *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T))),
+        ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
+    copies = (*readout_copies, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
+              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
+    n_first = len(readout_copies)
 
     def ring_d(j):
         return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
@@ -543,22 +634,12 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         load_all(bars, *copies)
         vs_, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
-
-    def readout(idx, s_smem, acc):
-        (n,) = idx
-        if overlap:
-            wait_on_first_step(n, landed[T:3 * T])          # the k_t, q_t
-        s = s_smem[...].astype(F32)
-        plgpu.commit_smem()                  # as in the decode readout: fence the next TMA
-        return tuple(tuple(acc_t + jnp.sum(s * cols(chunk(x[t], n, block_k), s.shape), axis=1)
-                           for t, acc_t in enumerate(a)) for a, x in zip(acc, (sv.k, sv.q)))
-
-    s0k, s0q = plgpu.emit_pipeline(
-        readout, grid=(K // block_k,), in_specs=[state_spec(s_ref.dtype, block_k, R)],
-        max_concurrent_steps=num_stages, init_carry=(zt, zt),
-    )(tile)
+    s0 = _readout(tile, 2 * T if operands else (*sv.k, *sv.q), block_k=block_k,
+                  num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
+                  mma=None if operands is None else (lo_smem, operands))
+    s0k, s0q = s0[:T], s0[T:]
     if overlap:                   # the rest, then the walk
-        wait_all(landed[:T] + landed[3 * T:])
+        wait_all(landed[n_first:])
         vs_, big_e, (sk_ring, sq_ring) = landed_part()
 
     cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
@@ -591,9 +672,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
-                                             "tile_rows", "interpret"))
+                                             "tile_rows", "readout", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   ring_write, tile_rows, interpret):
+                   ring_write, tile_rows, readout, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -615,20 +696,22 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring)
+    operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k, tile_rows)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
-                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
-                    rg_ref=buffers.ring_g),
+                    **operands.inputs, s_ref=buffers.checkpoint, rk_ref=buffers.ring_k,
+                    rd_ref=buffers.ring_d, rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
         inplace=("s_ref", "rd_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
                      rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
                      out_smem=staging_smem(block_k, buffers.checkpoint.dtype, 2, tile_rows),
-                     bars=plgpu.Barrier(num_barriers=3 * T + 4),
+                     **operands.scratch,
+                     bars=plgpu.Barrier(num_barriers=3 * T + 4 + operands.copies),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return (o, d, *new) if write_ring else (o, d, *new, buffers.ring_d)

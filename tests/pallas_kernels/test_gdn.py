@@ -7,14 +7,24 @@ makes: measured, reported and bounded here (3e-2 over 4096 steps).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels import gdn
 from pallas_kernels.ring import NULL_SLOT
-from tests.pallas_kernels.families import BF16, F32, GDN, IMPLS, long_run, mosaic_tiling_run
-from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw, mosaic_races_found
+from tests.pallas_kernels.families import (
+    BF16,
+    F32,
+    GDN,
+    IMPLS,
+    MOSAIC,
+    long_run,
+    mosaic_tiling_run,
+)
+from tests.pallas_kernels.helpers import assert_runs_equal, impl_kw, mosaic_races_found, same_sums
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -192,6 +202,50 @@ def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
     assert_runs_equal(*(mosaic_tiling_run(GDN, dims, op, "tile_rows", r, interpret, F32)
                         for r in (64, 128)), interpret)
     assert not mosaic_races_found(interpret)
+
+
+@pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])
+@pytest.mark.parametrize("op", ["replay_decode", "replay_verify"])
+def test_mosaic_mma_readout_computes_the_fma_sums(op, act, interpret):
+    """readout="mma" (tf32 wgmmas of each checkpoint chunk's high and low parts against all the
+    keys and queries) gives the FMA readout's results to fp32 rounding: every step's outputs
+    and the final pools within 1e-5 relative over two fold cycles (four key chunks; reading the
+    high part only is ~1e-3 off), no data races; inputs in fp32 (their low parts are operands
+    too) and bf16 (exact in tf32)."""
+    dims = dict(Hk=1, Hv=2, K=128, V=128, act=act)
+    (outs, bufs, counts), (outs_m, bufs_m, counts_m) = (
+        mosaic_tiling_run(GDN, dims, op, "readout", r, interpret, F32) for r in ("fma", "mma"))
+    assert all(same_sums(a, b, 1e-5) for a, b in zip(outs, outs_m, strict=True))
+    assert all(same_sums(a, b, 1e-5) for a, b in zip(bufs, bufs_m, strict=True))
+    assert (np.asarray(counts) == np.asarray(counts_m)).all()
+    assert not mosaic_races_found(interpret)
+
+
+def test_mosaic_mma_readout_long_run_stays_within_tolerance(interpret):
+    """The fp32 long run's bound (test_decode: 5e-5 against the f64 recurrence, 4096 steps;
+    a sixteenth of them in the interpreter) holds with readout="mma"."""
+    tiling = dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma")
+    steps = GDN.LONG_STEPS // (16 if interpret else 1)
+    worst_out, worst_ck, _ = long_run(GDN, impl_kw(MOSAIC, interpret, tiling), F32,
+                                      n_steps=steps)
+    print(f"\nGDN {steps}-step max relative deviation, mma readout: o {worst_out:.2e}, "
+          f"checkpoint {worst_ck:.2e}")
+    assert worst_out < 5e-5 and worst_ck < 5e-5
+
+
+def test_mosaic_readout_is_checked():
+    """An unknown readout, and "mma" on a bf16 state (its wgmma would read bf16 operands), are
+    named."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
+    with pytest.raises(ValueError, match=r"^readout must be one of 'fma', 'mma', got 'tf32'$"):
+        gdn.replay_decode(**_valid_args(pb, L=4), impl=MOSAIC,
+                          tiling=gdn.GDNMosaicTiling(block_k=16, readout="tf32"))
+    args = _valid_args(pb, L=4)
+    args["buffers"] = args["buffers"]._replace(
+        checkpoint=args["buffers"].checkpoint.astype(BF16))
+    with pytest.raises(ValueError, match=r"readout = 'mma' needs a float32 state, got bfloat16"):
+        gdn.replay_decode(**args, impl=MOSAIC,
+                          tiling=gdn.GDNMosaicTiling(block_k=16, readout="mma"))
 
 
 def test_mosaic_tile_rows_are_checked():

@@ -111,8 +111,9 @@ def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
     (gdn.GDNMosaicTiling(block_k=128), F32, BF16),
     (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
-    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32)],
-    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap"])
+    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32),
+    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma"), F32, F32)],
+    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap", "mma"])
 def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
     bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
@@ -126,11 +127,12 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
 @pytest.mark.parametrize("tiling,state_dtype,ring_dtype", [
     (None, F32, F32), (gdn.GDNMosaicTiling(block_k=32, num_stages=3), F32, F32),
     (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
-    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32)],
-    ids=["default", "bk32-3stages", "bf16-bk16", "overlap"])
-def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype):
-    """Qwen3-Next shapes, batch 256, L = 16, a window of T = 4 tokens."""
-    T = 4
+    (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="mma"), F32, F32)],
+    ids=["default", "bk32-3stages", "bf16-bk16", "overlap", "mma"])
+@pytest.mark.parametrize("T", [2, 4, MAX_VERIFY_TOKENS])
+def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype, T):
+    """Qwen3-Next shapes, batch 256, L = 16, a window of T tokens."""
     bufs, counts, (*token, slots) = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
                                               state_dtype=state_dtype, ring_dtype=ring_dtype)
     window = [jax.ShapeDtypeStruct((a.shape[0], T, *a.shape[1:]), a.dtype) for a in token]
