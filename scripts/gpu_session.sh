@@ -38,7 +38,8 @@
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
 #   gdn-mma  - the Mosaic GDN replay and verify with readout "mma" (tf32 wgmmas of each fp32
 #              checkpoint chunk's high and low parts against all keys and queries at once):
-#              compiled tests, then decode and verify T = 2 / 4 / 8 at batch 256 against "fma"
+#              compiled tests, then decode and verify T = 4 at batch 256 against "fma";
+#              gdn-mma-verify - verify T = 2 and 8 (and the verify's lean fold)
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
@@ -191,6 +192,14 @@ verify_tune() {  # verify_tune SECONDS FAMILY SHAPE NAME T CONFIGS: the Mosaic v
   limit "$1" python3 -m replayjax.bench.verify --family "$2" --shapes "$3" --tokens "$5" \
     --batches 256 --impls pallas_mosaic_gpu --tune "$6" --json "$out/verify_$4_t$5.json" \
     2>>"$out/verify.log" | grep "^|" || true
+}
+gdn_mma_verify() {  # gdn_mma_verify T: the Mosaic GDN verify at window T, batch 256: its
+  # default, with a lean fold (the fold's SMEM scope: 72 -> 48 KiB at T = 4), and readout "mma"
+  # (16-key chunks in 4 / 3 stages, 32-key ones in 2) with lean folds (51-80 KiB)
+  verify_tune 120 gdn qwen3-next gdn_mma "$1" '[{}, {"fold_stages": 2, "fold_buffers": 1},
+    {"readout": "mma", "block_k": 16, "num_stages": 4, "fold_stages": 2, "fold_buffers": 1},
+    {"readout": "mma", "block_k": 16, "num_stages": 3, "fold_stages": 1, "fold_buffers": 1},
+    {"readout": "mma", "block_k": 32, "num_stages": 2, "fold_stages": 1, "fold_buffers": 1}]'
 }
 each_test() {  # each_test SECONDS PYTEST_ARGS...: the compiled kernel tests of test_decode.py
   # and test_verify.py that PYTEST_ARGS select, one process each (a CUDA error is sticky for its
@@ -750,24 +759,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       {"tile_rows": 128, "block_k": 32, "num_stages": 2}]' ;;
   gdn-mma)
     # readout "mma" against the FMA readout: compiled tests (equal sums, the long run, the
-    # checks), then the decode (its SMEM: 87 KiB at the default chunks, 55 KiB at 16-key ones in
-    # 4 stages) and verify by window at batch 256, fp32 state and rings
-    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_gdn.py -k "mma or readout" 2>&1 | tail -3 || true
+    # checks, the shared numerics with it), then the decode (SMEM by the lowering's estimate,
+    # the models' fp32 q, k: fma 68 KiB; mma 84 at the default chunks, 60 at 16-key ones in 4
+    # stages, 68 at 2 stages with a one-stage fold) and verify T = 4 at batch 256, fp32 state
+    # and rings; gdn-mma-verify: T = 2 and 8
+    REPLAYJAX_TEST_BACKEND=gpu limit 200 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py tests/pallas_kernels/test_decode.py \
+      tests/pallas_kernels/test_verify.py -k "mma or readout" 2>&1 | tail -3 || true
     limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next \
       --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_gdn_mma.json" \
       --tune '[{}, {"readout": "mma"}, {"readout": "mma", "block_k": 16, "num_stages": 4},
-               {"readout": "mma", "block_k": 16, "num_stages": 6},
-               {"readout": "mma", "num_stages": 2}]' \
+               {"readout": "mma", "num_stages": 2, "fold_stages": 1}]' \
       2>>"$out/kernels.log" | grep "^|" || true
-    verify_tune 80 gdn qwen3-next gdn_mma 2 '[{}, {"readout": "mma"},
-      {"readout": "mma", "block_k": 32, "num_stages": 2}]'
-    verify_tune 80 gdn qwen3-next gdn_mma 4 '[{}, {"readout": "mma"},
-      {"readout": "mma", "block_k": 32, "num_stages": 3, "prologue": "overlap"},
-      {"readout": "mma", "block_k": 32, "num_stages": 2, "prologue": "overlap"}]'
-    verify_tune 80 gdn qwen3-next gdn_mma 8 '[{}, {"readout": "mma"},
-      {"readout": "mma", "block_k": 16, "num_stages": 4, "prologue": "overlap"},
-      {"readout": "mma", "block_k": 32, "num_stages": 2, "prologue": "overlap"}]' ;;
+    gdn_mma_verify 4 ;;
+  gdn-mma-verify)
+    gdn_mma_verify 2; gdn_mma_verify 8 ;;
   gdn-rows-small)
     # where the Mosaic GDN replay's 4-stage small-batch default (up to MOSAIC_SMALL_BATCH_ROWS
     # = 64 rows) should end: the default (4 stages up to 64 rows, 3 after) against the other

@@ -121,7 +121,8 @@ class GDNMosaicTiling:
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
     after it (module docstring; the same sums). ring_write (verify): who writes the window's d
     into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each CTA its
-    own [T, tile_rows] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode): the
+    own [T, tile_rows] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode and
+    verify): the
     fold's chunks in flight (0: num_stages) and its write-back's staging buffers (2 or 1). The
     fold's SMEM (the ring's keys, the staging, its pipeline) is allocated in the fold's own
     scope, over the read-only pass's: the kernel's peak SMEM is the larger of the two passes',
@@ -240,7 +241,7 @@ def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
     tiles = _tiles(tiling, default, k.shape[3], v.shape[3], buffers.checkpoint.dtype,
-                   verify=True)
+                   verify=True, fold=True)
     o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                                   **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -250,7 +251,7 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 class _Operands(NamedTuple):
     """A replay kernel's "mma" readout refs (`_operands`): the inputs xh_ref, xl_ref, the
-    scratch xh_smem, xl_smem, lo_smem (None where unused) and how many copies they add."""
+    scratch xh_smem, xl_smem (None where unused) and how many copies they add."""
     inputs: dict
     scratch: dict
     copies: int
@@ -262,14 +263,13 @@ def _operands(readout, x, block_k, tile_rows):
     None."""
     if readout != "mma":
         return _Operands(dict(xh_ref=None, xl_ref=None),
-                         dict(xh_smem=None, xl_smem=None, lo_smem=None), 0)
+                         dict(xh_smem=None, xl_smem=None), 0)
     hi, *lo = mma_operands(x, block_k)
     lo = lo[0] if lo else None
     smem = mma_operand_smem(x.shape[-1], hi.shape[3], block_k)
     return _Operands(
         dict(xh_ref=hi, xl_ref=lo),
-        dict(xh_smem=smem, xl_smem=None if lo is None else smem,
-             lo_smem=plgpu.SMEM((tile_rows, block_k), F32, transforms=state_layout(block_k, F32))),
+        dict(xh_smem=smem, xl_smem=None if lo is None else smem),
         1 if lo is None else 2)
 
 
@@ -295,9 +295,9 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
     pass waits for the copies of `wait_first` (barriers) on its first step. readout "fma"
     (mma None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along its
-    columns. "mma": `vectors` is their number m and mma = (lo_smem, operands), the chunk's low
-    part's SMEM and the x as the rows of `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one
-    [R, N] accumulator for all of them, its first m columns the results."""
+    columns. "mma": `vectors` is their number m and `mma` the x as the rows of `mma_operands`
+    in SMEM (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of them, its first m
+    columns the results, and the chunk's low part's SMEM, both in the pass's own scope."""
     R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
                                  in_specs=[state_spec(tile.dtype, block_k, R)],
@@ -319,9 +319,9 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
                          for a, x in zip(acc, vectors))
         return pipeline(fma_step, init_carry=(zeros_row(tile_rows=R),) * len(vectors))(tile)
 
-    lo_smem, operands = mma
+    operands = mma
 
-    def run(acc_ref):
+    def run(acc_ref, lo_smem):
         def mma_step_(idx, s_smem):
             (n,) = idx
             first(n)
@@ -329,7 +329,11 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
         pipeline(mma_step_)(tile)
         acc = acc_ref[...]
         return tuple(acc_column(acc, j) for j in range(vectors))
-    return pl.run_scoped(run, plgpu.ACC((R, operands[0].shape[1]), F32))
+    # (a scope holds either registers or memory: the accumulator's inside the SMEM one)
+    return pl.run_scoped(
+        lambda lo_smem: pl.run_scoped(lambda acc_ref: run(acc_ref, lo_smem),
+                                      plgpu.ACC((R, operands[0].shape[1]), F32)),
+        plgpu.SMEM((R, block_k), F32, transforms=state_layout(block_k, F32)))
 
 
 def _readout_copies(vector_copies, operand_refs, at):
@@ -441,7 +445,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, inte
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
-                   rd_smem, xh_smem, xl_smem, lo_smem, bars, fold_bar, *, vectors,
+                   rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, fold_stages,
                    fold_buffers):
     sv = vectors.views(vec_smem)
@@ -493,7 +497,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
                         num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
-                        mma=None if operands is None else (lo_smem, operands))
+                        mma=operands)
     if overlap:                   # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
         v, big_e, (sk_ring, sq_ring) = landed_part()
@@ -582,9 +586,9 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, wkk_ref, wkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref,
-                   o_ref, d_ref, vec_smem, rd_smem, rk_smem, out_smem, xh_smem, xl_smem,
-                   lo_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages, prologue, write_ring):
+                   o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, bars, fold_bar,
+                   *, vectors, heads_per_key_head, block_k, num_stages, prologue, write_ring,
+                   fold_stages, fold_buffers):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -598,12 +602,13 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     walk_copies, (ring_g, *ring_products) = scalar_vectors(
         (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
         (rkq_ref.at[b, hk], sv.ring_kq))
-    # The window's k, q rows (or their "mma" operands) first, then its v rows, one 1-D copy
-    # each (into the pack, not [T, n] buffers of their own), the ring's d rows [L, R] and the
-    # walk's scalars.
+    # The window's k, q rows (or their "mma" operands, and k_0 for the fold) first, then its v
+    # rows, one 1-D copy each (into the pack, not [T, n] buffers of their own), the ring's d
+    # rows [L, R] and the walk's scalars.
+    queries = getattr(sv, "q", ())                                    # none with "mma"
     readout_copies, operands, rest = _readout_copies(
-        (*((k_ref.at[b, t, hk], sv.k[t]) for t in range(T)),
-         *((q_ref.at[b, t, hk], sv.q[t]) for t in range(T))),
+        (*((k_ref.at[b, t, hk], k_t) for t, k_t in enumerate(sv.k)),
+         *((q_ref.at[b, t, hk], q_t) for t, q_t in enumerate(queries))),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
     copies = (*readout_copies, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
               (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
@@ -634,9 +639,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         load_all(bars, *copies)
         vs_, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
-    s0 = _readout(tile, 2 * T if operands else (*sv.k, *sv.q), block_k=block_k,
+    s0 = _readout(tile, 2 * T if operands else (*sv.k, *queries), block_k=block_k,
                   num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
-                  mma=None if operands is None else (lo_smem, operands))
+                  mma=operands)
     s0k, s0q = s0[:T], s0[T:]
     if overlap:                   # the rest, then the walk
         wait_all(landed[n_first:])
@@ -663,18 +668,24 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                 store_rows(ds[t], sv.d[t], rd_ref.at[slot, hv, pos], vt)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
-    @pl.when(live & verify_folds(c, T, L))
-    def _():
+    # Its SMEM in its own scope, over the read-only pipeline's, as the decode's fold.
+    def folded(rk_smem, out_smem):
         load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
         _fold(tile, rk_smem, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk, ring_d,
-              out_smem, live, block_k=block_k, num_stages=num_stages)
+              out_smem, live, block_k=block_k, num_stages=fold_stages)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
+
+    pl.when(live & verify_folds(c, T, L))(lambda: pl.run_scoped(
+        folded, plgpu.SMEM((rk_ref.shape[2], rk_ref.shape[3]), rk_ref.dtype),
+        staging_smem(block_k, s_ref.dtype, fold_buffers, R)))
     plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
-                                             "tile_rows", "readout", "interpret"))
+                                             "fold_stages", "fold_buffers", "tile_rows",
+                                             "readout", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   ring_write, tile_rows, readout, interpret):
+                   ring_write, fold_stages, fold_buffers, tile_rows, readout, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -689,13 +700,16 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
-    vectors = VectorPack.of(v=((T, tile_rows), v.dtype), k=((T, K), k.dtype),
-                            q=((T, K), q.dtype), d=((T, tile_rows), ring_dtype if write_ring
-                                                    else F32),
+    # k and q rows for the FMA readout; with "mma" k_0 only (the fold's key)
+    fma = readout == "fma"
+    vectors = VectorPack.of(v=((T, tile_rows), v.dtype), k=((T if fma else 1, K), k.dtype),
+                            **({"q": ((T, K), q.dtype)} if fma else {}),
+                            d=((T, tile_rows), ring_dtype if write_ring else F32),
                             ring_g=(L, F32), ring_kk=(T * L, F32), ring_kq=(T * L, F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
-                               write_ring=write_ring)
+                               write_ring=write_ring, fold_stages=fold_stages,
+                               fold_buffers=fold_buffers)
     operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k, tile_rows)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -708,8 +722,6 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         inplace=("s_ref", "rd_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
-                     rk_smem=plgpu.SMEM((L, K), buffers.ring_k.dtype),
-                     out_smem=staging_smem(block_k, buffers.checkpoint.dtype, 2, tile_rows),
                      **operands.scratch,
                      bars=plgpu.Barrier(num_barriers=3 * T + 4 + operands.copies),
                      fold_bar=plgpu.Barrier(num_barriers=1)),

@@ -45,6 +45,7 @@ class Problem:
     MOSAIC_CHUNK: int | None      # the state chunk of the Mosaic GPU tests
     REPLAY_OPTIONS: list          # (id, overrides): the Triton replay tiling's options
     VERIFY_OPTIONS: dict          # the Triton verify tiling's options, all at once
+    MOSAIC_VERIFY_OPTIONS = []    # (id, Mosaic verify tiling fields) cases beside its default
     TILE_FIELD: str               # the Triton tilings' field of the value / head-dim tile
     MASKED_TILE_CASES: list = []  # (id, dims, overrides): Triton tiles that do not divide
                                   # their axis (masked), run by standard and replay decode
@@ -221,7 +222,11 @@ class GDN(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
-    MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2))]
+    MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2)),
+                             ("mma", dict(readout="mma"))]
+    # the verify's readout by tf32 wgmmas, its fold lean (one chunk in flight, one buffer)
+    MOSAIC_VERIFY_OPTIONS = [("mma-lean-fold", dict(readout="mma", fold_stages=1,
+                                                    fold_buffers=1))]
 
     @property
     def state_shape(self):

@@ -61,6 +61,8 @@ def verify_params(cases, mosaic_cases):
     *(pytest.param(f, 4, 8, MOSAIC, f.VERIFY_OPTIONS, None, id=f"{name}-4-8-options-{MOSAIC}")
       for name, f in FAMILIES.items()
       if has_mosaic(f, "replay_verify") and "ring_write" in f.VERIFY_OPTIONS),
+    *(pytest.param(f, 4, 8, MOSAIC, opts, None, id=f"{name}-4-8-{case}-{MOSAIC}")
+      for name, f in FAMILIES.items() for case, opts in f.MOSAIC_VERIFY_OPTIONS),
     *(pytest.param(f, 4, 16, "pallas", opts, dims, id=f"{name}-4-16-{case}-pallas")
       for name, f in FAMILIES.items() for case, dims, opts in f.MASKED_TILE_CASES)])
 def test_random_acceptance_matches_recurrence(family, T, L, impl, options, dims, interpret):
