@@ -347,8 +347,8 @@ def mma_operands(x, block):
     b, n, H, K = x.shape
     N = pl.cdiv(n, 8) * 8
     rows_ = jnp.pad(jnp.moveaxis(x.astype(F32), 1, 2), ((0, 0), (0, 0), (0, N - n), (0, 0)))
-    parts = [rows_] if jnp.dtype(x.dtype).itemsize <= 2 else [tf32_hi(rows_),
-                                                                rows_ - tf32_hi(rows_)]
+    hi = tf32_hi(rows_)
+    parts = [rows_] if jnp.dtype(x.dtype).itemsize <= 2 else [hi, rows_ - hi]
     return [p.reshape(b, H, N, K // block, block).swapaxes(2, 3) for p in parts]
 
 

@@ -250,27 +250,27 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
 
 
 class _Operands(NamedTuple):
-    """A replay kernel's "mma" readout refs (`_operands`): the inputs xh_ref, xl_ref, the
-    scratch xh_smem, xl_smem (None where unused) and how many copies they add."""
+    """A replay kernel's "mma" readout refs (`_operands`): the inputs xh_ref, xl_ref and the
+    scratch xh_smem, xl_smem (None where unused)."""
     inputs: dict
     scratch: dict
-    copies: int
+
+    @property
+    def copies(self) -> int:
+        """The TMA copies (barriers) they add."""
+        return sum(x is not None for x in self.inputs.values())
 
 
-def _operands(readout, x, block_k, tile_rows):
+def _operands(readout, x, block_k):
     """The refs of readout "mma" for the vectors x [b, n, Hk, K] (`mma_operands`): their
-    fp32 hi (and lo) rows, the SMEM they land in and the chunk's low part's; for "fma" all
-    None."""
+    fp32 hi (and lo) rows and the SMEM they land in; for "fma" all None."""
     if readout != "mma":
-        return _Operands(dict(xh_ref=None, xl_ref=None),
-                         dict(xh_smem=None, xl_smem=None), 0)
+        return _Operands(dict(xh_ref=None, xl_ref=None), dict(xh_smem=None, xl_smem=None))
     hi, *lo = mma_operands(x, block_k)
     lo = lo[0] if lo else None
     smem = mma_operand_smem(x.shape[-1], hi.shape[3], block_k)
-    return _Operands(
-        dict(xh_ref=hi, xl_ref=lo),
-        dict(xh_smem=smem, xl_smem=None if lo is None else smem),
-        1 if lo is None else 2)
+    return _Operands(dict(xh_ref=hi, xl_ref=lo),
+                     dict(xh_smem=smem, xl_smem=None if lo is None else smem))
 
 
 def _position(heads_per_key_head, tile_rows):
@@ -290,14 +290,15 @@ def _walk(body, init, *, count, ring_g):
     return lax.fori_loop(0, count, step, (jnp.float32(0), init))
 
 
-def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
+def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
     pass waits for the copies of `wait_first` (barriers) on its first step. readout "fma"
-    (mma None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along its
-    columns. "mma": `vectors` is their number m and `mma` the x as the rows of `mma_operands`
-    in SMEM (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of them, its first m
-    columns the results, and the chunk's low part's SMEM, both in the pass's own scope."""
+    (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
+    its columns. "mma": `vectors` is their number m and `operands` the x as the rows of
+    `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of
+    them, its first m columns the results, and the chunk's low part's SMEM, both in the
+    pass's own scope."""
     R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
                                  in_specs=[state_spec(tile.dtype, block_k, R)],
@@ -307,7 +308,7 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
         if wait_first:
             wait_on_first_step(n, wait_first)
 
-    if mma is None:
+    if operands is None:
         def fma_step(idx, s_smem, acc):
             (n,) = idx
             first(n)
@@ -318,8 +319,6 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), mma=None):
             return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
                          for a, x in zip(acc, vectors))
         return pipeline(fma_step, init_carry=(zeros_row(tile_rows=R),) * len(vectors))(tile)
-
-    operands = mma
 
     def run(acc_ref, lo_smem):
         def mma_step_(idx, s_smem):
@@ -347,29 +346,39 @@ def _readout_copies(vector_copies, operand_refs, at):
     return operands, [smem for _, smem in operands], vector_copies
 
 
-def _fold(tile, rk_smem, kc_smem, d, alpha, big_e, walk, ring_d, out_smem, live, *, block_k,
-          num_stages):
+def _fold(tile, ring_keys, fold_bar, kc_smem, d, alpha, big_e, walk, ring_d, live, *, block_k,
+          num_stages, buffers):
     """The fold of the ring and one more token (k, d, g = log alpha) into the state tile [R, K]
     in GMEM: S0 <- big_e alpha S0 + d k^T + sum_j alpha e_j d_j k_j^T (big_e = exp of the ring's
-    g sum), chunk by chunk, as fp32 rank-1 updates. rk_smem: the key head's ring keys [L, K]
-    (SMEM); kc_smem: the token's key [K] (SMEM); d [R] ROW; walk: `_walk` bound to the ring."""
-    K = kc_smem.shape[0]
+    g sum), chunk by chunk, as fp32 rank-1 updates. ring_keys: the key head's ring keys [L, K]
+    (GMEM, copied in on fold_bar); kc_smem: the token's key [K] (SMEM); d [R] ROW; walk: `_walk`
+    bound to the ring; num_stages chunks in flight, `buffers` write-back staging buffers. Its
+    SMEM (the ring keys, the staging, its pipeline) lives in its own scope, over the read-only
+    pass's (done and fenced): the kernel's peak SMEM is the larger of the two passes'."""
+    R, K = tile.shape
 
-    def fold_chunk(idx, s_smem):
-        (n,) = idx
-        s = s_smem[...].astype(F32)
-        upd = (big_e * alpha) * s + rows(d, s.shape) * cols(chunk(kc_smem, n, block_k), s.shape)
+    def folded(rk_smem, out_smem):
+        load_all(fold_bar, (ring_keys, rk_smem))
 
-        def entry(j, ej, acc):
-            kj = chunk(rk_smem.at[j], n, block_k)
-            return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
-        write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
+        def fold_chunk(idx, s_smem):
+            (n,) = idx
+            s = s_smem[...].astype(F32)
+            upd = (big_e * alpha) * s + rows(d, s.shape) * cols(chunk(kc_smem, n, block_k),
+                                                                 s.shape)
 
-    plgpu.emit_pipeline(
-        fold_chunk, grid=(K // block_k,),
-        in_specs=[state_spec(tile.dtype, block_k, tile.shape[0])],
-        max_concurrent_steps=num_stages,
-    )(tile)
+            def entry(j, ej, acc):
+                kj = chunk(rk_smem.at[j], n, block_k)
+                return acc + rows((alpha * ej) * ring_d(j), s.shape) * cols(kj, s.shape)
+            write_chunk(walk(entry, upd)[1], n, out_smem, tile, block_k, live)
+
+        plgpu.emit_pipeline(
+            fold_chunk, grid=(K // block_k,), in_specs=[state_spec(tile.dtype, block_k, R)],
+            max_concurrent_steps=num_stages,
+        )(tile)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
+
+    pl.run_scoped(folded, plgpu.SMEM(ring_keys.shape, ring_keys.dtype),
+                  staging_smem(block_k, tile.dtype, buffers, R))
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,7 +460,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     sv = vectors.views(vec_smem)
     R = sv.v.shape[0]                                                 # the CTA's V rows
     b, hv, hk, t, vs = _position(heads_per_key_head, R)
-    L, K = rd_ref.shape[2], k_ref.shape[-1]
+    L = rd_ref.shape[2]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
@@ -497,7 +506,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
                         num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
-                        mma=operands)
+                        operands=operands)
     if overlap:                   # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
         v, big_e, (sk_ring, sq_ring) = landed_part()
@@ -510,16 +519,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
     fold = c == L - 1
 
-    def folded(rk_smem, out_smem):
-        load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
-        _fold(tile, rk_smem, sv.k, d, alpha, big_e, walk, ring_d, out_smem, live,
-              block_k=block_k, num_stages=fold_stages)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
-
-    # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
-    pl.when(live & fold)(lambda: pl.run_scoped(
-        folded, plgpu.SMEM((L, K), rk_ref.dtype),
-        staging_smem(block_k, s_ref.dtype, fold_buffers, R)))
+    pl.when(live & fold)(lambda: _fold(
+        tile, rk_ref.at[slot, hk], fold_bar, sv.k, d, alpha, big_e, walk, ring_d, live,
+        block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
     # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
@@ -556,7 +558,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                fold_stages=fold_stages, fold_buffers=fold_buffers)
-    operands = _operands(readout, jnp.stack([k, q], axis=1), block_k, tile_rows)
+    operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
@@ -641,7 +643,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0 = _readout(tile, 2 * T if operands else (*sv.k, *queries), block_k=block_k,
                   num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
-                  mma=operands)
+                  operands=operands)
     s0k, s0q = s0[:T], s0[T:]
     if overlap:                   # the rest, then the walk
         wait_all(landed[n_first:])
@@ -668,16 +670,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                 store_rows(ds[t], sv.d[t], rd_ref.at[slot, hv, pos], vt)
 
     # Fold ring[0:c] + window[0] (always accepted) when the window would fill the ring.
-    # Its SMEM in its own scope, over the read-only pipeline's, as the decode's fold.
-    def folded(rk_smem, out_smem):
-        load_all(fold_bar, (rk_ref.at[slot, hk], rk_smem))
-        _fold(tile, rk_smem, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk, ring_d,
-              out_smem, live, block_k=block_k, num_stages=fold_stages)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)    # the staging leaves with the scope
-
-    pl.when(live & verify_folds(c, T, L))(lambda: pl.run_scoped(
-        folded, plgpu.SMEM((rk_ref.shape[2], rk_ref.shape[3]), rk_ref.dtype),
-        staging_smem(block_k, s_ref.dtype, fold_buffers, R)))
+    pl.when(live & verify_folds(c, T, L))(lambda: _fold(
+        tile, rk_ref.at[slot, hk], fold_bar, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk,
+        ring_d, live, block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -710,7 +705,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers)
-    operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k, tile_rows)
+    operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
