@@ -254,8 +254,9 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
-    state only): chunk = (name, size) of the dim streamed in chunks of `field` (at
-    most `max_chunk`: its vectors are one TMA box each; the name ends in the dim's letter,
+    state only: a default's "mma" reads other states by FMAs): chunk = (name, size) of the
+    dim streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box
+    each; the name ends in the dim's letter,
     "d_state N"). The other state dim, split into one warpgroup's 64-row tiles, may have any
     size (`tile_rows_of`)."""
     t = resolve_tiling(tiling, default)
@@ -271,9 +272,11 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         tiles["ring_write"] = t.ring_write
     if readout:
         check_choice("readout", t.readout, READOUTS)
-        check(t.readout == "fma" or jnp.dtype(state_dtype) == F32,
+        fp32 = jnp.dtype(state_dtype) == F32
+        # a measured default's "mma" was measured on fp32 states: other states read by FMAs
+        tiles["readout"] = t.readout if fp32 or tiling is not None else "fma"
+        check(tiles["readout"] == "fma" or fp32,
               f"readout = 'mma' needs a float32 state, got {jnp.dtype(state_dtype).name}")
-        tiles["readout"] = t.readout
     if fold:
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")

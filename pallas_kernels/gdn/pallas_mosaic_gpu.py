@@ -164,10 +164,15 @@ MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overl
 # prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0. Twentieth, 128-row tiles:
 # T = 4 in chunks of 16 keys, 4 in flight, 465.4 -> 403.6 us (1.55x -> 1.77x the baseline;
 # chunks of 32 in 2-3 stages 417-423); T = 8 in chunks of 32, 2 in flight, 877.4 -> 687.7
-# (1.45x -> 1.85x; the 64-key chunks at 128 rows 1026.7).
-MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128)
-MOSAIC_VERIFY_TILINGS = ((4, GDNMosaicTiling(block_k=16, num_stages=4, prologue="overlap",
-                                             tile_rows=128)),
+# (1.45x -> 1.85x; the 64-key chunks at 128 rows 1026.7). Stop 44 (an H100, batch 256, same
+# run): readout "mma" (all 2T products by tf32 wgmmas) in chunks of 32, 2 in flight, with a
+# one-stage single-buffered fold: T = 2 304.8 -> 303.9 us, T = 4 432.2 -> 411.0 (2.20x ->
+# 2.31x), T = 8 719.4 -> 654.2 (2.43x -> 2.67x); 16-key mma chunks in 3-4 stages 424-438 /
+# 670-704; the FMA readout with a lean fold 436.9 / 720.7. (The decode's 2 products stay
+# FMAs: mma 259.8-284.7 us against 249.3.)
+MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, readout="mma",
+                                       fold_stages=1, fold_buffers=1)
+MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, prologue="overlap")),
                          (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
