@@ -36,6 +36,8 @@
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
+#   gdn-final - the GDN verify's mma defaults beside the peers (needs .peer_bench carried): the
+#              peer harness, the GDN sweep batch 1..512, verify + commit T = 2 / 4 / 8
 #   gdn-mma  - the Mosaic GDN replay and verify with readout "mma" (tf32 wgmmas of each fp32
 #              checkpoint chunk's high and low parts against all keys and queries at once):
 #              compiled tests, then decode and verify T = 4 at batch 256 against "fma";
@@ -783,7 +785,8 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --batches $b --impls pallas_mosaic_gpu --json "$out/kernels_gdn_rows_b$b.json" \
         --tune '[{}, {"num_stages": 4}]' 2>>"$out/kernels.log" | grep "^|" || true
     done
-    e2e 300 --synthetic qwen3.5-9b --batch 32 --prompt-len 128 --variants standard replay ;;
+    [ -n "${ROWS_ONLY:-}" ] || \
+      e2e 300 --synthetic qwen3.5-9b --batch 32 --prompt-len 128 --variants standard replay ;;
   m2-heads)
     # the Mosaic Mamba-2 kernels over two (four) heads of a group a CTA (`heads`: each CTA's
     # fixed work, the vectors' copies and barriers, the walk's loop, the group's B, C and walk
@@ -867,6 +870,17 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
       --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_m2_final.json" 2>>"$out/verify.log" | grep "^|" || true ;;
+  gdn-final)
+    # the GDN verify's mma defaults beside the peers in one run: the peer harness, the GDN sweep
+    # (Triton and Mosaic, batch 1..512), verify + commit by window at batch 256
+    limit 150 python3 .peer_bench/peer_bench.py --out "$out" --batches 1 32 256 512 \
+      2>>"$out/peers.log" | tail -40 || true
+    limit 200 python3 -m replayjax.bench.kernels --family gdn --batches 1 8 32 64 128 256 512 \
+      --impls pallas pallas_mosaic_gpu --json "$out/kernels_sweep_gdn.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
+      --json "$out/verify_gdn_final.json" 2>>"$out/verify.log" | grep "^|" || true ;;
   m2-heads-e2e)
     # Nemotron-H-8B end to end with the two-heads Mosaic replay (batch 256, mixed prompts), then
     # P = 80's replay neighbours (1.58x its standard staggered at 256 in m2-heads-final)
