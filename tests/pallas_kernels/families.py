@@ -224,9 +224,10 @@ class GDN(Problem):
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
     MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2)),
                              ("mma", dict(readout="mma"))]
-    # the verify's readout by tf32 wgmmas, its fold lean (one chunk in flight, one buffer)
-    MOSAIC_VERIFY_OPTIONS = [("mma-lean-fold", dict(readout="mma", fold_stages=1,
-                                                    fold_buffers=1))]
+    # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
+    # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it
+    MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
+                                                    fold_buffers=2))]
 
     @property
     def state_shape(self):

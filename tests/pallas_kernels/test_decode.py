@@ -123,12 +123,14 @@ def _replay_params():
     params += [pytest.param(f, *c.values, opts, dims, "pallas", id=f"{name}-{c.id}-{opt_id}-pallas")
                for name, f in FAMILIES.items() for opt_id, dims, opts in f.MASKED_TILE_CASES
                for c in REPLAY_CASES if c.id in OPTION_CASES]
+    # the Mosaic default in both cases, its options (slow in the interpreter) in the fp32 one
     return params + [pytest.param(f, *c.values, opts, f.REPLAY_DIMS, MOSAIC,
                                   id=f"{name}-{c.id}{opt_id}-{MOSAIC}")
                      for name, f in FAMILIES.items() if f.MOSAIC_DIMS is not None
-                     for opt_id, opts in [("", {})] + [(f"-{i}", o) for i, o in
-                                                        f.MOSAIC_REPLAY_OPTIONS]
-                     for c in (MOSAIC_REPLAY_CASE, MOSAIC_F32_CASE)]
+                     for opt_id, opts, cases in [("", {}, (MOSAIC_REPLAY_CASE, MOSAIC_F32_CASE)),
+                                                 *((f"-{i}", o, (MOSAIC_F32_CASE,))
+                                                   for i, o in f.MOSAIC_REPLAY_OPTIONS)]
+                     for c in cases]
 
 
 @pytest.mark.parametrize("family,L,act,ring,state_dt,out_tol,ck_tol,fold,options,dims,impl",

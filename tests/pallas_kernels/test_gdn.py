@@ -227,9 +227,10 @@ def test_mosaic_mma_readout_computes_the_fma_sums(op, act, interpret):
 
 def test_mosaic_mma_readout_long_run_stays_within_tolerance(interpret):
     """The fp32 long run's bound (test_decode: 5e-5 against the f64 recurrence, 4096 steps;
-    a sixteenth of them in the interpreter) holds with readout="mma"."""
+    64 of them, four folds, in the interpreter: the drift is the compiled run's to show) holds
+    with readout="mma"."""
     tiling = dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma")
-    steps = GDN.LONG_STEPS // (16 if interpret else 1)
+    steps = 64 if interpret else GDN.LONG_STEPS
     worst_out, worst_ck, _ = long_run(GDN, impl_kw(MOSAIC, interpret, tiling), F32,
                                       n_steps=steps)
     print(f"\nGDN {steps}-step max relative deviation, mma readout: o {worst_out:.2e}, "
