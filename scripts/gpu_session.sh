@@ -51,6 +51,7 @@
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-spec-visits -
 #              the same, speculative steps chained on device (16 a visit) against one a visit;
+#              e2e-spec-qwen - the same on Qwen3.5-9B dims (GDN verify);
 #              e2e-more - Qwen3.5-9B
 #              dims (each variant compiles for ~175 s: 420 s for both);  e2e-32 - batch 32;
 #              e2e-moe / e2e-moe-qwen - the MoE hybrids that fit one H200 (Nemotron-3-Nano,
@@ -408,6 +409,10 @@ case $stage in
     e2e 330 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --variants replay+mtp standard+mtp
     e2e 250 --synthetic nemotron-h-8b --batch 64 --prompt-len 128 --workload sync \
       --variants replay+mtp standard+mtp ;;
+  e2e-spec-qwen)
+    # MTP K = 3 on the GDN hybrid (Qwen3.5-9B dims, its MTP head; the GDN verify by tf32
+    # wgmmas since stop 44), ReplaySSM vs state-per-draft at batch 64, mixed prompts
+    e2e 520 --synthetic qwen3.5-9b --batch 64 --prompt-len 128 --variants replay+mtp standard+mtp ;;
   e2e-spec-visits)
     # a device drafter's verify steps chained in one while_loop (--steps-per-visit 16, the
     # bench's default) against one step a host visit (the engine before stop 36), mixed prompts
