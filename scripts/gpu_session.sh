@@ -36,6 +36,8 @@
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
+#              h200-tune - P = 80's last replay neighbours beside its Triton standard, the
+#              GDN verify's mma defaults against their neighbours at T = 4 / 8
 #   gdn-final - the GDN verify's mma defaults beside the peers (needs .peer_bench carried): the
 #              peer harness, the GDN sweep batch 1..512, verify + commit T = 2 / 4 / 8
 #   gdn-mma  - the Mosaic GDN replay and verify with readout "mma" (tf32 wgmmas of each fp32
@@ -886,6 +888,22 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 150 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
       --tokens 2 4 8 --batches 256 --impls pallas pallas_mosaic_gpu \
       --json "$out/verify_gdn_final.json" 2>>"$out/verify.log" | grep "^|" || true ;;
+  h200-tune)
+    # P = 80 (1.59x its Triton standard, target 1.6x): the Triton standard and the Mosaic replay's
+    # untried neighbours in one run; the GDN verify's mma defaults (picked on an H100) against
+    # their neighbours on this GPU at T = 4 and 8
+    limit 60 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas --json "$out/kernels_p80_triton.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas_mosaic_gpu --json "$out/kernels_p80_last_tune.json" \
+      --tune '[{}, {"prologue": "overlap"}, {"heads": 1, "fold_stages": 1, "fold_buffers": 1},
+               {"block_n": 64, "num_stages": 2}, {"fold_buffers": 2}]' \
+      2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 100 gdn qwen3-next gdn_h200 4 '[{}, {"readout": "fma"},
+      {"block_k": 16, "num_stages": 4}, {"num_stages": 3}, {"prologue": "serial"}]'
+    verify_tune 90 gdn qwen3-next gdn_h200 8 '[{}, {"block_k": 16, "num_stages": 4},
+      {"num_stages": 3}]' ;;
   m2-heads-e2e)
     # Nemotron-H-8B end to end with the two-heads Mosaic replay (batch 256, mixed prompts), then
     # P = 80's replay neighbours (1.58x its standard staggered at 256 in m2-heads-final)
