@@ -317,13 +317,14 @@ def impl_dims(family, dims, impl):
 
 
 def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4, T=4):
-    """Two fold cycles of `op` ("standard_decode", "replay_decode" or "replay_verify") on the
-    Mosaic kernels of `family` at `dims` (fresh random inputs of one seed: two runs see the
-    same ones) at their measured tiling with `field` = `value`: rows on
-    slots 5, the null slot (a padding row) and 1, the pools' ring entries past the counts NaN
-    (`make_replay_state`), verify accepting a varying number of tokens. Returns (outputs per
-    step, final pools, final counts) for `assert_runs_equal`; checks the outputs are finite
-    and the padding row's zero."""
+    """Steps of `op` on the Mosaic kernels of `family` at `dims` (fresh random inputs of one
+    seed: two runs see the same ones) at their measured tiling with `field` = `value`:
+    "replay_decode" two fold cycles (2 L steps), "replay_verify" T windows (each one folds at
+    T = L, accepting 1..T tokens), "standard_decode" two steps (it has no cycle; the
+    interpreter is slow); rows on slots 5, the null slot (a padding row) and 1, the pools' ring
+    entries past the counts NaN (`make_replay_state`). Returns (outputs per step, final pools,
+    final counts) for `assert_runs_equal`; checks the outputs are finite and the padding row's
+    zero."""
     pb = family(17, batch=3, **dims)
     ops = pb.ops
     bufs, counts, _ = pb.make_replay_state(L, jnp.float32, ring_dtype)
@@ -332,7 +333,7 @@ def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4
     tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), **{field: value})
     kw = impl_kw(MOSAIC, interpret, tiling)
     outs, state = [], bufs.checkpoint
-    for i in range(2 * L):
+    for i in range({"standard_decode": 2, "replay_decode": 2 * L, "replay_verify": T}[op]):
         if op == "standard_decode":
             out, state = ops.standard_decode(state, *pb.step_inputs(), *pb.consts, slots, **kw)
         elif op == "replay_decode":

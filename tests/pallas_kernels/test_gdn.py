@@ -196,8 +196,8 @@ def test_mosaic_ragged_tile_rows_must_fill_16_bytes():
 @pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify"])
 def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
     """tile_rows=128 (one CTA over two WGMMA tiles of V rows) computes every row's sums as the
-    64-row tiles do: outputs, pools and counts bitwise equal (compiled: within an ulp) over two
-    fold cycles; no data races."""
+    64-row tiles do: outputs, pools and counts bitwise equal (compiled: within an ulp) over the
+    steps of `mosaic_tiling_run` (folds included); no data races."""
     # V = 256: two 128-row tiles, four 64-row ones; two value heads on one key head
     dims = dict(Hk=1, Hv=2, K=32, V=256)
     assert_runs_equal(*(mosaic_tiling_run(GDN, dims, op, "tile_rows", r, interpret, F32)
@@ -210,7 +210,8 @@ def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
 def test_mosaic_mma_readout_computes_the_fma_sums(op, act, interpret):
     """readout="mma" (tf32 wgmmas of each checkpoint chunk's high and low parts against all the
     keys and queries) gives the FMA readout's results to fp32 rounding: every step's outputs
-    and the final pools within 1e-5 relative over two fold cycles (four key chunks; reading the
+    and the final pools within 1e-5 relative over `mosaic_tiling_run`'s steps, folds included
+    (four key chunks; reading the
     high part only is ~1e-3 off), no data races; inputs in fp32 (their low parts are operands
     too) and bf16 (exact in tf32). Outputs take the inputs' dtype: bf16 ones may round a sum
     that moved by 2^-21 to the neighbouring bf16 value (compiled, the H100 did), so they are

@@ -228,8 +228,9 @@ def test_bc_products_kernel_equals_xla(dtype, interpret):
 def test_mosaic_heads_per_cta_compute_the_one_head_sums(op, interpret):
     """heads=2 (one CTA over two heads of a group, their tiles in the same pipeline steps, the
     group's vectors and walk scalars copied once) computes every row's sums as one head a CTA
-    does: outputs, pools and counts bitwise equal (compiled: within an ulp) over two fold
-    cycles, across two groups and a ragged P tile; no data races."""
+    does: outputs, pools and counts bitwise equal (compiled: within an ulp) over the steps of
+    `mosaic_tiling_run` (folds included), across two groups and a ragged P tile; no data
+    races."""
     # two groups of two heads, P = 80 (a 64-row and a ragged 16-row tile), N in four chunks
     # (the write-back's buffers reused)
     dims = dict(H=4, G=2, P=80, N=64)
