@@ -35,6 +35,8 @@
 #              m2-heads-tune - their neighbours, P = 80, the batch sweep with two heads a CTA
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
+#              prologue-t4 - the T = 4 GDN verify's prologue, serial vs overlap, twice
+#              std-tune - the Triton standard kernels over small tiles on 1-2 warps, batch 256
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
 #              h200-tune - P = 80's last replay neighbours beside its Triton standard, the
 #              GDN verify's mma defaults against their neighbours at T = 4 / 8
@@ -904,6 +906,34 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       {"block_k": 16, "num_stages": 4}, {"num_stages": 3}, {"prologue": "serial"}]'
     verify_tune 90 gdn qwen3-next gdn_h200 8 '[{}, {"block_k": 16, "num_stages": 4},
       {"num_stages": 3}]' ;;
+  std-tune)
+    # the Triton standard kernels (the baselines; target >= 95% of copy) at batch 256 over small
+    # tiles on 1-2 warps: fla's GDN decode launches [8, K] tiles on one warp (3 stages) and
+    # streams at 98-99% of copy in the peer harness; vLLM's Mamba-2 config is 4 rows on one
+    # warp. The replay column follows the same fields: ignore it. The peers beside them.
+    limit 70 python3 .peer_bench/peer_bench.py --out "$out" --batches 256 \
+      2>>"$out/peers.log" | tail -24 || true
+    limit 200 python3 -m replayjax.bench.kernels --family gdn --batches 256 --impls pallas \
+      --tune '[{}, {"block_v": 8, "num_warps": 1, "num_stages": 3},
+               {"block_v": 8, "num_warps": 1, "num_stages": 3, "grid_order": "row_fastest"},
+               {"block_v": 4, "num_warps": 1, "num_stages": 3}, {"block_v": 16, "num_warps": 1},
+               {"block_v": 16, "num_warps": 2}, {"block_v": 32, "num_warps": 2},
+               {"block_v": 32, "num_warps": 4}]' \
+      --json "$out/kernels_std_tune_gdn.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      --batches 256 --impls pallas \
+      --tune '[{}, {"block_p": 8, "block_n": 128, "num_warps": 1},
+               {"block_p": 4, "block_n": 128, "num_warps": 1},
+               {"block_p": 16, "block_n": 128, "num_warps": 2},
+               {"block_p": 16, "block_n": 128, "num_warps": 4},
+               {"block_p": 32, "block_n": 128, "num_warps": 4},
+               {"block_p": 8, "block_n": 64, "num_warps": 1}]' \
+      --json "$out/kernels_std_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
+  prologue-t4)
+    # the T = 4 GDN verify's prologue: "serial" won by 1.2-1.6% on three H100 runs, "overlap"
+    # (the default) was taken on an H200 with the FMA readout
+    verify_tune 100 gdn qwen3-next gdn_prologue 4 '[{}, {"prologue": "serial"}, {},
+      {"prologue": "serial"}]' ;;
   m2-heads-e2e)
     # Nemotron-H-8B end to end with the two-heads Mosaic replay (batch 256, mixed prompts), then
     # P = 80's replay neighbours (1.58x its standard staggered at 256 in m2-heads-final)
