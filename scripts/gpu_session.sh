@@ -36,7 +36,8 @@
 #              m2-heads-defaults - the two-heads defaults: compiled tests, verify by window
 #              m2-heads-final - the defaults beside the peers (needs .peer_bench carried)
 #              prologue-t4 - the T = 4 GDN verify's prologue, serial vs overlap, twice
-#              std-tune - the Triton standard kernels over small tiles on 1-2 warps, batch 256
+#              std-tune - the Triton standard kernels over small tiles on 1-2 warps, batch 256,
+#              then the verify baselines (state per draft, T = 4) over the same
 #              m2-heads-e2e - Nemotron-H-8B end to end with them, P = 80's neighbours
 #              h200-tune - P = 80's last replay neighbours beside its Triton standard, the
 #              GDN verify's mma defaults against their neighbours at T = 4 / 8
@@ -928,7 +929,19 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
                {"block_p": 16, "block_n": 128, "num_warps": 4},
                {"block_p": 32, "block_n": 128, "num_warps": 4},
                {"block_p": 8, "block_n": 64, "num_warps": 1}]' \
-      --json "$out/kernels_std_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
+      --json "$out/kernels_std_tune_mamba2.json" 2>>"$out/kernels.log" | grep "^|" || true
+    # the state-per-draft verify baselines over the same small tiles (T = 4), against the
+    # Mosaic ReplaySSM verify's default
+    limit 150 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 4 \
+      --batches 256 --impls pallas_mosaic_gpu --tune-baseline '[{},
+      {"block_v": 8, "num_warps": 1, "num_stages": 3}, {"block_v": 16, "num_warps": 1},
+      {"block_v": 16, "num_warps": 2}]' --json "$out/verify_baseline_tune_gdn.json" \
+      2>>"$out/verify.log" | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.verify --family mamba2 --shapes nemotron-h-8b \
+      --tokens 4 --batches 256 --impls pallas_mosaic_gpu --tune-baseline '[{},
+      {"block_p": 8, "block_n": 128, "num_warps": 1}, {"block_p": 16, "block_n": 128,
+      "num_warps": 2}]' --json "$out/verify_baseline_tune_mamba2.json" \
+      2>>"$out/verify.log" | grep "^|" || true ;;
   prologue-t4)
     # the T = 4 GDN verify's prologue: "serial" won by 1.2-1.6% on three H100 runs, "overlap"
     # (the default) was taken on an H200 with the FMA readout
