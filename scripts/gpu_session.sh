@@ -535,10 +535,11 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tune '[{}, {"block_c": 512}, {"block_c": 2048, "num_warps": 8}, {"num_warps": 8},
       {"grid_order": "row_slowest"}]' --json "$out/conv.json" 2>>"$out/conv.log" | grep "^|" ;;
   moe-small)
-    # the default path (against the eleventh session's 81.2 / 51.9 / 58.1 us at batch 1, before
-    # the counted plan), then the pair path; the narrower tiles lost everywhere (tenth session)
+    # the default path (the twelfth session's, with the counted plan: 61.7 / 39.6 / 43.2 us at
+    # batch 1; since then one token's plan by iotas and the rows' tokens gathered in the gate/up
+    # kernel), then the pair path (MOE_VARIANTS); the narrower tiles lost (tenth session)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
-      --variants sparse-shared sparse-small --breakdown \
+      --variants ${MOE_VARIANTS:-sparse-shared sparse-small} --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \

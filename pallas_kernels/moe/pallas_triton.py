@@ -8,6 +8,8 @@ Two launches, each on a grid (tile, output column block):
     float32, accumulated over F in block_k chunks.
 e = tile_expert[tile] is read from an index input inside the kernel and picks the expert's slice
 of the whole weight array (no BlockSpecs: the same gather-by-index as the SSM kernels' pools);
+the gate/up kernel reads its rows' tokens from x by the plan's row_token (a gather load, not an
+XLA gather of [R, din] rows before the launch);
 a tile of a shared expert's chunk (e >= E) reads its F-wide chunk of the shared matrices in
 place, in the same launch. Programs of tiles past num_used_tiles return at once, so only the
 experts hit are read. Bodies use backend-neutral Pallas; the Triton specifics are in
@@ -63,7 +65,7 @@ def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: 
     ws_of = lambda a, g: (a,) if g is None else (a, g)       # W_up[, W_gate]
     ws = ws_of(w_up, w_gate)
     shared_ws = () if shared is None else ws_of(shared.w_up, shared.w_gate)
-    rows = _expert_ffn(x.astype(w_up.dtype)[plan.row_token], plan.num_used_tiles,
+    rows = _expert_ffn(x.astype(w_up.dtype), plan.row_token, plan.num_used_tiles,
                        plan.tile_expert, plan.row_weight, ws, w_down, shared_ws,
                        None if shared is None else shared.w_down,
                        activation=activation, block_m=block_m, up_tiles=up, down_tiles=down,
@@ -90,16 +92,18 @@ def _by_expert(used_ref, expert_ref, t, num_experts, routed, chunk):
         pl.when(live & (e >= num_experts))(lambda: chunk(e - num_experts))
 
 
-def _up_kernel(used_ref, expert_ref, x_ref, *refs, n_mats, block_m, block_n, block_k,
-               activation, precision):
+def _up_kernel(used_ref, expert_ref, token_ref, x_ref, *refs, n_mats, block_m, block_n,
+               block_k, activation, precision):
     # W_up (and W_gate for SwiGLU), the shared expert's (if any), the hidden out
     w_refs, s_refs, h_ref = refs[:n_mats], refs[n_mats:-1], refs[-1]
     t, rows, cols = _tile(block_m, block_n)
     E, F = w_refs[0].shape[0], w_refs[0].shape[2]
 
     def run(mats, block):           # block(w, ks): the [bk, bn] block of w to multiply
+        tokens = token_ref[rows]                                                 # [m]
+
         def step(ks, accs):
-            xa = x_ref[rows, ks]                                                 # [m, bk]
+            xa = x_ref[tokens, ks]                                               # [m, bk]
             return tuple(acc + _dot(xa, block(w, ks), precision)
                          for acc, w in zip(accs, mats))
 
@@ -136,14 +140,15 @@ def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, *refs, block_m,
 
 @functools.partial(jax.jit, static_argnames=("activation", "block_m", "up_tiles", "down_tiles",
                                              "num_warps", "num_stages", "interpret"))
-def _expert_ffn(x_rows, used, tile_expert, row_weight, ws, w_down, shared_ws, shared_down, *,
-                activation, block_m, up_tiles, down_tiles, num_warps, num_stages, interpret):
-    """x_rows [R, din] (the plan's rows, weights' dtype); used [1], tile_expert [R // m] int32;
-    row_weight [R] float32; ws (W_up[, W_gate]) [E, din, F], w_down [E, F, din]; shared_ws
+def _expert_ffn(x, row_token, used, tile_expert, row_weight, ws, w_down, shared_ws,
+                shared_down, *, activation, block_m, up_tiles, down_tiles, num_warps,
+                num_stages, interpret):
+    """x [n, din] (the weights' dtype); row_token [R] int32 (the plan's: the token of each row);
+    used [1], tile_expert [R // m] int32; row_weight [R] float32; ws (W_up[, W_gate]) [E, din, F], w_down [E, F, din]; shared_ws
     (its W_up[, W_gate]) [din, Fs] and shared_down [Fs, din], or () and None. up_tiles /
     down_tiles: (block_n, block_k) of each GEMM. Returns the weighted expert output of every row
     [R, din] float32 (rows of unused tiles are unwritten)."""
-    R, din = x_rows.shape
+    R, din = row_token.shape[0], x.shape[1]
     F, dt = ws[0].shape[2], ws[0].dtype
     precision = dot_precision(interpret) if dt == F32 else None
     params = compiler_params(num_warps, num_stages, interpret)
@@ -154,7 +159,7 @@ def _expert_ffn(x_rows, used, tile_expert, row_weight, ws, w_down, shared_ws, sh
         grid=(R // block_m, F // un),
         out_shape=jax.ShapeDtypeStruct((R, F), dt),
         compiler_params=params, interpret=interpret, name="moe_gate_up",
-    )(used, tile_expert, x_rows, *ws, *shared_ws)
+    )(used, tile_expert, row_token, x, *ws, *shared_ws)
     return pl.pallas_call(
         functools.partial(_down_kernel, block_m=block_m, block_n=dn, block_k=dk,
                           precision=precision),

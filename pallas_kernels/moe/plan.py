@@ -12,7 +12,10 @@ The number of tiles is static,
 and only the first `num_used_tiles` hold pairs: the rest are skipped, so the work and the weight
 bytes read follow the distinct experts hit, not E.
 
-Up to COUNT_MAX_PAIRS pairs (a decode step) the whole plan is counted: comparisons between the P
+One token (a batch-1 decode step) with token validity needs no placing at all: its pairs are
+its top-k, distinct experts, so pair p owns tile p, in routing order (`_place_one_token`: iotas
+and selects that XLA fuses into the plan's users). Up to COUNT_MAX_PAIRS pairs (a decode step)
+the whole plan is counted: comparisons between the P
 pairs ([P, P]: a pair's place in its group, its group's size and the tiles of the groups before
 it) and between rows and pairs ([R, P]: which pair fills a row), with no sort, scatter, cumsum or
 search, each of which XLA runs as launches of their own (at batch 1 on an H200 a layer's plan
@@ -54,7 +57,10 @@ def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> Dis
     R = num_tiles(P, E, m) * m
     # invalid pairs get the key E: they sort last and own no row (R)
     keys = jnp.where(valid if valid.ndim == 2 else valid[:, None], expert_ids, E).reshape(P)
-    place = _place_by_count if P <= COUNT_MAX_PAIRS else _place_by_sort
+    if n == 1 and valid.ndim == 1:
+        place = _place_one_token
+    else:
+        place = _place_by_count if P <= COUNT_MAX_PAIRS else _place_by_sort
     row, row_pair, tile_expert, num_used, group_sizes = place(keys, E, m, R)
     filled = row_pair < P
     pair = jnp.minimum(row_pair, P - 1)
@@ -88,6 +94,22 @@ def _place_by_sort(keys, E, m, R):
     tile_expert = jnp.searchsorted(tile_end, jnp.arange(R // m), side="right",
                                    method="compare_all")
     return row, row_pair, tile_expert, tile_end[-1], group_sizes
+
+
+def _place_one_token(keys, E, m, R):
+    """`_place_by_sort`'s arrays for one token's pairs, all valid or all not (keys E): pair p
+    fills the first row of tile p, so no comparisons, sort or scatter. A tile per pair keeps each
+    tile one expert's even if a caller repeats an expert; `num_tiles` >= P + 1 holds them."""
+    P = keys.shape[0]
+    valid = keys < E
+    row = jnp.where(valid, jnp.arange(P, dtype=jnp.int32) * m, R)
+    r = jnp.arange(R, dtype=jnp.int32)
+    tile = r // m
+    row_pair = jnp.where((r % m == 0) & (tile < P) & valid[0], tile, P)
+    tile_expert = jnp.concatenate([keys, jnp.full((R // m - P,), E, keys.dtype)])
+    group_sizes = (keys[None, :] == jnp.arange(E, dtype=jnp.int32)[:, None]).sum(
+        1, dtype=jnp.int32)
+    return row, row_pair, tile_expert, valid.sum(dtype=jnp.int32), group_sizes
 
 
 def _place_by_count(keys, E, m, R):

@@ -266,11 +266,11 @@ def test_nan_in_padding_rows_does_not_leak(impl, interpret):
 
 
 @pytest.mark.parametrize("n,k,E,kind", [
-    (1, 8, 256, "random"), (1, 9, 257, "one_expert"), (8, 10, 16, "padding"),
+    (2, 8, 256, "random"), (2, 9, 257, "one_expert"), (8, 10, 16, "padding"),
     (12, 6, 6, "ties"), (40, 2, 3, "padding"), (16, 8, 64, "pairs")])
 def test_plan_by_counting_is_the_plan_by_sort(n, k, E, kind, monkeypatch):
     """Up to COUNT_MAX_PAIRS pairs the plan is counted (comparisons only), above it placed by a
-    sort: the same plan, every field (ties in token order, padding pairs last), over one token,
+    sort: the same plan, every field (ties in token order, padding pairs last), over two tokens,
     top-k = E, padding rows, groups of more than one tile (40 x 2 pairs over 3 experts) and an
     expert-parallel shard's own pairs (a [n, k] valid)."""
     rng = np.random.default_rng(n * k)
@@ -284,6 +284,31 @@ def test_plan_by_counting_is_the_plan_by_sort(n, k, E, kind, monkeypatch):
         plans.append(moe.make_plan(jnp.asarray(ids), weights, jnp.asarray(valid), E, 16))
     for name, a, b in zip(moe.DispatchPlan._fields, *plans):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind,shared", [("random", 0), ("random", 2), ("padding", 2)])
+def test_one_token_gets_a_tile_per_pair(impl, kind, shared, interpret):
+    """A batch-1 step's plan needs no placing: pair p (top-k first, then the shared expert's
+    chunks) fills the first row of tile p, the rest are padding; its token invalid ("padding"),
+    no tile is used and the row comes out zero. The layer matches the oracle."""
+    pb = Problem(9, n=1, E=8, k=3, activation="swiglu", kind=kind, shared=shared)
+    ids, weights = pb.routing()
+    P, m = ids.shape[1], 16
+    plan = moe.make_plan(ids, weights, pb.valid, 8 + shared, m)
+    live = bool(pb.valid[0])
+    assert int(plan.num_used_tiles[0]) == (P if live else 0)
+    if live:
+        np.testing.assert_array_equal(plan.pair_row[0], np.arange(P) * m)
+        np.testing.assert_array_equal(plan.tile_expert[:P], ids[0])
+        wt = np.zeros(plan.row_weight.shape[0], np.float32)
+        wt[np.arange(P) * m] = weights[0]
+        np.testing.assert_array_equal(plan.row_weight, wt)
+    else:
+        assert np.all(np.asarray(plan.pair_row) == plan.row_token.shape[0])
+        assert not np.any(np.asarray(plan.row_weight))
+    np.testing.assert_array_equal(plan.row_token, 0)
+    check(pb, pb.run(impl, interpret), 1e-5)
 
 
 def test_tile_count_follows_pairs_not_experts():
