@@ -147,8 +147,8 @@ def _expert_ffn(x, row_token, used, tile_expert, row_weight, ws, w_down, shared_
     used [1], tile_expert [R // m] int32; row_weight [R] float32; ws (W_up[, W_gate])
     [E, din, F], w_down [E, F, din]; shared_ws (its W_up[, W_gate]) [din, Fs] and shared_down
     [Fs, din], or () and None. up_tiles / down_tiles: (block_n, block_k) of each GEMM. Returns
-    the weighted expert output of every row
-    [R, din] float32 (rows of unused tiles are unwritten)."""
+    the weighted expert output of every row [R, din] float32 (rows of unused tiles are
+    unwritten)."""
     R, din = row_token.shape[0], x.shape[1]
     F, dt = ws[0].shape[2], ws[0].dtype
     precision = dot_precision(interpret) if dt == F32 else None
