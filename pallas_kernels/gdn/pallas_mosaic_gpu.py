@@ -169,11 +169,12 @@ MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overl
 # one-stage single-buffered fold: T = 2 304.8 -> 303.9 us, T = 4 432.2 -> 411.0 (2.20x ->
 # 2.31x), T = 8 719.4 -> 654.2 (2.43x -> 2.67x); 16-key mma chunks in 3-4 stages 424-438 /
 # 670-704; the FMA readout with a lean fold 436.9 / 720.7. (The decode's 2 products stay
-# FMAs: mma 259.8-284.7 us against 249.3.)
+# FMAs: mma 259.8-284.7 us against 249.3.) Stop 46 (H200, batch 256, twice each): the "serial"
+# prologue at T = 4 358.4 / 358.6 us against "overlap" 365.5 / 367.4 (three H100 runs: 1.2-1.6%),
+# so every window takes it.
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, readout="mma",
                                        fold_stages=1, fold_buffers=1)
-MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, prologue="overlap")),
-                         (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
+MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
 # 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.
