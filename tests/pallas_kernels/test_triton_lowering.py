@@ -97,10 +97,10 @@ def op_args(ops, op, **dims):
 
 
 # (batch, heads, tiles) of the real shapes at the default tilings: GDN Hv = 32, V = 128 in value
-# tiles of 64 (standard decode: 128, its verify baseline: 16); Mamba-2 H = 128, P = 64 in one
-# tile (standard: two of 32).
+# tiles of 64 (standard decode: 128, its verify baseline at T = 4: 8); Mamba-2 H = 128, P = 64
+# in one tile (standard: two of 32).
 LOGICAL_GRIDS = {(gdn, "replay"): (B, 32, 2), (gdn, "standard"): (B, 32, 1),
-                 (gdn, "standard_verify"): (B, 32, 8),
+                 (gdn, "standard_verify"): (B, 32, 16),
                  (mamba2, "replay"): (B, 128, 1), (mamba2, "standard"): (B, 128, 2)}
 
 
