@@ -372,15 +372,17 @@ def test_bad_input_is_named(change, match):
         moe.expert_ffn(**kw)
 
 
-@pytest.mark.parametrize("path", ["grouped", "pairs"])
+@pytest.mark.parametrize("path,n", [("grouped", 1), ("grouped", 8), ("pairs", 1)])
 @pytest.mark.parametrize("din,E,k,ffn,shared,activation", [
     (2688, 128, 6, 1856, 3712, "relu2"),        # Nemotron-3-Nano, shared expert 2 F wide
     (2048, 256, 8, 512, 512, "swiglu"),         # Qwen3.5-35B-A3B
     (2048, 256, 8, 512, 0, "swiglu")])
-def test_triton_lowering_at_model_shapes(path, din, E, k, ffn, shared, activation, monkeypatch):
-    """Batch 1, bf16: both paths' kernels, with the shared expert's chunks read in place, lower
-    to Triton for sm90 without a GPU (Pallas' lowering runs in Python; only the PTX compile
-    needs the GPU): every primitive in them has a Triton lowering."""
+def test_triton_lowering_at_model_shapes(path, n, din, E, k, ffn, shared, activation,
+                                        monkeypatch):
+    """Batch 1 (the grouped path: one row broadcast) and 8 (its rows' tokens gathered), bf16:
+    the kernels, with the shared expert's chunks read in place, lower to Triton for sm90
+    without a GPU (Pallas' lowering runs in Python; only the PTX compile needs the GPU): every
+    primitive in them has a Triton lowering."""
     from jax._src.pallas.triton import pallas_call_registration as registration
     monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
                         lambda: type("Info", (), {"compute_capability": "9.0"}))
@@ -394,7 +396,7 @@ def test_triton_lowering_at_model_shapes(path, din, E, k, ffn, shared, activatio
                               shared=sh, activation=activation, impl="pallas", path=path,
                               interpret=False)
     hlo = jax.jit(fn).trace(
-        w(1, din), sds((1, k + C), jnp.int32), sds((1, k + C), F32), w(E, din, ffn),
+        w(n, din), sds((n, k + C), jnp.int32), sds((n, k + C), F32), w(E, din, ffn),
         w(E, ffn, din), w(E, din, ffn), w(din, max(shared, ffn)), w(max(shared, ffn), din),
         w(din, max(shared, ffn))).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in hlo.lower()
