@@ -15,13 +15,12 @@ bytes read follow the distinct experts hit, not E.
 One token (a batch-1 decode step) with token validity needs no placing at all: its pairs are
 its top-k, distinct experts, so pair p owns tile p, in routing order (`_place_one_token`: iotas
 and selects that XLA fuses into the plan's users). Up to COUNT_MAX_PAIRS pairs (a decode step)
-the whole plan is counted: comparisons between the P
-pairs ([P, P]: a pair's place in its group, its group's size and the tiles of the groups before
-it) and between rows and pairs ([R, P]: which pair fills a row), with no sort, scatter, cumsum or
-search, each of which XLA runs as launches of their own (at batch 1 on an H200 a layer's plan
-and combine were ~16 launches of 1-4 us around the two grouped GEMMs, `replayjax bench moe
---breakdown`). Above it, per-expert group sizes (a scatter-add), their cumsums and a stable
-argsort place the pairs.
+the whole plan is counted: comparisons between the P pairs ([P, P]: a pair's place in its
+group, its group's size and the tiles of the groups before it) and between rows and pairs
+([R, P]: which pair fills a row), with no sort, scatter, cumsum or search, each of which XLA
+runs as launches of their own (at batch 1 on an H200 a layer's plan and combine were ~16
+launches of 1-4 us around the two grouped GEMMs, `replayjax bench moe --breakdown`). Above it,
+per-expert group sizes (a scatter-add), their cumsums and a stable argsort place the pairs.
 """
 
 from __future__ import annotations
