@@ -106,9 +106,7 @@ def _place_one_token(keys, E, m, R):
     tile = r // m
     row_pair = jnp.where((r % m == 0) & (tile < P) & valid[0], tile, P)
     tile_expert = jnp.concatenate([keys, jnp.full((R // m - P,), E, keys.dtype)])
-    group_sizes = (keys[None, :] == jnp.arange(E, dtype=jnp.int32)[:, None]).sum(
-        1, dtype=jnp.int32)
-    return row, row_pair, tile_expert, valid.sum(dtype=jnp.int32), group_sizes
+    return row, row_pair, tile_expert, valid.sum(dtype=jnp.int32), _count_groups(keys, E)
 
 
 def _place_by_count(keys, E, m, R):
@@ -130,9 +128,13 @@ def _place_by_count(keys, E, m, R):
     lead = row_pair[::m]
     tile_expert = jnp.where(lead < P, keys[jnp.minimum(lead, P - 1)], E)
     num_used = (first * tiles).sum(dtype=jnp.int32)
-    group_sizes = (keys[None, :] == jnp.arange(E, dtype=jnp.int32)[:, None]).sum(
-        1, dtype=jnp.int32)
-    return row.astype(jnp.int32), row_pair, tile_expert, num_used, group_sizes
+    return row.astype(jnp.int32), row_pair, tile_expert, num_used, _count_groups(keys, E)
+
+
+def _count_groups(keys, E):
+    """Pairs per expert [E] int32 by comparisons (a few pairs: no scatter launch); keys E (invalid
+    pairs) count nowhere."""
+    return (keys[None, :] == jnp.arange(E, dtype=jnp.int32)[:, None]).sum(1, dtype=jnp.int32)
 
 
 def combine(rows, pair_row):
