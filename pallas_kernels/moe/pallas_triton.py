@@ -12,7 +12,7 @@ the gate/up kernel reads its rows' tokens from x by the plan's row_token (a gath
 XLA gather of [R, din] rows before the launch; with one token, x's one row broadcast: a gather's
 loads are not pipelined over the din chunks, which cost Nemotron-3-Nano's batch-1 gate/up 9 us);
 a tile of a shared expert's chunk (e >= E) reads its F-wide chunk of the shared matrices in
-place, in the same launch. Programs of tiles past num_used_tiles return at once, so only the
+place, in the same launch. Programs of unused tiles (expert -1) return at once, so only the
 experts hit are read. Bodies use backend-neutral Pallas; the Triton specifics are in
 `compiler_params`. The launch tiling is a `MoETiling`; `TILING` is the measured default.
 """
@@ -66,8 +66,8 @@ def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: 
     ws_of = lambda a, g: (a,) if g is None else (a, g)       # W_up[, W_gate]
     ws = ws_of(w_up, w_gate)
     shared_ws = () if shared is None else ws_of(shared.w_up, shared.w_gate)
-    rows = _expert_ffn(x.astype(w_up.dtype), plan.row_token, plan.num_used_tiles,
-                       plan.tile_expert, plan.row_weight, ws, w_down, shared_ws,
+    rows = _expert_ffn(x.astype(w_up.dtype), plan.row_token, plan.tile_expert,
+                       plan.row_weight, ws, w_down, shared_ws,
                        None if shared is None else shared.w_down,
                        activation=activation, block_m=block_m, up_tiles=up, down_tiles=down,
                        num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
@@ -84,16 +84,17 @@ def _tile(block_m, block_n):
     return t, pl.ds(t * block_m, block_m), pl.ds(j * block_n, block_n)
 
 
-def _by_expert(used_ref, expert_ref, t, num_experts, routed, chunk):
-    """For a used tile t of expert e: routed(e) if e < E, else chunk(e - E) (a shared expert's
-    chunk; chunk None: there is none)."""
-    e, live = expert_ref[t], t < used_ref[0]
+def _by_expert(expert_ref, t, num_experts, routed, chunk):
+    """For a used tile t of expert e (unused: -1): routed(e) if e < E, else chunk(e - E) (a
+    shared expert's chunk; chunk None: there is none)."""
+    e = expert_ref[t]
+    live = e >= 0
     pl.when(live & (e < num_experts))(lambda: routed(e))
     if chunk is not None:
         pl.when(live & (e >= num_experts))(lambda: chunk(e - num_experts))
 
 
-def _up_kernel(used_ref, expert_ref, token_ref, x_ref, *refs, n_mats, block_m, block_n,
+def _up_kernel(expert_ref, token_ref, x_ref, *refs, n_mats, block_m, block_n,
                block_k, activation, precision):
     # W_up (and W_gate for SwiGLU), the shared expert's (if any), the hidden out
     w_refs, s_refs, h_ref = refs[:n_mats], refs[n_mats:-1], refs[-1]
@@ -116,13 +117,13 @@ def _up_kernel(used_ref, expert_ref, token_ref, x_ref, *refs, n_mats, block_m, b
         h_ref[rows, cols] = hid.astype(h_ref.dtype)
 
     # a shared chunk c is columns c F + cols of the shared [din, Fs] matrices
-    _by_expert(used_ref, expert_ref, t, E,
+    _by_expert(expert_ref, t, E,
                lambda e: run(w_refs, lambda w, ks: w[e, ks, cols]),
                (lambda c: run(s_refs, lambda w, ks: w[ks, pl.ds(c * F + cols.start, block_n)]))
                if s_refs else None)
 
 
-def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, *refs, block_m, block_n,
+def _down_kernel(expert_ref, weight_ref, h_ref, w_ref, *refs, block_m, block_n,
                  block_k, precision):
     *s_ref, out_ref = refs                  # the shared expert's W_down (if any), the out
     t, rows, cols = _tile(block_m, block_n)
@@ -135,7 +136,7 @@ def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, *refs, block_m,
         out_ref[rows, cols] = acc * weight_ref[rows][:, None]
 
     # a shared chunk c is rows c F + fs of the shared [Fs, din] W_down
-    _by_expert(used_ref, expert_ref, t, E,
+    _by_expert(expert_ref, t, E,
                lambda e: run(lambda fs: w_ref[e, fs, cols]),
                (lambda c: run(lambda fs: s_ref[0][pl.ds(c * F + fs.start, block_k), cols]))
                if s_ref else None)
@@ -143,11 +144,11 @@ def _down_kernel(used_ref, expert_ref, weight_ref, h_ref, w_ref, *refs, block_m,
 
 @functools.partial(jax.jit, static_argnames=("activation", "block_m", "up_tiles", "down_tiles",
                                              "num_warps", "num_stages", "interpret"))
-def _expert_ffn(x, row_token, used, tile_expert, row_weight, ws, w_down, shared_ws,
+def _expert_ffn(x, row_token, tile_expert, row_weight, ws, w_down, shared_ws,
                 shared_down, *, activation, block_m, up_tiles, down_tiles, num_warps,
                 num_stages, interpret):
     """x [n, din] (the weights' dtype); row_token [R] int32 (the plan's: the token of each row);
-    used [1], tile_expert [R // m] int32; row_weight [R] float32; ws (W_up[, W_gate])
+    tile_expert [R // m] int32 (-1: unused); row_weight [R] float32; ws (W_up[, W_gate])
     [E, din, F], w_down [E, F, din]; shared_ws (its W_up[, W_gate]) [din, Fs] and shared_down
     [Fs, din], or () and None. up_tiles / down_tiles: (block_n, block_k) of each GEMM. Returns
     the weighted expert output of every row [R, din] float32 (rows of unused tiles are
@@ -163,12 +164,12 @@ def _expert_ffn(x, row_token, used, tile_expert, row_weight, ws, w_down, shared_
         grid=(R // block_m, F // un),
         out_shape=jax.ShapeDtypeStruct((R, F), dt),
         compiler_params=params, interpret=interpret, name="moe_gate_up",
-    )(used, tile_expert, row_token, x, *ws, *shared_ws)
+    )(tile_expert, row_token, x, *ws, *shared_ws)
     return pl.pallas_call(
         functools.partial(_down_kernel, block_m=block_m, block_n=dn, block_k=dk,
                           precision=precision),
         grid=(R // block_m, din // dn),
         out_shape=jax.ShapeDtypeStruct((R, din), F32),
         compiler_params=params, interpret=interpret, name="moe_down",
-    )(used, tile_expert, row_weight, hid, w_down, *(() if shared_down is None else
+    )(tile_expert, row_weight, hid, w_down, *(() if shared_down is None else
                                                     (shared_down,)))

@@ -9,12 +9,14 @@ The number of tiles is static,
 
     num_tiles = ceil(P / m) + min(E, P)      (>= sum over non-empty groups of ceil(size / m)),
 
-and only the first `num_used_tiles` hold pairs: the rest are skipped, so the work and the weight
+the used ones first; the others have expert -1 and are skipped, so the work and the weight
 bytes read follow the distinct experts hit, not E.
 
 One token (a batch-1 decode step) with token validity needs no placing at all: its pairs are
-its top-k, distinct experts, so pair p owns tile p, in routing order (`_place_one_token`: iotas
-and selects that XLA fuses into the plan's users). Up to COUNT_MAX_PAIRS pairs (a decode step)
+its top-k, distinct experts, so pair p owns tile p of P tiles, in routing order
+(`_place_one_token`: the tile experts are the routed ids themselves, the rows iotas and
+selects; each array of the plan is one fusion at most, and a launch costs more than its work
+at batch 1). Up to COUNT_MAX_PAIRS pairs (a decode step)
 the whole plan is counted: comparisons between the P pairs ([P, P]: a pair's place in its
 group, its group's size and the tiles of the groups before it) and between rows and pairs
 ([R, P]: which pair fills a row), with no sort, scatter, cumsum or search, each of which XLA
@@ -37,8 +39,7 @@ class DispatchPlan(NamedTuple):
     """R = num_tiles * m padded rows; rows past a group's size are padding (token 0, weight 0)."""
     row_token: jax.Array        # [R] int32: token whose pair fills the row
     row_weight: jax.Array       # [R] float32: that pair's routing weight (0 on padding rows)
-    tile_expert: jax.Array      # [num_tiles] int32: expert of each tile (E - 1 past the used ones)
-    num_used_tiles: jax.Array   # [1] int32
+    tile_expert: jax.Array      # [num_tiles] int32: expert of each tile, -1 past the used ones
     pair_row: jax.Array         # [n, k] int32: row of each pair; R for pairs of invalid tokens
     group_sizes: jax.Array      # [E] int32: pairs per expert, valid tokens only
 
@@ -53,28 +54,32 @@ def make_plan(expert_ids, weights, valid, num_experts: int, block_m: int) -> Dis
     [n, k] bool (pairs: an expert-parallel shard's own pairs)."""
     n, k = expert_ids.shape
     P, E, m = n * k, num_experts, block_m
-    R = num_tiles(P, E, m) * m
     # invalid pairs get the key E: they sort last and own no row (R)
     keys = jnp.where(valid if valid.ndim == 2 else valid[:, None], expert_ids, E).reshape(P)
     if n == 1 and valid.ndim == 1:
-        place = _place_one_token
+        place, R = _place_one_token, P * m
     else:
         place = _place_by_count if P <= COUNT_MAX_PAIRS else _place_by_sort
-    row, row_pair, tile_expert, num_used, group_sizes = place(keys, E, m, R)
+        R = num_tiles(P, E, m) * m
+    row, row_pair, tile_expert, group_sizes = place(keys, E, m, R)
     filled = row_pair < P
     pair = jnp.minimum(row_pair, P - 1)
     return DispatchPlan(
         row_token=jnp.where(filled, pair // k, 0).astype(jnp.int32),
         row_weight=jnp.where(filled, weights.reshape(P).astype(jnp.float32)[pair], 0.0),
-        tile_expert=jnp.minimum(tile_expert, E - 1).astype(jnp.int32),
-        num_used_tiles=num_used.reshape(1).astype(jnp.int32),
+        tile_expert=jnp.where(tile_expert < E, tile_expert, -1).astype(jnp.int32),
         pair_row=row.reshape(n, k), group_sizes=group_sizes)
+
+
+def num_used_tiles(plan: DispatchPlan):
+    """The tiles that hold pairs (they come first): [] int32."""
+    return (plan.tile_expert >= 0).sum(dtype=jnp.int32)
 
 
 def _place_by_sort(keys, E, m, R):
     """(row of each pair [P] (R: none), pair of each row [R] (P: none), expert of each tile
-    [R / m] (>= E past the used ones), used tiles [], pairs per expert [E]) through per-expert
-    counts, cumsums and a stable argsort."""
+    [R / m] (>= E past the used ones), pairs per expert [E]) through per-expert counts, cumsums
+    and a stable argsort."""
     P = keys.shape[0]
     group_sizes = jnp.zeros((E + 1,), jnp.int32).at[keys].add(1)[:E]
     group_start = jnp.cumsum(group_sizes) - group_sizes
@@ -92,21 +97,19 @@ def _place_by_sort(keys, E, m, R):
     # kernels on GPU, ~15 us at decode)
     tile_expert = jnp.searchsorted(tile_end, jnp.arange(R // m), side="right",
                                    method="compare_all")
-    return row, row_pair, tile_expert, tile_end[-1], group_sizes
+    return row, row_pair, tile_expert, group_sizes
 
 
 def _place_one_token(keys, E, m, R):
-    """`_place_by_sort`'s arrays for one token's pairs, all valid or all not (keys E): pair p
-    fills the first row of tile p, so no comparisons, sort or scatter. A tile per pair keeps each
-    tile one expert's even if a caller repeats an expert; `num_tiles` >= P + 1 holds them."""
+    """`_place_by_sort`'s arrays for one token's pairs, all valid or all not (keys E), over
+    R = P m rows: pair p fills the first row of tile p, so no comparisons, sort or scatter. A
+    tile per pair keeps each tile one expert's even if a caller repeats an expert."""
     P = keys.shape[0]
     valid = keys < E
     row = jnp.where(valid, jnp.arange(P, dtype=jnp.int32) * m, R)
     r = jnp.arange(R, dtype=jnp.int32)
-    tile = r // m
-    row_pair = jnp.where((r % m == 0) & (tile < P) & valid[0], tile, P)
-    tile_expert = jnp.concatenate([keys, jnp.full((R // m - P,), E, keys.dtype)])
-    return row, row_pair, tile_expert, valid.sum(dtype=jnp.int32), _count_groups(keys, E)
+    row_pair = jnp.where((r % m == 0) & valid[0], r // m, P)
+    return row, row_pair, keys, _count_groups(keys, E)
 
 
 def _place_by_count(keys, E, m, R):
@@ -127,8 +130,7 @@ def _place_by_count(keys, E, m, R):
     # a used tile's first row holds a pair of its expert; unused tiles get E
     lead = row_pair[::m]
     tile_expert = jnp.where(lead < P, keys[jnp.minimum(lead, P - 1)], E)
-    num_used = (first * tiles).sum(dtype=jnp.int32)
-    return row.astype(jnp.int32), row_pair, tile_expert, num_used, _count_groups(keys, E)
+    return row.astype(jnp.int32), row_pair, tile_expert, _count_groups(keys, E)
 
 
 def _count_groups(keys, E):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.moe.plan import DispatchPlan, combine
+from pallas_kernels.moe.plan import DispatchPlan, combine, num_used_tiles
 from pallas_kernels.moe.reference import F32, activate, precision
 
 
@@ -43,5 +43,5 @@ def expert_ffn(x, plan: DispatchPlan, w_up, w_down, w_gate, shared, activation: 
                                                r0, axis=0)
 
     rows = jnp.zeros((plan.row_token.shape[0], din), F32)
-    rows = lax.fori_loop(0, plan.num_used_tiles[0], tile, rows)
+    rows = lax.fori_loop(0, num_used_tiles(plan), tile, rows)
     return combine(rows, plan.pair_row).astype(x.dtype)

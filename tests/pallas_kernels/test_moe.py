@@ -239,7 +239,9 @@ def test_padding_rows_own_no_pairs():
     ids, valid = np.asarray(pb.ids), np.asarray(pb.valid)
     sizes = np.bincount(ids[valid].ravel(), minlength=6)
     np.testing.assert_array_equal(plan.group_sizes, sizes)
-    assert int(plan.num_used_tiles[0]) == int(np.sum(-(-sizes // 16)))
+    used = int(np.sum(-(-sizes // 16)))
+    assert int(moe.plan.num_used_tiles(plan)) == used
+    assert np.all(np.asarray(plan.tile_expert)[used:] == -1)
     R = plan.row_token.shape[0]
     rows = np.asarray(plan.pair_row)
     assert np.all(rows[~valid] == R) and np.all(rows[valid] < R)
@@ -290,17 +292,17 @@ def test_plan_by_counting_is_the_plan_by_sort(n, k, E, kind, monkeypatch):
 @pytest.mark.parametrize("kind,shared", [("random", 0), ("random", 2), ("padding", 2)])
 def test_one_token_gets_a_tile_per_pair(impl, kind, shared, interpret):
     """A batch-1 step's plan needs no placing: pair p (top-k first, then the shared expert's
-    chunks) fills the first row of tile p, the rest are padding; its token invalid ("padding"),
-    no tile is used and the row comes out zero. The layer matches the oracle."""
+    chunks) fills the first row of tile p of P, the rest are padding; its token invalid
+    ("padding"), no tile is used and the row comes out zero. The layer matches the oracle."""
     pb = Problem(9, n=1, E=8, k=3, activation="swiglu", kind=kind, shared=shared)
     ids, weights = pb.routing()
     P, m = ids.shape[1], 16
     plan = moe.make_plan(ids, weights, pb.valid, 8 + shared, m)
     live = bool(pb.valid[0])
-    assert int(plan.num_used_tiles[0]) == (P if live else 0)
+    assert plan.row_token.shape == (P * m,)
+    np.testing.assert_array_equal(plan.tile_expert, ids[0] if live else np.full(P, -1))
     if live:
         np.testing.assert_array_equal(plan.pair_row[0], np.arange(P) * m)
-        np.testing.assert_array_equal(plan.tile_expert[:P], ids[0])
         wt = np.zeros(plan.row_weight.shape[0], np.float32)
         wt[np.arange(P) * m] = weights[0]
         np.testing.assert_array_equal(plan.row_weight, wt)
@@ -318,7 +320,8 @@ def test_tile_count_follows_pairs_not_experts():
     pb = Problem(6, n=4, E=512, k=2, kind="padding")
     plan = moe.make_plan(pb.ids, pb.weights, pb.valid, 512, 16)
     assert plan.tile_expert.shape == (9,)
-    assert int(plan.num_used_tiles[0]) == len(np.unique(np.asarray(pb.ids)[np.asarray(pb.valid)]))
+    assert int(moe.plan.num_used_tiles(plan)) == len(
+        np.unique(np.asarray(pb.ids)[np.asarray(pb.valid)]))
     check(pb, pb.run("xla"), 1e-5)
 
 
