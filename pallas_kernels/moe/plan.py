@@ -16,13 +16,13 @@ One token (a batch-1 decode step) with token validity needs no placing at all: i
 its top-k, distinct experts, so pair p owns tile p of P tiles, in routing order
 (`_place_one_token`: the tile experts are the routed ids themselves, the rows iotas and
 selects; each array of the plan is one fusion at most, and a launch costs more than its work
-at batch 1). Up to COUNT_MAX_PAIRS pairs (a decode step)
-the whole plan is counted: comparisons between the P pairs ([P, P]: a pair's place in its
-group, its group's size and the tiles of the groups before it) and between rows and pairs
-([R, P]: which pair fills a row), with no sort, scatter, cumsum or search, each of which XLA
-runs as launches of their own (at batch 1 on an H200 a layer's plan and combine were ~16
-launches of 1-4 us around the two grouped GEMMs, `replayjax bench moe --breakdown`). Above it,
-per-expert group sizes (a scatter-add), their cumsums and a stable argsort place the pairs.
+at batch 1). Up to COUNT_MAX_PAIRS pairs (a decode step) the whole plan is counted:
+comparisons between the P pairs ([P, P]: a pair's place in its group, its group's size and the
+tiles of the groups before it) and between rows and pairs ([R, P]: which pair fills a row), with
+no sort, scatter, cumsum or search, each of which XLA runs as launches of their own (at batch 1
+on an H200 a layer's plan and combine were ~16 launches of 1-4 us around the two grouped GEMMs,
+`replayjax bench moe --breakdown`). Above it, per-expert group sizes (a scatter-add), their
+cumsums and a stable argsort place the pairs.
 """
 
 from __future__ import annotations
