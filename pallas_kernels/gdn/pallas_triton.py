@@ -171,12 +171,13 @@ VERIFY_TILING = GDNVerifyTiling(block_v=64, block_k=32, block_k_long=16, num_war
 # (747 vs 767-773). Twelfth session: block_v 16 is faster still at every T: 425.3 vs 429.9 us
 # (T = 2), 721.8 vs 748.4 (T = 4), 1,296.1 vs 1,308.6 (T = 8; 88-89% of copy).
 # Stop 46 (T = 4): fla's decode launch, [8, K] tiles on one warp in 3 stages, 712.1 -> 702.1 us
-# (90% of copy; block_v 16 on 1 / 2 warps 710.3 / 726.4); not yet timed at T = 2 or 8.
+# (90% of copy; block_v 16 on 1 / 2 warps 710.3 / 726.4). Stop 47 (an H100): T = 8 1,746.1 ->
+# 1,728.5 us with it, T = 2 even (562.2 / 563.7): block_v 16 stays at T = 2.
 STANDARD_VERIFY_TILING = GDNTiling(block_v=16, num_warps=4, grid_order="row_slowest")
 STANDARD_VERIFY_TILINGS = (
     (2, STANDARD_VERIFY_TILING),
-    (4, GDNTiling(block_v=8, num_warps=1, num_stages=3, grid_order="row_slowest")),
-    (MAX_VERIFY_TOKENS, STANDARD_VERIFY_TILING))
+    (MAX_VERIFY_TOKENS, GDNTiling(block_v=8, num_warps=1, num_stages=3,
+                                  grid_order="row_slowest")))
 
 
 def standard_verify_tiling(T):

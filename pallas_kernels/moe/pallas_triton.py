@@ -9,8 +9,8 @@ Two launches, each on a grid (tile, output column block):
 e = tile_expert[tile] is read from an index input inside the kernel and picks the expert's slice
 of the whole weight array (no BlockSpecs: the same gather-by-index as the SSM kernels' pools);
 the gate/up kernel reads its rows' tokens from x by the plan's row_token (a gather load, not an
-XLA gather of [R, din] rows before the launch; with one token, x's one row broadcast: a gather's
-loads are not pipelined over the din chunks, which cost Nemotron-3-Nano's batch-1 gate/up 9 us);
+XLA gather of [R, din] rows before the launch; at batch 1, x's one row broadcast instead made
+the Qwen models' gate/up 40% slower on an H100, Nemotron-3-Nano's 4% faster);
 a tile of a shared expert's chunk (e >= E) reads its F-wide chunk of the shared matrices in
 place, in the same launch. Programs of unused tiles (expert -1) return at once, so only the
 experts hit are read. Bodies use backend-neutral Pallas; the Triton specifics are in
@@ -102,12 +102,10 @@ def _up_kernel(expert_ref, token_ref, x_ref, *refs, n_mats, block_m, block_n,
     E, F = w_refs[0].shape[0], w_refs[0].shape[2]
 
     def run(mats, block):           # block(w, ks): the [bk, bn] block of w to multiply
-        one = x_ref.shape[0] == 1           # one token: its row, broadcast
-        tokens = None if one else token_ref[rows]                                # [m]
+        tokens = token_ref[rows]                                                 # [m]
 
         def step(ks, accs):
-            xa = (jnp.broadcast_to(x_ref[0, ks][None, :], (block_m, ks.size)) if one
-                  else x_ref[tokens, ks])                                        # [m, bk]
+            xa = x_ref[tokens, ks]                                               # [m, bk]
             return tuple(acc + _dot(xa, block(w, ks), precision)
                          for acc, w in zip(accs, mats))
 
