@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import ROW_SUM_MAX_VECTORS, row_products, write_window_fields
+from pallas_kernels.ring import row_products, write_window_fields
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -64,16 +63,10 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
 def ring_key_products(ring_k, slots, *vectors):
     """k_j . x for the L ring keys of each row's slot (ring_k [S, Hk, L, K], slots [b]) and each
     window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, in fp32
-    (`row_products`; one gather of the keys for all). Up to ROW_SUM_MAX_VECTORS vectors in all
-    they are one multiply-and-sum, so the keys are read once (a decode step's k and q: as two
-    sums XLA read the 34 MB of keys of a Qwen3-Next batch of 256 twice). Entries past a slot's
-    count are garbage: select them away."""
+    (`row_products`; one gather of the keys for all). Entries past a slot's count are garbage:
+    select them away."""
     rk = ring_k[slots]
-    sizes = [x.shape[1] for x in vectors]
-    if sum(sizes) > ROW_SUM_MAX_VECTORS:
-        return tuple(row_products(rk, x) for x in vectors)
-    both = row_products(rk, jnp.concatenate(vectors, axis=1))           # [b, Hk, sum T, L]
-    return tuple(jnp.split(both, list(itertools.accumulate(sizes[:-1])), axis=2))
+    return tuple(row_products(rk, x) for x in vectors)
 
 
 def window_key_products(k, q):
