@@ -169,5 +169,5 @@ def _expert_ffn(x, row_token, tile_expert, row_weight, ws, w_down, shared_ws,
         grid=(R // block_m, din // dn),
         out_shape=jax.ShapeDtypeStruct((R, din), F32),
         compiler_params=params, interpret=interpret, name="moe_down",
-    )(tile_expert, row_weight, hid, w_down, *(() if shared_down is None else
-                                                    (shared_down,)))
+    )(tile_expert, row_weight, hid, w_down,
+      *(() if shared_down is None else (shared_down,)))
