@@ -536,9 +536,9 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       {"grid_order": "row_slowest"}]' --json "$out/conv.json" 2>>"$out/conv.log" | grep "^|" ;;
   moe-small)
     # the default path (the twelfth session's, with the counted plan: 61.7 / 39.6 / 43.2 us at
-    # batch 1; since then one token's plan by iotas, its row broadcast in the gate/up kernel, the
-    # other batches' rows gathered in it), then the pair path (MOE_VARIANTS); the narrower tiles
-    # lost (tenth session)
+    # batch 1 on an H200; since then one token's plan of P tiles and the rows' tokens gathered
+    # in the gate/up kernel), then the pair path (MOE_VARIANTS); the narrower tiles lost (tenth
+    # session)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants ${MOE_VARIANTS:-sparse-shared sparse-small} --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;

@@ -382,8 +382,8 @@ def test_bad_input_is_named(change, match):
     (2048, 256, 8, 512, 0, "swiglu")])
 def test_triton_lowering_at_model_shapes(path, n, din, E, k, ffn, shared, activation,
                                         monkeypatch):
-    """Batch 1 (the grouped path: one row broadcast) and 8 (its rows' tokens gathered), bf16:
-    the kernels, with the shared expert's chunks read in place, lower to Triton for sm90
+    """Batch 1 and 8 (the grouped path's rows' tokens gathered in the kernel), bf16: the
+    kernels, with the shared expert's chunks read in place, lower to Triton for sm90
     without a GPU (Pallas' lowering runs in Python; only the PTX compile needs the GPU): every
     primitive in them has a Triton lowering."""
     from jax._src.pallas.triton import pallas_call_registration as registration
