@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.validation import (
+    PRODUCTS,
     RING_WRITES,
     bounded_block,
     check,
@@ -248,13 +249,15 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
 
 
 def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False,
-                  fold=False, readout=False):
+                  fold=False, readout=False, products=None):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
-    state only: a default's "mma" reads other states by FMAs): chunk = (name, size) of the
+    state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
+    tiling's field that says who forms the replay's dot products) "products" (one of
+    `validation.PRODUCTS`): chunk = (name, size) of the
     dim streamed in chunks of `field` (at most `max_chunk`: its vectors are one TMA box
     each; the name ends in the dim's letter,
     "d_state N"). The other state dim, split into one warpgroup's 64-row tiles, may have any
@@ -281,6 +284,9 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
+    if products:
+        check_choice(products, getattr(t, products), PRODUCTS)
+        tiles["products"] = getattr(t, products)
     return tiles
 
 

@@ -48,6 +48,10 @@
 #              compiled tests, then decode and verify T = 4 at batch 256 against "fma";
 #              gdn-mma-verify - verify T = 2 and 8 (and the verify's lean fold)
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
+#   products - the replay steps' dot products by one Pallas launch (`ring_products`) vs XLA's:
+#              compiled tests, the Mosaic GDN replay at batch 32 / 256 and the GDN verify at
+#              T = 2 / 4 / 8 both ways (key_products), < 9 min; PRODUCT_FAMILIES="gdn mamba2"
+#              adds Mamba-2's verify (bc_products)
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -635,6 +639,24 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
         --batches 1 32 256 --impls pallas_mosaic_gpu --replay-config "$cfg" \
         --json "$out/kernels_bc_$tag.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
+  products)
+    REPLAYJAX_TEST_BACKEND=gpu limit 170 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_ring_products.py tests/pallas_kernels/test_decode.py \
+      tests/pallas_kernels/test_verify.py -k "ring_products or keys-pallas or bc-pallas" 2>&1 \
+      | tail -3 || true
+    for b in 256 32; do
+      limit 90 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches $b \
+        --impls pallas_mosaic_gpu --tune '[{}, {"key_products": "pallas"}]' \
+        --json "$out/kernels_keys_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done
+    for fam in ${PRODUCT_FAMILIES:-gdn}; do
+      cfg=$([ $fam = gdn ] && echo '{"key_products": "pallas"}' || echo '{"bc_products": "pallas"}')
+      shape=$([ $fam = gdn ] && echo qwen3-next || echo nemotron-h-8b)
+      limit 280 python3 -m replayjax.bench.verify --family $fam --shapes $shape --tokens 2 4 8 \
+        --batches 256 --impls pallas_mosaic_gpu --tune "[{}, $cfg]" --breakdown \
+        --json "$out/verify_products_$fam.json" 2>>"$out/verify.log" | grep -v "^WARNING" \
+        || true
     done ;;
   lean-fold)
     # the Mosaic Mamba-2 replay's fold in its own SMEM scope (as GDN's since stop 37): its

@@ -16,10 +16,11 @@ Standard: S k is needed whole before any update, so every chunk of the tile is i
 chunk as they land, pass 2 updates each chunk in its SMEM buffer, copies it out and reduces
 o = S q.
 
-Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed by XLA before
-the kernel (a [b, Hk, L, K] read of the ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint
-read at Qwen3-Next shapes; the Triton kernel's ring_scalars="kernel" reads the same keys from
-every CTA, and its "xla" is faster at batch 256). k . q needs only the token's k and q, already
+Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed before the
+kernel, by XLA or one Pallas launch (a tiling's `key_products`; a [b, Hk, L, K] read of the
+ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint read at Qwen3-Next shapes; the Triton
+kernel's ring_scalars="kernel" reads the same keys from every CTA, and its "xla" is faster at
+batch 256). k . q needs only the token's k and q, already
 in SMEM: each CTA computes it (`dot`), one XLA op fewer before the launch (batch-1 latency).
 The kernel walks the committed ring entries backwards (a loop of `count` steps; entries past
 the count are never read), carrying the suffix sum of g for e_j = exp(sum_{j<i<c} g_i); the
@@ -104,7 +105,7 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_row,
 )
-from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
+from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
 from pallas_kernels.validation import check
 
@@ -133,7 +134,9 @@ class GDNMosaicTiling:
     64-row tiles where V is not a multiple of 128. readout (replay decode and verify;
     `_mosaic_utils.READOUTS`): how the checkpoint pass forms S0 k and S0 q, "fma" on the FMA
     units, or "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against
-    all of the window's keys and queries at once (`_readout`)."""
+    all of the window's keys and queries at once (`_readout`). key_products (replay decode and
+    verify; `validation.PRODUCTS`): what forms the key products before the launch, "xla"
+    (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -142,6 +145,7 @@ class GDNMosaicTiling:
     fold_buffers: int = 2
     tile_rows: int = TILE_ROWS
     readout: str = "fma"
+    key_products: str = "xla"
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -203,7 +207,7 @@ _TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
 def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True):
     tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
                           max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold,
-                          readout=readout)
+                          readout=readout, products="key_products" if fold else None)
     rows = (tiling or default).tile_rows
     check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
@@ -548,15 +552,15 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
                                              "fold_buffers", "tile_rows", "readout",
-                                             "interpret"))
+                                             "products", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, readout, interpret):
+                   fold_stages, fold_buffers, tile_rows, readout, products, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
     # Per-key-head ring x current products: small next to the state (k . q: in the kernel).
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
-        buffers.ring_k, slots, k[:, None], q[:, None]))
+        buffers.ring_k, slots, k[:, None], q[:, None], by=products, interpret=bool(interpret)))
     ring_dtype = buffers.ring_k.dtype
     vectors = VectorPack.of(v=(tile_rows, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
                             ring_d=(tile_rows, ring_dtype), ring_k=(K, ring_dtype),
@@ -684,9 +688,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
                                              "fold_stages", "fold_buffers", "tile_rows",
-                                             "readout", "interpret"))
+                                             "readout", "products", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   ring_write, fold_stages, fold_buffers, tile_rows, readout, interpret):
+                   ring_write, fold_stages, fold_buffers, tile_rows, readout, products,
+                   interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -695,9 +700,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     Hk, K = q.shape[2:]
     L = buffers.window
     # Per-key-head products (ring x window, window x window): small next to the state.
-    rkk, rkq = (p.reshape(batch, Hk, T * L)                             # [b, Hk, T L]
-                for p in ring_key_products(buffers.ring_k, slots, k, q))
-    wkk, wkq = window_key_products(k, q)                              # [b, Hk, T, T]
+    rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
+                                             interpret=bool(interpret))
+    rkk, rkq = (p.reshape(batch, Hk, T * L) for p in (rkk, rkq))      # [b, Hk, T L]
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32

@@ -45,7 +45,7 @@ from pallas_kernels._kernel_utils import (
     stream,
     suffix_sums,
 )
-from pallas_kernels.gdn.buffers import ring_key_products, window_key_products, write_window
+from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, window_positions
 from pallas_kernels.validation import (
     EVICTION_POLICIES,
@@ -538,8 +538,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_v, block_k
     ring_write is "kernel", else unchanged; k and g are not written)."""
     batch, T, Hv, V = v.shape
     Hk = q.shape[2]
-    rkk, rkq = ring_key_products(buffers.ring_k, slots, k, q)           # [b, Hk, T, L]
-    wkk, wkq = window_key_products(k, q)                                # [b, Hk, T, T]
+    # [b, Hk, T, L] (ring x window), [b, Hk, T, T] (window x window)
+    rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q)
     kernel = functools.partial(
         _verify_kernel, grid_order=grid_order, heads_per_key_head=Hv // Hk, block_v=block_v,
         block_k=block_k, window=buffers.ring_k.shape[2], num_tokens=T, fold_dot=fold_dot,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.ring import row_products, write_window_fields
+from pallas_kernels.ring_products import window_products
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -61,9 +62,14 @@ def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffe
     return write_window_fields(buffers, counts, slots, ring_x=x, ring_b=B, ring_dt=dt)
 
 
-def bc_products(ring_b, slots, B, C):
-    """The B . C products a replay step's kernels take from XLA, in fp32 (`row_products`): for
-    the window's C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each
-    row's slot, ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select
-    them away) and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N])."""
+def bc_products(ring_b, slots, B, C, *, by="xla", interpret=False):
+    """The B . C products a replay step's kernels take as inputs, in fp32: for the window's
+    C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each row's slot,
+    ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select them away)
+    and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N]). by
+    (`validation.PRODUCTS`): "xla" (`row_products`) or "pallas" (one launch,
+    `ring_products.window_products`; interpret: off the GPU)."""
+    if by == "pallas":
+        (ring,), (window,) = window_products(ring_b, slots, (C,), ((B, C),), interpret=interpret)
+        return ring, window
     return row_products(ring_b[slots], C), row_products(jnp.moveaxis(C, 1, 2), B)

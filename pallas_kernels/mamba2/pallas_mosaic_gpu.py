@@ -96,7 +96,6 @@ from pallas_kernels._mosaic_utils import (
     zeros_row,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
-from pallas_kernels.mamba2.pallas_triton import decode_bc_products
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
 from pallas_kernels.validation import check_choice, for_window, resolve_tiling
 
@@ -113,8 +112,8 @@ class Mamba2MosaicTiling:
     at once and walks after it (module docstring; the same sums). ring_write (verify): who
     writes the window's x into the ring (`validation.RING_WRITES`): "xla" after the kernel, or
     "kernel" (each CTA its own [T, 64] rows; B and dt stay XLA's). bc_products (replay
-    decode): what forms the B . C products before the launch (`BC_PRODUCTS`): "xla"
-    (`buffers.bc_products`) or "pallas" (`pallas_triton.decode_bc_products`, one launch).
+    decode and verify): what forms the B . C products before the launch
+    (`validation.PRODUCTS`, `buffers.bc_products`): "xla" or "pallas" (one launch).
     fold_stages, fold_buffers (replay decode and verify): the fold's chunks in flight (0:
     num_stages) and its write-back's staging buffers (2 or 1). The fold's SMEM (the group's
     ring B, the staging, its pipeline) is allocated in the fold's own scope, over the read-only
@@ -134,7 +133,6 @@ class Mamba2MosaicTiling:
     heads: int = 1
 
 
-BC_PRODUCTS = ("xla", "pallas")
 _HEADS = (1, 2, 4)
 
 
@@ -196,7 +194,8 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
     """`resolve_tiles` and "heads": the tiling's bound on the heads a CTA covers, as run for
     groups of `heads_per_group` heads."""
     tiles = resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
-                          max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold)
+                          max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold,
+                          products="bc_products" if fold else None)
     heads = resolve_tiling(tiling, default).heads
     check_choice("heads", heads, _HEADS)
     while heads_per_group % heads:
@@ -233,10 +232,7 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
-    products = resolve_tiling(tiling, MOSAIC_REPLAY_TILING).bc_products
-    check_choice("bc_products", products, BC_PRODUCTS)
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          bc_kernel=products == "pallas",
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
                                    buffers.checkpoint.dtype, fold=True,
                                    heads_per_group=x.shape[1] // B.shape[1]))
@@ -485,20 +481,17 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
-                                             "fold_stages", "fold_buffers", "bc_kernel",
+                                             "fold_stages", "fold_buffers", "products",
                                              "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, bc_kernel, interpret):
+                   prologue, fold_stages, fold_buffers, products, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
     # Per-group B . C products (ring x current, current x current): tiny next to the state.
-    if bc_kernel:
-        bc_ring, bc_cur = decode_bc_products(buffers.ring_b, slots, B, C,
-                                             interpret=bool(interpret))
-    else:
-        bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None])
-        bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]      # [b, G, L], [b, G]
+    bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None], by=products,
+                                  interpret=bool(interpret))
+    bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=((heads, TILE_ROWS), x.dtype), b=(N, B.dtype), c=(N, C.dtype),
                             ring_x=((heads, TILE_ROWS), ring_dtype), ring_b=(N, ring_dtype),
@@ -641,16 +634,17 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "ring_write", "fold_stages", "fold_buffers",
-                                             "interpret"))
+                                             "products", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, ring_write, fold_stages, fold_buffers, interpret):
+                   prologue, ring_write, fold_stages, fold_buffers, products, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
     batch, T, H, P = x.shape
     G, N = B.shape[2:]
     L = buffers.window
-    bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C)        # [b, G, T, L], [b, G, T, T]
+    bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C, by=products,  # [b, G, T, L],
+                                  interpret=bool(interpret))                # [b, G, T, T]
     bc_ring = bc_ring.reshape(batch, G, T * L)
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_x.dtype

@@ -563,30 +563,3 @@ def _standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, block_p, b
         outputs=dict(y_ref=like(x), s_out=like(state)),
         aliases={"s_in": "s_out"}, num_warps=num_warps, num_stages=num_stages,
         interpret=interpret)
-
-
-def _bc_kernel(slots_ref, rb_ref, b_ref, c_ref, bcr_ref, bcc_ref):
-    i, g = pl.program_id(0), pl.program_id(1)
-    c = c_ref[i, g].astype(_F32)                                                 # [N]
-    rb = rb_ref[slots_ref[i], g].astype(_F32)                                    # [L, N]
-    bcr_ref[i, g] = jnp.sum(rb * c[None, :], axis=1)
-    bcc_ref[i, g] = jnp.sum(b_ref[i, g].astype(_F32) * c, axis=0, keepdims=True)
-
-
-@functools.partial(jax.jit, static_argnames=("num_warps", "interpret"))
-def decode_bc_products(ring_b, slots, B, C, *, num_warps=1, interpret=False):
-    """`buffers.bc_products` of a decode step (one token) as one launch on a (row, group) grid:
-    ring_b [S, G, L, N], slots [b] int32, B, C [b, G, N] (L and N powers of two). Returns
-    (B_j . C [b, G, L], B . C [b, G]) float32: each program reads its slot's [L, N] ring B
-    rows once (XLA's gather-and-reduce fusion read them at ~1.3 TB/s on an H200), products
-    exact in fp32, summed in another order than `ring.row_products`. Entries past a slot's
-    count are garbage, as there."""
-    b, G, _ = B.shape
-    L = ring_b.shape[2]
-    bcr, bcc = call(
-        _bc_kernel, name="mamba2_bc_products", grid=(b, G),
-        inputs=dict(slots_ref=slots, rb_ref=ring_b, b_ref=B, c_ref=C),
-        outputs=dict(bcr_ref=jax.ShapeDtypeStruct((b, G, L), _F32),
-                     bcc_ref=jax.ShapeDtypeStruct((b, G, 1), _F32)),
-        aliases={}, num_warps=num_warps, num_stages=1, interpret=interpret)
-    return bcr, bcc[..., 0]

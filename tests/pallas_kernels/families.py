@@ -142,6 +142,8 @@ class Mamba2(Problem):
     # write-back waits for the one before) under a 4-stage read-only pass
     MOSAIC_REPLAY_OPTIONS = [("bc-xla", dict(bc_products="xla")),
                              ("lean-fold", dict(num_stages=4, fold_stages=2, fold_buffers=1))]
+    # the verify's B . C products by the Pallas launch (its default: XLA)
+    MOSAIC_VERIFY_OPTIONS = [("bc-pallas", dict(bc_products="pallas"))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -223,11 +225,14 @@ class GDN(Problem):
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
     MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2)),
-                             ("mma", dict(readout="mma"))]
+                             ("mma", dict(readout="mma")),
+                             ("keys-pallas", dict(key_products="pallas"))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
-    # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it
+    # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
+    # the key products by the Pallas launch
     MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
-                                                    fold_buffers=2))]
+                                                    fold_buffers=2)),
+                             ("keys-pallas", dict(key_products="pallas"))]
 
     @property
     def state_shape(self):

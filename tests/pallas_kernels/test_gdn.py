@@ -130,13 +130,19 @@ def test_bad_mosaic_prologue_is_named():
 
 @pytest.mark.parametrize("fields,match", [
     (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
-    (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$")])
-def test_bad_mosaic_fold_tiles_are_named(fields, match):
-    """The Mosaic replay's fold knobs are checked before any kernel runs."""
-    args = _valid_args(GDN(1, Hk=1, Hv=1, K=64, V=64), L=4)
+    (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$"),
+    (dict(key_products="cuda"), r"^key_products must be one of 'xla', 'pallas', got 'cuda'$")])
+def test_bad_mosaic_replay_tiles_are_named(fields, match):
+    """The Mosaic replay's fold knobs and its key products' maker are checked by replay decode
+    and verify before any kernel runs."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
+    args = _valid_args(pb, L=4)
+    kw = dict(impl="pallas_mosaic_gpu", tiling=gdn.GDNMosaicTiling(block_k=16, **fields))
     with pytest.raises(ValueError, match=match):
-        gdn.replay_decode(**args, impl="pallas_mosaic_gpu",
-                          tiling=gdn.GDNMosaicTiling(block_k=16, **fields))
+        gdn.replay_decode(**args, **kw)
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2),
+                          args["slots"], **kw)
 
 
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():
