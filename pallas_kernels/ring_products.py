@@ -8,8 +8,8 @@ k_r . k_t and k_r . q_t). XLA forms the ring's as a gather of the rows, then one
 per vector (or a batched GEMM beyond `ring.ROW_SUM_MAX_VECTORS` vectors), and the window's as
 more small fusions. Here program (row, group) reads its slot's [L, N] rows once into registers
 and forms all of them, exactly in fp32 (summed in another order than XLA's: equal within fp32
-rounding). Every load is a power-of-two block: a window is read one [N] vector at a time, so T
-may be any size.
+rounding). Every load is a power-of-two block: a window of T vectors is read as one of the next
+power of two rows, the rows past T masked (never fetched or stored), so T may be any size.
 """
 
 from __future__ import annotations
@@ -20,28 +20,31 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels._kernel_utils import F32, compiler_params
+from pallas_kernels._kernel_utils import F32, compiler_params, load, store
 
 
 def _kernel(slots_ref, ring_ref, *refs, n_windows, n_pairs, T):
     ins, outs = refs[:n_windows + 2 * n_pairs], refs[n_windows + 2 * n_pairs:]
     i, g = pl.program_id(0), pl.program_id(1)
-    vector = lambda ref, t: ref[i, t, g].astype(F32)                             # [N]
+    # a window's [T, N] vectors as one power-of-two block of Tp rows, those past T masked
+    Tp = pl.next_power_of_2(T)
+    rows, live = pl.ds(0, Tp), (None if Tp == T else jnp.arange(Tp) < T)
+    window = lambda ref: load(ref.at[i, rows, g], live).astype(F32)             # [Tp, N]
     ring = ring_ref[slots_ref[i], g].astype(F32)                                 # [L, N]
-    for x_ref, o_ref in zip(ins[:n_windows], outs):
-        for t in range(T):
-            o_ref[i, g, t] = jnp.sum(ring * vector(x_ref, t)[None, :], axis=1)
-    for p, o_ref in enumerate(outs[n_windows:]):
-        u_ref, w_ref = ins[n_windows + 2 * p:n_windows + 2 * p + 2]
-        ws = [vector(w_ref, t) for t in range(T)]
-        for r in range(T):
-            u = vector(u_ref, r)
-            for t, w in enumerate(ws):
-                o_ref[i, g, r, pl.ds(t, 1)] = jnp.sum(u * w, keepdims=True)
+    # every load issued before any product: [Tp, L] = x_t . r_j, [Tp, Tp] = u_r . w_t
+    xs = [window(ref) for ref in ins]
+    products = [jnp.sum(x[:, None, :] * ring[None], axis=2) for x in xs[:n_windows]]
+    products += [jnp.sum(u[:, None, :] * w[None], axis=2)
+                 for u, w in zip(xs[n_windows::2], xs[n_windows + 1::2])]
+    pair_live = None if live is None else live[:, None] & live[None, :]
+    for o_ref, value in zip(outs[:n_windows], products):
+        store(o_ref.at[i, g, rows], value, live)
+    for o_ref, value in zip(outs[n_windows:], products[n_windows:]):
+        store(o_ref.at[i, g, rows, rows], value, pair_live)
 
 
 @functools.partial(jax.jit, static_argnames=("num_warps", "interpret"))
-def window_products(ring, slots, windows, pairs=(), *, num_warps=1, interpret=False):
+def window_products(ring, slots, windows, pairs=(), *, num_warps=4, interpret=False):
     """ring [S, G, L, N] (any float dtype; L and N powers of two), slots [b] int32; windows: a
     tuple of windows x [b, T, G, N] to multiply with the ring's rows, pairs: a tuple of (u, w)
     windows [b, T, G, N] to multiply with each other (any float dtypes). Returns (one

@@ -50,8 +50,9 @@
 #   bc-products - the Mosaic Mamba-2 replay's B . C products by a Pallas launch vs XLA's
 #   products - the replay steps' dot products by one Pallas launch (`ring_products`) vs XLA's:
 #              compiled tests, the Mosaic GDN replay at batch 32 / 256 and the GDN verify at
-#              T = 2 / 4 / 8 both ways (key_products), < 9 min; PRODUCT_FAMILIES="gdn mamba2"
-#              adds Mamba-2's verify (bc_products)
+#              T = 2 / 4 / 8 both ways (key_products), the launch alone over warps
+#              (scripts/ring_products_bench.py), < 9 min; PRODUCT_FAMILIES="gdn mamba2" adds
+#              Mamba-2's verify (bc_products), PRODUCT_BATCHES the replay's batches
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -643,9 +644,12 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
   products)
     REPLAYJAX_TEST_BACKEND=gpu limit 170 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_ring_products.py tests/pallas_kernels/test_decode.py \
-      tests/pallas_kernels/test_verify.py -k "ring_products or keys-pallas or bc-pallas" 2>&1 \
-      | tail -3 || true
-    for b in 256 32; do
+      tests/pallas_kernels/test_verify.py -k "ring_products or keys-pallas or bc-pallas" \
+      > "$out/tests.log" 2>&1 || true
+    tail -3 "$out/tests.log"
+    limit 90 python3 scripts/ring_products_bench.py 2>>"$out/kernels.log" | grep -v "^WARNING" \
+      | tee "$out/ring_products.md" || true
+    for b in ${PRODUCT_BATCHES:-256 32}; do
       limit 90 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches $b \
         --impls pallas_mosaic_gpu --tune '[{}, {"key_products": "pallas"}]' \
         --json "$out/kernels_keys_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
