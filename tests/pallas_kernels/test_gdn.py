@@ -202,12 +202,14 @@ def test_mosaic_ragged_tile_rows_must_fill_16_bytes():
 @pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify"])
 def test_mosaic_128_row_tiles_compute_the_64_row_sums(op, interpret):
     """tile_rows=128 (one CTA over two WGMMA tiles of V rows) computes every row's sums as the
-    64-row tiles do: outputs, pools and counts bitwise equal (compiled: within an ulp) over the
-    steps of `mosaic_tiling_run` (folds included); no data races."""
+    64-row tiles do: outputs, pools and counts equal to an ulp (relative error <= 1e-7; XLA:CPU
+    vectorises the interpreter's [128, n] and [64, n] sums differently on some CPUs: an AMD
+    EPYC's verify outputs differed by 2e-8) over the steps of `mosaic_tiling_run` (folds
+    included); no data races."""
     # V = 256: two 128-row tiles, four 64-row ones; two value heads on one key head
     dims = dict(Hk=1, Hv=2, K=32, V=256)
     assert_runs_equal(*(mosaic_tiling_run(GDN, dims, op, "tile_rows", r, interpret, F32)
-                        for r in (64, 128)), interpret)
+                        for r in (64, 128)), interpret, interpret_rtol=1e-7)
     assert not mosaic_races_found(interpret)
 
 
