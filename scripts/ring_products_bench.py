@@ -32,7 +32,7 @@ def _us(fn, *args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warps", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     keys = jax.random.split(jax.random.key(0), 3)
