@@ -52,7 +52,9 @@
 #              compiled tests, the Mosaic GDN replay at batch 32 / 256 and the GDN verify at
 #              T = 2 / 4 / 8 both ways (key_products), the launch alone over warps
 #              (scripts/ring_products_bench.py), < 9 min; PRODUCT_FAMILIES="gdn mamba2" adds
-#              Mamba-2's verify (bc_products), PRODUCT_BATCHES the replay's batches
+#              Mamba-2's verify (bc_products), PRODUCT_BATCHES the replay's batches;
+#              products-decode - both families' Mosaic replay decode at batch 32 / 256 with
+#              the products by the launch and by XLA, then the verify's defaults by window
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
 #              the tiling sweeps at T = 4, batch 256, and both kernels launched row-slowest;
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
@@ -661,6 +663,20 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --batches 256 --impls pallas_mosaic_gpu --tune "[{}, $cfg]" --breakdown \
         --json "$out/verify_products_$fam.json" 2>>"$out/verify.log" | grep -v "^WARNING" \
         || true
+    done ;;
+  products-decode)
+    for b in 256 32; do
+      limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+        --batches $b --impls pallas_mosaic_gpu --tune '[{"bc_products": "xla"}, {}]' \
+        --json "$out/kernels_bc_b$b.json" 2>>"$out/kernels.log" | grep "^|" || true
+    done
+    limit 80 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 32 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"key_products": "pallas"}]' \
+      --json "$out/kernels_keys_b32.json" 2>>"$out/kernels.log" | grep "^|" || true
+    for fam in gdn:qwen3-next mamba2:nemotron-h-8b; do
+      limit 150 python3 -m replayjax.bench.verify --family ${fam%%:*} --shapes ${fam##*:} \
+        --tokens 2 4 --batches 256 --impls pallas_mosaic_gpu \
+        --json "$out/verify_defaults_${fam%%:*}.json" 2>>"$out/verify.log" | grep "^|" || true
     done ;;
   lean-fold)
     # the Mosaic Mamba-2 replay's fold in its own SMEM scope (as GDN's since stop 37): its

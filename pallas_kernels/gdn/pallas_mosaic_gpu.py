@@ -178,7 +178,11 @@ MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overl
 # so every window takes it.
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, readout="mma",
                                        fold_stages=1, fold_buffers=1)
-MOSAIC_VERIFY_TILINGS = ((MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING),)
+# Stop 48 (an H100, batch 256): the key products by one Pallas launch (`ring_products`) instead
+# of XLA's fusions took T = 2 from 299.2 to 290.3 us and T = 4 from 400.1 to 357.9 (2.38x ->
+# 2.66x the baseline); at T = 8 XLA's batched GEMM is as fast (652.0 vs 655.6): up to 4 tokens.
+MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_products="pallas")),
+                         (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
 # 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.
