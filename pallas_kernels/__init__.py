@@ -7,6 +7,7 @@ DeltaNet), each with `api` (the public ops: validate, dispatch), `buffers` (the 
 attention over the KV slot pool), `pallas_kernels.conv` (the decode conv and conv-state update
 over the slot pool) and `pallas_kernels.moe` (routing, sparse routed experts).
 Shared: `ring` (the ring contract: slots, counts, verify windows, conv state, draft slots),
+`ring_products` (a replay step's ring and window dot products as one Pallas launch),
 `dispatch` (backends by name), `validation`, `xla_pool` (the XLA pool ops over a family's row
 math), `chunks` (prefill chunking), `_kernel_utils` (for the Pallas builders; the one module
 that imports Triton) and `_mosaic_utils` (the Mosaic GPU launch, layouts and interpreter).

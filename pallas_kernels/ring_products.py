@@ -35,7 +35,7 @@ def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T):
     # every load issued before any product (each waits on GMEM once, not once a product)
     ring = ring_ref[slots_ref[i], g].astype(F32)                                 # [L, N]
     rows = {x: [ins[x][i, t, g].astype(F32) for t in range(T)]                   # T x [N]
-            for x in {*windows, *(u for u, _ in pairs)}}
+            for x in sorted({*windows, *(u for u, _ in pairs)})}
     blocks = {w: load(ins[w].at[i, ts, g], live).astype(F32) for _, w in pairs}  # [Tp, N]
     for x, o_ref in zip(windows, outs):
         for t in range(T):          # r_j . x_t for the L rows j at once
@@ -47,7 +47,7 @@ def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T):
 
 
 def window_products(ring, slots, windows, pairs=(), *, num_warps=1, interpret=False):
-    """ring [S, G, L, N] (any float dtype; L and N powers of two, N >= 16), slots [b] int32;
+    """ring [S, G, L, N] (any float dtype; L and N powers of two), slots [b] int32;
     windows: a tuple of windows x [b, T, G, N] to multiply with the ring's rows, pairs: a tuple
     of (u, w) windows [b, T, G, N] to multiply with each other (any float dtypes; a window given
     twice is read once). Returns (one [b, G, T, L] array per window: r_j . x_t over each row's

@@ -20,8 +20,8 @@ Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed
 kernel, by XLA or one Pallas launch (a tiling's `key_products`; a [b, Hk, L, K] read of the
 ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint read at Qwen3-Next shapes; the Triton
 kernel's ring_scalars="kernel" reads the same keys from every CTA, and its "xla" is faster at
-batch 256). k . q needs only the token's k and q, already
-in SMEM: each CTA computes it (`dot`), one XLA op fewer before the launch (batch-1 latency).
+batch 256). k . q needs only the token's k and q, already in SMEM: each CTA computes it
+(`dot`), one XLA op fewer before the launch (batch-1 latency).
 The kernel walks the committed ring entries backwards (a loop of `count` steps; entries past
 the count are never read), carrying the suffix sum of g for e_j = exp(sum_{j<i<c} g_i); the
 walk's scalars (ring g, k_j . k, k_j . q) are copied whole into SMEM with the first vectors
