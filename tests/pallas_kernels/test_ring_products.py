@@ -1,6 +1,6 @@
 """The replay steps' dot products by one Pallas launch (`pallas_kernels.ring_products`, a
 tiling's bc_products / key_products = "pallas") against XLA's (`ring.row_products`), within 1e-6
-relative (Frobenius): HIGHEST dots in the interpreter, tf32x3 dots on the GPU."""
+relative (Frobenius): both exact fp32 products, summed in other orders."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def _both(fn, *args, interpret):
 @pytest.mark.parametrize("T", [1, 3, 8])
 def test_mamba2_bc_products(T, dtype, interpret):
     """B_j . C_t over each row's own slot's ring B rows and B_r . C_t within the window, every
-    group, at windows of 1 (decode), 3 (not a power of two) and 8 tokens, over a ring of 8 rows
-    (both read as masked 16-row blocks): every output element written."""
+    group, at windows of 1 (decode), 3 (not a power of two: a pair's window read as a masked
+    block of 4 rows) and 8 tokens: every output element written."""
     ring_b, (B, C) = _inputs(T, T, dtype, 2)
     (ring, window), (want_ring, want_window) = _both(bc_products, ring_b, SLOTS, B, C,
                                                      interpret=interpret)
