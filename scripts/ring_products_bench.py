@@ -19,6 +19,7 @@ import numpy as np
 
 from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products
 from pallas_kernels.ring_products import window_products
+from replayjax import commandline as cli
 from replayjax.bench.timing import copy_bandwidth, kernel_times
 
 B, HK, K, L = 256, 16, 128, 16
@@ -36,6 +37,10 @@ def main(argv=None):
     ap.add_argument("--block-n", type=int, nargs="+", default=[K])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     args = ap.parse_args(argv)
+    try:
+        cli.require_gpu()
+    except cli.UserError as e:
+        ap.exit(2, f"{ap.prog}: {e}\n")
     bw = copy_bandwidth()
     keys = jax.random.split(jax.random.key(0), 3)
     ring = jax.random.normal(keys[0], (2 * B + 1, HK, L, K), jnp.float32)
