@@ -18,7 +18,6 @@ stored), so T may be any size. One warp a program: a tf32x3 dot of the window ag
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +45,7 @@ def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T, block_n):
 
     def product(mats, vecs):
         """sum over N of mats [m, N] * vecs [N] (in chunks): [m]."""
-        return jnp.sum(functools.reduce(operator.add, [m * v[None, :] for m, v in
-                                                       zip(mats, vecs)]), axis=1)
+        return jnp.sum(sum(m * v[None, :] for m, v in zip(mats, vecs)), axis=1)
 
     for x, o_ref in zip(windows, outs):
         for t in range(T):          # r_j . x_t for the L rows j at once
