@@ -26,45 +26,34 @@ from jax.experimental import pallas as pl
 from pallas_kernels._kernel_utils import F32, compiler_params, load, store
 
 
-def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T, block_n):
+def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T):
     ins, outs = refs[:n_in], refs[n_in:]
     i, g = pl.program_id(0), pl.program_id(1)
     # a pair's second window as one block of Tp (a power of two) rows, those past T masked
     Tp = pl.next_power_of_2(T)
     ts, live = pl.ds(0, Tp), (None if Tp == T else jnp.arange(Tp) < T)
-    # N in chunks of block_n: each product sums its chunks' elementwise products first, then
-    # reduces block_n columns across lanes
-    ns = [pl.ds(c, block_n) for c in range(0, ring_ref.shape[3], block_n)]
     # every load issued before any product (each waits on GMEM once, not once a product)
-    slot = slots_ref[i]
-    ring = [ring_ref[slot, g, :, n].astype(F32) for n in ns]                    # [L, bn] each
-    rows = {x: [[ins[x][i, t, g, n].astype(F32) for n in ns] for t in range(T)]
-            for x in sorted({*windows, *(u for u, _ in pairs)})}                # T x [bn] each
-    blocks = {w: [load(ins[w].at[i, ts, g, n], live).astype(F32) for n in ns]  # [Tp, bn] each
-              for _, w in pairs}
-
-    def product(mats, vecs):
-        """sum over N of mats [m, N] * vecs [N] (in chunks): [m]."""
-        return jnp.sum(sum(m * v[None, :] for m, v in zip(mats, vecs)), axis=1)
-
+    ring = ring_ref[slots_ref[i], g].astype(F32)                                 # [L, N]
+    rows = {x: [ins[x][i, t, g].astype(F32) for t in range(T)]                   # T x [N]
+            for x in sorted({*windows, *(u for u, _ in pairs)})}
+    blocks = {w: load(ins[w].at[i, ts, g], live).astype(F32) for _, w in pairs}  # [Tp, N]
     for x, o_ref in zip(windows, outs):
         for t in range(T):          # r_j . x_t for the L rows j at once
-            o_ref[i, g, t] = product(ring, rows[x][t])
+            o_ref[i, g, t] = jnp.sum(ring * rows[x][t][None, :], axis=1)
     for (u, w), o_ref in zip(pairs, outs[len(windows):]):
         for r in range(T):          # u_r . w_t for every t at once
-            store(o_ref.at[i, g, jnp.int32(r), ts], product(blocks[w], rows[u][r]), live)
+            row = jnp.sum(blocks[w] * rows[u][r][None, :], axis=1)                  # [Tp]
+            store(o_ref.at[i, g, jnp.int32(r), ts], row, live)
 
 
-def window_products(ring, slots, windows, pairs=(), *, block_n=None, num_warps=1,
-                    interpret=False):
+def window_products(ring, slots, windows, pairs=(), *, num_warps=1, interpret=False):
     """ring [S, G, L, N] (any float dtype; L and N powers of two), slots [b] int32;
     windows: a tuple of windows x [b, T, G, N] to multiply with the ring's rows, pairs: a tuple
     of (u, w) windows [b, T, G, N] to multiply with each other (any float dtypes; a window given
     twice is read once). Returns (one [b, G, T, L] array per window: r_j . x_t over each row's
     slot's rows, as `ring.row_products(ring[slots], x)`; one [b, G, T (r), T (t)] array per
     pair: u_r . w_t), float32. Ring entries past a slot's count give garbage products: select
-    them away. block_n: the chunk of N each product's elementwise part runs in (a power of two
-    dividing N; None: N whole)."""
+    them away."""
     distinct, index = [], {}
     for x in (*windows, *(x for pair in pairs for x in pair)):
         if id(x) not in index:
@@ -73,22 +62,19 @@ def window_products(ring, slots, windows, pairs=(), *, block_n=None, num_warps=1
     out = _window_products(ring, slots, tuple(distinct),
                            windows=tuple(index[id(x)] for x in windows),
                            pairs=tuple((index[id(u)], index[id(w)]) for u, w in pairs),
-                           block_n=block_n or ring.shape[3], num_warps=num_warps,
-                           interpret=interpret)
+                           num_warps=num_warps, interpret=interpret)
     return out[:len(windows)], out[len(windows):]
 
 
-@functools.partial(jax.jit, static_argnames=("windows", "pairs", "block_n", "num_warps",
-                                             "interpret"))
-def _window_products(ring, slots, vectors, *, windows, pairs, block_n, num_warps, interpret):
+@functools.partial(jax.jit, static_argnames=("windows", "pairs", "num_warps", "interpret"))
+def _window_products(ring, slots, vectors, *, windows, pairs, num_warps, interpret):
     """`window_products` over the distinct windows `vectors`: windows and pairs index them."""
     b, T, G, _ = vectors[0].shape
     L = ring.shape[2]
     out_shape = ((jax.ShapeDtypeStruct((b, G, T, L), F32),) * len(windows)
                  + (jax.ShapeDtypeStruct((b, G, T, T), F32),) * len(pairs))
     return tuple(pl.pallas_call(
-        functools.partial(_kernel, windows=windows, pairs=pairs, n_in=len(vectors), T=T,
-                          block_n=block_n),
+        functools.partial(_kernel, windows=windows, pairs=pairs, n_in=len(vectors), T=T),
         grid=(b, G), out_shape=out_shape,
         compiler_params=compiler_params(num_warps, 1, interpret), interpret=interpret,
         name="ring_window_products",

@@ -1,11 +1,10 @@
 """The GDN verify's key products alone (Qwen3-Next shapes: Hk 16, K 128, L 16, fp32 ring; batch
 256 over a pool of 2 x 256 slots): one Pallas launch (`ring_products.window_products`) at
-several warp counts and column chunks (block_n) against XLA's
-(`gdn.buffers.verify_key_products(by="xla")`), at T = 1 (the decode's ring products only) and
-T = 2 / 4 / 8; device us per call (CUPTI, median of 5) and the bytes it must read (ring keys,
-k, q) against the copy bandwidth. GPU only.
+several warp counts against XLA's (`gdn.buffers.verify_key_products(by="xla")`), at T = 1 (the
+decode's ring products only) and T = 2 / 4 / 8; device us per call (CUPTI, median of 5) and the
+bytes it must read (ring keys, k, q) against the copy bandwidth. GPU only.
 
-    python3 scripts/ring_products_bench.py [--warps 1 2] [--block-n 128 32] [--tokens 1 2 4 8]
+    python3 scripts/ring_products_bench.py [--warps 1 2] [--tokens 1 2 4 8]
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ def _us(fn, *args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warps", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--block-n", type=int, nargs="+", default=[K])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     args = ap.parse_args(argv)
     try:
@@ -53,16 +51,12 @@ def main(argv=None):
         nbytes = (B * HK * L * K + 2 * B * T * HK * K) * 4 + B * HK * T * (2 * L + 2 * T) * 4
         if T == 1:      # the decode: ring products only
             runs = {"xla": jax.jit(functools.partial(ring_key_products, by="xla"))}
-            runs |= {f"pallas {w} warps, block_n {n}": jax.jit(
-                lambda r, s, k, q, w=w, n=n: window_products(r, s, (k, q), block_n=n,
-                                                             num_warps=w))
-                for w in args.warps for n in args.block_n}
+            runs |= {f"pallas {w} warps": jax.jit(lambda r, s, k, q, w=w: window_products(
+                r, s, (k, q), num_warps=w)) for w in args.warps}
         else:
             runs = {"xla": jax.jit(functools.partial(verify_key_products, by="xla"))}
-            runs |= {f"pallas {w} warps, block_n {n}": jax.jit(
-                lambda r, s, k, q, w=w, n=n: window_products(r, s, (k, q), ((k, k), (k, q)),
-                                                             block_n=n, num_warps=w))
-                for w in args.warps for n in args.block_n}
+            runs |= {f"pallas {w} warps": jax.jit(lambda r, s, k, q, w=w: window_products(
+                r, s, (k, q), ((k, k), (k, q)), num_warps=w)) for w in args.warps}
         for name, fn in runs.items():
             try:
                 us = _us(fn, ring, slots, k, q)
