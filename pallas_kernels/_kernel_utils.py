@@ -145,15 +145,13 @@ def load(ref, rows=None):
 
 
 def store(ref, value, rows=None):
-    """`ref[...] = value`; with `rows` (a [n] mask of the view's first axis, or a mask of its
-    whole shape), masked rows (elements) are not written (Triton issues no store for them: no
-    write past the axis)."""
+    """`ref[...] = value`; with `rows` (a [n] mask of the view's first axis), masked rows are not
+    written (Triton issues no store for them: no write past the axis)."""
     if rows is None:
         ref[...] = value
         return
     from jax.experimental.pallas import triton as pltr
-    mask = rows if rows.ndim == len(ref.shape) else axis_mask(rows, ref.shape, 0)
-    pltr.store(ref, value, mask=mask)
+    pltr.store(ref, value, mask=axis_mask(rows, ref.shape, 0))
 
 
 def dot_precision(interpret):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels._kernel_utils import F32, compiler_params, load, store
+from pallas_kernels.ring import row_products
 
 
 def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T):
@@ -44,6 +45,17 @@ def _kernel(slots_ref, ring_ref, *refs, windows, pairs, n_in, T):
         for r in range(T):          # u_r . w_t for every t at once
             row = jnp.sum(blocks[w] * rows[u][r][None, :], axis=1)                  # [Tp]
             store(o_ref.at[i, g, jnp.int32(r), ts], row, live)
+
+
+def products(ring, slots, windows, pairs=(), *, by="xla", interpret=False):
+    """`window_products`' results formed by `by` (`validation.PRODUCTS`): "xla" (one gather of
+    the ring rows, then `ring.row_products` per window and per pair) or "pallas" (the launch;
+    interpret: off the GPU)."""
+    if by == "pallas":
+        return window_products(ring, slots, windows, pairs, interpret=interpret)
+    rows = ring[slots] if windows else None
+    return (tuple(row_products(rows, x) for x in windows),
+            tuple(row_products(jnp.moveaxis(w, 1, 2), u) for u, w in pairs))
 
 
 def window_products(ring, slots, windows, pairs=(), *, num_warps=1, interpret=False):

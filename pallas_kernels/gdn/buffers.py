@@ -7,8 +7,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import row_products, write_window_fields
-from pallas_kernels.ring_products import window_products
+from pallas_kernels.ring import write_window_fields
+from pallas_kernels.ring_products import products
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -64,22 +64,14 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
 def ring_key_products(ring_k, slots, *vectors, by="xla", interpret=False):
     """k_j . x for the L ring keys of each row's slot (ring_k [S, Hk, L, K], slots [b]) and each
     window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, in fp32. Entries
-    past a slot's count are garbage: select them away. by (`validation.PRODUCTS`): "xla"
-    (`row_products`; one gather of the keys for all) or "pallas" (one launch,
-    `ring_products.window_products`; interpret: off the GPU)."""
-    if by == "pallas":
-        return window_products(ring_k, slots, vectors, interpret=interpret)[0]
-    rk = ring_k[slots]
-    return tuple(row_products(rk, x) for x in vectors)
+    past a slot's count are garbage: select them away. by, interpret: `ring_products.products`'
+    ("xla": one gather of the keys for all; or one Pallas launch)."""
+    return products(ring_k, slots, vectors, by=by, interpret=interpret)[0]
 
 
 def verify_key_products(ring_k, slots, k, q, *, by="xla", interpret=False):
     """A verify window's (k, q [b, T, Hk, K]) key products: `ring_key_products` of k and q
     ([b, Hk, T, L] each), then k_r . k_t and k_r . q_t within the window ([b, Hk, T (r), T (t)]
     each), float32; by "pallas": all four from one launch."""
-    if by == "pallas":
-        ring, window = window_products(ring_k, slots, (k, q), ((k, k), (k, q)),
-                                       interpret=interpret)
-        return (*ring, *window)
-    return (*ring_key_products(ring_k, slots, k, q),
-            *(row_products(jnp.moveaxis(x, 1, 2), k) for x in (k, q)))
+    ring, window = products(ring_k, slots, (k, q), ((k, k), (k, q)), by=by, interpret=interpret)
+    return (*ring, *window)

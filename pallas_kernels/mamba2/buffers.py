@@ -7,8 +7,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ring import row_products, write_window_fields
-from pallas_kernels.ring_products import window_products
+from pallas_kernels.ring import write_window_fields
+from pallas_kernels.ring_products import products
 from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, STATE_DTYPES, Field
 
 
@@ -66,10 +66,7 @@ def bc_products(ring_b, slots, B, C, *, by="xla", interpret=False):
     """The B . C products a replay step's kernels take as inputs, in fp32: for the window's
     C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each row's slot,
     ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select them away)
-    and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N]). by
-    (`validation.PRODUCTS`): "xla" (`row_products`) or "pallas" (one launch,
-    `ring_products.window_products`; interpret: off the GPU)."""
-    if by == "pallas":
-        (ring,), (window,) = window_products(ring_b, slots, (C,), ((B, C),), interpret=interpret)
-        return ring, window
-    return row_products(ring_b[slots], C), row_products(jnp.moveaxis(C, 1, 2), B)
+    and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N]). by, interpret:
+    `ring_products.products`' ("xla" or one Pallas launch)."""
+    (ring,), (window,) = products(ring_b, slots, (C,), ((B, C),), by=by, interpret=interpret)
+    return ring, window
