@@ -249,7 +249,7 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
 
 
 def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False,
-                  fold=False, readout=False, products=None):
+                  fold=False, readout=False, products=None, kernel_products=False):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
@@ -257,10 +257,10 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
     state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
     tiling's field that says who forms the replay's dot products) "products" (one of
-    `validation.PRODUCTS`): chunk = (name, size) of the dim streamed in chunks of `field` (at
-    most `max_chunk`: its vectors are one TMA box each; the name ends in the dim's letter,
-    "d_state N"). The other state dim, split into one warpgroup's 64-row tiles, may have any
-    size (`tile_rows_of`)."""
+    `validation.PRODUCTS`; "kernel" only where `kernel_products`, with readout "mma"):
+    chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
+    vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
+    state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
     t = resolve_tiling(tiling, default)
     chunk_name, C = chunk
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
@@ -284,8 +284,12 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
     if products:
-        check_choice(products, getattr(t, products), PRODUCTS)
+        choices = PRODUCTS if kernel_products else PRODUCTS[:2]
+        check_choice(products, getattr(t, products), choices)
         tiles["products"] = getattr(t, products)
+        check(tiles["products"] != "kernel" or tiles.get("readout") == "mma",
+              f"{products} = 'kernel' needs readout = 'mma' (its wgmmas read the window's "
+              f"operands), got {tiles.get('readout')!r}")
     return tiles
 
 
@@ -383,6 +387,51 @@ def mma_step(acc, chunk_smem, lo_smem, operands, n):
         for x in parts:
             plgpu.wgmma(acc, a, x.at[n].T)
     plgpu.wgmma_wait(0)
+
+
+def chunk_products(rows_smem, lo_smem, operands, out_smem, *, block_rows):
+    """The dot products of a few row vectors r with the vectors x_i of `operands` (the "mma"
+    readout's, `mma_operands` in SMEM: [K // block, N, block] each), by tf32 wgmmas: r . x_i
+    to out_smem[r, i] (out_smem [M, N] fp32).
+
+    rows_smem [M, block] (fp32, `state_layout`) holds the rows chunk by chunk: chunk c of row
+    r at row c * block_rows + r (block_rows * N a multiple of 128: the chunks' parts are summed
+    by the whole warpgroup; M, a multiple of 64, may leave rows unwritten: they never mix into
+    a written row's products). A wgmma's M is 64, and these rows are few (a ring's L keys):
+    stacking the chunks fills its rows with the whole rows' bytes instead of zeros, and wgmma c
+    (against chunk c of the x) keeps only its block's rows. rows_smem is split in place into
+    its tf32 high part and the rest (to lo_smem, [M, block] in its layout), read as `mma_step`
+    reads a state chunk (2^-21 of |r| |x| at most)."""
+    nk, N, _ = operands[0].shape
+    M = rows_smem.shape[0]
+    s = rows_smem[...]
+    hi = tf32_hi(s)
+    rows_smem[...] = hi
+    lo_smem[...] = s - hi
+    plgpu.commit_smem()
+    row = plgpu.broadcasted_iota(jnp.int32, (M, N), 0, layout=plgpu.Layout.WGMMA)
+    total = None
+    for c in range(nk):
+        def run(acc_ref, c=c):
+            for a, parts in ((rows_smem, operands), (lo_smem, operands[:1])):
+                for x in parts:
+                    plgpu.wgmma(acc_ref, a, x.at[c].T)
+            plgpu.wgmma_wait(0)
+            return acc_ref[...]
+        acc = pl.run_scoped(run, plgpu.ACC((M, N), F32))
+        zero = jnp.zeros_like(acc)
+        part = jnp.where(row >= c * block_rows,
+                         jnp.where(row < (c + 1) * block_rows, acc, zero), zero)
+        total = part if total is None else total + part
+    out_smem[...] = total
+    plgpu.commit_smem()
+    if nk > 1:            # the chunks' parts, in order, to the first block (a strided layout:
+        blocks = [out_smem.at[pl.ds(c * block_rows, block_rows)] for c in range(nk)]
+        total = blocks[0][...]                # each thread sums and writes its own elements)
+        for block in blocks[1:]:
+            total = total + block[...]
+        blocks[0][...] = total
+        plgpu.commit_smem()                   # (a warpgroup barrier: every thread reads them)
 
 
 def acc_column(acc, j):

@@ -31,8 +31,9 @@ RING_SCALARS = ("kernel", "xla")
 # reads them in other programs, which the window's rows would overwrite.
 RING_WRITES = ("xla", "kernel")
 # Who forms the dot products a Mosaic replay step takes as inputs (a tiling's `bc_products` /
-# `key_products`): XLA (`ring.row_products`) or one Pallas launch (`ring_products`).
-PRODUCTS = ("xla", "pallas")
+# `key_products`): XLA (`ring.row_products`) or one Pallas launch (`ring_products`) before the
+# kernel, or (GDN's verify with readout "mma") the kernel itself, by tf32 wgmmas.
+PRODUCTS = ("xla", "pallas", "kernel")
 # Which ring rows a Triton replay decode program fetches (a tiling's `ring_loads`): those below
 # the count, or all L (the loads then need not wait for the count's).
 RING_LOADS = ("committed", "all")

@@ -53,6 +53,10 @@
 #              T = 2 / 4 / 8 both ways (key_products), the launch alone over warps
 #              (scripts/ring_products_bench.py), < 9 min; PRODUCT_FAMILIES="gdn mamba2" adds
 #              Mamba-2's verify (bc_products), PRODUCT_BATCHES the replay's batches;
+#   keys-kernel - the GDN verify's key products in the kernel (tf32 wgmmas, key_products
+#              "kernel") vs the launch / XLA: its compiled tests, then T = 2 / 4 / 8 at batch
+#              256 (defaults, kernel, kernel + overlap prologue) with the breakdown, then its
+#              T = 8 tiles, < 9 min
 #              products-decode - both families' Mosaic replay decode at batch 32 / 256 with
 #              the products by the launch and by XLA, then the verify's defaults by window
 #   verify   - ReplaySSM verify + commit vs state-per-draft (T = 2, 4, 8), both families; first
@@ -664,6 +668,17 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         --json "$out/verify_products_$fam.json" 2>>"$out/verify.log" | grep -v "^WARNING" \
         || true
     done ;;
+  keys-kernel)
+    each_test 200 -k "gdn and mosaic and (keys or 4-8-pallas)" | tee "$out/tests.txt"
+    limit 200 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens 2 4 8 \
+      --batches 256 --impls pallas_mosaic_gpu --breakdown --tune '[{}, {"key_products": "kernel"},
+      {"key_products": "kernel", "prologue": "overlap"}]' \
+      --json "$out/verify_keys_kernel.json" 2>>"$out/verify.log" | grep -v "^WARNING" || true
+    # T = 8 with the products in the kernel: chunks of 16 keys in 3-4 stages, 32 in 3
+    verify_tune 150 gdn qwen3-next keys_kernel_tiles 8 '[{"key_products": "kernel"},
+      {"key_products": "kernel", "block_k": 16, "num_stages": 3},
+      {"key_products": "kernel", "block_k": 16, "num_stages": 4},
+      {"key_products": "kernel", "num_stages": 3}]' ;;
   products-decode)
     for b in 256 32; do
       limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \

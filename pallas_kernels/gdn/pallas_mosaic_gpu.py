@@ -20,7 +20,8 @@ Replay: the per-key-head products k_j . k, k_j . q (ring x current) are computed
 kernel, by XLA or one Pallas launch (a tiling's `key_products`; a [b, Hk, L, K] read of the
 ring's keys: L Hk / (V Hv) = 1/16 of the checkpoint read at Qwen3-Next shapes; the Triton
 kernel's ring_scalars="kernel" reads the same keys from every CTA, and its "xla" is faster at
-batch 256). k . q needs only the token's k and q, already in SMEM: each CTA computes it
+batch 256; the verify's key_products="kernel" forms them in the kernel). k . q needs only the
+token's k and q, already in SMEM: each CTA computes it
 (`dot`), one XLA op fewer before the launch (batch-1 latency).
 The kernel walks the committed ring entries backwards (a loop of `count` steps; entries past
 the count are never read), carrying the suffix sum of g for e_j = exp(sum_{j<i<c} g_i); the
@@ -80,6 +81,7 @@ from pallas_kernels._mosaic_utils import (
     acc_column,
     auto_takes,
     chunk,
+    chunk_products,
     cols,
     dot,
     issue_all,
@@ -135,8 +137,10 @@ class GDNMosaicTiling:
     `_mosaic_utils.READOUTS`): how the checkpoint pass forms S0 k and S0 q, "fma" on the FMA
     units, or "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against
     all of the window's keys and queries at once (`_readout`). key_products (replay decode and
-    verify; `validation.PRODUCTS`): what forms the key products before the launch, "xla"
-    (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch)."""
+    verify; `validation.PRODUCTS`): what forms the key products, "xla"
+    (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch) before the
+    launch, or for verify with readout "mma" and an fp32 ring "kernel": its CTAs by tf32
+    wgmmas (`_mosaic_utils.chunk_products`; a default falls back to "pallas" where it cannot)."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -211,7 +215,8 @@ _TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
 def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True):
     tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
                           max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold,
-                          readout=readout, products="key_products" if fold else None)
+                          readout=readout, products="key_products" if fold else None,
+                          kernel_products=verify)
     rows = (tiling or default).tile_rows
     check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
@@ -256,11 +261,62 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
     default = measured_tiling(_DEFAULT_TILING, "replay_verify", v.shape[1])
     tiles = _tiles(tiling, default, k.shape[3], v.shape[3], buffers.checkpoint.dtype,
                    verify=True, fold=True)
+    if tiles["products"] == "kernel":
+        tiles["products"] = _kernel_products(buffers, v.shape[1], tiles["block_k"],
+                                             tiling is None)
     o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                                   **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
     return o, write_window(buffers._replace(checkpoint=ck, ring_d=rd), counts, slots, k,
                            None if in_kernel else d, g)
+
+
+def _kernel_products(buffers, T, block_k, default):
+    """key_products "kernel" where the verify kernel can form them (`chunk_products`: an fp32
+    ring, its keys copied in 8-row blocks: L % 8 == 0, a barrier for each of its copies); else
+    a default takes the launch, an explicit tiling raises."""
+    fp32, L, K = buffers.ring_k.dtype == F32, buffers.window, buffers.ring_k.shape[3]
+    if default and not (fp32 and L % 8 == 0
+                        and _verify_copies(T, K // block_k, 2, True) <= _MAX_BARRIERS):
+        return "pallas"
+    check(fp32, f"key_products = 'kernel' needs a float32 ring, got "
+          f"{jnp.dtype(buffers.ring_k.dtype).name}")
+    check(L % 8 == 0, f"key_products = 'kernel' needs a ring window L divisible by 8, got {L}")
+    copies = _verify_copies(T, K // block_k, 2, True)
+    check(copies <= _MAX_BARRIERS,
+          f"key_products = 'kernel' copies the keys in K // block_k = {K // block_k} chunks: "
+          f"{copies} copies at T = {T}, more than a barrier group's {_MAX_BARRIERS}")
+    return "kernel"
+
+
+# A barrier group holds at most 32 barriers: the in-kernel products' 2 copies a key chunk fit
+# 8 chunks at T = 8.
+_MAX_BARRIERS = 32
+
+
+def _verify_copies(T, nk, operand_copies, in_kernel):
+    """The verify kernel's copies before its stream (one barrier each): with readout "mma"
+    (in_kernel products need it) its 2 operands, T v rows, the ring's d, k_0 and the ring's g,
+    and 2 a key chunk (nk of them) for the products in the kernel; else at most 3 T + 4 and
+    the operands'."""
+    return T + 5 + 2 * nk if in_kernel else 3 * T + 4 + operand_copies
+
+
+def _product_block_rows(L, Tp):
+    """The rows of a key chunk in the in-kernel products' rows (`chunk_products`): the ring's
+    L and the window's Tp, rounded up to 16 (times the operands' N, a multiple of 8: whole
+    warpgroup loads when the chunks' parts are summed)."""
+    return pl.cdiv(L + Tp, 16) * 16
+
+
+def _window_key_rows(k, block_k):
+    """The window's keys k [b, T, Hk, K] as fp32 rows by key chunk, [b, Hk, K // block_k, Tp,
+    block_k] (Tp = T rounded up to 8, the extra rows zero): each chunk one TMA box into the
+    verify's product rows (`chunk_products`)."""
+    b, T, Hk, K = k.shape
+    Tp = pl.cdiv(T, 8) * 8
+    rows_ = jnp.pad(jnp.moveaxis(k.astype(F32), 1, 2), ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
+    return rows_.reshape(b, Hk, Tp, K // block_k, block_k).swapaxes(2, 3)
 
 
 class _Operands(NamedTuple):
@@ -601,10 +657,10 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
 # fold reads ring rows the window overwrites, in other CTAs of the same key head.
 # --------------------------------------------------------------------------------------------
 def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
-                   rkq_ref, wkk_ref, wkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref,
-                   o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, bars, fold_bar,
-                   *, vectors, heads_per_key_head, block_k, num_stages, prologue, write_ring,
-                   fold_stages, fold_buffers):
+                   rkq_ref, wkk_ref, wkq_ref, wk_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref,
+                   rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
+                   prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
+                   num_stages, prologue, write_ring, fold_stages, fold_buffers):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -614,10 +670,35 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     gs = [g_ref[b, t, hv] for t in range(T)]
     betas = [beta_ref[b, t, hv] for t in range(T)]
-    # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major).
-    walk_copies, (ring_g, *ring_products) = scalar_vectors(
-        (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
-        (rkq_ref.at[b, hk], sv.ring_kq))
+    in_kernel = rows_smem is not None               # key_products "kernel"
+    if in_kernel:
+        # The ring's keys and the window's, chunk n of each at rows n * W (ring) and
+        # n * W + L (window) of rows_smem: `chunk_products` forms k_j . x and k_r . x for the
+        # window's x = k_t, q_t (the readout's operands) after they land.
+        nk, Tp, bk = wk_ref.shape[2:]
+        W = _product_block_rows(L, Tp)
+        walk_copies, (ring_g,) = scalar_vectors((rg_ref.at[slot, hv], sv.ring_g))
+        product_copies = [pair for n in range(nk) for pair in (
+            (rk_ref.at[slot, hk, :, pl.ds(n * bk, bk)], rows_smem.at[pl.ds(n * W, L)]),
+            (wk_ref.at[b, hk, n], rows_smem.at[pl.ds(n * W + L, Tp)]))]
+
+        def ring_x(p, t, j):          # p: 0 k_j . k_t, 1 k_j . q_t
+            return prod_smem[j, p * T + t]
+
+        def window_x(p, r, t):        # p: 0 k_r . k_t, 1 k_r . q_t
+            return prod_smem[L + r, p * T + t]
+    else:
+        # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major).
+        walk_copies, (ring_g, *ring_products) = scalar_vectors(
+            (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
+            (rkq_ref.at[b, hk], sv.ring_kq))
+        product_copies = []
+
+        def ring_x(p, t, j):
+            return ring_products[p](t * L + j)
+
+        def window_x(p, r, t):
+            return (wkk_ref, wkq_ref)[p][b, hk, r, t]
     # The window's k, q rows (or their "mma" operands, and k_0 for the fold) first, then its v
     # rows, one 1-D copy each (into the pack, not [T, n] buffers of their own), the ring's d
     # rows [L, R] and the walk's scalars.
@@ -627,7 +708,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
          *((q_ref.at[b, t, hk], q_t) for t, q_t in enumerate(queries))),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
     copies = (*readout_copies, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
-              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
+              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies, *product_copies)
     n_first = len(readout_copies)
 
     def ring_d(j):
@@ -638,12 +719,17 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     # The ring's parts of S_w k_t and S_w q_t: sum_j e_j (k_j . k_t) d_j, likewise with q_t.
     def through_ring(j, ej, acc):
         dj = ring_d(j)
-        return tuple(tuple(acc_t + (ej * prod(t * L + j)) * dj for t, acc_t in enumerate(a))
-                     for prod, a in zip(ring_products, acc))
+        return tuple(tuple(acc_t + (ej * ring_x(p, t, j)) * dj for t, acc_t in enumerate(a))
+                     for p, a in enumerate(acc))
     zt = (zeros_row(tile_rows=R),) * T
 
     def landed_part():
-        """The v_t, exp of the ring's g sum and the ring's parts (as the decode's)."""
+        """The v_t, exp of the ring's g sum and the ring's parts (as the decode's); with
+        in-kernel products, those first (their SMEM in its own scope)."""
+        if in_kernel:
+            pl.run_scoped(lambda lo_smem: chunk_products(rows_smem, lo_smem, operands,
+                                                         prod_smem, block_rows=W),
+                          plgpu.SMEM(rows_smem.shape, F32, transforms=state_layout(bk, F32)))
         vs_ = [plgpu.load(sv.v[t], layout=ROW).astype(F32) for t in range(T)]
         total, ring = walk(through_ring, (zt, zt))
         return vs_, jnp.exp(total), ring
@@ -668,11 +754,11 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     for t in range(T):                               # forward substitution, T <= 8
         corr = jnp.exp(cum[t]) * (big_e * s0k[t] + sk_ring[t])
         for r in range(t):
-            corr = corr + (jnp.exp(cum[t] - cum[r]) * wkk_ref[b, hk, r, t]) * ds[r]
+            corr = corr + (jnp.exp(cum[t] - cum[r]) * window_x(0, r, t)) * ds[r]
         ds.append(betas[t] * (vs_[t] - corr))
         o = jnp.exp(cum[t]) * (big_e * s0q[t] + sq_ring[t])
         for r in range(t + 1):
-            o = o + (jnp.exp(cum[t] - cum[r]) * wkq_ref[b, hk, r, t]) * ds[r]
+            o = o + (jnp.exp(cum[t] - cum[r]) * window_x(1, r, t)) * ds[r]
         write_out(o, live, sv.v[t], o_ref.at[b, t, hv], vt)       # v_t is in registers
         if not write_ring:
             store_rows(ds[t], sv.d[t], d_ref.at[b, t, hv], vt)
@@ -703,10 +789,16 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     batch, T, Hv, V = v.shape
     Hk, K = q.shape[2:]
     L = buffers.window
-    # Per-key-head products (ring x window, window x window): small next to the state.
-    rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
-                                             interpret=bool(interpret))
-    rkk, rkq = (p.reshape(batch, Hk, T * L) for p in (rkk, rkq))      # [b, Hk, T L]
+    # Per-key-head products (ring x window, window x window): small next to the state; formed
+    # before the launch, or in the kernel from the window's keys by chunk (`_window_key_rows`)
+    in_kernel = products == "kernel"
+    rkk = rkq = wkk = wkq = wk = None
+    if in_kernel:
+        wk = _window_key_rows(k, block_k)
+    else:
+        rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
+                                                 interpret=bool(interpret))
+        rkk, rkq = (p.reshape(batch, Hk, T * L) for p in (rkk, rkq))  # [b, Hk, T L]
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
@@ -715,25 +807,35 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     vectors = VectorPack.of(v=((T, tile_rows), v.dtype), k=((T if fma else 1, K), k.dtype),
                             **({"q": ((T, K), q.dtype)} if fma else {}),
                             d=((T, tile_rows), ring_dtype if write_ring else F32),
-                            ring_g=(L, F32), ring_kk=(T * L, F32), ring_kq=(T * L, F32))
+                            ring_g=(L, F32), **({} if in_kernel else {
+                                "ring_kk": (T * L, F32), "ring_kq": (T * L, F32)}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers)
     operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k)
+    # in-kernel products: the ring's and the window's keys by chunk (a multiple of 64 rows, a
+    # wgmma's M), and their products with the 2T operand vectors
+    nk = K // block_k
+    M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64 if in_kernel else 0
+    product_scratch = dict(
+        rows_smem=plgpu.SMEM((M, block_k), F32, transforms=state_layout(block_k, F32)),
+        prod_smem=plgpu.SMEM((M, operands.inputs["xh_ref"].shape[3]), F32)) \
+        if in_kernel else dict(rows_smem=None, prod_smem=None)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, wkk_ref=wkk, wkq_ref=wkq,
-                    **operands.inputs, s_ref=buffers.checkpoint, rk_ref=buffers.ring_k,
+                    wk_ref=wk, **operands.inputs, s_ref=buffers.checkpoint, rk_ref=buffers.ring_k,
                     rd_ref=buffers.ring_d, rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v), d_ref=jax.ShapeDtypeStruct(v.shape, F32)),
         inplace=("s_ref", "rd_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
-                     **operands.scratch,
-                     bars=plgpu.Barrier(num_barriers=3 * T + 4 + operands.copies),
+                     **operands.scratch, **product_scratch,
+                     bars=plgpu.Barrier(num_barriers=_verify_copies(T, nk, operands.copies,
+                                                                    in_kernel)),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return (o, d, *new) if write_ring else (o, d, *new, buffers.ring_d)

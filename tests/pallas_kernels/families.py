@@ -229,10 +229,13 @@ class GDN(Problem):
                              ("keys-pallas", dict(key_products="pallas"))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
-    # the key products by the Pallas launch
+    # the key products by the Pallas launch, and in the kernel by tf32 wgmmas
     MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
                                                     fold_buffers=2)),
-                             ("keys-pallas", dict(key_products="pallas"))]
+                             ("keys-pallas", dict(key_products="pallas")),
+                             ("keys-kernel", dict(key_products="kernel")),
+                             ("keys-kernel-overlap", dict(key_products="kernel",
+                                                          prologue="overlap"))]
 
     @property
     def state_shape(self):

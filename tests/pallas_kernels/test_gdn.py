@@ -131,7 +131,8 @@ def test_bad_mosaic_prologue_is_named():
 @pytest.mark.parametrize("fields,match", [
     (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
     (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$"),
-    (dict(key_products="cuda"), r"^key_products must be one of 'xla', 'pallas', got 'cuda'$")])
+    (dict(key_products="cuda"),
+     r"^key_products must be one of 'xla', 'pallas'(, 'kernel')?, got 'cuda'$")])
 def test_bad_mosaic_replay_tiles_are_named(fields, match):
     """The Mosaic replay's fold knobs and its key products' maker are checked by replay decode
     and verify before any kernel runs."""
@@ -143,6 +144,37 @@ def test_bad_mosaic_replay_tiles_are_named(fields, match):
     with pytest.raises(ValueError, match=match):
         gdn.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2),
                           args["slots"], **kw)
+
+
+@pytest.mark.parametrize("fields,L,ring_dtype,match", [
+    (dict(readout="fma"), 16, F32, r"^key_products = 'kernel' needs readout = 'mma' \(its "
+                                   r"wgmmas read the window's operands\), got 'fma'$"),
+    (dict(), 16, BF16, r"^key_products = 'kernel' needs a float32 ring, got bfloat16$"),
+    (dict(), 4, F32, r"^key_products = 'kernel' needs a ring window L divisible by 8, got 4$"),
+    (dict(block_k=8), 16, F32, r"^key_products = 'kernel' copies the keys in K // block_k = "
+                               r"16 chunks: 39 copies at T = 2, more than a barrier group's "
+                               r"32$")])
+def test_kernel_key_products_that_cannot_run_are_named(fields, L, ring_dtype, match):
+    """key_products = "kernel" (the verify's wgmmas form its key products) needs the "mma"
+    readout, an fp32 ring of whole 8-row blocks and few enough key chunks: an explicit tiling
+    that asks otherwise is named before any kernel runs."""
+    pb = GDN(1, Hk=1, Hv=1, K=128, V=64)
+    args = _valid_args(pb, L=L)
+    tiling = gdn.GDNMosaicTiling(**{"block_k": 16, "readout": "mma", **fields},
+                                 key_products="kernel")
+    with pytest.raises(ValueError, match=match):
+        gdn.replay_verify(pb.init_buffers(L, ring_dtype), args["counts"],
+                          *pb.window_inputs(2, b=2), args["slots"], impl="pallas_mosaic_gpu",
+                          tiling=tiling)
+
+
+def test_kernel_key_products_are_the_verifys():
+    """The decodes take their key products from XLA or the launch: "kernel" is named there."""
+    pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
+    tiling = gdn.GDNMosaicTiling(block_k=16, readout="mma", key_products="kernel")
+    with pytest.raises(ValueError, match=r"^key_products must be one of 'xla', 'pallas', got "
+                                         r"'kernel'$"):
+        gdn.replay_decode(**_valid_args(pb), impl="pallas_mosaic_gpu", tiling=tiling)
 
 
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():

@@ -30,6 +30,19 @@ F32, BF16 = jnp.float32, jnp.bfloat16
 M2_REPLAY_DEFAULT = dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, bc_products="xla")
 
 
+@pytest.fixture(autouse=True)
+def _default_verify_products_by_xla(monkeypatch):
+    """The default verify tilings that take their products from the Triton launch (which lowers
+    only with a GPU present) take them from XLA here: the Mosaic kernel is the same."""
+    from pallas_kernels.gdn import pallas_mosaic_gpu as gdn_mosaic
+    from pallas_kernels.mamba2 import pallas_mosaic_gpu as mamba2_mosaic
+    for module, field in ((gdn_mosaic, "key_products"), (mamba2_mosaic, "bc_products")):
+        by_window = tuple(
+            (T, dataclasses.replace(t, **{field: "xla"}) if getattr(t, field) == "pallas" else t)
+            for T, t in module._DEFAULT_TILING["replay_verify"])
+        monkeypatch.setitem(module._DEFAULT_TILING, "replay_verify", by_window)
+
+
 def _lower(fn, *args):
     """StableHLO text of `fn` lowered for CUDA from abstract arguments."""
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -129,8 +142,13 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
     (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32),
     (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="mma"), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="mma", key_products="kernel"),
+     F32, F32),
+    (gdn.GDNMosaicTiling(block_k=16, readout="mma", key_products="kernel", prologue="overlap"),
+     F32, F32),
     (None, BF16, BF16)],
-    ids=["default", "bk32-3stages", "bf16-bk16", "overlap", "mma", "default-bf16"])
+    ids=["default", "bk32-3stages", "bf16-bk16", "overlap", "mma", "keys-kernel",
+         "keys-kernel-bk16-overlap", "default-bf16"])
 @pytest.mark.parametrize("T", [2, 4, MAX_VERIFY_TOKENS])
 def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype, T):
     """Qwen3-Next shapes, batch 256, L = 16, a window of T tokens."""
