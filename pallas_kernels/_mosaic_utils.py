@@ -284,7 +284,7 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
     if products:
-        choices = PRODUCTS if kernel_products else PRODUCTS[:2]
+        choices = tuple(p for p in PRODUCTS if kernel_products or p != "kernel")
         check_choice(products, getattr(t, products), choices)
         tiles["products"] = getattr(t, products)
         check(tiles["products"] != "kernel" or tiles.get("readout") == "mma",

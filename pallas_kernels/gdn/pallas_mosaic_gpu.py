@@ -275,17 +275,17 @@ def _kernel_products(buffers, T, block_k, default):
     """key_products "kernel" where the verify kernel can form them (`chunk_products`: an fp32
     ring, its keys copied in 8-row blocks: L % 8 == 0, a barrier for each of its copies); else
     a default takes the launch, an explicit tiling raises."""
-    fp32, L, K = buffers.ring_k.dtype == F32, buffers.window, buffers.ring_k.shape[3]
-    if default and not (fp32 and L % 8 == 0
-                        and _verify_copies(T, K // block_k, 2, True) <= _MAX_BARRIERS):
+    L, nk = buffers.window, buffers.ring_k.shape[3] // block_k
+    copies = _verify_copies(T, nk, 2, True)
+    needs = ((buffers.ring_k.dtype == F32, f"needs a float32 ring, got "
+              f"{jnp.dtype(buffers.ring_k.dtype).name}"),
+             (L % 8 == 0, f"needs a ring window L divisible by 8, got {L}"),
+             (copies <= _MAX_BARRIERS, f"copies the keys in K // block_k = {nk} chunks: "
+              f"{copies} copies at T = {T}, more than a barrier group's {_MAX_BARRIERS}"))
+    if default and not all(ok for ok, _ in needs):
         return "pallas"
-    check(fp32, f"key_products = 'kernel' needs a float32 ring, got "
-          f"{jnp.dtype(buffers.ring_k.dtype).name}")
-    check(L % 8 == 0, f"key_products = 'kernel' needs a ring window L divisible by 8, got {L}")
-    copies = _verify_copies(T, K // block_k, 2, True)
-    check(copies <= _MAX_BARRIERS,
-          f"key_products = 'kernel' copies the keys in K // block_k = {K // block_k} chunks: "
-          f"{copies} copies at T = {T}, more than a barrier group's {_MAX_BARRIERS}")
+    for ok, what in needs:
+        check(ok, f"key_products = 'kernel' {what}")
     return "kernel"
 
 
@@ -296,10 +296,10 @@ _MAX_BARRIERS = 32
 
 def _verify_copies(T, nk, operand_copies, in_kernel):
     """The verify kernel's copies before its stream (one barrier each): with readout "mma"
-    (in_kernel products need it) its 2 operands, T v rows, the ring's d, k_0 and the ring's g,
+    (in_kernel products need it) its operands, T v rows, the ring's d, k_0 and the ring's g,
     and 2 a key chunk (nk of them) for the products in the kernel; else at most 3 T + 4 and
     the operands'."""
-    return T + 5 + 2 * nk if in_kernel else 3 * T + 4 + operand_copies
+    return operand_copies + (T + 3 + 2 * nk if in_kernel else 3 * T + 4)
 
 
 def _product_block_rows(L, Tp):
@@ -817,11 +817,12 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     # in-kernel products: the ring's and the window's keys by chunk (a multiple of 64 rows, a
     # wgmma's M), and their products with the 2T operand vectors
     nk = K // block_k
-    M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64 if in_kernel else 0
-    product_scratch = dict(
-        rows_smem=plgpu.SMEM((M, block_k), F32, transforms=state_layout(block_k, F32)),
-        prod_smem=plgpu.SMEM((M, operands.inputs["xh_ref"].shape[3]), F32)) \
-        if in_kernel else dict(rows_smem=None, prod_smem=None)
+    product_scratch = dict(rows_smem=None, prod_smem=None)
+    if in_kernel:
+        M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64
+        product_scratch = dict(
+            rows_smem=plgpu.SMEM((M, block_k), F32, transforms=state_layout(block_k, F32)),
+            prod_smem=plgpu.SMEM((M, operands.inputs["xh_ref"].shape[3]), F32))
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
