@@ -287,6 +287,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         choices = tuple(p for p in PRODUCTS if kernel_products or p != "kernel")
         check_choice(products, getattr(t, products), choices)
         tiles["products"] = getattr(t, products)
+        if tiles["products"] == "kernel" and tiles.get("readout") != "mma" and tiling is None:
+            tiles["products"] = "pallas"          # a default's, where the state took "fma"
         check(tiles["products"] != "kernel" or tiles.get("readout") == "mma",
               f"{products} = 'kernel' needs readout = 'mma' (its wgmmas read the window's "
               f"operands), got {tiles.get('readout')!r}")

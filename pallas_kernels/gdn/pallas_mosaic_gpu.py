@@ -185,8 +185,14 @@ MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, 
 # Stop 48 (an H100, batch 256): the key products by one Pallas launch (`ring_products`) instead
 # of XLA's fusions took T = 2 from 299.2 to 290.3 us and T = 4 from 400.1 to 357.9 (2.38x ->
 # 2.66x the baseline); at T = 8 XLA's batched GEMM is as fast (652.0 vs 655.6): up to 4 tokens.
+# Stop 51 (an H100, batch 256, same call): the products in the kernel (`chunk_products`) from 5
+# tokens, T = 5 / 6 / 7 / 8 461.2 / 504.8 / 543.4 / 569.0 us against XLA's 508.7 / 550.4 /
+# 601.9 / 654.5 (2.27x -> 2.50x ... 2.64x -> 3.04x; the launch at T = 5 475.1); at T = 2 / 4 they
+# lose to the launch (336.3 / 408.4 against 297.3 / 362.9; wider chunks, 3 stages or 64-row
+# tiles no better).
 MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_products="pallas")),
-                         (MAX_VERIFY_TOKENS, MOSAIC_VERIFY_TILING))
+                         (MAX_VERIFY_TOKENS, dataclasses.replace(MOSAIC_VERIFY_TILING,
+                                                                 key_products="kernel")))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
 # 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.

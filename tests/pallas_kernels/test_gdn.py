@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -175,6 +176,30 @@ def test_kernel_key_products_are_the_verifys():
     with pytest.raises(ValueError, match=r"^key_products must be one of 'xla', 'pallas', got "
                                          r"'kernel'$"):
         gdn.replay_decode(**_valid_args(pb), impl="pallas_mosaic_gpu", tiling=tiling)
+
+
+@pytest.mark.parametrize("state_dtype,ring_dtype", [(BF16, F32), (F32, BF16)],
+                         ids=["bf16-state", "bf16-ring"])
+def test_default_verify_takes_the_launch_where_kernel_products_cannot_run(state_dtype,
+                                                                        ring_dtype, interpret):
+    """The default verify tiling of a long window forms its key products in the kernel, which
+    needs an fp32 state (the "mma" readout; a default reads others by FMAs) and an fp32 ring:
+    elsewhere the default runs with the launch's products, equal to an explicit tiling's with
+    them."""
+    T = 8
+    default = gdn.pallas_mosaic_gpu.measured_tiling(gdn.pallas_mosaic_gpu._DEFAULT_TILING,
+                                                    "replay_verify", T)
+    assert default.key_products == "kernel"
+    pb = GDN(3, batch=2, Hk=1, Hv=1, K=64, V=64)
+    bufs, counts, _ = pb.make_replay_state(16, state_dtype, ring_dtype)
+    inputs = pb.window_inputs(T)
+    slots = jnp.asarray([1, 2], jnp.int32)
+    runs = [gdn.replay_verify(bufs, counts, *inputs, slots, impl="pallas_mosaic_gpu",
+                              tiling=tiling, interpret=interpret)
+            for tiling in (None, dataclasses.replace(
+                default, key_products="pallas", readout="mma" if state_dtype == F32 else "fma"))]
+    for a, b in zip(*(jax.tree.leaves(r) for r in runs)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def test_mosaic_bf16_state_needs_chunk_rows_of_32_bytes():

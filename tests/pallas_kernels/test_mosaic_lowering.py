@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import gdn, mamba2
+from pallas_kernels import gdn, mamba2, ring_products
 from pallas_kernels.ring import MAX_VERIFY_TOKENS
 
 try:
@@ -25,22 +25,16 @@ except ImportError:
                 allow_module_level=True)
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-# The default Mamba-2 replay takes its B . C products from a Triton launch, which lowers only
-# with a GPU present: here XLA forms them (the Mosaic kernel, the one under test, is the same).
-M2_REPLAY_DEFAULT = dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, bc_products="xla")
 
 
 @pytest.fixture(autouse=True)
-def _default_verify_products_by_xla(monkeypatch):
-    """The default verify tilings that take their products from the Triton launch (which lowers
-    only with a GPU present) take them from XLA here: the Mosaic kernel is the same."""
-    from pallas_kernels.gdn import pallas_mosaic_gpu as gdn_mosaic
-    from pallas_kernels.mamba2 import pallas_mosaic_gpu as mamba2_mosaic
-    for module, field in ((gdn_mosaic, "key_products"), (mamba2_mosaic, "bc_products")):
-        by_window = tuple(
-            (T, dataclasses.replace(t, **{field: "xla"}) if getattr(t, field) == "pallas" else t)
-            for T, t in module._DEFAULT_TILING["replay_verify"])
-        monkeypatch.setitem(module._DEFAULT_TILING, "replay_verify", by_window)
+def _products_by_xla(monkeypatch):
+    """The replay kernels' dot products by the Triton launch (`ring_products`: defaults, their
+    fallbacks, explicit tilings) lower only with a GPU present: here XLA forms them. The
+    Mosaic kernels, the ones under test, are the same."""
+    def by_xla(ring, slots, windows, pairs=(), **_):
+        return ring_products.products(ring, slots, windows, pairs, by="xla")
+    monkeypatch.setattr(ring_products, "window_products", by_xla)
 
 
 def _lower(fn, *args):
@@ -61,7 +55,7 @@ def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
     (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
     (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
     (mamba2.Mamba2MosaicTiling(block_n=32, prologue="overlap"), F32),
-    (dataclasses.replace(M2_REPLAY_DEFAULT, heads=2), F32)],
+    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, heads=2), F32)],
     ids=["default", "bn32-3stages", "bf16-bn16", "overlap", "two-heads"])
 def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
@@ -70,8 +64,8 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     kw = dict(impl="pallas_mosaic_gpu", interpret=False)
     for text in (_lower(functools.partial(mamba2.standard_decode, tiling=tiling, **kw),
                         bufs.checkpoint, *step),
-                 _lower(functools.partial(mamba2.replay_decode, tiling=tiling or M2_REPLAY_DEFAULT,
-                                          **kw), bufs, counts, *step)):
+                 _lower(functools.partial(mamba2.replay_decode, tiling=tiling, **kw),
+                        bufs, counts, *step)):
         assert "mosaic_gpu" in text
 
 
@@ -173,8 +167,6 @@ def test_fp32_replay_kernels_fit_three_ctas_per_sm(monkeypatch, family, kernel, 
     ring (an fp32 one's keys and d rows take 6 KiB more), and verify up to T = 4 (its window
     rows of v, k, q and d take 1 KiB per token)."""
     kw = dict(impl="pallas_mosaic_gpu", tiling=None, interpret=False)
-    if (family, kernel) == ("mamba2", "replay_decode"):
-        kw["tiling"] = M2_REPLAY_DEFAULT
     if family == "mamba2":
         bufs, counts, (*token, A, D, slots) = _mamba2_args(
             S=257, b=256, H=128, P=64, N=128, G=8, L=16, state_dtype=F32)
