@@ -257,7 +257,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
     state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
     tiling's field that says who forms the replay's dot products) "products" (one of
-    `validation.PRODUCTS`; "kernel" only where `kernel_products`, with readout "mma"):
+    `validation.PRODUCTS`; "kernel" only where `kernel_products`, with readout "mma": a
+    default's "pallas" where its readout is "fma"):
     chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
     vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
     state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""

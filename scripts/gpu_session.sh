@@ -679,6 +679,27 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       {"key_products": "kernel", "block_k": 16, "num_stages": 3},
       {"key_products": "kernel", "block_k": 16, "num_stages": 4},
       {"key_products": "kernel", "num_stages": 3}]' ;;
+  keys-kernel-windows)
+    # the window products k_r . k_t, k_r . q_t in SMEM with the walk's scalars (no GMEM scalar
+    # reads in the substitution) and the products in the kernel from 5 tokens: compiled tests,
+    # then the verify at T = 2 / 4 by default and with the window's d written to the ring by
+    # the kernel, the tree before it (OLD_TREE, a copy of its packages) at T = 2 / 4, and
+    # T = 5 / 8 by default and with the launch's products
+    each_test 90 -k "gdn and mosaic and random_acceptance and (4-8-pallas or keys-pallas)" \
+      | tee "$out/tests.txt"
+    limit 100 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 2 4 --batches 256 --impls pallas_mosaic_gpu \
+      --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_window_smem_t24.json" \
+      2>>"$out/verify.log" | grep "^|" || true
+    if [ -n "${OLD_TREE:-}" ]; then
+      (cd "$OLD_TREE" && limit 100 python3 -m replayjax.bench.verify --family gdn \
+        --shapes qwen3-next --tokens 2 4 --batches 256 --impls pallas_mosaic_gpu \
+        --json "$out/verify_window_gmem.json" 2>>"$out/verify.log" | grep "^|" || true)
+    fi
+    limit 130 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 5 8 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"key_products":
+      "pallas"}]' --json "$out/verify_window_smem_t58.json" \
+      2>>"$out/verify.log" | grep "^|" || true ;;
   products-decode)
     for b in 256 32; do
       limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \

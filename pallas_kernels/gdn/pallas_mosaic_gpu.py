@@ -303,9 +303,9 @@ _MAX_BARRIERS = 32
 def _verify_copies(T, nk, operand_copies, in_kernel):
     """The verify kernel's copies before its stream (one barrier each): with readout "mma"
     (in_kernel products need it) its operands, T v rows, the ring's d, k_0 and the ring's g,
-    and 2 a key chunk (nk of them) for the products in the kernel; else at most 3 T + 4 and
-    the operands'."""
-    return operand_copies + (T + 3 + 2 * nk if in_kernel else 3 * T + 4)
+    and 2 a key chunk (nk of them) for the products in the kernel; else at most 3 T + 6 (the
+    k and q rows or k_0, the v rows, the ring's d, five scalar vectors) and the operands'."""
+    return operand_copies + (T + 3 + 2 * nk if in_kernel else 3 * T + 6)
 
 
 def _product_block_rows(L, Tp):
@@ -694,17 +694,20 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         def window_x(p, r, t):        # p: 0 k_r . k_t, 1 k_r . q_t
             return prod_smem[L + r, p * T + t]
     else:
-        # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major).
+        # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major); the
+        # substitution's k_r . k_t and k_r . q_t [T * T] (r-major) with them, off GMEM latency
+        # (read as GMEM scalars, one round trip each, on the CTA's critical path).
         walk_copies, (ring_g, *ring_products) = scalar_vectors(
             (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
-            (rkq_ref.at[b, hk], sv.ring_kq))
+            (rkq_ref.at[b, hk], sv.ring_kq), (wkk_ref.at[b, hk], sv.window_kk),
+            (wkq_ref.at[b, hk], sv.window_kq))
         product_copies = []
 
         def ring_x(p, t, j):
             return ring_products[p](t * L + j)
 
         def window_x(p, r, t):
-            return (wkk_ref, wkq_ref)[p][b, hk, r, t]
+            return ring_products[2 + p](r * T + t)
     # The window's k, q rows (or their "mma" operands, and k_0 for the fold) first, then its v
     # rows, one 1-D copy each (into the pack, not [T, n] buffers of their own), the ring's d
     # rows [L, R] and the walk's scalars.
@@ -805,6 +808,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
                                                  interpret=bool(interpret))
         rkk, rkq = (p.reshape(batch, Hk, T * L) for p in (rkk, rkq))  # [b, Hk, T L]
+        wkk, wkq = (p.reshape(batch, Hk, T * T) for p in (wkk, wkq))  # [b, Hk, T T]
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
@@ -814,7 +818,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             **({"q": ((T, K), q.dtype)} if fma else {}),
                             d=((T, tile_rows), ring_dtype if write_ring else F32),
                             ring_g=(L, F32), **({} if in_kernel else {
-                                "ring_kk": (T * L, F32), "ring_kq": (T * L, F32)}))
+                                "ring_kk": (T * L, F32), "ring_kq": (T * L, F32),
+                                "window_kk": (T * T, F32), "window_kq": (T * T, F32)}))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,

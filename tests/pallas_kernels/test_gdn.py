@@ -17,6 +17,7 @@ import pytest
 from pallas_kernels import gdn
 from pallas_kernels._mosaic_utils import resolve_tiles
 from pallas_kernels.ring import NULL_SLOT
+from pallas_kernels.validation import for_window
 from tests.pallas_kernels.families import (
     BF16,
     F32,
@@ -187,8 +188,7 @@ def test_default_verify_takes_the_launch_where_kernel_products_cannot_run(state_
     elsewhere the default runs with the launch's products, equal to an explicit tiling's with
     them."""
     T = 8
-    default = gdn.pallas_mosaic_gpu.measured_tiling(gdn.pallas_mosaic_gpu._DEFAULT_TILING,
-                                                    "replay_verify", T)
+    default = for_window(gdn.MOSAIC_VERIFY_TILINGS, T)
     assert default.key_products == "kernel"
     pb = GDN(3, batch=2, Hk=1, Hv=1, K=64, V=64)
     bufs, counts, _ = pb.make_replay_state(16, state_dtype, ring_dtype)
