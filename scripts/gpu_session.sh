@@ -700,6 +700,19 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tokens 5 8 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"key_products":
       "pallas"}]' --json "$out/verify_window_smem_t58.json" \
       2>>"$out/verify.log" | grep "^|" || true ;;
+  verify-regs)
+    # ptxas' registers and spills of the Mosaic GDN verify by window (T = 4 -> 5 adds ~90 us of
+    # kernel time on an H100, twenty-seventh session): one short verify run per T with the
+    # kernels' PTX and ptxas reports dumped, the reports printed and kept
+    for T in 4 5 8; do
+      rm -rf /tmp/isa-v$T && mkdir -p /tmp/isa-v$T
+      MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/isa-v$T limit 90 \
+        python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next --tokens $T \
+        --batches 256 --impls pallas_mosaic_gpu >/dev/null 2>>"$out/verify.log" || true
+      echo "== T = $T"; grep -H -i "registers\|spill\|smem" /tmp/isa-v$T/*.ptxas \
+        2>/dev/null | sort | uniq -c || true
+    done
+    tar czf "$out/isa_verify.tgz" -C /tmp isa-v4 isa-v5 isa-v8 || true ;;
   products-decode)
     for b in 256 32; do
       limit 80 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
