@@ -685,7 +685,7 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # then the verify at T = 2 / 4 by default and with the window's d written to the ring by
     # the kernel, the tree before it (OLD_TREE, a copy of its packages) at T = 2 / 4, and
     # T = 5 / 8 by default and with the launch's products
-    each_test 90 -k "gdn and mosaic and random_acceptance and (4-8-pallas or keys-pallas)" \
+    each_test 120 -k "gdn and mosaic and random_acceptance and (4-8-pallas or keys-pallas or 8-16)" \
       | tee "$out/tests.txt"
     limit 100 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
       --tokens 2 4 --batches 256 --impls pallas_mosaic_gpu \

@@ -18,6 +18,7 @@ from tests.pallas_kernels.families import (
     BF16,
     F32,
     FAMILIES,
+    GDN,
     IMPLS,
     MOSAIC,
     each_family,
@@ -63,6 +64,9 @@ def verify_params(cases, mosaic_cases):
       if has_mosaic(f, "replay_verify") and "ring_write" in f.VERIFY_OPTIONS),
     *(pytest.param(f, 4, 8, MOSAIC, opts, None, id=f"{name}-4-8-{case}-{MOSAIC}")
       for name, f in FAMILIES.items() for case, opts in f.MOSAIC_VERIFY_OPTIONS),
+    # GDN's verify default from 5 tokens: the key products in the kernel, at T = 8
+    pytest.param(GDN, 8, 16, MOSAIC, dict(key_products="kernel"), None,
+                 id=f"gdn-8-16-keys-kernel-{MOSAIC}"),
     *(pytest.param(f, 4, 16, "pallas", opts, dims, id=f"{name}-4-16-{case}-pallas")
       for name, f in FAMILIES.items() for case, dims, opts in f.MASKED_TILE_CASES)])
 def test_random_acceptance_matches_recurrence(family, T, L, impl, options, dims, interpret):
