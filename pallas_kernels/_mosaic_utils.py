@@ -257,8 +257,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
     state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
     tiling's field that says who forms the replay's dot products) "products" (one of
-    `validation.PRODUCTS`; "kernel" only where `kernel_products`, with readout "mma": a
-    default's "pallas" where its readout is "fma"):
+    `validation.PRODUCTS`; "kernel" only where `kernel_products`: the caller checks what it
+    needs):
     chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
     vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
     state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
@@ -288,11 +288,6 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         choices = tuple(p for p in PRODUCTS if kernel_products or p != "kernel")
         check_choice(products, getattr(t, products), choices)
         tiles["products"] = getattr(t, products)
-        if tiles["products"] == "kernel" and tiles.get("readout") != "mma" and tiling is None:
-            tiles["products"] = "pallas"          # a default's, where the state took "fma"
-        check(tiles["products"] != "kernel" or tiles.get("readout") == "mma",
-              f"{products} = 'kernel' needs readout = 'mma' (its wgmmas read the window's "
-              f"operands), got {tiles.get('readout')!r}")
     return tiles
 
 

@@ -269,7 +269,7 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                    verify=True, fold=True)
     if tiles["products"] == "kernel":
         tiles["products"] = _kernel_products(buffers, v.shape[1], tiles["block_k"],
-                                             tiling is None)
+                                             tiles["readout"], tiling is None)
     o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                                   **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -277,13 +277,16 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                            None if in_kernel else d, g)
 
 
-def _kernel_products(buffers, T, block_k, default):
-    """key_products "kernel" where the verify kernel can form them (`chunk_products`: an fp32
-    ring, its keys copied in 8-row blocks: L % 8 == 0, a barrier for each of its copies); else
-    a default takes the launch, an explicit tiling raises."""
+def _kernel_products(buffers, T, block_k, readout, default):
+    """key_products "kernel" where the verify kernel can form them (`chunk_products`: the
+    "mma" readout's operands, an fp32 ring, its keys copied in 8-row blocks: L % 8 == 0, a
+    barrier for each of its copies); else a default (whose readout is "fma" on a non-fp32
+    state) takes the launch, an explicit tiling raises."""
     L, nk = buffers.window, buffers.ring_k.shape[3] // block_k
     copies = _verify_copies(T, nk, 2, True)
-    needs = ((buffers.ring_k.dtype == F32, f"needs a float32 ring, got "
+    needs = ((readout == "mma", f"needs readout = 'mma' (its wgmmas read the window's "
+              f"operands), got {readout!r}"),
+             (buffers.ring_k.dtype == F32, f"needs a float32 ring, got "
               f"{jnp.dtype(buffers.ring_k.dtype).name}"),
              (L % 8 == 0, f"needs a ring window L divisible by 8, got {L}"),
              (copies <= _MAX_BARRIERS, f"copies the keys in K // block_k = {nk} chunks: "
@@ -697,17 +700,17 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major); the
         # substitution's k_r . k_t and k_r . q_t [T * T] (r-major) with them, off GMEM latency
         # (read as GMEM scalars, one round trip each, on the CTA's critical path).
-        walk_copies, (ring_g, *ring_products) = scalar_vectors(
+        walk_copies, (ring_g, *readers) = scalar_vectors(
             (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
             (rkq_ref.at[b, hk], sv.ring_kq), (wkk_ref.at[b, hk], sv.window_kk),
             (wkq_ref.at[b, hk], sv.window_kq))
         product_copies = []
 
         def ring_x(p, t, j):
-            return ring_products[p](t * L + j)
+            return readers[p](t * L + j)
 
         def window_x(p, r, t):
-            return ring_products[2 + p](r * T + t)
+            return readers[2 + p](r * T + t)
     # The window's k, q rows (or their "mma" operands, and k_0 for the fold) first, then its v
     # rows, one 1-D copy each (into the pack, not [T, n] buffers of their own), the ring's d
     # rows [L, R] and the walk's scalars.
