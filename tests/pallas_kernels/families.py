@@ -138,12 +138,15 @@ class Mamba2(Problem):
     MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
-    # the B . C products by XLA; a lean fold (2 chunks in flight, one staging buffer: each
-    # write-back waits for the one before) under a 4-stage read-only pass
-    MOSAIC_REPLAY_OPTIONS = [("bc-xla", dict(bc_products="xla")),
-                             ("lean-fold", dict(num_stages=4, fold_stages=2, fold_buffers=1))]
-    # the verify's B . C products by the Pallas launch (its default: XLA)
-    MOSAIC_VERIFY_OPTIONS = [("bc-pallas", dict(bc_products="pallas"))]
+    # the options in one case each run (the interpreter is slow): the B . C products by XLA
+    # with a lean fold (2 chunks in flight, one staging buffer: each write-back waits for the
+    # one before) under a 4-stage read-only pass
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold", dict(bc_products="xla", num_stages=4,
+                                                       fold_stages=2, fold_buffers=1))]
+    # the verify's B . C products by the Pallas launch (the test tiling's: XLA), the window's
+    # ring rows written by the kernel
+    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write", dict(bc_products="pallas",
+                                                           ring_write="kernel"))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -225,17 +228,18 @@ class GDN(Problem):
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
     MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2)),
-                             ("mma", dict(readout="mma")),
-                             ("keys-pallas", dict(key_products="pallas"))]
+                             ("mma-keys-pallas", dict(readout="mma", key_products="pallas"))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
-    # the key products by the Pallas launch, and in the kernel by tf32 wgmmas
+    # the key products by the Pallas launch (the default to T = 4), and in the kernel by tf32
+    # wgmmas with the overlap prologue and the window's ring rows written by the kernel (the
+    # serial prologue's in-kernel products: the T = 8 case)
     MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
                                                     fold_buffers=2)),
                              ("keys-pallas", dict(key_products="pallas")),
-                             ("keys-kernel", dict(key_products="kernel")),
-                             ("keys-kernel-overlap", dict(key_products="kernel",
-                                                          prologue="overlap"))]
+                             ("keys-kernel-overlap-ring-write",
+                              dict(key_products="kernel", prologue="overlap",
+                                   ring_write="kernel"))]
 
     @property
     def state_shape(self):

@@ -58,10 +58,7 @@ def verify_params(cases, mosaic_cases):
         [(1, 4), (2, 4), (4, 4), (3, 8), (4, 16), (8, 16)], [(4, 8)])),
     *(pytest.param(f, 4, 16, "pallas", f.VERIFY_OPTIONS, None, id=f"{name}-4-16-options-pallas")
       for name, f in FAMILIES.items()),
-    # the Mosaic verify with the options it has (the window's ring rows written in the kernel)
-    *(pytest.param(f, 4, 8, MOSAIC, f.VERIFY_OPTIONS, None, id=f"{name}-4-8-options-{MOSAIC}")
-      for name, f in FAMILIES.items()
-      if has_mosaic(f, "replay_verify") and "ring_write" in f.VERIFY_OPTIONS),
+    # the Mosaic verify's options (ring_write among them), a few to a case
     *(pytest.param(f, 4, 8, MOSAIC, opts, None, id=f"{name}-4-8-{case}-{MOSAIC}")
       for name, f in FAMILIES.items() for case, opts in f.MOSAIC_VERIFY_OPTIONS),
     # GDN's verify default from 5 tokens: the key products in the kernel, at T = 8
