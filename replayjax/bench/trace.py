@@ -28,8 +28,10 @@ H200 trace with jax 0.11.2.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import contextlib
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -146,18 +148,40 @@ def _fields(b):
         yield key >> 3, v
 
 
-def hlo_modules(path: str) -> dict[str, str]:
+class _HloTexts(collections.abc.Mapping):
+    """{"module(program_id)": HLO text with metadata}, each text printed from its HloProto when
+    first read: the metadata plane holds every module the process compiled, and a long-lived
+    process (a benchmark's variants, a test worker) has thousands; a profile reads those that
+    ran."""
+
+    def __init__(self, protos: dict[str, bytes]):
+        self._protos, self._texts = protos, {}
+
+    def __getitem__(self, key):
+        if key not in self._texts:
+            from jaxlib import xla_client
+            opts = xla_client.hlo.HloPrintOptions()
+            opts.print_metadata = True
+            module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(self._protos[key])
+            self._texts[key] = module.to_string(opts)
+        return self._texts[key]
+
+    def __iter__(self):
+        return iter(self._protos)
+
+    def __len__(self):
+        return len(self._protos)
+
+
+def hlo_modules(path: str) -> collections.abc.Mapping[str, str]:
     """{"module(program_id)": HLO text with metadata} of every module in the trace's metadata
-    plane. Field numbers from tsl/profiler/protobuf/xplane.proto (XSpace.planes = 1; XPlane.name
-    = 2, event_metadata = 4, stat_metadata = 5; XEventMetadata.name = 2, stats = 5;
-    XStatMetadata.name = 2; XStat.metadata_id = 1, bytes_value = 6) and xla/service/hlo.proto
-    (HloProto.hlo_module = 1)."""
-    from jaxlib import xla_client
+    plane (each printed when first read). Field numbers from tsl/profiler/protobuf/xplane.proto
+    (XSpace.planes = 1; XPlane.name = 2, event_metadata = 4, stat_metadata = 5;
+    XEventMetadata.name = 2, stats = 5; XStatMetadata.name = 2; XStat.metadata_id = 1,
+    bytes_value = 6) and xla/service/hlo.proto (HloProto.hlo_module = 1)."""
     with open(path, "rb") as f:
         space = f.read()
-    opts = xla_client.hlo.HloPrintOptions()
-    opts.print_metadata = True
-    out = {}
+    protos = {}
     for field, plane in _fields(space):
         pf = list(_fields(plane)) if field == 1 else []
         if (2, b"/host:metadata") not in pf:
@@ -173,10 +197,8 @@ def hlo_modules(path: str) -> dict[str, str]:
             stats = [dict(_fields(x)) for k, x in meta if k == 5]
             for st in stats:
                 if st.get(1) == hlo_stat and 6 in st:
-                    proto = dict(_fields(st[6]))[1]           # HloProto.hlo_module
-                    module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(proto)
-                    out[name] = module.to_string(opts)
-    return out
+                    protos[name] = dict(_fields(st[6]))[1]           # HloProto.hlo_module
+    return _HloTexts(protos)
 
 
 # ---------------------------------------------------------------------- classification
@@ -348,23 +370,31 @@ def kernel_table(trace_dir: str) -> list[dict]:
     one) or "name" (no such instruction, a Pallas kernel's: classed by scopes, else its name);
     sorted by time."""
     path = xplane_file(trace_dir)
-    modules, named = {}, collections.defaultdict(list)
-    for key, text in hlo_modules(path).items():
-        classes = classify_module(text)
-        modules[key] = classes, module_sources(text), {kernel_name(i): i for i in classes}
-        named[key.split("(")[0]].append(modules[key])
-    largest = sorted(modules.values(), key=lambda m: -len(m[0]))
+    texts, named = hlo_modules(path), collections.defaultdict(list)
+    for key in texts:
+        named[key.split("(")[0]].append(key)
+
+    @functools.cache
+    def module(key):          # (classes, sources, kernels) of a module, read when first needed
+        classes = classify_module(texts[key])
+        return classes, module_sources(texts[key]), {kernel_name(i): i for i in classes}
+
+    @functools.cache
+    def largest():
+        return sorted((module(k) for k in texts), key=lambda m: -len(m[0]))
+
     rows = {}
     for ev in device_events(path):
         # its module by id, else those of its name (a program compiled twice, e.g. at two
         # shapes, has two ids: the one holding its instruction), else every module
-        exact = modules.get(f"{ev.module}({ev.program_id})")
-        mine = ([exact] if exact else []) + named.get(ev.module, [])
-        own = next((m for m in mine if ev.op in m[0]), None)
+        exact = f"{ev.module}({ev.program_id})"
+        keys = ([exact] if exact in texts else []) + named.get(ev.module, [])
+        own = next((m for m in map(module, keys) if ev.op in m[0]), None)
         if own:
             (classes, sources, _), op, by = own, ev.op, "hlo"
         else:
-            found = next((m for m in mine + largest if ev.name in m[2]), None)
+            found = next((m for m in map(module, keys) if ev.name in m[2]), None) or next(
+                (m for m in largest() if ev.name in m[2]), None)
             classes, sources, kernels = found or ({}, {}, {})
             op, by = kernels.get(ev.name), "kernel" if found else "name"
         cls = classes[op] if op else _fallback_class(ev)

@@ -209,6 +209,33 @@ def test_kernels_of_a_cuda_graph_are_found_by_their_kernel_name(monkeypatch):
     assert (miss["cls"], miss["by"], miss["source"]) == ("ssm", "name", "")
 
 
+def test_only_the_modules_that_ran_are_read(monkeypatch):
+    """A trace's metadata holds every module the process compiled (thousands in a long-lived
+    one): the table reads the modules its events name, those of its id first, and no other
+    when their instructions are found."""
+    def step(x):
+        return jnp.exp(x) + 1.0
+
+    text = jax.jit(step).lower(jnp.ones(4)).compile().as_text()
+    op = next(iter(trace.classify_module(text)))
+    read = []
+
+    class Texts(dict):
+        def __getitem__(self, key):
+            read.append(key)
+            return super().__getitem__(key)
+
+    others = {f"jit_other({i})": "not HLO: reading it fails" for i in range(50)}
+    monkeypatch.setattr(trace, "xplane_file", lambda d: d)
+    monkeypatch.setattr(trace, "hlo_modules", lambda p: Texts(
+        {**others, "jit_step(3)": "not HLO either", "jit_step(7)": text}))
+    monkeypatch.setattr(trace, "device_events", lambda p: [
+        trace.Event(op, 2.0, "jit_step", 7, op), trace.Event(op, 1.0, "jit_step", 7, op)])
+    (row,) = trace.kernel_table("t")
+    assert (row["count"], row["by"]) == (2, "hlo")
+    assert set(read) == {"jit_step(7)"}
+
+
 def test_nested_thunks_keep_the_innermost():
     evs = [(0, 10, "while", {}), (1, 4, "body1", {}), (5, 9, "body2", {}), (12, 13, "after", {})]
     assert [e[2] for e in trace._innermost(evs)] == ["body1", "body2", "after"]
