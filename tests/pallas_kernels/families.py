@@ -138,7 +138,7 @@ class Mamba2(Problem):
     MOSAIC_DIMS = dict(H=2, G=1, P=80, N=64)
     MOSAIC_CHUNK = 16
     MOSAIC_REAL_CASES = REAL_CASES
-    # the options in one case each run (the interpreter is slow): the B . C products by XLA
+    # its options, several to a case (the interpreter is slow): the B . C products by XLA
     # with a lean fold (2 chunks in flight, one staging buffer: each write-back waits for the
     # one before) under a 4-stage read-only pass
     MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold", dict(bc_products="xla", num_stages=4,

@@ -225,7 +225,7 @@ def test_only_the_modules_that_ran_are_read(monkeypatch):
             read.append(key)
             return super().__getitem__(key)
 
-    others = {f"jit_other({i})": "not HLO: reading it fails" for i in range(50)}
+    others = {f"jit_other({i})": "not HLO: never read" for i in range(50)}
     monkeypatch.setattr(trace, "xplane_file", lambda d: d)
     monkeypatch.setattr(trace, "hlo_modules", lambda p: Texts(
         {**others, "jit_step(3)": "not HLO either", "jit_step(7)": text}))
