@@ -810,8 +810,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     else:
         rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
                                                  interpret=bool(interpret))
-        rkk, rkq = (p.reshape(batch, Hk, T * L) for p in (rkk, rkq))  # [b, Hk, T L]
-        wkk, wkq = (p.reshape(batch, Hk, T * T) for p in (wkk, wkq))  # [b, Hk, T T]
+        # flat per key head, as the kernel reads them: [b, Hk, T L] (t-major) and [b, Hk, T T]
+        # (r-major)
+        rkk, rkq, wkk, wkq = (p.reshape(batch, Hk, -1) for p in (rkk, rkq, wkk, wkq))
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32

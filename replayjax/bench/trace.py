@@ -376,8 +376,9 @@ def kernel_table(trace_dir: str) -> list[dict]:
 
     @functools.cache
     def module(key):          # (classes, sources, kernels) of a module, read when first needed
-        classes = classify_module(texts[key])
-        return classes, module_sources(texts[key]), {kernel_name(i): i for i in classes}
+        text = texts[key]
+        classes = classify_module(text)
+        return classes, module_sources(text), {kernel_name(i): i for i in classes}
 
     @functools.cache
     def largest():
