@@ -700,6 +700,18 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tokens 5 8 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"key_products":
       "pallas"}]' --json "$out/verify_window_smem_t58.json" \
       2>>"$out/verify.log" | grep "^|" || true ;;
+  options-compiled)
+    # the Mosaic kernels' options as the CPU tests merge them (stop 52), compiled: Mamba-2's
+    # replay bc-xla + lean fold, verify bc-pallas + ring_write="kernel"; GDN's replay full fold,
+    # mma + keys-pallas, verify fma + full fold, keys-pallas, in-kernel keys + overlap +
+    # ring_write="kernel", in-kernel keys at T = 8; then ring_write="kernel" against the
+    # default at T = 2 / 4 / 5 / 8 (the twenty-eighth session's 2% at T = 2 / 4, once more)
+    each_test 200 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
+      | tee "$out/tests.txt"
+    limit 220 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 2 4 5 8 --batches 256 --impls pallas_mosaic_gpu \
+      --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_ring_write_t2458.json" \
+      2>>"$out/verify.log" | grep "^|" || true ;;
   verify-regs)
     # ptxas' registers and spills of the Mosaic GDN verify by window (T = 4 -> 5 adds ~90 us of
     # kernel time on an H100, twenty-seventh session): one short verify run per T with the
