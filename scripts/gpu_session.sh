@@ -705,13 +705,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # replay bc-xla + lean fold, verify bc-pallas + ring_write="kernel"; GDN's replay full fold,
     # mma + keys-pallas, verify fma + full fold, keys-pallas, in-kernel keys + overlap +
     # ring_write="kernel", in-kernel keys at T = 8; then ring_write="kernel" against the
-    # default at T = 2 / 4 / 5 / 8 (the twenty-eighth session's 2% at T = 2 / 4, once more)
-    each_test 200 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
+    # default at T = 2 / 4 / 8 (the twenty-eighth session's 2% at T = 2 / 4, once more)
+    each_test 170 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
       | tee "$out/tests.txt"
-    limit 220 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
-      --tokens 2 4 5 8 --batches 256 --impls pallas_mosaic_gpu \
-      --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_ring_write_t2458.json" \
+    limit 150 python3 -m replayjax.bench.verify --family gdn --shapes qwen3-next \
+      --tokens 2 4 8 --batches 256 --impls pallas_mosaic_gpu \
+      --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_ring_write_t248.json" \
       2>>"$out/verify.log" | grep "^|" || true ;;
+  ncu-verify)
+    # Nsight Compute on today's Mosaic GDN verify (the last was at 442 us, seventeenth session):
+    # T = 4 (products by the launch, 54% of copy on minimum bytes at 315.7 us) and T = 8
+    # (products in the kernel, 38% at 550.9 us; 3x needs 72% / 46%, twenty-eighth session)
+    for T in ${NCU_TOKENS:-4 8}; do
+      ncu_csv gdn_mosaic_verify_t$T replay_verify python3 scripts/ncu_kernels.py --family gdn \
+        --impl pallas_mosaic_gpu --kernel verify --tokens $T
+    done ;;
   verify-regs)
     # ptxas' registers and spills of the Mosaic GDN verify by window (T = 4 -> 5 adds ~90 us of
     # kernel time on an H100, twenty-seventh session): one short verify run per T with the
