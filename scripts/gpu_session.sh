@@ -178,6 +178,9 @@ export REPLAYJAX_LOG_STAGES=1  # the benchmarks log each stage's seconds (where 
 # processes of one model share their GEMM autotuning (an 80B MoE variant compiled for ~4 min),
 # and a stage re-run on the same machine reuses its programs ("compile s" then reads lower)
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/replayjax-jax-cache}
+if [ $# -lt 1 ]; then
+  echo "usage: scripts/gpu_session.sh STAGE [OUT_DIR] (the stages: this file's header)" >&2; exit 2
+fi
 stage=$1 out=${2:-gpu-out}
 mkdir -p "$out"
 limit() {  # limit SECONDS CMD...: timeout SECONDS, cut to what is left before $DEADLINE (epoch

@@ -157,3 +157,13 @@ def test_stage_commands_parse(stage, recorded):
 
 def test_every_stage_runs_something(recorded):
     assert {s for s, (_, _, calls) in recorded.items() if not calls} == set()
+
+
+
+@pytest.mark.parametrize("stage,message", [(None, "usage: scripts/gpu_session.sh STAGE"),
+                                           ("no-such-stage", "unknown stage no-such-stage")])
+def test_a_missing_or_unknown_stage_is_one_line(stage, message, tmp_path):
+    argv = ["bash", str(SCRIPT)] + ([] if stage is None else [stage, str(tmp_path / "out")])
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.splitlines() == [run.stderr.strip()]
+    assert message in run.stderr
