@@ -159,7 +159,6 @@ def test_every_stage_runs_something(recorded):
     assert {s for s, (_, _, calls) in recorded.items() if not calls} == set()
 
 
-
 @pytest.mark.parametrize("stage,message", [(None, "usage: scripts/gpu_session.sh STAGE"),
                                            ("no-such-stage", "unknown stage no-such-stage")])
 def test_a_missing_or_unknown_stage_is_one_line(stage, message, tmp_path):
