@@ -490,13 +490,18 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
         2>>"$out/kernels.log" | grep "^|"
     done ;;
   ncu)
-    for kern in ${NCU_KERNELS:-replay}; do                # scripts/ncu_kernels.py --kernel
-      name=replay_decode suffix=""                        # replay's CSVs keep their old names
-      if [ "$kern" = verify ]; then name=replay_verify suffix=_verify; fi
-      for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
-        for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
-          ncu_csv "${fam}_$impl$suffix" $name python3 scripts/ncu_kernels.py --family $fam \
-            --impl $impl --kernel $kern
+    # NCU_KERNELS (scripts/ncu_kernels.py --kernel), NCU_FAMILIES, NCU_IMPLS; verify at each
+    # window of NCU_TOKENS (default 4)
+    for kern in ${NCU_KERNELS:-replay}; do
+      name=replay_decode suffix="" windows=1              # replay's CSVs keep their old names
+      if [ "$kern" = verify ]; then name=replay_verify windows=${NCU_TOKENS:-4}; fi
+      for T in $windows; do
+        if [ "$kern" = verify ]; then suffix=_verify_t$T; fi
+        for fam in ${NCU_FAMILIES:-mamba2 gdn}; do
+          for impl in ${NCU_IMPLS:-pallas pallas_mosaic_gpu}; do
+            ncu_csv "${fam}_$impl$suffix" $name python3 scripts/ncu_kernels.py --family $fam \
+              --impl $impl --kernel $kern --tokens $T
+          done
         done
       done
     done ;;
@@ -715,14 +720,6 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tokens 2 4 8 --batches 256 --impls pallas_mosaic_gpu \
       --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_ring_write_t248.json" \
       2>>"$out/verify.log" | grep "^|" || true ;;
-  ncu-verify)
-    # Nsight Compute on today's Mosaic GDN verify (the last was at 442 us, seventeenth session):
-    # T = 4 (products by the launch, 54% of copy on minimum bytes at 315.7 us) and T = 8
-    # (products in the kernel, 38% at 550.9 us; 3x needs 72% / 46%, twenty-eighth session)
-    for T in ${NCU_TOKENS:-4 8}; do
-      ncu_csv gdn_mosaic_verify_t$T replay_verify python3 scripts/ncu_kernels.py --family gdn \
-        --impl pallas_mosaic_gpu --kernel verify --tokens $T
-    done ;;
   verify-regs)
     # ptxas' registers and spills of the Mosaic GDN verify by window (T = 4 -> 5 adds ~90 us of
     # kernel time on an H100, twenty-seventh session): one short verify run per T with the

@@ -150,21 +150,19 @@ def _fields(b):
 
 class _HloTexts(collections.abc.Mapping):
     """{"module(program_id)": HLO text with metadata}, each text printed from its HloProto when
-    first read: the metadata plane holds every module the process compiled, and a long-lived
-    process (a benchmark's variants, a test worker) has thousands; a profile reads those that
-    ran."""
+    read (every read prints it again: the readers read a module once): the metadata plane holds
+    every module the process compiled, and a long-lived process (a benchmark's variants, a test
+    worker) has thousands; a profile reads those that ran."""
 
     def __init__(self, protos: dict[str, bytes]):
-        self._protos, self._texts = protos, {}
+        self._protos = protos
 
     def __getitem__(self, key):
-        if key not in self._texts:
-            from jaxlib import xla_client
-            opts = xla_client.hlo.HloPrintOptions()
-            opts.print_metadata = True
-            module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(self._protos[key])
-            self._texts[key] = module.to_string(opts)
-        return self._texts[key]
+        from jaxlib import xla_client
+        opts = xla_client.hlo.HloPrintOptions()
+        opts.print_metadata = True
+        module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(self._protos[key])
+        return module.to_string(opts)
 
     def __iter__(self):
         return iter(self._protos)
