@@ -64,6 +64,9 @@
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
 #              ring-write - the verify kernels writing the window's per-row ring entries
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
+#              options-compiled - the Mosaic kernels' option cases compiled, then the GDN
+#              verify's ring_write "kernel" against "xla" at T = 2 / 4 / 8;  verify-split -
+#              the Mosaic verify's non-fold and fold steps (counts held) at T = 4 / 8
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
 #              e2e-spec - MTP speculation, ReplaySSM vs state-per-draft;  e2e-spec-visits -
 #              the same, speculative steps chained on device (16 a visit) against one a visit;
@@ -720,6 +723,16 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --tokens 2 4 8 --batches 256 --impls pallas_mosaic_gpu \
       --tune '[{}, {"ring_write": "kernel"}]' --json "$out/verify_ring_write_t248.json" \
       2>>"$out/verify.log" | grep "^|" || true ;;
+  verify-split)
+    # the Mosaic verify's non-fold and fold steps (counts held: no row folds / every row does)
+    # beside its step under random acceptance, T = 4 / 8, batch 256 (VERIFY_SPLIT_FAMILIES,
+    # default gdn): how much of the step the folds are, i.e. what a lower fold rate would gain
+    for fam in ${VERIFY_SPLIT_FAMILIES:-gdn}; do
+      shape=qwen3-next; if [ "$fam" = mamba2 ]; then shape=nemotron-h-8b; fi
+      limit 150 python3 -m replayjax.bench.verify --family "$fam" --shapes $shape --tokens 4 8 \
+        --batches 256 --impls pallas_mosaic_gpu --split --json "$out/verify_split_$fam.json" \
+        2>>"$out/verify.log" | grep "^|" || true
+    done ;;
   verify-regs)
     # ptxas' registers and spills of the Mosaic GDN verify by window (T = 4 -> 5 adds ~90 us of
     # kernel time on an H100, twenty-seventh session): one short verify run per T with the
@@ -835,7 +848,7 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # against "xla" (XLA writes all of them after the kernel): the compiled tests, then verify +
     # commit at T = 4, batch 256, Triton and Mosaic
     REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_verify.py -k "ring_write or options" 2>&1 | tail -3
+      tests/pallas_kernels/test_verify.py -k "ring_write or ring-write or options" 2>&1 | tail -3
     for pair in "mamba2 nemotron-h-8b" "gdn qwen3-next"; do
       read -r fam shape <<<"$pair"
       for impl in pallas pallas_mosaic_gpu; do

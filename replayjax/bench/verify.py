@@ -16,6 +16,10 @@ Minimum bytes per row-step: baseline = state read + T states written + T tokens'
 ReplaySSM = state read + state written on fold steps only + the committed ring entries read + T
 entries written + T tokens' inputs/outputs, with the fold rate and mean committed count taken from
 the commit rule under the same acceptance law (`fold_statistics`).
+
+`--split` also times ReplaySSM verify with every row at count 0 (no row folds) and at count L - 1
+(every row folds), counts held (no commit): the verify's non-fold and fold steps, and their mix at
+the commit rule's fold rate beside the measured step (what fewer folds would gain).
 """
 
 from __future__ import annotations
@@ -86,13 +90,14 @@ def _step_us(fn, args, first_kernel, n_steps, iterations, breakdown):
 
 def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                  min_pool_bytes=MIN_POOL_BYTES, steps_per_set=16, replay_kw=None,
-                 baseline_kw=None, breakdown=False, impl="pallas"):
+                 baseline_kw=None, breakdown=False, impl="pallas", split=False):
     """One row: ReplaySSM verify + commit (Pallas implementation `impl`) vs the state-per-draft
     baseline at (shape, batch, T). replay_kw: overrides of the fields of `impl`'s verify tiling
     at T (`verify_tiling`; Triton: block_p / block_n / block_v, block_k / block_k_long, num_warps,
     fold; Mosaic GPU: block_n / block_k, num_stages), default none (the measured tiling); the
     baseline_kw: the same for the baseline's tiling at T (`standard_verify_tiling`: block_p /
-    block_n / block_v, num_warps, grid_order)."""
+    block_n / block_v, num_warps, grid_order). split: also the non-fold and fold steps
+    (`nonfold_us`, `fold_us`; module docstring)."""
     import jax
     import jax.numpy as jnp
 
@@ -129,8 +134,20 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
             return state
         return jax.lax.fori_loop(0, n_steps, body, state)
 
+    @jax.jit
+    def run_held(bufs, counts):         # counts held: every row folds, or none does
+        def body(i, bufs):
+            return ops.replay_verify(bufs, counts, *win, sets[i % n_sets], impl=impl,
+                                     tiling=tiling)[1]
+        return jax.lax.fori_loop(0, n_steps, body, bufs)
+
     rep = _step_us(run_replay, (bufs, jnp.zeros((S,), jnp.int32)), "replay_verify", n_steps,
                    iterations, breakdown)
+    held = {}
+    if split:
+        for name, count in (("nonfold_us", 0), ("fold_us", L - 1)):
+            held[name] = _step_us(run_held, (bufs, jnp.full((S,), count, jnp.int32)),
+                                  "replay_verify", n_steps, iterations, False)
     base = _step_us(run_baseline, (bufs.checkpoint,), "standard_verify", n_steps, iterations,
                     breakdown)
     ring_bytes = sum(a.nbytes for a in bufs[1:]) / S
@@ -139,7 +156,8 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                 baseline_us=base, speedup=base / rep, replay_mem_per_seq=per_seq + ring_bytes,
                 baseline_mem_per_seq=per_seq * (1 + T), replay_bytes_per_row=rep_b,
                 baseline_bytes_per_row=base_b, replay_gbs=rep_b * batch / rep / 1e3,
-                baseline_gbs=base_b * batch / base / 1e3)
+                baseline_gbs=base_b * batch / base / 1e3, fold_rate=fold_statistics(T, L)[0],
+                **held)
 
 
 HEADER = ("| shape | batch | T | ReplaySSM verify+commit us | state-per-draft us | speedup | "
@@ -151,7 +169,13 @@ def line(r, copy_gbs):
     impl = "" if r["impl"] == "pallas" else f"{r['impl']} "
     label = impl + r["shape"] + "".join(f" {who} {json.dumps(r[k])}" for who, k in (
         ("replay", "replay_kw"), ("baseline", "baseline_kw")) if r.get(k))
-    return (f"| {label} | {r['batch']} | {r['T']} | {r['replay_us']:.1f} | "
+    split = ""
+    if "fold_us" in r:      # the step's parts, and their mix at the commit rule's fold rate
+        f = r["fold_rate"]
+        mix = (1 - f) * r["nonfold_us"] + f * r["fold_us"]
+        split = (f" (non-fold {r['nonfold_us']:.1f}, fold {r['fold_us']:.1f}: at {f:.0%} "
+                 f"folds {mix:.1f})")
+    return (f"| {label} | {r['batch']} | {r['T']} | {r['replay_us']:.1f}{split} | "
             f"{r['baseline_us']:.1f} | **{r['speedup']:.2f}x** | "
             f"{r['replay_bytes_per_row'] / 1e6:.2f} / {r['baseline_bytes_per_row'] / 1e6:.2f} | "
             f"{r['replay_gbs']:.0f} ({100 * r['replay_gbs'] / copy_gbs:.0f}%) | "
@@ -181,6 +205,9 @@ def build_parser():
                          "(default: pallas, the Triton kernel; pallas_mosaic_gpu: Mosaic GPU)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print us per step by kernel name")
+    ap.add_argument("--split", action="store_true",
+                    help="also time ReplaySSM verify with no row folding and with every row "
+                         "folding (counts held), and their mix at the commit rule's fold rate")
     ap.add_argument("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
                     help='JSON list of replay_verify tilings to time, e.g. '
                          '\'[{"block_p": 32, "num_warps": 4}, {"num_warps": 8}]\'; [{}] is the '
@@ -236,7 +263,8 @@ def _run(args):
         try:
             with progress.stage(f"{impl} {shape} T {T} batch {batch}"):
                 r = bench_verify(fam, shape, batch, T, L=args.window, ring=ring, replay_kw=kw,
-                                 baseline_kw=bkw, breakdown=args.breakdown, impl=impl)
+                                 baseline_kw=bkw, breakdown=args.breakdown, impl=impl,
+                                 split=args.split)
         except Exception as e:   # noqa: BLE001 -- a row that does not fit is a result
             if not cli.out_of_memory(e):
                 raise

@@ -229,6 +229,33 @@ def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, fam
     assert v["baseline_mem_per_seq"] == (1 + T) * state
 
 
+@pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
+                                          ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
+def test_verify_split_holds_counts_at_no_fold_and_every_fold(monkeypatch, family, dims):
+    """--split times the verify with counts held at 0 (no row writes its checkpoint) and at
+    L - 1 (every live row does), and prints both beside their mix at the commit rule's rate."""
+    fam = FAMILIES[family]()
+    fam.shapes["tiny"] = dims
+    runs = []
+
+    def fake_kernel_times(fn, *args, iterations):
+        runs.append((args, jax.block_until_ready(fn(*args))))
+        return [[("copy", 50.0), ("replay_verify", 2.0), ("standard_verify", 3.0)]]
+
+    monkeypatch.setattr(verify, "kernel_times", fake_kernel_times)
+    L, T = 4, 2
+    v = verify.bench_verify(fam, "tiny", 2, T, L=L, ring="float32", iterations=1,
+                            min_pool_bytes=1, steps_per_set=2, split=True)
+    held = [(a, out) for a, out in runs if hasattr(out, "checkpoint")]     # bufs, not a pair
+    assert [int(a[1][0]) for a, _ in held] == [0, L - 1]
+    for (bufs, counts), out in held:
+        moved = np.asarray(jnp.any(out.checkpoint != bufs.checkpoint, axis=tuple(
+            range(1, bufs.checkpoint.ndim))))
+        assert moved.any() == (int(counts[0]) == L - 1)
+    assert v["fold_rate"] == verify.fold_statistics(T, L)[0]
+    assert "non-fold" in verify.line(v, 1.0) and "folds" in verify.line(v, 1.0)
+
+
 def test_verify_byte_model_reduces_to_decode_at_one_token():
     """With T = 1 every step accepts one token: the ring folds once per L steps holding (L - 1) / 2
     entries on average, exactly the decode byte model; more tokens per step fold more often."""
