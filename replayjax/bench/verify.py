@@ -17,9 +17,11 @@ ReplaySSM = state read + state written on fold steps only + the committed ring e
 entries written + T tokens' inputs/outputs, with the fold rate and mean committed count taken from
 the commit rule under the same acceptance law (`fold_statistics`).
 
-`--split` also times ReplaySSM verify with every row at count 0 (no row folds) and at count L - 1
-(every row folds), counts held (no commit): the verify's non-fold and fold steps, and their mix at
-the commit rule's fold rate beside the measured step (what fewer folds would gain).
+`--split` also times ReplaySSM verify with every row held at one count (no commit): the mean count
+of the non-fold steps (no row folds), then of the fold steps (every row folds), under the same
+acceptance law (`held_counts`): the verify's non-fold and fold steps, and their mix at
+the commit rule's fold rate beside the measured step (what fewer folds would gain; the held steps
+launch no count commit, a one-op share of the measured step).
 """
 
 from __future__ import annotations
@@ -50,17 +52,31 @@ def verify_tiling(ops, impl, T):
     return ops.VERIFY_TILING
 
 
-def fold_statistics(T, L, steps=100_000, seed=0):
-    """(fraction of verify steps that fold, mean committed ring count before a step) when every
-    step accepts n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
+def _counts(T, L, steps, seed):
+    """The committed count before each of `steps` verify steps [steps], from 0, when every step
+    accepts n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
     n_acc = np.random.default_rng(seed).integers(1, T + 1, steps)
-    c, folds, held = 0, 0, 0
-    for n in n_acc:
-        held += c
-        fold = c + T >= L
-        folds += fold
-        c = n - 1 if fold else c + n
-    return folds / steps, held / steps
+    c, out = 0, np.empty(steps, np.int64)
+    for i, n in enumerate(n_acc):
+        out[i] = c
+        c = n - 1 if c + T >= L else c + n
+    return out
+
+
+def fold_statistics(T, L, steps=100_000, seed=0):
+    """(fraction of verify steps that fold, mean committed ring count before a step) under random
+    acceptance (`_counts`)."""
+    c = _counts(T, L, steps, seed)
+    return float(np.mean(c + T >= L)), float(np.mean(c))
+
+
+def held_counts(T, L, steps=100_000, seed=0):
+    """(non-fold, fold) counts for `--split`: the mean committed count of the non-fold steps and
+    of the fold steps under random acceptance, rounded, so each held step walks as many ring
+    entries as its kind does on average."""
+    c = _counts(T, L, steps, seed)
+    fold = c + T >= L
+    return int(round(c[~fold].mean())), int(round(c[fold].mean()))
 
 
 def min_bytes(fam, dims, T, L, ring_itemsize):
@@ -145,7 +161,7 @@ def bench_verify(fam, shape, batch, T, *, L=16, ring, seed=0, iterations=3,
                    iterations, breakdown)
     held = {}
     if split:
-        for name, count in (("nonfold_us", 0), ("fold_us", L - 1)):
+        for name, count in zip(("nonfold_us", "fold_us"), held_counts(T, L)):
             held[name] = _step_us(run_held, (bufs, jnp.full((S,), count, jnp.int32)),
                                   "replay_verify", n_steps, iterations, False)
     base = _step_us(run_baseline, (bufs.checkpoint,), "standard_verify", n_steps, iterations,

@@ -232,8 +232,9 @@ def test_verify_bench_runs_on_cpu_and_sizes_memory_per_sequence(monkeypatch, fam
 @pytest.mark.parametrize("family,dims", [("mamba2", dict(H=2, P=16, N=16, G=1)),
                                           ("gdn", dict(Hk=1, Hv=2, K=16, V=16))])
 def test_verify_split_holds_counts_at_no_fold_and_every_fold(monkeypatch, family, dims):
-    """--split times the verify with counts held at 0 (no row writes its checkpoint) and at
-    L - 1 (every live row does), and prints both beside their mix at the commit rule's rate."""
+    """--split times the verify with counts held at the non-fold steps' mean count (no row
+    writes its checkpoint) and at the fold steps' (every live row does), and prints both beside
+    their mix at the commit rule's rate."""
     fam = FAMILIES[family]()
     fam.shapes["tiny"] = dims
     runs = []
@@ -247,11 +248,13 @@ def test_verify_split_holds_counts_at_no_fold_and_every_fold(monkeypatch, family
     v = verify.bench_verify(fam, "tiny", 2, T, L=L, ring="float32", iterations=1,
                             min_pool_bytes=1, steps_per_set=2, split=True)
     held = [(a, out) for a, out in runs if hasattr(out, "checkpoint")]     # bufs, not a pair
-    assert [int(a[1][0]) for a, _ in held] == [0, L - 1]
+    nonfold, fold = verify.held_counts(T, L)
+    assert [int(a[1][0]) for a, _ in held] == [nonfold, fold]
+    assert 0 < nonfold < L - T <= fold < L      # a walk in both, a fold in the second only
     for (bufs, counts), out in held:
         moved = np.asarray(jnp.any(out.checkpoint != bufs.checkpoint, axis=tuple(
             range(1, bufs.checkpoint.ndim))))
-        assert moved.any() == (int(counts[0]) == L - 1)
+        assert moved.any() == (int(counts[0]) == fold)
     assert v["fold_rate"] == verify.fold_statistics(T, L)[0]
     assert "non-fold" in verify.line(v, 1.0) and "folds" in verify.line(v, 1.0)
 
@@ -260,6 +263,7 @@ def test_verify_byte_model_reduces_to_decode_at_one_token():
     """With T = 1 every step accepts one token: the ring folds once per L steps holding (L - 1) / 2
     entries on average, exactly the decode byte model; more tokens per step fold more often."""
     assert verify.fold_statistics(1, 16) == pytest.approx((1 / 16, 7.5), rel=1e-3)
+    assert verify.held_counts(1, 16) == (7, 15)     # decode: counts 0..14, then the fold at 15
     fam = FAMILIES["mamba2"]()
     dims = fam.shapes["nemotron-h-8b"]
     rep, base = verify.min_bytes(fam, dims, 1, 16, 2)
