@@ -47,10 +47,11 @@ the outputs are equal.
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
 window's d come by forward substitution over the precomputed window products k_r . k_t and
-k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. The kernel returns
-the window's d; XLA writes the ring after it (`write_window`), as the Triton verify does. With a
-tiling's ring_write="kernel" each CTA writes its own d rows into the ring instead, leaving XLA
-k and g (another CTA's fold may still read the key head's ring keys the window overwrites).
+k_r . q_t. Rows with c + T >= L fold ring[0:c] + window[0] as decode folds. Each CTA writes
+its own window d rows into the ring (the default tiling's ring_write="kernel"), leaving XLA k
+and g (another CTA's fold may still read the key head's ring keys the window overwrites); with
+ring_write="xla" the kernel returns the window's d and XLA writes the ring after it
+(`write_window`), as the Triton verify does.
 
 Takes any V (Qwen3-Next: V = 128; a ragged last tile as Mamba-2's P = 80), K <= 256 (q and k
 are one TMA box each) and K % block_k == 0 with block_k >= 8 and chunk rows of >= 32 bytes
@@ -179,9 +180,11 @@ MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overl
 # 670-704; the FMA readout with a lean fold 436.9 / 720.7. (The decode's 2 products stay
 # FMAs: mma 259.8-284.7 us against 249.3.) Stop 46 (H200, batch 256, twice each): the "serial"
 # prologue at T = 4 358.4 / 358.6 us against "overlap" 365.5 / 367.4 (three H100 runs: 1.2-1.6%),
-# so every window takes it.
+# so every window takes it. Stop 54 (H200, batch 256, as the twenty-eighth session's T = 2 / 4
+# rows): each CTA writes its window's d rows (ring_write "kernel"), T = 2 / 4 / 8 246.6 / 317.4
+# / 550.9 -> 242.4 / 309.1 / 545.0 us.
 MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, readout="mma",
-                                       fold_stages=1, fold_buffers=1)
+                                       fold_stages=1, fold_buffers=1, ring_write="kernel")
 # Stop 48 (an H100, batch 256): the key products by one Pallas launch (`ring_products`) instead
 # of XLA's fusions took T = 2 from 299.2 to 290.3 us and T = 4 from 400.1 to 357.9 (2.38x ->
 # 2.66x the baseline); at T = 8 XLA's batched GEMM is as fast (652.0 vs 655.6): up to 4 tokens.

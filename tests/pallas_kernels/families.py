@@ -237,9 +237,9 @@ class GDN(Problem):
     MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
                                                     fold_buffers=2)),
                              ("keys-pallas", dict(key_products="pallas")),
-                             ("keys-kernel-overlap-ring-write",
+                             ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
-                                   ring_write="kernel"))]
+                                   ring_write="xla"))]
 
     @property
     def state_shape(self):
