@@ -847,7 +847,8 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       read -r fam shape <<<"$pair"
       for impl in pallas pallas_mosaic_gpu; do
         limit 100 python3 -m replayjax.bench.verify --family "$fam" --shapes "$shape" \
-          --tokens 4 --batches 256 --impls "$impl" --tune '[{}, {"ring_write": "kernel"}]' \
+          --tokens 4 --batches 256 --impls "$impl" \
+          --tune '[{"ring_write": "xla"}, {"ring_write": "kernel"}]' \
           --json "$out/verify_ring_write_${fam}_$impl.json" 2>>"$out/verify.log" | grep "^|"
       done
     done ;;
