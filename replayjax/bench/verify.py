@@ -27,6 +27,7 @@ launch no count commit, a one-op share of the measured step).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import json
@@ -52,14 +53,17 @@ def verify_tiling(ops, impl, T):
     return ops.VERIFY_TILING
 
 
+@functools.cache
 def _counts(T, L, steps, seed):
-    """The committed count before each of `steps` verify steps [steps], from 0, when every step
-    accepts n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
+    """The committed count before each of `steps` verify steps [steps] (read-only: cached, as a
+    row's bytes, fold rate and held counts all read it), from 0, when every step accepts
+    n ~ U{1..T}, under the commit rule of `pallas_kernels.ring.commit_counts`."""
     n_acc = np.random.default_rng(seed).integers(1, T + 1, steps)
     c, out = 0, np.empty(steps, np.int64)
     for i, n in enumerate(n_acc):
         out[i] = c
         c = n - 1 if c + T >= L else c + n
+    out.flags.writeable = False
     return out
 
 
