@@ -40,8 +40,8 @@ ROW = plgpu.Layout.WGMMA.reduce(1)        # [64] vectors: one value per tile row
 COL = plgpu.Layout.WGMMA.reduce(0)        # [n] vectors: one value per tile column
 # What a replay kernel's CTA does before its state stream (a tiling's `prologue`): "serial"
 # lands its vectors and walks the ring first; "overlap" starts the stream at once (the module
-# docstrings of the families say more).
-PROLOGUES = ("serial", "overlap")
+# docstrings of the families say more); GDN's "fused" too, its walk then updating S0 x in place.
+PROLOGUES = ("serial", "overlap", "fused")
 # How a replay kernel forms S0 x from its checkpoint chunks (a tiling's `readout`): "fma"
 # multiplies each chunk by the vectors x on the FMA units and sums its columns, two operations a
 # state element and vector; "mma" splits each fp32 chunk into a tf32 high part and the exact
@@ -249,9 +249,10 @@ def auto_takes(op, auto_ops, rows, resolve, ragged_ops=frozenset()) -> bool:
 
 
 def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, verify=False,
-                  fold=False, readout=False, products=None, kernel_products=False):
+                  fold=False, readout=False, products=None, kernel_products=False,
+                  prologues=PROLOGUES):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
-    "prologue": one of PROLOGUES} for `tiling` (None: `default`), with `verify` also
+    "prologue": one of its `prologues`} for `tiling` (None: `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
@@ -267,7 +268,7 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
-    check_choice("prologue", t.prologue, PROLOGUES)
+    check_choice("prologue", t.prologue, prologues)
     tiles = {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
              "num_stages": t.num_stages, "prologue": t.prologue}
     if verify:

@@ -64,6 +64,8 @@
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
 #              ring-write - the verify kernels writing the window's per-row ring entries
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
+#              fused - GDN's "fused" prologue and the tilings of 4-5 CTAs an SM, verify T = 4 /
+#              8 / 2 and the replay decode at 256, after their compiled tests
 #              options-compiled - the Mosaic kernels' option cases compiled;  verify-split -
 #              the Mosaic verify's non-fold and fold steps (counts held) at T = 4 / 8
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -717,6 +719,22 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # ring_write="xla" (GDN's default writes in the kernel since stop 54), in-kernel keys at T = 8
     each_test 170 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
       | tee "$out/tests.txt" ;;
+  fused)
+    # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; ptxas on a
+    # CPU: T = 4 141 -> 106 registers, T = 8 254 -> 149 with the launch's products, 3 CTAs an
+    # SM where 2 were) and the tilings that fit 4-5 CTAs an SM (16-key chunks; the decode's
+    # fold in one stage): compiled tests, verify T = 4 / 8 / 2 and the replay decode at 256
+    each_test 120 -k "gdn and mosaic and (fused or keys-pallas)" | tee "$out/tests.txt"
+    verify_tune 150 gdn qwen3-next fused 4 '[{}, {"prologue": "fused"}, {"prologue": "fused",
+      "block_k": 16, "num_stages": 3}, {"prologue": "fused", "block_k": 16, "num_stages": 4}]'
+    verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "fused", "key_products": "pallas"},
+      {"prologue": "fused", "key_products": "pallas", "block_k": 16, "num_stages": 3}]'
+    limit 130 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"prologue": "fused"}, {"num_stages": 2,
+      "fold_stages": 1}, {"prologue": "fused", "num_stages": 2, "fold_stages": 1}, {"block_k":
+      16, "num_stages": 4, "fold_stages": 2}]' --json "$out/kernels_fused_b256.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 100 gdn qwen3-next fused 2 '[{}, {"prologue": "fused"}]' ;;
   verify-split)
     # the Mosaic verify's non-fold and fold steps (counts held: no row folds / every row does)
     # beside its step under random acceptance, T = 4 / 8, batch 256 (VERIFY_SPLIT_FAMILIES,

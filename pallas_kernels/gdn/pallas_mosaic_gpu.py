@@ -42,7 +42,13 @@ decode's, measured faster) issues the same copies without waiting and starts the
 once (its first state chunks go out behind them); the readout waits for k and q on its first
 step only, and the rest (v, the ring, the walk) follows the readout: the walk's terms enter only
 after it (S k = e^{sum g} S0 k + the ring's part). Both compute the same sums in the same order:
-the outputs are equal.
+the outputs are equal. "fused" starts the stream as "overlap" does, and then walks the ring
+oldest entry first, updating S0 x in place by Horner's rule (`_horner`: y <- exp(g_j) y +
+(k_j . x) d_j): the walk's own row vectors (2 per x: 2T in a verify window) are never live
+beside S0 x, nor during the stream (the serial prologue's are). By ptxas (scripts/mosaic_ptxas.py,
+128-row tiles, fp32): the verify at T = 4 141 -> 106 registers, at T = 8 with the products
+launch 254 -> 149, under the 168 that 3 CTAs an SM allow. Other rounding than the two others
+(exp(g_j) per step, not of the suffix sums), within the same tolerances.
 
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
@@ -123,7 +129,8 @@ class GDNMosaicTiling:
     of its tile in flight). prologue (replay decode and
     verify; the standard kernel has no walk): "serial" lands the CTA's vectors and walks the
     ring before the checkpoint stream starts, "overlap" starts the stream at once and walks
-    after it (module docstring; the same sums). ring_write (verify): who writes the window's d
+    after it (module docstring; the same sums), "fused" as "overlap" with the walk updating
+    S0 x in place (fewer registers, other rounding). ring_write (verify): who writes the window's d
     into the ring (`validation.RING_WRITES`): "xla" after the kernel, or "kernel" (each CTA its
     own [T, tile_rows] rows; k and g stay XLA's). fold_stages, fold_buffers (replay decode and
     verify): the
@@ -321,6 +328,12 @@ def _product_block_rows(L, Tp):
     return pl.cdiv(L + Tp, 16) * 16
 
 
+def _product_rows(M, block_k):
+    """The SMEM of the in-kernel products' rows (or their low parts): [M, block_k] fp32 in the
+    layout a wgmma reads."""
+    return plgpu.SMEM((M, block_k), F32, transforms=state_layout(block_k, F32))
+
+
 def _window_key_rows(k, block_k):
     """The window's keys k [b, T, Hk, K] as fp32 rows by key chunk, [b, Hk, K // block_k, Tp,
     block_k] (Tp = T rounded up to 8, the extra rows zero): each chunk one TMA box into the
@@ -370,6 +383,19 @@ def _walk(body, init, *, count, ring_g):
         j = count - 1 - i
         return suffix + ring_g(j), body(j, jnp.exp(suffix), acc)
     return lax.fori_loop(0, count, step, (jnp.float32(0), init))
+
+
+def _horner(s0, *, count, ring_g, ring_d, ring_x):
+    """S_w x_i = e^{sum g} S0 x_i + sum_j e_j (k_j . x_i) d_j for each of the ROW vectors
+    s0[i] = S0 x_i, by Horner's rule over the committed ring entries j = 0 .. count-1 (oldest
+    first): y <- exp(g_j) y + (k_j . x_i) d_j, in place of the S0 x (no second set of vectors
+    live). ring_x(i, j): k_j . x_i. Returns (sum of the committed g, the S_w x_i)."""
+    def step(j, carry):
+        total, ys = carry
+        gj, dj = ring_g(j), ring_d(j)
+        a = jnp.exp(gj)
+        return total + gj, tuple(a * y + ring_x(i, j) * dj for i, y in enumerate(ys))
+    return lax.fori_loop(0, count, step, (jnp.float32(0), tuple(s0)))
 
 
 def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None):
@@ -579,20 +605,26 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         total, ring = walk(through_ring, (zeros_row(tile_rows=R),) * 2)
         return v, jnp.exp(total), ring
 
-    overlap = prologue == "overlap"
-    if overlap:                   # the state stream first; the readout waits for k and q
+    late = prologue != "serial"
+    if late:                      # the state stream first; the readout waits for k and q
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
         v, big_e, (sk_ring, sq_ring) = landed_part()
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
-                        num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
+                        num_stages=num_stages, wait_first=landed[:n_first] if late else (),
                         operands=operands)
-    if overlap:                   # the rest landed while the state streamed: now the walk
+    if late:                      # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
-        v, big_e, (sk_ring, sq_ring) = landed_part()
-    sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
+    if prologue == "fused":       # S k and S q from S0 k and S0 q in place
+        total, (sk, sq) = _horner((s0k, s0q), count=c, ring_g=ring_g, ring_d=ring_d,
+                                  ring_x=lambda i, j: (ring_kk, ring_kq)[i](j))
+        big_e, v = jnp.exp(total), plgpu.load(sv.v, layout=ROW).astype(F32)
+    else:
+        if late:
+            v, big_e, (sk_ring, sq_ring) = landed_part()
+        sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
     d = beta * (v - alpha * sk)                                       # [R]
     # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
     write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv], t)
@@ -672,7 +704,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, wkk_ref, wkq_ref, wk_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref,
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages, prologue, write_ring, fold_stages, fold_buffers):
+                   num_stages, prologue, write_ring, fold_stages, fold_buffers, rows_scoped):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -682,17 +714,20 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     gs = [g_ref[b, t, hv] for t in range(T)]
     betas = [beta_ref[b, t, hv] for t in range(T)]
-    in_kernel = rows_smem is not None               # key_products "kernel"
+    in_kernel = prod_smem is not None               # key_products "kernel"
     if in_kernel:
         # The ring's keys and the window's, chunk n of each at rows n * W (ring) and
-        # n * W + L (window) of rows_smem: `chunk_products` forms k_j . x and k_r . x for the
-        # window's x = k_t, q_t (the readout's operands) after they land.
+        # n * W + L (window) of rows (`_product_rows`): `chunk_products` forms k_j . x and
+        # k_r . x for the window's x = k_t, q_t (the readout's operands) after they land, into
+        # prod_smem's first W rows.
         nk, Tp, bk = wk_ref.shape[2:]
         W = _product_block_rows(L, Tp)
         walk_copies, (ring_g,) = scalar_vectors((rg_ref.at[slot, hv], sv.ring_g))
-        product_copies = [pair for n in range(nk) for pair in (
-            (rk_ref.at[slot, hk, :, pl.ds(n * bk, bk)], rows_smem.at[pl.ds(n * W, L)]),
-            (wk_ref.at[b, hk, n], rows_smem.at[pl.ds(n * W + L, Tp)]))]
+
+        def product_copies(rows):
+            return [pair for n in range(nk) for pair in (
+                (rk_ref.at[slot, hk, :, pl.ds(n * bk, bk)], rows.at[pl.ds(n * W, L)]),
+                (wk_ref.at[b, hk, n], rows.at[pl.ds(n * W + L, Tp)]))]
 
         def ring_x(p, t, j):          # p: 0 k_j . k_t, 1 k_j . q_t
             return prod_smem[j, p * T + t]
@@ -707,7 +742,9 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
             (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
             (rkq_ref.at[b, hk], sv.ring_kq), (wkk_ref.at[b, hk], sv.window_kk),
             (wkq_ref.at[b, hk], sv.window_kq))
-        product_copies = []
+
+        def product_copies(rows):
+            return []
 
         def ring_x(p, t, j):
             return readers[p](t * L + j)
@@ -723,7 +760,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
          *((q_ref.at[b, t, hk], q_t) for t, q_t in enumerate(queries))),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
     copies = (*readout_copies, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
-              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies, *product_copies)
+              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
     n_first = len(readout_copies)
 
     def ring_d(j):
@@ -738,40 +775,59 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                      for p, a in enumerate(acc))
     zt = (zeros_row(tile_rows=R),) * T
 
-    def landed_part():
-        """The v_t, exp of the ring's g sum and the ring's parts (as the decode's); with
-        in-kernel products, those first (their SMEM in its own scope)."""
+    def products(rows):
+        """The in-kernel products (their scratch in its own scope), once their rows landed."""
         if in_kernel:
-            pl.run_scoped(lambda lo_smem: chunk_products(rows_smem, lo_smem, operands,
-                                                         prod_smem, block_rows=W),
-                          plgpu.SMEM(rows_smem.shape, F32, transforms=state_layout(bk, F32)))
-        vs_ = [plgpu.load(sv.v[t], layout=ROW).astype(F32) for t in range(T)]
-        total, ring = walk(through_ring, (zt, zt))
-        return vs_, jnp.exp(total), ring
+            pl.run_scoped(lambda lo_smem: chunk_products(
+                rows, lo_smem, operands, prod_smem, block_rows=W),
+                _product_rows(rows.shape[0], bk))
 
-    overlap = prologue == "overlap"
-    if overlap:                   # as the decode: the readout waits for the k_t and q_t
-        landed = issue_all(bars, *copies)
+    def landed_part(rows):
+        """exp of the ring's g sum and the ring's parts (as the decode's); with in-kernel
+        products, those first."""
+        products(rows)
+        total, ring = walk(through_ring, (zt, zt))
+        return jnp.exp(total), ring
+
+    def serial(rows):
+        load_all(bars, *copies, *product_copies(rows))
+        out = landed_part(rows)
+        plgpu.commit_smem()           # the stream's copies may reuse a scope's SMEM
+        return out
+
+    late = prologue in ("overlap", "fused")
+    if late:                      # as the decode: the readout waits for the k_t and q_t
+        landed = issue_all(bars, *copies, *product_copies(rows_smem))
+    elif rows_scoped is not None:  # the products' rows in the prologue's own scope: the
+        # stream's pipeline takes their SMEM (the kernel's peak is the larger of the two)
+        big_e, (sk_ring, sq_ring) = pl.run_scoped(serial, rows_scoped)
     else:
-        load_all(bars, *copies)
-        vs_, big_e, (sk_ring, sq_ring) = landed_part()
+        big_e, (sk_ring, sq_ring) = serial(rows_smem)
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0 = _readout(tile, 2 * T if operands else (*sv.k, *queries), block_k=block_k,
-                  num_stages=num_stages, wait_first=landed[:n_first] if overlap else (),
+                  num_stages=num_stages, wait_first=landed[:n_first] if late else (),
                   operands=operands)
-    s0k, s0q = s0[:T], s0[T:]
-    if overlap:                   # the rest, then the walk
+    if late:                      # the rest, then the walk
         wait_all(landed[n_first:])
-        vs_, big_e, (sk_ring, sq_ring) = landed_part()
+    if prologue == "fused":       # S_w x from S0 x in place, oldest entry first
+        products(rows_smem)
+        total, sw = _horner(s0, count=c, ring_g=ring_g, ring_d=ring_d,
+                            ring_x=lambda i, j: ring_x(i // T, i % T, j))
+        big_e = jnp.exp(total)
+    else:
+        if late:
+            big_e, (sk_ring, sq_ring) = landed_part(rows_smem)
+        sw = [big_e * x + r for x, r in zip(s0, (*sk_ring, *sq_ring))]
+    swk, swq = sw[:T], sw[T:]
 
     cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
     ds = []
     for t in range(T):                               # forward substitution, T <= 8
-        corr = jnp.exp(cum[t]) * (big_e * s0k[t] + sk_ring[t])
+        corr = jnp.exp(cum[t]) * swk[t]
         for r in range(t):
             corr = corr + (jnp.exp(cum[t] - cum[r]) * window_x(0, r, t)) * ds[r]
-        ds.append(betas[t] * (vs_[t] - corr))
-        o = jnp.exp(cum[t]) * (big_e * s0q[t] + sq_ring[t])
+        ds.append(betas[t] * (plgpu.load(sv.v[t], layout=ROW).astype(F32) - corr))
+        o = jnp.exp(cum[t]) * swq[t]
         for r in range(t + 1):
             o = o + (jnp.exp(cum[t] - cum[r]) * window_x(1, r, t)) * ds[r]
         write_out(o, live, sv.v[t], o_ref.at[b, t, hv], vt)       # v_t is in registers
@@ -827,20 +883,24 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_g=(L, F32), **({} if in_kernel else {
                                 "ring_kk": (T * L, F32), "ring_kq": (T * L, F32),
                                 "window_kk": (T * T, F32), "window_kq": (T * T, F32)}))
+    operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k)
+    # in-kernel products: the ring's and the window's keys by chunk (a multiple of 64 rows, a
+    # wgmma's M), and their products with the 2T operand vectors. The serial prologue is done
+    # with the rows before the stream starts: they take its own scope (T = 4: 85 -> 69 KiB a
+    # CTA, room for a third one on an SM); the other prologues' copies go out with the first
+    # ones, so their rows are the kernel's.
+    nk = K // block_k
+    product_scratch, rows_scoped = dict(rows_smem=None, prod_smem=None), None
+    if in_kernel:
+        M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64
+        rows, late = _product_rows(M, block_k), prologue != "serial"
+        rows_scoped = None if late else rows
+        product_scratch = dict(rows_smem=rows if late else None, prod_smem=plgpu.SMEM(
+            (M, operands.inputs["xh_ref"].shape[3]), F32))
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers)
-    operands = _operands(readout, jnp.concatenate([k, q], axis=1), block_k)
-    # in-kernel products: the ring's and the window's keys by chunk (a multiple of 64 rows, a
-    # wgmma's M), and their products with the 2T operand vectors
-    nk = K // block_k
-    product_scratch = dict(rows_smem=None, prod_smem=None)
-    if in_kernel:
-        M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64
-        product_scratch = dict(
-            rows_smem=plgpu.SMEM((M, block_k), F32, transforms=state_layout(block_k, F32)),
-            prod_smem=plgpu.SMEM((M, operands.inputs["xh_ref"].shape[3]), F32))
+                               fold_buffers=fold_buffers, rows_scoped=rows_scoped)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,

@@ -198,7 +198,8 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
     groups of `heads_per_group` heads."""
     tiles = resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
                           max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold,
-                          products="bc_products" if fold else None)
+                          products="bc_products" if fold else None,
+                          prologues=("serial", "overlap"))
     heads = resolve_tiling(tiling, default).heads
     check_choice("heads", heads, _HEADS)
     while heads_per_group % heads:

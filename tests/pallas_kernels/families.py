@@ -227,7 +227,9 @@ class GDN(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
-    MOSAIC_REPLAY_OPTIONS = [("full-fold", dict(num_stages=3, fold_stages=0, fold_buffers=2)),
+    # (with the walk updating S0 k and S0 q in place, the "fused" prologue)
+    MOSAIC_REPLAY_OPTIONS = [("full-fold-fused", dict(num_stages=3, fold_stages=0, fold_buffers=2,
+                                                      prologue="fused")),
                              ("mma-keys-pallas", dict(readout="mma", key_products="pallas"))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
@@ -239,7 +241,9 @@ class GDN(Problem):
                              ("keys-pallas", dict(key_products="pallas")),
                              ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
-                                   ring_write="xla"))]
+                                   ring_write="xla")),
+                             ("keys-kernel-fused", dict(key_products="kernel",
+                                                        prologue="fused"))]
 
     @property
     def state_shape(self):

@@ -115,12 +115,13 @@ def test_mosaic_shapes_and_tilings_are_named(K, V, tiling, match):
 
 
 def test_bad_mosaic_prologue_is_named():
-    """A prologue other than "serial" / "overlap" is named by replay decode and verify (the
-    kernels that take it) and by the standard decode (same tiling), before any kernel runs."""
+    """A prologue other than "serial" / "overlap" / "fused" is named by replay decode and verify
+    (the kernels that take it) and by the standard decode (same tiling), before any kernel
+    runs."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
     args = _valid_args(pb, L=4)
     kw = dict(impl="pallas_mosaic_gpu", tiling=gdn.GDNMosaicTiling(block_k=16, prologue="early"))
-    match = r"^prologue must be one of 'serial', 'overlap', got 'early'$"
+    match = r"^prologue must be one of 'serial', 'overlap', 'fused', got 'early'$"
     with pytest.raises(ValueError, match=match):
         gdn.replay_decode(**args, **kw)
     with pytest.raises(ValueError, match=match):
