@@ -70,13 +70,13 @@ def select(pred, on_true, on_false):
     return jnp.where(lax.broadcast_in_dim(pred, jnp.shape(on_true), ()), on_true, on_false)
 
 
-def issue_all(bars, *copies):
+def issue_all(bars, *copies, start=0):
     """TMA copies GMEM -> SMEM, (src, dst) each, all in flight at once (copy i completes
-    barrier i of `bars`), without waiting: returns copy i's barrier at index i, to wait on once
-    (`wait_all`) before its dst is read."""
+    barrier start + i of `bars`), without waiting: returns copy i's barrier at index i, to wait
+    on once (`wait_all`) before its dst is read."""
     for i, (src, dst) in enumerate(copies):
-        plgpu.copy_gmem_to_smem(src, dst, bars.at[i])
-    return [bars.at[i] for i in range(len(copies))]
+        plgpu.copy_gmem_to_smem(src, dst, bars.at[start + i])
+    return [bars.at[start + i] for i in range(len(copies))]
 
 
 def wait_all(landed):
@@ -85,9 +85,9 @@ def wait_all(landed):
         plgpu.barrier_wait(bar)
 
 
-def load_all(bars, *copies):
+def load_all(bars, *copies, start=0):
     """`issue_all` then `wait_all`: returns when every copy has landed."""
-    wait_all(issue_all(bars, *copies))
+    wait_all(issue_all(bars, *copies, start=start))
 
 
 def wait_on_first_step(n, landed):

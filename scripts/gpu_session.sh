@@ -720,15 +720,17 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     each_test 170 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
       | tee "$out/tests.txt" ;;
   fused)
-    # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; ptxas on a
-    # CPU: T = 4 141 -> 106 registers, T = 8 254 -> 149 with the launch's products, 3 CTAs an
-    # SM where 2 were) and the tilings that fit 4-5 CTAs an SM (16-key chunks; the decode's
-    # fold in one stage): compiled tests, verify T = 4 / 8 / 2 and the replay decode at 256
+    # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
+    # scripts/mosaic_ptxas.py: T = 4 141 -> 106 registers, T = 8 222 -> 166 with its own
+    # products, whose SMEM then takes a scope after the stream: 3 CTAs an SM where 2 were) and
+    # the tilings that fit 4-5 CTAs an SM (16-key chunks; the decode's fold in one stage):
+    # compiled tests, verify T = 4 / 8 / 2 and the replay decode at 256
     each_test 120 -k "gdn and mosaic and (fused or keys-pallas)" | tee "$out/tests.txt"
     verify_tune 150 gdn qwen3-next fused 4 '[{}, {"prologue": "fused"}, {"prologue": "fused",
-      "block_k": 16, "num_stages": 3}, {"prologue": "fused", "block_k": 16, "num_stages": 4}]'
-    verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "fused", "key_products": "pallas"},
-      {"prologue": "fused", "key_products": "pallas", "block_k": 16, "num_stages": 3}]'
+      "key_products": "kernel"}, {"prologue": "fused", "block_k": 16, "num_stages": 3}]'
+    verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "fused"}, {"prologue": "fused",
+      "key_products": "pallas"}, {"prologue": "fused", "key_products": "pallas", "block_k": 16,
+      "num_stages": 3}]'
     # (a --tune entry's block_k is the standard kernel's too: {"block_k": 32} times the
     # standard at 6 CTAs an SM, where its default 64-key chunks hold 5)
     limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \

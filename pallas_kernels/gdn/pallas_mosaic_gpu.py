@@ -704,7 +704,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, wkk_ref, wkq_ref, wk_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref,
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages, prologue, write_ring, fold_stages, fold_buffers, rows_scoped):
+                   num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -714,12 +714,14 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
     gs = [g_ref[b, t, hv] for t in range(T)]
     betas = [beta_ref[b, t, hv] for t in range(T)]
-    in_kernel = prod_smem is not None               # key_products "kernel"
+    in_kernel = wk_ref is not None                  # key_products "kernel"
     if in_kernel:
         # The ring's keys and the window's, chunk n of each at rows n * W (ring) and
         # n * W + L (window) of rows (`_product_rows`): `chunk_products` forms k_j . x and
         # k_r . x for the window's x = k_t, q_t (the readout's operands) after they land, into
-        # prod_smem's first W rows.
+        # the first W rows of prod [M, N]. Both are the kernel's (rows_smem, prod_smem) or,
+        # where `scoped` gives their types, a scope's (the serial prologue's rows; all of
+        # the fused prologue's, whose products follow the stream).
         nk, Tp, bk = wk_ref.shape[2:]
         W = _product_block_rows(L, Tp)
         walk_copies, (ring_g,) = scalar_vectors((rg_ref.at[slot, hv], sv.ring_g))
@@ -729,11 +731,11 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                 (rk_ref.at[slot, hk, :, pl.ds(n * bk, bk)], rows.at[pl.ds(n * W, L)]),
                 (wk_ref.at[b, hk, n], rows.at[pl.ds(n * W + L, Tp)]))]
 
-        def ring_x(p, t, j):          # p: 0 k_j . k_t, 1 k_j . q_t
-            return prod_smem[j, p * T + t]
+        def ring_x(prod, p, t, j):    # p: 0 k_j . k_t, 1 k_j . q_t
+            return prod[j, p * T + t]
 
-        def window_x(p, r, t):        # p: 0 k_r . k_t, 1 k_r . q_t
-            return prod_smem[L + r, p * T + t]
+        def window_x(prod, p, r, t):  # p: 0 k_r . k_t, 1 k_r . q_t
+            return prod[L + r, p * T + t]
     else:
         # The walk's scalars: the ring's g [L], k_j . k_t and k_j . q_t [T * L] (t-major); the
         # substitution's k_r . k_t and k_r . q_t [T * T] (r-major) with them, off GMEM latency
@@ -746,10 +748,10 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         def product_copies(rows):
             return []
 
-        def ring_x(p, t, j):
+        def ring_x(prod, p, t, j):
             return readers[p](t * L + j)
 
-        def window_x(p, r, t):
+        def window_x(prod, p, r, t):
             return readers[2 + p](r * T + t)
     # The window's k, q rows (or their "mma" operands, and k_0 for the fold) first, then its v
     # rows, one 1-D copy each (into the pack, not [T, n] buffers of their own), the ring's d
@@ -769,24 +771,26 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     walk = functools.partial(_walk, count=c, ring_g=ring_g)
 
     # The ring's parts of S_w k_t and S_w q_t: sum_j e_j (k_j . k_t) d_j, likewise with q_t.
-    def through_ring(j, ej, acc):
-        dj = ring_d(j)
-        return tuple(tuple(acc_t + (ej * ring_x(p, t, j)) * dj for t, acc_t in enumerate(a))
-                     for p, a in enumerate(acc))
+    def through_ring(prod):
+        def body(j, ej, acc):
+            dj = ring_d(j)
+            return tuple(tuple(acc_t + (ej * ring_x(prod, p, t, j)) * dj
+                               for t, acc_t in enumerate(a)) for p, a in enumerate(acc))
+        return body
     zt = (zeros_row(tile_rows=R),) * T
 
-    def products(rows):
-        """The in-kernel products (their scratch in its own scope), once their rows landed."""
+    def products(rows, prod):
+        """The in-kernel products (their low parts' scratch in its own scope), once their rows
+        landed."""
         if in_kernel:
             pl.run_scoped(lambda lo_smem: chunk_products(
-                rows, lo_smem, operands, prod_smem, block_rows=W),
-                _product_rows(rows.shape[0], bk))
+                rows, lo_smem, operands, prod, block_rows=W), _product_rows(rows.shape[0], bk))
 
     def landed_part(rows):
         """exp of the ring's g sum and the ring's parts (as the decode's); with in-kernel
         products, those first."""
-        products(rows)
-        total, ring = walk(through_ring, (zt, zt))
+        products(rows, prod_smem)
+        total, ring = walk(through_ring(prod_smem), (zt, zt))
         return jnp.exp(total), ring
 
     def serial(rows):
@@ -795,12 +799,42 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         plgpu.commit_smem()           # the stream's copies may reuse a scope's SMEM
         return out
 
-    late = prologue in ("overlap", "fused")
+    def substitute(swk, swq, prod):
+        """The window's d_t (forward substitution, T <= 8) and outputs o_t (written) from
+        S_w k_t and S_w q_t."""
+        cum = list(itertools.accumulate(gs))         # G_t = sum_{r <= t} g_r
+        ds = []
+        for t in range(T):
+            corr = jnp.exp(cum[t]) * swk[t]
+            for r in range(t):
+                corr = corr + (jnp.exp(cum[t] - cum[r]) * window_x(prod, 0, r, t)) * ds[r]
+            ds.append(betas[t] * (plgpu.load(sv.v[t], layout=ROW).astype(F32) - corr))
+            o = jnp.exp(cum[t]) * swq[t]
+            for r in range(t + 1):
+                o = o + (jnp.exp(cum[t] - cum[r]) * window_x(prod, 1, r, t)) * ds[r]
+            write_out(o, live, sv.v[t], o_ref.at[b, t, hv], vt)   # v_t is in registers
+            if not write_ring:
+                store_rows(ds[t], sv.d[t], d_ref.at[b, t, hv], vt)
+        return ds
+
+    def fused(s0, rows, prod):
+        """After the stream: the products (their rows copied in now), S_w x from S0 x in
+        place, oldest entry first, and the substitution; returns (its d_t, big_e)."""
+        if in_kernel:
+            load_all(bars, *product_copies(rows), start=len(copies))
+            products(rows, prod)
+        total, sw = _horner(s0, count=c, ring_g=ring_g, ring_d=ring_d,
+                            ring_x=lambda i, j: ring_x(prod, i // T, i % T, j))
+        ds = substitute(sw[:T], sw[T:], prod)
+        plgpu.commit_smem()           # the fold's copies may reuse a scope's SMEM
+        return ds, jnp.exp(total)
+
+    late = prologue != "serial"
     if late:                      # as the decode: the readout waits for the k_t and q_t
-        landed = issue_all(bars, *copies, *product_copies(rows_smem))
-    elif rows_scoped is not None:  # the products' rows in the prologue's own scope: the
+        landed = issue_all(bars, *copies, *(() if scoped else product_copies(rows_smem)))
+    elif scoped:                  # the products' rows in the prologue's own scope: the
         # stream's pipeline takes their SMEM (the kernel's peak is the larger of the two)
-        big_e, (sk_ring, sq_ring) = pl.run_scoped(serial, rows_scoped)
+        big_e, (sk_ring, sq_ring) = pl.run_scoped(serial, *scoped)
     else:
         big_e, (sk_ring, sq_ring) = serial(rows_smem)
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
@@ -809,30 +843,14 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                   operands=operands)
     if late:                      # the rest, then the walk
         wait_all(landed[n_first:])
-    if prologue == "fused":       # S_w x from S0 x in place, oldest entry first
-        products(rows_smem)
-        total, sw = _horner(s0, count=c, ring_g=ring_g, ring_d=ring_d,
-                            ring_x=lambda i, j: ring_x(i // T, i % T, j))
-        big_e = jnp.exp(total)
+    if prologue == "fused":
+        ds, big_e = (pl.run_scoped(functools.partial(fused, s0), *scoped) if scoped
+                     else fused(s0, None, None))
     else:
         if late:
             big_e, (sk_ring, sq_ring) = landed_part(rows_smem)
         sw = [big_e * x + r for x, r in zip(s0, (*sk_ring, *sq_ring))]
-    swk, swq = sw[:T], sw[T:]
-
-    cum = list(itertools.accumulate(gs))             # G_t = sum_{r <= t} g_r
-    ds = []
-    for t in range(T):                               # forward substitution, T <= 8
-        corr = jnp.exp(cum[t]) * swk[t]
-        for r in range(t):
-            corr = corr + (jnp.exp(cum[t] - cum[r]) * window_x(0, r, t)) * ds[r]
-        ds.append(betas[t] * (plgpu.load(sv.v[t], layout=ROW).astype(F32) - corr))
-        o = jnp.exp(cum[t]) * swq[t]
-        for r in range(t + 1):
-            o = o + (jnp.exp(cum[t] - cum[r]) * window_x(1, r, t)) * ds[r]
-        write_out(o, live, sv.v[t], o_ref.at[b, t, hv], vt)       # v_t is in registers
-        if not write_ring:
-            store_rows(ds[t], sv.d[t], d_ref.at[b, t, hv], vt)
+        ds = substitute(sw[:T], sw[T:], prod_smem)
 
     if write_ring:      # the window's d into the ring: this CTA's own rows, read (landed) above
         for t, pos in enumerate(window_positions(c, T, L)):
@@ -890,17 +908,18 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     # CTA, room for a third one on an SM); the other prologues' copies go out with the first
     # ones, so their rows are the kernel's.
     nk = K // block_k
-    product_scratch, rows_scoped = dict(rows_smem=None, prod_smem=None), None
+    product_scratch, scoped = dict(rows_smem=None, prod_smem=None), ()
     if in_kernel:
         M = pl.cdiv(nk * _product_block_rows(L, wk.shape[3]), 64) * 64
-        rows, late = _product_rows(M, block_k), prologue != "serial"
-        rows_scoped = None if late else rows
-        product_scratch = dict(rows_smem=rows if late else None, prod_smem=plgpu.SMEM(
-            (M, operands.inputs["xh_ref"].shape[3]), F32))
+        rows = _product_rows(M, block_k)
+        prod = plgpu.SMEM((M, operands.inputs["xh_ref"].shape[3]), F32)
+        scoped = {"serial": (rows,), "overlap": (), "fused": (rows, prod)}[prologue]
+        product_scratch = dict(rows_smem=None if scoped else rows,
+                               prod_smem=None if prologue == "fused" else prod)
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, rows_scoped=rows_scoped)
+                               fold_buffers=fold_buffers, scoped=scoped)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
