@@ -66,6 +66,7 @@
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
 #              fused - GDN's "fused" prologue and the tilings of 4-5 CTAs an SM, verify T = 4 /
 #              8 / 2 and the replay decode at 256, after their compiled tests
+#              m2-overlap - the Mamba-2 verify's "overlap" prologue (3 CTAs an SM at T = 8)
 #              options-compiled - the Mosaic kernels' option cases compiled;  verify-split -
 #              the Mosaic verify's non-fold and fold steps (counts held) at T = 4 / 8
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -725,7 +726,7 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # products, whose SMEM then takes a scope after the stream: 3 CTAs an SM where 2 were) and
     # the tilings that fit 4-5 CTAs an SM (16-key chunks; the decode's fold in one stage):
     # compiled tests, verify T = 4 / 8 / 2 and the replay decode at 256
-    each_test 120 -k "gdn and mosaic and (fused or keys-pallas)" | tee "$out/tests.txt"
+    each_test 100 -k "gdn and mosaic and (fused or keys-pallas)" | tee "$out/tests.txt"
     verify_tune 150 gdn qwen3-next fused 4 '[{}, {"prologue": "fused"}, {"prologue": "fused",
       "key_products": "kernel"}, {"prologue": "fused", "block_k": 16, "num_stages": 3}]'
     verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "fused"}, {"prologue": "fused",
@@ -739,6 +740,13 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       1}, {"block_k": 16, "num_stages": 4, "fold_stages": 2}]' --json "$out/kernels_fused_b256.json" \
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 100 gdn qwen3-next fused 2 '[{}, {"prologue": "fused"}]' ;;
+  m2-overlap)
+    # the Mosaic Mamba-2 verify with the "overlap" prologue (its walk after the stream): by
+    # scripts/mosaic_ptxas.py T = 8 245 -> 167 registers, 3 CTAs an SM where 2 were (T = 4 168 ->
+    # 153); the default's compiled tests first (a T = 8 baseline needs an H200's memory)
+    each_test 60 -k "mamba2 and overlap" | tee "$out/tests.txt"
+    verify_tune 200 mamba2 nemotron-h-8b m2_overlap 8 '[{}, {"prologue": "overlap"}]'
+    verify_tune 150 mamba2 nemotron-h-8b m2_overlap 4 '[{}, {"prologue": "overlap"}]' ;;
   verify-split)
     # the Mosaic verify's non-fold and fold steps (counts held: no row folds / every row does)
     # beside its step under random acceptance, T = 4 / 8, batch 256 (VERIFY_SPLIT_FAMILIES,
