@@ -45,10 +45,12 @@ after it (S k = e^{sum g} S0 k + the ring's part). Both compute the same sums in
 the outputs are equal. "fused" starts the stream as "overlap" does, and then walks the ring
 oldest entry first, updating S0 x in place by Horner's rule (`_horner`: y <- exp(g_j) y +
 (k_j . x) d_j): the walk's own row vectors (2 per x: 2T in a verify window) are never live
-beside S0 x, nor during the stream (the serial prologue's are). By ptxas (scripts/mosaic_ptxas.py,
-128-row tiles, fp32): the verify at T = 4 141 -> 106 registers, at T = 8 with the products
-launch 254 -> 149, under the 168 that 3 CTAs an SM allow. Other rounding than the two others
-(exp(g_j) per step, not of the suffix sums), within the same tolerances.
+beside S0 x, nor during the stream (the serial prologue's are); the verify's in-kernel products
+follow the stream, their SMEM in a scope of its own. By ptxas (scripts/mosaic_ptxas.py, 128-row
+tiles, fp32): the verify at T = 4 141 -> 106 registers, at T = 8 (in-kernel products) 222 ->
+166 and 80 -> 72 KiB, under the 168 registers and 75 KiB that 3 CTAs an SM allow. Other
+rounding than the two others (exp(g_j) per step, not of the suffix sums), within the same
+tolerances.
 
 Verify (T window tokens): one pass over the checkpoint tile gives S0 k_t and S0 q_t for all T
 tokens (k_t, q_t as [T, block_k] tiles per step), one ring walk their history terms; the
@@ -905,8 +907,9 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     # in-kernel products: the ring's and the window's keys by chunk (a multiple of 64 rows, a
     # wgmma's M), and their products with the 2T operand vectors. The serial prologue is done
     # with the rows before the stream starts: they take its own scope (T = 4: 85 -> 69 KiB a
-    # CTA, room for a third one on an SM); the other prologues' copies go out with the first
-    # ones, so their rows are the kernel's.
+    # CTA, room for a third one on an SM); the fused one copies them in after the stream, rows
+    # and products in a scope of their own; the overlap one's copies go out with the first
+    # ones, so both are the kernel's.
     nk = K // block_k
     product_scratch, scoped = dict(rows_smem=None, prod_smem=None), ()
     if in_kernel:
