@@ -202,9 +202,14 @@ MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, 
 # 601.9 / 654.5 (2.27x -> 2.50x ... 2.64x -> 3.04x; the launch at T = 5 475.1); at T = 2 / 4 they
 # lose to the launch (336.3 / 408.4 against 297.3 / 362.9; wider chunks, 3 stages or 64-row
 # tiles no better).
+# Stop 55 (an H100, batch 256, one machine): from 5 tokens the "fused" prologue (3 CTAs an SM
+# where the serial one held 2 by registers): T = 5 / 6 / 7 / 8 453.0 / 492.1 / 526.5 / 563.0 ->
+# 400.7 / 433.1 / 465.3 / 502.9 us (2.54x -> 2.87x ... 3.07x -> 3.43x; at T = 8 with the
+# launch's products 532.9); up to 4 tokens, already at 3 CTAs, no gain (T = 2 280.6 / 281.0, T
+# = 4 342.1 / 344.7; 16-key chunks at 4 CTAs 367.9).
 MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_products="pallas")),
-                         (MAX_VERIFY_TOKENS, dataclasses.replace(MOSAIC_VERIFY_TILING,
-                                                                 key_products="kernel")))
+                         (MAX_VERIFY_TOKENS, dataclasses.replace(
+                             MOSAIC_VERIFY_TILING, key_products="kernel", prologue="fused")))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
 # 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.

@@ -234,16 +234,17 @@ class GDN(Problem):
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
     # the key products by the Pallas launch (the default to T = 4), and in the kernel by tf32
-    # wgmmas with the overlap prologue and the window's ring rows written by the kernel (the
-    # serial prologue's in-kernel products: the T = 8 case)
+    # wgmmas with the overlap prologue and the window's ring rows written by the kernel, and
+    # with the serial prologue (their rows in its scope; the fused prologue's in-kernel
+    # products, the default from T = 5: the T = 8 case)
     MOSAIC_VERIFY_OPTIONS = [("fma-full-fold", dict(readout="fma", fold_stages=0,
                                                     fold_buffers=2)),
                              ("keys-pallas", dict(key_products="pallas")),
                              ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
                                    ring_write="xla")),
-                             ("keys-kernel-fused", dict(key_products="kernel",
-                                                        prologue="fused"))]
+                             ("keys-kernel-serial", dict(key_products="kernel",
+                                                         prologue="serial"))]
 
     @property
     def state_shape(self):

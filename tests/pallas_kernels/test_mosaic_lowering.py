@@ -162,12 +162,13 @@ def _window(T, *token):
 
 @pytest.mark.parametrize("family,kernel,T", [
     ("mamba2", "replay_decode", 1), ("mamba2", "replay_verify", MAX_VERIFY_TOKENS),
-    ("gdn", "replay_decode", 1), ("gdn", "replay_verify", 4)])
+    ("gdn", "replay_decode", 1), ("gdn", "replay_verify", 4),
+    ("gdn", "replay_verify", MAX_VERIFY_TOKENS)])
 def test_fp32_replay_kernels_fit_three_ctas_per_sm(monkeypatch, family, kernel, T):
     """The latency-bound replay kernels hide latency with resident CTAs: at real shapes (L = 16,
     N = K = 128, the default tilings, an fp32 state) a third one fits an SM. GDN: with a bf16
-    ring (an fp32 one's keys and d rows take 6 KiB more), and verify up to T = 4 (its window
-    rows of v, k, q and d take 1 KiB per token)."""
+    ring (an fp32 one's keys and d rows take 6 KiB more), and verify at T = 4 and 8 (from 5
+    tokens the fused prologue's in-kernel products take a scope after the stream)."""
     kw = dict(impl="pallas_mosaic_gpu", tiling=None, interpret=False)
     if family == "mamba2":
         bufs, counts, (*token, A, D, slots) = _mamba2_args(
