@@ -64,8 +64,8 @@
 #              verify-t8 - T = 2 / 4 / 8, Triton and Mosaic, against the baselines by window
 #              ring-write - the verify kernels writing the window's per-row ring entries
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
-#              fused - GDN's "fused" prologue and the tilings of 4-5 CTAs an SM, verify T = 4 /
-#              8 / 2 and the replay decode at 256, after their compiled tests
+#              fused - GDN's "fused" prologue (the verify's default from 5 tokens) against the
+#              serial one, verify T = 8 / 4 / 5, and the decode's tilings of 4-5 CTAs an SM
 #              m2-overlap - the Mamba-2 verify's "overlap" prologue (3 CTAs an SM at T = 8)
 #              options-compiled - the Mosaic kernels' option cases compiled;  verify-split -
 #              the Mosaic verify's non-fold and fold steps (counts held) at T = 4 / 8
@@ -722,24 +722,24 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       | tee "$out/tests.txt" ;;
   fused)
     # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
-    # scripts/mosaic_ptxas.py: T = 4 141 -> 106 registers, T = 8 222 -> 166 with its own
-    # products, whose SMEM then takes a scope after the stream: 3 CTAs an SM where 2 were) and
-    # the tilings that fit 4-5 CTAs an SM (16-key chunks; the decode's fold in one stage):
-    # compiled tests, verify T = 4 / 8 / 2 and the replay decode at 256
-    each_test 100 -k "gdn and mosaic and (fused or keys-pallas)" | tee "$out/tests.txt"
-    verify_tune 150 gdn qwen3-next fused 4 '[{}, {"prologue": "fused"}, {"prologue": "fused",
-      "key_products": "kernel"}, {"prologue": "fused", "block_k": 16, "num_stages": 3}]'
-    verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "fused"}, {"prologue": "fused",
-      "key_products": "pallas"}, {"prologue": "fused", "key_products": "pallas", "block_k": 16,
-      "num_stages": 3}]'
-    # (a --tune entry's block_k is the standard kernel's too: {"block_k": 32} times the
-    # standard at 6 CTAs an SM, where its default 64-key chunks hold 5)
+    # scripts/mosaic_ptxas.py: T = 8 222 -> 166 registers with its own products, whose SMEM then
+    # takes a scope after the stream: 3 CTAs an SM where 2 were), the verify's default from 5
+    # tokens since the thirtieth session (H100: T = 8 563.0 -> 502.9 us): compiled tests, then
+    # the verify against the serial prologue by window and the decode's tilings of 4-5 CTAs an
+    # SM (the decode's fold in one stage, 16-key chunks: no gain on the H100), at batch 256
+    each_test 100 -k "gdn and mosaic and (fused or keys-pallas or keys-kernel or 8-16)" \
+      | tee "$out/tests.txt"
+    verify_tune 150 gdn qwen3-next fused 8 '[{}, {"prologue": "serial"}, {"key_products":
+      "pallas"}]'
+    # (T = 4's products in the kernel under the serial prologue, their rows in its scope since
+    # stop 55: 69 KiB, 3 CTAs an SM where they held 2, not yet timed)
+    verify_tune 150 gdn qwen3-next fused 4 '[{}, {"key_products": "kernel"}, {"prologue":
+      "fused"}, {"prologue": "fused", "key_products": "kernel"}]'
+    verify_tune 100 gdn qwen3-next fused 5 '[{}, {"prologue": "serial"}]'
     limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
-      --impls pallas_mosaic_gpu --tune '[{}, {"block_k": 32}, {"prologue": "fused"},
-      {"num_stages": 2, "fold_stages": 1}, {"prologue": "fused", "num_stages": 2, "fold_stages":
-      1}, {"block_k": 16, "num_stages": 4, "fold_stages": 2}]' --json "$out/kernels_fused_b256.json" \
-      2>>"$out/kernels.log" | grep "^|" || true
-    verify_tune 100 gdn qwen3-next fused 2 '[{}, {"prologue": "fused"}]' ;;
+      --impls pallas_mosaic_gpu --tune '[{}, {"prologue": "fused"}, {"num_stages": 2,
+      "fold_stages": 1}, {"block_k": 16, "num_stages": 4, "fold_stages": 2}]' \
+      --json "$out/kernels_fused_b256.json" 2>>"$out/kernels.log" | grep "^|" || true ;;
   m2-overlap)
     # the Mosaic Mamba-2 verify with the "overlap" prologue (its walk after the stream): by
     # scripts/mosaic_ptxas.py T = 8 245 -> 167 registers, 3 CTAs an SM where 2 were (T = 4 168 ->
