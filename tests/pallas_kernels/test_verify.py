@@ -61,9 +61,10 @@ def verify_params(cases, mosaic_cases):
     # the Mosaic verify's options (ring_write among them), a few to a case
     *(pytest.param(f, 4, 8, MOSAIC, opts, None, id=f"{name}-4-8-{case}-{MOSAIC}")
       for name, f in FAMILIES.items() for case, opts in f.MOSAIC_VERIFY_OPTIONS),
-    # GDN's verify default from 5 tokens: the key products in the kernel, at T = 8
-    pytest.param(GDN, 8, 16, MOSAIC, dict(key_products="kernel"), None,
-                 id=f"gdn-8-16-keys-kernel-{MOSAIC}"),
+    # GDN's verify default from 5 tokens: the key products in the kernel, the fused prologue,
+    # at T = 8
+    pytest.param(GDN, 8, 16, MOSAIC, dict(key_products="kernel", prologue="fused"), None,
+                 id=f"gdn-8-16-keys-kernel-fused-{MOSAIC}"),
     *(pytest.param(f, 4, 16, "pallas", opts, dims, id=f"{name}-4-16-{case}-pallas")
       for name, f in FAMILIES.items() for case, dims, opts in f.MASKED_TILE_CASES)])
 def test_random_acceptance_matches_recurrence(family, T, L, impl, options, dims, interpret):
