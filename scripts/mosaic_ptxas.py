@@ -279,7 +279,10 @@ def _run(args):
     for shape, T, cfg, base in todo:
         head = f"| {shape} | {T} | {json.dumps(cfg)} |"
         try:
-            modules = mosaic_modules(fam, args, shape, T, dataclasses.replace(base, **cfg))
+            # {} runs the default itself (tiling None: its fallbacks, e.g. a non-fp32 state's
+            # FMA readout, apply)
+            modules = mosaic_modules(fam, args, shape, T,
+                                     dataclasses.replace(base, **cfg) if cfg else None)
         except Exception as e:  # noqa: BLE001 -- a tiling the lowering rejects is a row
             print(f"{head} rejected: {_error(e)} |" + " |" * 7, flush=True)
             continue
