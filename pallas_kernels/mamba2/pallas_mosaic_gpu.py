@@ -153,7 +153,8 @@ MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, bc_products="pallas", head
                                           fold_stages=1, fold_buffers=1)
 # Verify (twenty-first session, batch 256, us, x the state-per-draft baseline): two heads a CTA
 # from T = 3. T = 4: 545.6 (2.76x) -> 497.8 (3.02x) in 32-column chunks, 2 stages, a one-stage
-# single-buffered fold in its own scope (5 CTAs an SM); 16-column chunks 509.9-523.9. T = 8:
+# single-buffered fold in its own scope (5 CTAs an SM by SMEM, 3 by its 168 registers:
+# scripts/mosaic_ptxas.py, stop 55); 16-column chunks 509.9-523.9. T = 8:
 # 1,319.7 -> 1,129.9 (3.06x) in 16-column chunks, 4 stages, the fold's as many (1,164.0 with
 # the one-stage fold: verify folds a row every L / T steps, the decode every L). T = 2 with
 # two heads in 16-column chunks lost to Triton (407.5 vs 383.0): one head, as before (372 vs

@@ -337,8 +337,8 @@ def _run(args):
                             fam, shape, batch, L=args.window, ring=ring,
                             std_kw=args.std_config, rep_kw=args.replay_config, impl=impl,
                             state=args.state_dtype))
-                except ValueError as e:     # a kernel that does not take the shape (P = 80 on
-                    # Mosaic GPU): a row saying so, and the other shapes still run
+                except ValueError as e:     # a kernel that does not take the shape or
+                    # tiling: a row saying so, and the other shapes still run
                     print(f"| {impl} | {shape} | {batch} | not taken: {e} |" + " |" * 8,
                           flush=True)
                     rows.append(dict(impl=impl, shape=shape, batch=batch, family=fam.name,
