@@ -198,9 +198,10 @@ def _child(module_path: str, plugin: str, libcuda: str) -> int:
     return 0
 
 
-def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path) -> dict:
+def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path, keep=None) -> dict:
     """`parse_ptxas` of one module's PTX, with its launch's "dynamic_smem" and "threads";
-    RuntimeError (the child's or ptxas' last line) where no PTX or no cubin came out."""
+    RuntimeError (the child's or ptxas' last line) where no PTX or no cubin came out. keep: a
+    path prefix for copies of the PTX and the cubin (for `cuobjdump -sass`)."""
     root = str(Path(ptxas).resolve().parent.parent)
     env = dict(os.environ, FAKE_CUDA_CC="90", MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_CUDA_ROOT=root,
                PATH=f"{root}/bin{os.pathsep}{os.environ.get('PATH', '')}")
@@ -215,8 +216,11 @@ def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path) -> dict
         Path(d, "k.ptx").write_text(ptx[:ptx.rfind("}") + 1] + "\n")
         q = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
                            capture_output=True, text=True)
-    if q.returncode:
-        raise RuntimeError(f"ptxas: {_line(q.stderr)}")
+        if q.returncode:
+            raise RuntimeError(f"ptxas: {_line(q.stderr)}")
+        if keep:
+            for ext in ("ptx", "cubin"):
+                shutil.copyfile(Path(d, f"k.{ext}"), f"{keep}.{ext}")
     smem, threads = launch_config(module)
     return dict(parse_ptxas(q.stderr + q.stdout), dynamic_smem=smem, threads=threads)
 
@@ -248,6 +252,9 @@ def parse_args(argv=None):
     add("--state-dtype", choices=["float32", "bfloat16"], default="float32", help="state dtype")
     add("--tune", type=cli.tilings, default=[{}], metavar="CONFIGS",
         help="JSON list of tilings: fields of the measured tiling to change")
+    add("--keep", type=Path, metavar="DIR", help="write each kernel's PTX and cubin there "
+        "(ROW.ptx / ROW.cubin, ROW the row's number; `cuobjdump -sass ROW.cubin` shows its "
+        "instructions)")
     args = ap.parse_args(argv)
     check_shape_names(ap, args)
     args.shapes = args.shapes or list(SHAPES[args.family])[:1]
@@ -276,7 +283,9 @@ def _run(args):
     print(f"{fam.name} {args.kernel}; batch {args.batch}; L = {WINDOW}; "
           f"{args.ring_dtype or fam.default_ring} ring, {args.state_dtype} state; {ptxas} "
           f"({version.group(0) if version else 'version unknown'})\n{HEADER}", flush=True)
-    for shape, T, cfg, base in todo:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    for i, (shape, T, cfg, base) in enumerate(todo):
         head = f"| {shape} | {T} | {json.dumps(cfg)} |"
         try:
             # {} runs the default itself (tiling None: its fallbacks, e.g. a non-fp32 state's
@@ -288,9 +297,10 @@ def _run(args):
             continue
         if not modules:
             print(f"{head} no Mosaic GPU kernel in the lowering |" + " |" * 7, flush=True)
-        for module in modules:
+        for m, module in enumerate(modules):
+            keep = args.keep / f"{i}{f'_{m}' if m else ''}" if args.keep else None
             try:
-                print(row(head, kernel_stats(module, ptxas, plugin, libcuda)), flush=True)
+                print(row(head, kernel_stats(module, ptxas, plugin, libcuda, keep)), flush=True)
             except Exception as e:  # noqa: BLE001 -- so is a kernel that does not compile
                 print(f"{head} failed: {_error(e)} |" + " |" * 7, flush=True)
 

@@ -93,6 +93,7 @@ from pallas_kernels._mosaic_utils import (
     chunk_products,
     cols,
     dot,
+    fma_columns,
     issue_all,
     load_all,
     measured_tiling,
@@ -114,6 +115,7 @@ from pallas_kernels._mosaic_utils import (
     wait_on_first_step,
     write_chunk,
     write_out,
+    zeros_columns,
     zeros_row,
 )
 from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
@@ -145,8 +147,9 @@ class GDNMosaicTiling:
     the walk and the epilogue, over twice the state bytes), a bound as block_k is: 128 runs
     64-row tiles where V is not a multiple of 128. readout (replay decode and verify;
     `_mosaic_utils.READOUTS`): how the checkpoint pass forms S0 k and S0 q, "fma" on the FMA
-    units, or "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against
-    all of the window's keys and queries at once (`_readout`). key_products (replay decode and
+    units, "fma_deferred" likewise with the column sums after the stream (`fma_columns`), or
+    "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against all of
+    the window's keys and queries at once (`_readout`). key_products (replay decode and
     verify; `validation.PRODUCTS`): what forms the key products, "xla"
     (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch) before the
     launch, or for verify with readout "mma" and an fp32 ring "kernel": its CTAs by tf32
@@ -405,15 +408,17 @@ def _horner(s0, *, count, ring_g, ring_d, ring_x):
     return lax.fori_loop(0, count, step, (jnp.float32(0), tuple(s0)))
 
 
-def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None):
+def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None,
+             deferred=False):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
     pass waits for the copies of `wait_first` (barriers) on its first step. readout "fma"
     (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
-    its columns. "mma": `vectors` is their number m and `operands` the x as the rows of
-    `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of
-    them, its first m columns the results, and the chunk's low part's SMEM, both in the
-    pass's own scope."""
+    its columns (`deferred`, "fma_deferred": over each thread's 8-column slices only, the row
+    sums once after the stream, `fma_columns`). "mma": `vectors` is their number m and
+    `operands` the x as the rows of `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one
+    [R, N] accumulator for all of them, its first m columns the results, and the chunk's low
+    part's SMEM, both in the pass's own scope."""
     R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
                                  in_specs=[state_spec(tile.dtype, block_k, R)],
@@ -431,9 +436,13 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
             # The pipeline's next TMA into this stage's buffers must follow these reads (an
             # input-only pipeline has no fence of its own; the interpreter flags the race).
             plgpu.commit_smem()
+            if deferred:              # "fma_deferred": the column sums after the stream
+                return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, vectors))
             return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
                          for a, x in zip(acc, vectors))
-        return pipeline(fma_step, init_carry=(zeros_row(tile_rows=R),) * len(vectors))(tile)
+        init = zeros_columns(R) if deferred else zeros_row(tile_rows=R)
+        acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
+        return tuple(jnp.sum(a, axis=1) for a in acc) if deferred else acc
 
     def run(acc_ref, lo_smem):
         def mma_step_(idx, s_smem):
@@ -571,7 +580,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, fold_stages,
-                   fold_buffers):
+                   fold_buffers, deferred):
     sv = vectors.views(vec_smem)
     R = sv.v.shape[0]                                                 # the CTA's V rows
     b, hv, hk, t, vs = _position(heads_per_key_head, R)
@@ -621,7 +630,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
                         num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                        operands=operands)
+                        operands=operands, deferred=deferred)
     if late:                      # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
     if prologue == "fused":       # S k and S q from S0 k and S0 q in place
@@ -678,7 +687,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                             ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
-                               fold_stages=fold_stages, fold_buffers=fold_buffers)
+                               fold_stages=fold_stages, fold_buffers=fold_buffers,
+                               deferred=readout == "fma_deferred")
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -711,7 +721,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, wkk_ref, wkq_ref, wk_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref,
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
-                   num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped):
+                   num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped,
+                   deferred):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -847,7 +858,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0 = _readout(tile, 2 * T if operands else (*sv.k, *queries), block_k=block_k,
                   num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                  operands=operands)
+                  operands=operands, deferred=deferred)
     if late:                      # the rest, then the walk
         wait_all(landed[n_first:])
     if prologue == "fused":
@@ -901,7 +912,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     ring_dtype = buffers.ring_d.dtype
     # d goes out through sv.d: to the ring in its dtype, or to the d output in float32
     # k and q rows for the FMA readout; with "mma" k_0 only (the fold's key)
-    fma = readout == "fma"
+    fma = readout != "mma"
     vectors = VectorPack.of(v=((T, tile_rows), v.dtype), k=((T if fma else 1, K), k.dtype),
                             **({"q": ((T, K), q.dtype)} if fma else {}),
                             d=((T, tile_rows), ring_dtype if write_ring else F32),
@@ -927,7 +938,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, scoped=scoped)
+                               fold_buffers=fold_buffers, scoped=scoped,
+                               deferred=readout == "fma_deferred")
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
