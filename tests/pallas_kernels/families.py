@@ -244,7 +244,10 @@ class GDN(Problem):
                               dict(key_products="kernel", prologue="overlap",
                                    ring_write="xla")),
                              ("keys-kernel-serial", dict(key_products="kernel",
-                                                         prologue="serial"))]
+                                                         prologue="serial")),
+                             # a non-fp32 state's (or ring's) default from T = 5
+                             ("fused-fma-keys-pallas", dict(prologue="fused", readout="fma",
+                                                            key_products="pallas"))]
 
     @property
     def state_shape(self):
