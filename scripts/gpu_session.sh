@@ -66,7 +66,8 @@
 #              (ring_write="kernel") against XLA's scatter after them, T = 4, batch 256
 #              fused - GDN's "fused" prologue (the verify's default from 5 tokens) against the
 #              serial one, verify T = 8 / 4 / 5, and the decode's tilings of 4-5 CTAs an SM
-#              m2-overlap - the Mamba-2 verify's "overlap" prologue (3 CTAs an SM at T = 8)
+#              m2-overlap - the Mamba-2 verify's "overlap" prologue (3 CTAs an SM at T = 8, 5
+#              at T = 4 with 16-column chunks)
 #              options-compiled - the Mosaic kernels' option cases compiled;  verify-split -
 #              the Mosaic verify's non-fold and fold steps (counts held) at T = 4 / 8
 #   e2e      - whole-model decode A/B, Nemotron-H-8B dims, random weights, mixed prompt lengths;
@@ -749,8 +750,13 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # scripts/mosaic_ptxas.py T = 8 245 -> 167 registers, 3 CTAs an SM where 2 were (T = 4 168 ->
     # 153); the default's compiled tests first (a T = 8 baseline needs an H200's memory)
     each_test 60 -k "mamba2 and overlap" | tee "$out/tests.txt"
-    verify_tune 200 mamba2 nemotron-h-8b m2_overlap 8 '[{}, {"prologue": "overlap"}]'
-    verify_tune 150 mamba2 nemotron-h-8b m2_overlap 4 '[{}, {"prologue": "overlap"}]' ;;
+    verify_tune 200 mamba2 nemotron-h-8b m2_overlap 8 '[{}, {"prologue": "overlap"},
+      {"prologue": "overlap", "num_stages": 3}]'
+    # (T = 4 with 16-column chunks: 127 registers, 4 CTAs serial; 95 and 5 with "overlap";
+    # the H100 had the default and "overlap" even, 550.6 / 548.2 us, thirtieth session)
+    verify_tune 150 mamba2 nemotron-h-8b m2_overlap 4 '[{}, {"prologue": "overlap"},
+      {"prologue": "overlap", "block_n": 16}, {"prologue": "overlap", "block_n": 16,
+      "num_stages": 4}]' ;;
   verify-split)
     # the Mosaic verify's non-fold and fold steps (counts held: no row folds / every row does)
     # beside its step under random acceptance, T = 4 / 8, batch 256 (VERIFY_SPLIT_FAMILIES,
