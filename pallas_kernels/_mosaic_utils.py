@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu.fragmented_array import Tiling
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.validation import (
@@ -47,8 +48,9 @@ PROLOGUES = ("serial", "overlap", "fused")
 # state element and vector; "mma" splits each fp32 chunk into a tf32 high part and the exact
 # rest and reads both with tf32 wgmmas against all the vectors at once (`mma_step`), a few
 # operations a state element for any number of vectors (a verify window's 2T); "fma_deferred"
-# is "fma" with each vector's column sums deferred to the stream's end (`fma_columns`).
-READOUTS = ("fma", "mma", "fma_deferred")
+# is "fma" with each vector's column sums deferred to the stream's end (`fma_columns`);
+# "fma_rows" reads each chunk with a thread a row (`rows_layout`): its sums are in-thread adds.
+READOUTS = ("fma", "mma", "fma_deferred", "fma_rows")
 
 
 def rows(v, shape):
@@ -324,9 +326,44 @@ def state_spec(state_dtype, block, tile_rows=TILE_ROWS, lead=()):
                            transforms=state_layout(block, state_dtype))
 
 
-def chunk(ref, n, block):
-    """Chunk n [block] of the SMEM vector `ref` [N] as a COL vector, fp32."""
-    return plgpu.load(ref.at[pl.ds(n * block, block)], layout=COL).astype(F32)
+def chunk(ref, n, block, layout=COL):
+    """Chunk n [block] of the SMEM vector `ref` [N] as a COL vector (or in `layout`), fp32."""
+    return plgpu.load(ref.at[pl.ds(n * block, block)], layout=layout).astype(F32)
+
+
+def rows_layout(R):
+    """The register layout of readout "fma_rows" for a state chunk [R, block] (R 64 or a
+    multiple of 128, block % 8 == 0): a thread holds 16-byte column vectors of one row, all of
+    the chunk's columns at R % 128 == 0 (lane l of warp w: row 32 w + l), half of them at R = 64
+    (lanes l and l + 16 share row 16 w + l % 16). In the WGMMA layout a thread holds 8-byte
+    column pairs of 8 rows, and a warp's reads of a 128-byte swizzled chunk come out as pairs
+    to swap (32 selects a 32-key chunk of 128 rows, by ptxas); here every read is a 16-byte
+    load from a loop-invariant address (the swizzle spreads a warp's rows over the banks), a
+    row sum is in-thread adds (and one lane shuffle at 64 rows), and the vectors' columns are
+    uniform loads (`layout.reduce(0)`, replicated over the rows): the GDN replay's read-only
+    loop body 216 -> 166 instructions at block 32 by ptxas (docs/design.md)."""
+    if R % 128 == 0:
+        return plgpu.Layout.TILED(Tiling(((128, 4), (32, 4))), warp_dims=(-4,),
+                                  lane_dims=(-2,), vector_dim=-1)
+    check(R == TILE_ROWS, f"readout 'fma_rows' needs 64 or a multiple of 128 rows, got {R}")
+    return plgpu.Layout.TILED(Tiling(((64, 8), (16, 8), (4,))), warp_dims=(-5,),
+                              lane_dims=(-2, -3), vector_dim=-1)
+
+
+def relayout_rows(vectors, layout=ROW):
+    """[R] fp32 vectors (any register layouts) in `layout`, through an SMEM scratch of their
+    own: each is stored in its layout and read back in the other, once a kernel (the
+    warpgroup's barriers order the stores, the loads and the scratch's next user)."""
+    R = vectors[0].shape[0]
+
+    def moved(buf):
+        for i, v in enumerate(vectors):
+            buf.at[i][...] = v
+        plgpu.commit_smem()
+        out = tuple(plgpu.load(buf.at[i], layout=layout) for i in range(len(vectors)))
+        plgpu.commit_smem()
+        return out
+    return pl.run_scoped(moved, plgpu.SMEM((len(vectors), R), F32))
 
 
 def fma_columns(acc, s, x, n, block):

@@ -24,6 +24,8 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   rows     - the Mosaic GDN replay's readout "fma_rows" (a thread a row): compiled readout
+#              tests, the decode at batch 256 against "fma" / "fma_deferred", verify T = 2
 #   lean-fold - the Mosaic Mamba-2 replay with its fold in its own SMEM scope: compiled fold
 #              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
 #              beside Triton at batch 1 / 32 / 256
@@ -721,6 +723,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # ring_write="xla" (GDN's default writes in the kernel since stop 54), in-kernel keys at T = 8
     each_test 170 -k "mosaic and (lean-fold or full-fold or keys-pallas or ring-write or keys-kernel)" \
       | tee "$out/tests.txt" ;;
+  rows)
+    # readout "fma_rows" (stop 56: a thread a row, 16-byte loads of the swizzled chunk without
+    # selects, in-thread row sums; by ptxas the decode's read-only loop body 268 ("fma") / 216
+    # ("fma_deferred") -> ~170 instructions, registers 115 -> 113): the readout tests compiled
+    # (fma / mma / fma_deferred / fma_rows agree; 128- and 64-row tiles), then the replay decode
+    # at batch 256 with the standard kernel beside it, then the verify at T = 2 by FMAs in rows
+    REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py -k "readouts" 2>&1 | tail -4 | tee "$out/tests.txt" || true
+    limit 210 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"readout": "fma_deferred"}, {"readout":
+      "fma_rows"}, {"readout": "fma_rows", "prologue": "fused"}, {"readout": "fma_rows",
+      "block_k": 16, "num_stages": 6}]' --json "$out/kernels_rows_b256.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
+      "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
   fused)
     # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
     # scripts/mosaic_ptxas.py: T = 8 222 -> 166 registers with its own products, whose SMEM then

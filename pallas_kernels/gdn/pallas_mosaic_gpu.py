@@ -104,6 +104,8 @@ from pallas_kernels._mosaic_utils import (
     resolve_tiles,
     rows,
     rows_box,
+    rows_layout,
+    relayout_rows,
     scalar_vectors,
     staging_smem,
     state_layout,
@@ -409,16 +411,17 @@ def _horner(s0, *, count, ring_g, ring_d, ring_x):
 
 
 def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None,
-             deferred=False):
+             readout="fma"):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
-    pass waits for the copies of `wait_first` (barriers) on its first step. readout "fma"
+    pass waits for the copies of `wait_first` (barriers) on its first step. The FMA readouts
     (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
-    its columns (`deferred`, "fma_deferred": over each thread's 8-column slices only, the row
-    sums once after the stream, `fma_columns`). "mma": `vectors` is their number m and
-    `operands` the x as the rows of `mma_operands` in SMEM (`_mosaic_utils.mma_step`): one
-    [R, N] accumulator for all of them, its first m columns the results, and the chunk's low
-    part's SMEM, both in the pass's own scope."""
+    its columns: "fma" a chunk at a time, "fma_deferred" over each thread's 8-column slices
+    only, the row sums once after the stream (`fma_columns`), "fma_rows" in a thread a row
+    (`rows_layout`), the sums moved to ROW vectors once after the stream. "mma": `vectors` is
+    their number m and `operands` the x as the rows of `mma_operands` in SMEM
+    (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of them, its first m columns
+    the results, and the chunk's low part's SMEM, both in the pass's own scope."""
     R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
                                  in_specs=[state_spec(tile.dtype, block_k, R)],
@@ -429,20 +432,13 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
             wait_on_first_step(n, wait_first)
 
     if operands is None:
-        def fma_step(idx, s_smem, acc):
-            (n,) = idx
-            first(n)
-            s = s_smem[...].astype(F32)
-            # The pipeline's next TMA into this stage's buffers must follow these reads (an
-            # input-only pipeline has no fence of its own; the interpreter flags the race).
-            plgpu.commit_smem()
-            if deferred:              # "fma_deferred": the column sums after the stream
-                return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, vectors))
-            return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
-                         for a, x in zip(acc, vectors))
-        init = zeros_columns(R) if deferred else zeros_row(tile_rows=R)
-        acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
-        return tuple(jnp.sum(a, axis=1) for a in acc) if deferred else acc
+        if readout == "fma_rows" and any(x.dtype != F32 for x in vectors):
+            # A thread a row reads all of a chunk's columns of each x (4x the WGMMA layout's):
+            # the CTA converts them to fp32 copies once, on the first step, after they land.
+            return pl.run_scoped(lambda xs: _fma_readout(pipeline, tile, first, vectors, xs,
+                                                         block_k, readout),
+                                 plgpu.SMEM((len(vectors), K), F32))
+        return _fma_readout(pipeline, tile, first, vectors, None, block_k, readout)
 
     def run(acc_ref, lo_smem):
         def mma_step_(idx, s_smem):
@@ -457,6 +453,43 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
         lambda lo_smem: pl.run_scoped(lambda acc_ref: run(acc_ref, lo_smem),
                                       plgpu.ACC((R, operands[0].shape[1]), F32)),
         plgpu.SMEM((R, block_k), F32, transforms=state_layout(block_k, F32)))
+
+
+def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
+    """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's waits); xs: an
+    SMEM scratch [len(vectors), K] fp32 the x are converted into on the first step, or None
+    to read them as they are."""
+    R = tile.shape[0]
+    layout = rows_layout(R) if readout == "fma_rows" else None
+    x_layout = COL if layout is None else layout.reduce(0)
+
+    def fma_step(idx, s_smem, acc):
+        (n,) = idx
+        first(n)
+        xv = vectors
+        if xs is not None:
+            xv = tuple(xs.at[i] for i in range(len(vectors)))
+
+            @pl.when(n == 0)
+            def _():
+                for x, dst in zip(vectors, xv):
+                    dst[...] = x[...].astype(F32)
+        s = (s_smem[...] if layout is None else plgpu.load(s_smem, layout=layout)).astype(F32)
+        # The pipeline's next TMA into this stage's buffers must follow these reads (an
+        # input-only pipeline has no fence of its own; the interpreter flags the race); the
+        # warpgroup's barrier also orders the first step's conversions before the reads below.
+        plgpu.commit_smem()
+        if readout == "fma_deferred":          # the column sums after the stream
+            return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k, x_layout), s.shape), axis=1)
+                     for a, x in zip(acc, xv))
+    init = {"fma_deferred": lambda: zeros_columns(R),
+            "fma_rows": lambda: plgpu.layout_cast(jnp.zeros((R,), F32), layout.reduce(1)),
+            }.get(readout, lambda: zeros_row(tile_rows=R))()
+    acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
+    if readout == "fma_deferred":
+        return tuple(jnp.sum(a, axis=1) for a in acc)
+    return relayout_rows(acc) if layout is not None else acc
 
 
 def _readout_copies(vector_copies, operand_refs, at):
@@ -580,7 +613,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, fold_stages,
-                   fold_buffers, deferred):
+                   fold_buffers, readout):
     sv = vectors.views(vec_smem)
     R = sv.v.shape[0]                                                 # the CTA's V rows
     b, hv, hk, t, vs = _position(heads_per_key_head, R)
@@ -630,7 +663,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
                         num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                        operands=operands, deferred=deferred)
+                        operands=operands, readout=readout)
     if late:                      # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
     if prologue == "fused":       # S k and S q from S0 k and S0 q in place
@@ -688,7 +721,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                fold_stages=fold_stages, fold_buffers=fold_buffers,
-                               deferred=readout == "fma_deferred")
+                               readout=readout)
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -722,7 +755,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
                    num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped,
-                   deferred):
+                   readout):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -858,7 +891,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
     s0 = _readout(tile, 2 * T if operands else (*sv.k, *queries), block_k=block_k,
                   num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                  operands=operands, deferred=deferred)
+                  operands=operands, readout=readout)
     if late:                      # the rest, then the walk
         wait_all(landed[n_first:])
     if prologue == "fused":
@@ -939,7 +972,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers, scoped=scoped,
-                               deferred=readout == "fma_deferred")
+                               readout=readout)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
