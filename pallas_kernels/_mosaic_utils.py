@@ -340,14 +340,40 @@ def rows_layout(R):
     to swap (32 selects a 32-key chunk of 128 rows, by ptxas); here every read is a 16-byte
     load from a loop-invariant address (the swizzle spreads a warp's rows over the banks), a
     row sum is in-thread adds (and one lane shuffle at 64 rows), and the vectors' columns are
-    uniform loads (`layout.reduce(0)`, replicated over the rows): the GDN replay's read-only
-    loop body 216 -> 166 instructions at block 32 by ptxas (docs/design.md)."""
+    uniform loads (`layout.reduce(0)`, replicated over the rows). With `fma_rows`'s deferred
+    sums, the GDN replay's read-only loop body is ~150 instructions a 32-key chunk of 128 rows
+    by ptxas (64 of them the FFMAs), against 268 ("fma") and 216 ("fma_deferred")."""
     if R % 128 == 0:
         return plgpu.Layout.TILED(Tiling(((128, 4), (32, 4))), warp_dims=(-4,),
                                   lane_dims=(-2,), vector_dim=-1)
     check(R == TILE_ROWS, f"readout 'fma_rows' needs 64 or a multiple of 128 rows, got {R}")
     return plgpu.Layout.TILED(Tiling(((64, 8), (16, 8), (4,))), warp_dims=(-5,),
                               lane_dims=(-2, -3), vector_dim=-1)
+
+
+def rows_slice(R):
+    """The column slice of `rows_layout(R)` that one thread's registers hold whole: 4 at R % 128
+    == 0, 8 at R = 64 (two lanes a row: 4 each)."""
+    return 4 if R % 128 == 0 else 8
+
+
+def fma_rows(acc, s, x, n, block):
+    """acc + the products of a state chunk s [R, block] (`rows_layout`, fp32) and chunk n of
+    the SMEM vector x (fp32), summed over s's column slices only (`rows_slice`): acc [R, w]
+    (`rows_layout`) holds each thread's own columns, so a stream of chunks is one FMA a state
+    element and vector (no FMULs or adds), and a row sum (`jnp.sum(acc, axis=1)`: in-thread
+    adds, and one lane shuffle at 64 rows) comes once, at its end."""
+    R, w = s.shape[0], acc.shape[1]
+    xn = chunk(x, n, block, rows_layout(R).reduce(0))    # uniform 16-byte loads, once a chunk
+    for j in range(block // w):
+        sj = lax.slice(s, (0, w * j), (R, w * (j + 1)))
+        acc = acc + sj * cols(lax.slice(xn, (w * j,), (w * (j + 1),)), sj.shape)
+    return acc
+
+
+def zeros_rows(R):
+    """The [R, rows_slice(R)] fp32 zero accumulator of `fma_rows` (`rows_layout`)."""
+    return plgpu.layout_cast(jnp.zeros((R, rows_slice(R)), F32), rows_layout(R))
 
 
 def relayout_rows(vectors, layout=ROW):

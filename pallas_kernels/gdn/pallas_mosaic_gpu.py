@@ -94,6 +94,7 @@ from pallas_kernels._mosaic_utils import (
     cols,
     dot,
     fma_columns,
+    fma_rows,
     issue_all,
     load_all,
     measured_tiling,
@@ -101,11 +102,11 @@ from pallas_kernels._mosaic_utils import (
     mma_operands,
     mma_step,
     mosaic_call,
+    relayout_rows,
     resolve_tiles,
     rows,
     rows_box,
     rows_layout,
-    relayout_rows,
     scalar_vectors,
     staging_smem,
     state_layout,
@@ -119,6 +120,7 @@ from pallas_kernels._mosaic_utils import (
     write_out,
     zeros_columns,
     zeros_row,
+    zeros_rows,
 )
 from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
@@ -456,12 +458,11 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
 
 
 def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
-    """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's waits); xs: an
-    SMEM scratch [len(vectors), K] fp32 the x are converted into on the first step, or None
-    to read them as they are."""
+    """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's
+    waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are converted into on the first
+    step, or None to read them as they are."""
     R = tile.shape[0]
     layout = rows_layout(R) if readout == "fma_rows" else None
-    x_layout = COL if layout is None else layout.reduce(0)
 
     def fma_step(idx, s_smem, acc):
         (n,) = idx
@@ -479,17 +480,18 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
         # input-only pipeline has no fence of its own; the interpreter flags the race); the
         # warpgroup's barrier also orders the first step's conversions before the reads below.
         plgpu.commit_smem()
-        if readout == "fma_deferred":          # the column sums after the stream
-            return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
-        return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k, x_layout), s.shape), axis=1)
+        partial = {"fma_deferred": fma_columns, "fma_rows": fma_rows}.get(readout)
+        if partial:                            # the row sums after the stream
+            return tuple(partial(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
                      for a, x in zip(acc, xv))
-    init = {"fma_deferred": lambda: zeros_columns(R),
-            "fma_rows": lambda: plgpu.layout_cast(jnp.zeros((R,), F32), layout.reduce(1)),
+    init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R),
             }.get(readout, lambda: zeros_row(tile_rows=R))()
     acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
-    if readout == "fma_deferred":
-        return tuple(jnp.sum(a, axis=1) for a in acc)
-    return relayout_rows(acc) if layout is not None else acc
+    if readout == "fma":
+        return acc
+    sums = tuple(jnp.sum(a, axis=1) for a in acc)
+    return relayout_rows(sums) if readout == "fma_rows" else sums
 
 
 def _readout_copies(vector_copies, operand_refs, at):

@@ -328,8 +328,8 @@ def test_mosaic_readout_is_checked():
     """An unknown readout, and "mma" on a bf16 state (its wgmma would read bf16 operands), are
     named."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
-    with pytest.raises(ValueError, match=r"^readout must be one of 'fma', 'mma', 'fma_deferred', 'fma_rows', "
-                                         r"got 'tf32'$"):
+    with pytest.raises(ValueError, match=r"^readout must be one of 'fma', 'mma', 'fma_deferred', "
+                                         r"'fma_rows', got 'tf32'$"):
         gdn.replay_decode(**_valid_args(pb, L=4), impl=MOSAIC,
                           tiling=gdn.GDNMosaicTiling(block_k=16, readout="tf32"))
     args = _valid_args(pb, L=4)
