@@ -24,8 +24,9 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
-#   rows     - the Mosaic GDN replay's readout "fma_rows" (a thread a row): compiled readout
-#              tests, the decode at batch 256 against "fma" / "fma_deferred", verify T = 2
+#   rows     - the Mosaic GDN kernels' readout "fma_rows" (a thread a row): compiled readout
+#              tests, the standard kernel and the replay decode at batch 256 against "fma" /
+#              "fma_deferred", verify T = 2
 #   lean-fold - the Mosaic Mamba-2 replay with its fold in its own SMEM scope: compiled fold
 #              tests, lean folds under 3-4 read-only stages at batch 256; the Mosaic GDN replay
 #              beside Triton at batch 1 / 32 / 256
@@ -730,11 +731,16 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # (fma / mma / fma_deferred / fma_rows agree; 128- and 64-row tiles), then the replay decode
     # at batch 256 with the standard kernel beside it, then the verify at T = 2 by FMAs in rows
     REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_gdn.py -k "readouts" 2>&1 | tail -4 | tee "$out/tests.txt" || true
-    limit 210 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      tests/pallas_kernels/test_gdn.py -k "readouts or standard_rows" 2>&1 | tail -4 \
+      | tee "$out/tests.txt" || true
+    # (a --tune entry's fields go to the standard kernel too: "fma_rows" there reads and updates
+    # a thread a row, 1136 -> 752 instructions a CTA by ptxas, 192 selects fewer; block_k 32
+    # the replay's own, the standard's 64 -> 32: 72 registers, 6 CTAs an SM)
+    limit 240 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
       --impls pallas_mosaic_gpu --tune '[{}, {"readout": "fma_deferred"}, {"readout":
-      "fma_rows"}, {"readout": "fma_rows", "prologue": "fused"}, {"readout": "fma_rows",
-      "block_k": 16, "num_stages": 6}]' --json "$out/kernels_rows_b256.json" \
+      "fma_rows"}, {"readout": "fma_rows", "block_k": 32}, {"readout": "fma_rows", "prologue":
+      "fused"}, {"readout": "fma_rows", "block_k": 16, "num_stages": 6}]' \
+      --json "$out/kernels_rows_b256.json" \
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;

@@ -151,9 +151,12 @@ class GDNMosaicTiling:
     the walk and the epilogue, over twice the state bytes), a bound as block_k is: 128 runs
     64-row tiles where V is not a multiple of 128. readout (replay decode and verify;
     `_mosaic_utils.READOUTS`): how the checkpoint pass forms S0 k and S0 q, "fma" on the FMA
-    units, "fma_deferred" likewise with the column sums after the stream (`fma_columns`), or
-    "mma" (a float32 state) by tf32 wgmmas of the chunk's high and low parts against all of
-    the window's keys and queries at once (`_readout`). key_products (replay decode and
+    units, "fma_deferred" likewise with the column sums after the stream (`fma_columns`),
+    "fma_rows" likewise with a thread a row of each chunk (`rows_layout`), or "mma" (a float32
+    state) by tf32 wgmmas of the chunk's high and low parts against all of the window's keys
+    and queries at once (`_readout`). The standard kernel, which updates each chunk between
+    its two reads, takes "fma_rows" (a thread a row for both reads and the update) and reads
+    by FMAs in the WGMMA layout for the others. key_products (replay decode and
     verify; `validation.PRODUCTS`): what forms the key products, "xla"
     (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch) before the
     launch, or for verify with readout "mma" and an fp32 ring "kernel": its CTAs by tf32
@@ -275,10 +278,10 @@ def takes(op, args) -> bool:
 
 
 def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
-    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype,
-                   readout=False)
+    tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
-                            block_k=tiles["block_k"], tile_rows=tiles["tile_rows"])
+                            block_k=tiles["block_k"], tile_rows=tiles["tile_rows"],
+                            readout="fma_rows" if tiles["readout"] == "fma_rows" else "fma")
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -544,7 +547,8 @@ def _fold(tile, ring_keys, fold_bar, kc_smem, d, alpha, big_e, walk, ring_d, liv
 # Standard decode: reads and writes the state of every live row every step.
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
-                     k_smem, v_smem, s_smem, bars, *, heads_per_key_head, block_k):
+                     k_smem, v_smem, s_smem, x32_smem, bars, *, heads_per_key_head, block_k,
+                     readout):
     R = v_smem.shape[0]                                               # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
     n_chunks = s_smem.shape[0]
@@ -561,21 +565,39 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     alpha, beta = jnp.exp(g_ref[b, hv]), beta_ref[b, hv]
     for i in range(3):
         plgpu.barrier_wait(bars.at[n_chunks + i])
-    v = plgpu.load(v_smem, layout=ROW).astype(F32)
+    # "fma": the chunks in the WGMMA layout; "fma_rows": a thread a row (`rows_layout`), the
+    # token's q and k read as fp32 copies (a thread reads 4x the columns of the WGMMA layout)
+    layout = rows_layout(R) if readout == "fma_rows" else None
+    row = ROW if layout is None else layout.reduce(1)
+    if x32_smem is not None:
+        for x, dst in ((q_smem, x32_smem.at[0]), (k_smem, x32_smem.at[1])):
+            dst[...] = x[...].astype(F32)
+        plgpu.commit_smem()
+        q_smem, k_smem = x32_smem.at[0], x32_smem.at[1]
+    v = plgpu.load(v_smem, layout=row).astype(F32)
+
+    def load(n):
+        ref = s_smem.at[n]
+        return (ref[...] if layout is None else plgpu.load(ref, layout=layout)).astype(F32)
+
+    def dot(s, x, n):                                                 # s x_n [R]
+        if layout is None:
+            return jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
+        return jnp.sum(fma_rows(zeros_rows(R), s, x, n, block_k), axis=1)
 
     # Pass 1: S k of the old state, chunk by chunk as the copies land.
-    sk = zeros_row(tile_rows=R)
+    sk = plgpu.layout_cast(jnp.zeros((R,), F32), row)
     for n in range(n_chunks):
         plgpu.barrier_wait(bars.at[n])
-        s = s_smem.at[n][...].astype(F32)                             # [R, bk]
-        sk = sk + jnp.sum(s * cols(chunk(k_smem, n, block_k), s.shape), axis=1)
+        sk = sk + dot(load(n), k_smem, n)
     d = beta * (v - alpha * sk)                                       # [R]
     # Pass 2: S <- alpha S + d k^T in each chunk's buffer, copied out for live rows; o = S q.
-    o = zeros_row(tile_rows=R)
+    o = plgpu.layout_cast(jnp.zeros((R,), F32), row)
     for n in range(n_chunks):
-        s = s_smem.at[n][...].astype(F32)
-        s = alpha * s + rows(d, s.shape) * cols(chunk(k_smem, n, block_k), s.shape)
-        o = o + jnp.sum(s * cols(chunk(q_smem, n, block_k), s.shape), axis=1)
+        s = load(n)
+        s = alpha * s + rows(d, s.shape) * cols(
+            chunk(k_smem, n, block_k, COL if layout is None else layout.reduce(0)), s.shape)
+        o = o + dot(s, q_smem, n)
         s_smem.at[n][...] = s.astype(s_smem.dtype)
         plgpu.commit_smem()
 
@@ -586,12 +608,14 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "interpret"))
-def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, interpret):
+@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "readout", "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, readout, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     n_chunks = K // block_k
-    kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k)
+    kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
+                               readout=readout)
+    x32 = readout == "fma_rows" and (q.dtype != F32 or k.dtype != F32)
     (o,), (state,) = mosaic_call(
         kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
@@ -603,6 +627,7 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, inte
                      v_smem=plgpu.SMEM((tile_rows,), v.dtype),
                      s_smem=plgpu.SMEM((n_chunks, tile_rows, block_k), state.dtype,
                                        transforms=state_layout(block_k, state.dtype)),
+                     x32_smem=plgpu.SMEM((2, K), F32) if x32 else None,
                      bars=plgpu.Barrier(num_barriers=n_chunks + 3)),
         interpret=interpret)
     return o, state

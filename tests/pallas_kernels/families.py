@@ -336,7 +336,8 @@ def impl_dims(family, dims, impl):
     return {**dims, **family.MOSAIC_DIMS} if impl == MOSAIC else dims
 
 
-def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4, T=4):
+def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4, T=4,
+                      **fields):
     """Steps of `op` on the Mosaic kernels of `family` at `dims` (fresh random inputs of one
     seed: two runs see the same ones) at their measured tiling with `field` = `value`:
     "replay_decode" two fold cycles (2 L steps), "replay_verify" T windows (each one folds at
@@ -344,13 +345,13 @@ def mosaic_tiling_run(family, dims, op, field, value, interpret, ring_dtype, L=4
     interpreter is slow); rows on slots 5, the null slot (a padding row) and 1, the pools' ring
     entries past the counts NaN (`make_replay_state`). Returns (outputs per step, final pools,
     final counts) for `assert_runs_equal`; checks the outputs are finite and the padding row's
-    zero."""
+    zero. `fields`: more of the tiling's fields, the same in every run."""
     pb = family(17, batch=3, **dims)
     ops = pb.ops
     bufs, counts, _ = pb.make_replay_state(L, jnp.float32, ring_dtype)
     slots = jnp.asarray([5, NULL_SLOT, 1], jnp.int32)
     kind = {"standard_decode": "standard", "replay_decode": "replay", "replay_verify": "verify"}[op]
-    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), **{field: value})
+    tiling = dataclasses.replace(pb.tiling(kind, impl=MOSAIC), **{field: value}, **fields)
     kw = impl_kw(MOSAIC, interpret, tiling)
     outs, state = [], bufs.checkpoint
     for i in range({"standard_decode": 2, "replay_decode": 2 * L, "replay_verify": T}[op]):

@@ -297,6 +297,23 @@ def test_mosaic_readouts_compute_the_fma_sums(op, V, act, interpret):
     assert not mosaic_races_found(interpret)
 
 
+@pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])
+@pytest.mark.parametrize("tile_rows", [64, 128])
+def test_mosaic_standard_rows_readout_computes_the_fma_sums(tile_rows, act, interpret):
+    """The standard kernel's readout "fma_rows" (a thread a row: its S k, update and S q) gives
+    the WGMMA layout's outputs and pool to fp32 rounding (1e-5 relative; bf16 outputs to their
+    ulp), at 64-row tiles (two lanes a row) and 128-row ones, fp32 and bf16 q / k (converted
+    to fp32 copies first), the padding row's output zero; no data races."""
+    dims = dict(Hk=1, Hv=2, K=128, V=128, act=act)
+    runs = [mosaic_tiling_run(GDN, dims, "standard_decode", "tile_rows", tile_rows, interpret,
+                              F32, readout=r) for r in ("fma", "fma_rows")]
+    (outs, pools, _), (outs_r, pools_r, _) = runs
+    out_tol = 1e-5 if act == F32 else 2.0 ** -8
+    assert all(same_sums(a, b, out_tol) for a, b in zip(outs, outs_r, strict=True))
+    assert all(same_sums(a, b, 1e-5) for a, b in zip(pools, pools_r, strict=True))
+    assert not mosaic_races_found(interpret)
+
+
 def test_mosaic_mma_readout_long_run_stays_within_tolerance(interpret):
     """The fp32 long run's bound (test_decode: 5e-5 against the f64 recurrence, 4096 steps;
     64 of them, four folds, in the interpreter: the drift is the compiled run's to show) holds

@@ -119,8 +119,12 @@ def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     (gdn.GDNMosaicTiling(block_k=128), F32, BF16),
     (gdn.GDNMosaicTiling(block_k=16), BF16, BF16),
     (gdn.GDNMosaicTiling(block_k=64, prologue="overlap"), F32, F32),
-    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma"), F32, F32)],
-    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap", "mma"])
+    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma"), F32, F32),
+    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="fma_rows"), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=64, readout="fma_rows"), F32, BF16),
+    (gdn.GDNMosaicTiling(block_k=32, readout="fma_rows", tile_rows=128), BF16, BF16)],
+    ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap", "mma",
+         "rows-128", "rows-64-bk64", "rows-128-bf16"])
 def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
     bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
@@ -142,9 +146,12 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
                          ring_write="kernel"), F32, F32),
     (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="mma", key_products="kernel",
                          prologue="fused", ring_write="kernel"), F32, F32),
+    (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="fma_rows", prologue="fused"),
+     F32, F32),
     (None, BF16, BF16)],
     ids=["default", "bk32-3stages", "bf16-bk16", "overlap", "mma", "keys-kernel",
-         "keys-kernel-bk16-overlap-ring-write", "keys-kernel-fused", "default-bf16"])
+         "keys-kernel-bk16-overlap-ring-write", "keys-kernel-fused", "rows-fused",
+         "default-bf16"])
 @pytest.mark.parametrize("T", [2, 4, MAX_VERIFY_TOKENS])
 def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype, T):
     """Qwen3-Next shapes, batch 256, L = 16, a window of T tokens."""
