@@ -24,6 +24,8 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
+#              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
 #   rows     - the Mosaic GDN kernels' readout "fma_rows" (a thread a row): compiled readout
 #              tests, the standard kernel and the replay decode at batch 256 against "fma" /
 #              "fma_deferred", verify T = 2
@@ -744,6 +746,18 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
+  h200-56)
+    # stop 56's H200 rows in one call (run with needs_h200: Mamba-2's T = 8 baseline did not fit
+    # an H100's memory): the GDN verify's fused default at T = 8 / 5 against the serial prologue
+    # (3.40x / 2.84x on an H100), Mamba-2's T = 8 with the overlap prologue, then "fma_rows"
+    verify_tune 130 gdn qwen3-next fused 8 '[{}, {"prologue": "serial"}]'
+    verify_tune 100 gdn qwen3-next fused 5 '[{}, {"prologue": "serial"}]'
+    verify_tune 150 mamba2 nemotron-h-8b m2_overlap 8 '[{}, {"prologue": "overlap"}]'
+    limit 130 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"readout": "fma_rows"}]' \
+      --json "$out/kernels_rows_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 80 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
+      "pallas"}]' ;;
   fused)
     # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
     # scripts/mosaic_ptxas.py: T = 8 222 -> 166 registers with its own products, whose SMEM then
