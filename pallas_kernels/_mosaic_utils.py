@@ -341,8 +341,9 @@ def rows_layout(R):
     load from a loop-invariant address (the swizzle spreads a warp's rows over the banks), a
     row sum is in-thread adds (and one lane shuffle at 64 rows), and the vectors' columns are
     uniform loads (`layout.reduce(0)`, replicated over the rows). With `fma_rows`'s deferred
-    sums, the GDN replay's read-only loop body is ~150 instructions a 32-key chunk of 128 rows
-    by ptxas (64 of them the FFMAs), against 268 ("fma") and 216 ("fma_deferred")."""
+    sums, the GDN replay's read-only loop body is 175 instructions a 32-key chunk of 128 rows
+    (64 FFMAs; ~150 on the steps after the first, which converts bf16 q, k) against 268 ("fma")
+    and 217 ("fma_deferred"), by `scripts/mosaic_ptxas.py --sass`."""
     if R % 128 == 0:
         return plgpu.Layout.TILED(Tiling(((128, 4), (32, 4))), warp_dims=(-4,),
                                   lane_dims=(-2,), vector_dim=-1)

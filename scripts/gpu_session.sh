@@ -728,8 +728,8 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       | tee "$out/tests.txt" ;;
   rows)
     # readout "fma_rows" (stop 56: a thread a row, 16-byte loads of the swizzled chunk without
-    # selects, in-thread row sums; by ptxas the decode's read-only loop body 268 ("fma") / 216
-    # ("fma_deferred") -> ~150 instructions, registers 115 -> 110): the readout tests compiled
+    # selects, in-thread row sums; by ptxas the decode's read-only loop body 268 ("fma") / 217
+    # ("fma_deferred") -> 175 instructions, registers 115 -> 110): the readout tests compiled
     # (fma / mma / fma_deferred / fma_rows agree; 128- and 64-row tiles), then the replay decode
     # at batch 256 with the standard kernel beside it, then the verify at T = 2 by FMAs in rows
     REPLAYJAX_TEST_BACKEND=gpu limit 150 python3 -m pytest -q -p no:cacheprovider -W ignore \

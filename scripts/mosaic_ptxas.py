@@ -22,6 +22,12 @@ the Mosaic GPU bindings (jax-cuda12-plugin) and the network once: the plugin whe
 with pip, its .so kept in $MOSAIC_PTXAS_CACHE (default ~/.cache/replayjax/mosaic_ptxas).
 Register counts depend on the ptxas version: CUDA 13.0's gave a GDN verify kernel 153
 registers, as the H200's did for the same kernel; CUDA 12.9's gave 157.
+
+--sass adds each kernel's SASS instructions (`cuobjdump -sass` of the cubin: $CUOBJDUMP, else
+on PATH, else the nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels, fetched once into the
+cache) and its loops: the instructions between a backward branch and its target, 16 or more
+(the barrier waits' spin loops are shorter), with their FFMAs, e.g. "150 (64 FFMA)" for the
+GDN replay's read-only pipeline step at readout "fma_rows".
 """
 
 from __future__ import annotations
@@ -54,7 +60,11 @@ PTXAS_STATS = {"kernel": r"Compiling entry function '([^']+)'",  # its first ent
                "registers": r"Used (\d+) registers", "spill_stores": r"(\d+) bytes spill stores",
                "spill_loads": r"(\d+) bytes spill loads", "static_smem": r"(\d+) bytes smem"}
 HEADER = ("| shape | T | tiling | kernel | registers | spill bytes (stores / loads) | dynamic SMEM "
-          "KiB | threads | CTAs/SM by regs | by SMEM | resident |\n" + "|---" * 11 + "|")
+          "KiB | threads | CTAs/SM by regs | by SMEM | resident |")
+SASS_HEADER = " SASS instructions | loops (instructions) |"
+# one SASS line: /*address*/ [predicate] OPCODE[.modifiers] operands ;
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+MIN_LOOP = 16       # instructions: shorter backward branches are the barrier waits' spin loops
 
 
 def _line(text: str, last=True) -> str:
@@ -72,6 +82,40 @@ def parse_ptxas(text: str) -> dict:
     "spill_stores", "spill_loads" and "static_smem" (bytes; ints) that it gives."""
     found = {k: re.search(pat, text) for k, pat in PTXAS_STATS.items()}
     return {k: m.group(1) if k == "kernel" else int(m.group(1)) for k, m in found.items() if m}
+
+
+def parse_sass(text: str) -> list[tuple[int, str, str]]:
+    """`cuobjdump -sass` text -> (address, opcode with its modifiers, operands) per instruction."""
+    return [(int(a, 16), op, rest.strip()) for a, op, rest in SASS_LINE.findall(text)]
+
+
+def sass_loops(instrs) -> list[tuple[int, int, dict]]:
+    """The loops of `parse_sass` instructions, by address: (first address, instructions, their
+    opcode counts without modifiers) for every backward branch (BRA to an address at or before
+    its own) before the last EXIT spanning at least MIN_LOOP instructions (ptxas puts the
+    barrier waits' slow paths after it, each branching back to where its wait was)."""
+    exits = [a for a, op, _ in instrs if op == "EXIT"]
+    end = exits[-1] if exits else float("inf")
+    out = []
+    for addr, op, rest in instrs:
+        if addr > end:
+            break
+        target = re.match(r"(?:`\(\S+\)\s*)?0x([0-9a-f]+)", rest)
+        if op.split(".")[0] != "BRA" or not target or int(target.group(1), 16) > addr:
+            continue
+        body = [o.split(".")[0] for a, o, _ in instrs if int(target.group(1), 16) <= a <= addr]
+        if len(body) >= MIN_LOOP:
+            out.append((int(target.group(1), 16), len(body),
+                        {o: body.count(o) for o in sorted(set(body))}))
+    return sorted(out)
+
+
+def sass_cells(text: str) -> str:
+    """The --sass cells of a kernel's `cuobjdump -sass` text: its instruction count, then each
+    loop's ("150 (64 FFMA)"), or "-" without loops."""
+    instrs = parse_sass(text)
+    loops = ", ".join(f"{n} ({ops.get('FFMA', 0)} FFMA)" for _, n, ops in sass_loops(instrs))
+    return f" {len(instrs)} | {loops or '-'} |"
 
 
 def occupancy(registers: int, threads: int, smem: int) -> tuple[int, int, int]:
@@ -130,6 +174,41 @@ def tools() -> tuple[str, Path, Path]:
                 shutil.copyfileobj(z.open("jax_plugins/xla_cuda12/xla_cuda_plugin.so"), f)
             os.replace(f"{plugin}.part", plugin)
     return ptxas, plugin, libcuda
+
+
+def sass_tool() -> str:
+    """A cuobjdump that disassembles (it runs nvdisasm, beside it or on PATH): $CUOBJDUMP, else
+    one on PATH, else the CUDA 13 wheels' unpacked into CACHE the first time; cli.UserError."""
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if found:
+        return found
+    root = CACHE / "cuda-tools"
+    tool = root / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    if not tool.exists():
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                "--only-binary=:all:", "-d", d, "nvidia-cuda-cuobjdump>=13,<14",
+                                "nvidia-cuda-nvdisasm>=13,<14"], capture_output=True, text=True)
+            wheels = glob.glob(f"{d}/*.whl")
+            if p.returncode or len(wheels) < 2:
+                raise cli.UserError("--sass: no cuobjdump (set $CUOBJDUMP) and could not fetch "
+                                    f"nvidia-cuda-cuobjdump / nvdisasm: "
+                                    f"{_line(p.stderr) or 'no wheels'}")
+            for wheel in wheels:
+                with zipfile.ZipFile(wheel) as z:
+                    z.extractall(root)
+        for exe in tool.parent.iterdir():
+            exe.chmod(0o755)
+    return str(tool)
+
+
+def sass_text(cubin: Path, tool: str) -> str:
+    """`cuobjdump -sass` of a cubin (nvdisasm found beside the tool); RuntimeError if it fails."""
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    p = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    if p.returncode:
+        raise RuntimeError(f"cuobjdump: {_line(p.stderr)}")
+    return p.stdout
 
 
 def _walk(op):
@@ -198,10 +277,12 @@ def _child(module_path: str, plugin: str, libcuda: str) -> int:
     return 0
 
 
-def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path, keep=None) -> dict:
-    """`parse_ptxas` of one module's PTX, with its launch's "dynamic_smem" and "threads";
-    RuntimeError (the child's or ptxas' last line) where no PTX or no cubin came out. keep: a
-    path prefix for copies of the PTX and the cubin (for `cuobjdump -sass`)."""
+def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path, keep=None,
+                 sass=None) -> dict:
+    """`parse_ptxas` of one module's PTX, with its launch's "dynamic_smem" and "threads" (and
+    with `sass`, a cuobjdump, its "sass" text); RuntimeError (the child's or ptxas' last line)
+    where no PTX or no cubin came out. keep: a path prefix for copies of the PTX and the cubin
+    (for `cuobjdump -sass`)."""
     root = str(Path(ptxas).resolve().parent.parent)
     env = dict(os.environ, FAKE_CUDA_CC="90", MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_CUDA_ROOT=root,
                PATH=f"{root}/bin{os.pathsep}{os.environ.get('PATH', '')}")
@@ -221,8 +302,9 @@ def kernel_stats(module: bytes, ptxas: str, plugin: Path, libcuda: Path, keep=No
         if keep:
             for ext in ("ptx", "cubin"):
                 shutil.copyfile(Path(d, f"k.{ext}"), f"{keep}.{ext}")
+        extra = {"sass": sass_text(Path(d, "k.cubin"), sass)} if sass else {}
     smem, threads = launch_config(module)
-    return dict(parse_ptxas(q.stderr + q.stdout), dynamic_smem=smem, threads=threads)
+    return dict(parse_ptxas(q.stderr + q.stdout), dynamic_smem=smem, threads=threads, **extra)
 
 
 def row(head: str, st: dict) -> str:
@@ -231,7 +313,8 @@ def row(head: str, st: dict) -> str:
     ctas = occupancy(st["registers"], st["threads"], st["dynamic_smem"] + st.get("static_smem", 0))
     return (f"{head} {st['kernel'].removesuffix('_mosaic_gpu_kernel')} | {st['registers']} | "
             f"{st.get('spill_stores', 0)} / {st.get('spill_loads', 0)} | "
-            f"{st['dynamic_smem'] / 1024:.1f} | {st['threads']} | {' | '.join(map(str, ctas))} |")
+            f"{st['dynamic_smem'] / 1024:.1f} | {st['threads']} | {' | '.join(map(str, ctas))} |"
+            + (sass_cells(st["sass"]) if "sass" in st else ""))
 
 
 def parse_args(argv=None):
@@ -255,6 +338,8 @@ def parse_args(argv=None):
     add("--keep", type=Path, metavar="DIR", help="write each kernel's PTX and cubin there "
         "(ROW.ptx / ROW.cubin, ROW the row's number; `cuobjdump -sass ROW.cubin` shows its "
         "instructions)")
+    add("--sass", action="store_true", help="also count each kernel's SASS instructions and "
+        "those of its loops (cuobjdump; see above)")
     args = ap.parse_args(argv)
     check_shape_names(ap, args)
     args.shapes = args.shapes or list(SHAPES[args.family])[:1]
@@ -275,6 +360,7 @@ def _run(args):
         raise cli.UserError("needs the Mosaic GPU bindings: pip install --no-deps "
                             "jax-cuda12-plugin==<the jax version>") from None
     ptxas, plugin, libcuda = tools()
+    sass = sass_tool() if args.sass else None
     from pallas_kernels import ring_products  # the ring products' Triton launch: XLA's here
     ring_products.window_products = lambda ring, slots, windows, pairs=(), **_: \
         ring_products.products(ring, slots, windows, pairs, by="xla")
@@ -282,7 +368,9 @@ def _run(args):
                                                        text=True).stdout)
     print(f"{fam.name} {args.kernel}; batch {args.batch}; L = {WINDOW}; "
           f"{args.ring_dtype or fam.default_ring} ring, {args.state_dtype} state; {ptxas} "
-          f"({version.group(0) if version else 'version unknown'})\n{HEADER}", flush=True)
+          f"({version.group(0) if version else 'version unknown'})\n"
+          f"{HEADER}{SASS_HEADER if sass else ''}\n" + "|---" * (13 if sass else 11) + "|",
+          flush=True)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     for i, (shape, T, cfg, base) in enumerate(todo):
@@ -300,7 +388,8 @@ def _run(args):
         for m, module in enumerate(modules):
             keep = args.keep / f"{i}{f'_{m}' if m else ''}" if args.keep else None
             try:
-                print(row(head, kernel_stats(module, ptxas, plugin, libcuda, keep)), flush=True)
+                print(row(head, kernel_stats(module, ptxas, plugin, libcuda, keep, sass)),
+                      flush=True)
             except Exception as e:  # noqa: BLE001 -- so is a kernel that does not compile
                 print(f"{head} failed: {_error(e)} |" + " |" * 7, flush=True)
 

@@ -1,6 +1,6 @@
 """scripts/mosaic_ptxas.py's pure parts (no CUDA, compiler or network): ptxas -v parsing, the
-sm90 occupancy arithmetic, and --tune entries applied to (and checked against) the measured
-tilings as `replayjax bench kernels` / `bench verify` do."""
+sm90 occupancy arithmetic, --sass's SASS parsing and loops, and --tune entries applied to (and
+checked against) the measured tilings as `replayjax bench kernels` / `bench verify` do."""
 
 import dataclasses
 import importlib.util
@@ -54,6 +54,45 @@ def test_a_row_shows_the_kernel_and_its_occupancy():
     assert mp.row("| qwen3-next | 4 | {} |", st) == (
         "| qwen3-next | 4 | {} | gdn_replay_verify_mgpu | 153 | 24 / 16 | 65.2 | 128 | 3 | 3 | 3 |")
     assert mp.HEADER.splitlines()[0].count("|") == mp.row("|a|b|c|", st).count("|")
+
+
+# `cuobjdump -sass` lines (encodings cut): a pipeline loop of 17 instructions whose barrier
+# wait has its slow path after the EXIT, a spin loop of 5 there, and the final self-branch
+SASS = """\
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R5+URZ], R4 ;
+        /*0030*/              @!P0 BRA 0x200 ;
+        /*0040*/                   LDS.128 R8, [R6+0xc00] ;
+""" + "".join(f"        /*{0x50 + 16 * i:04x}*/                   FFMA R{i}, R8, R9, R{i} ;\n"
+              for i in range(12)) + """\
+        /*0110*/                   ISETP.NE.U32.AND P1, PT, R2, 0x4, PT ;
+        /*0120*/               @P1 BRA 0x20 ;
+        /*0130*/                   EXIT ;
+        /*0200*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R5+URZ], R4 ;
+        /*0210*/              @!P0 NANOSLEEP.SYNCS 0x989680 ;
+        /*0220*/              @!P0 SYNCS.PHASECHK.TRANS64 P0, [R5+URZ], R4 ;
+        /*0230*/              @!P0 BRA 0x200 ;
+        /*0240*/                   BRA 0x40 ;
+        /*0250*/                   BRA 0x250;
+"""
+
+
+def test_sass_parses_and_finds_the_loops():
+    instrs = mp.parse_sass(SASS)
+    assert len(instrs) == 26
+    assert instrs[3] == (0x30, "BRA", "0x200") and instrs[-1][:2] == (0x250, "BRA")
+    # the pipeline loop only: the slow path's branch back and the spin loop come after EXIT
+    (start, n, ops), = mp.sass_loops(instrs)
+    assert (start, n, ops["FFMA"], ops["BRA"], ops["SYNCS"]) == (0x20, 17, 12, 2, 1)
+    assert mp.sass_cells(SASS) == " 26 | 17 (12 FFMA) |"
+    assert mp.sass_cells(SASS.replace("@P1 BRA 0x20", "@P1 BRA 0x130")) == " 26 | - |"
+
+
+def test_a_sass_row_has_the_sass_header_cells():
+    st = dict(mp.parse_ptxas(PTXAS_OUT), dynamic_smem=66743, threads=128, sass=SASS)
+    assert (mp.HEADER + mp.SASS_HEADER).count("|") == mp.row("|a|b|c|", st).count("|")
+    assert mp.row("|a|b|c|", st).endswith("| 3 | 26 | 17 (12 FFMA) |")
 
 
 def _cases(*argv):
