@@ -26,6 +26,8 @@
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
 #              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
+#   m2-rows  - the Mosaic Mamba-2 replay's readout "fma_rows": compiled tests, P = 80 and the
+#              8B at batch 256 (the Mosaic tune rows beside the Triton standard's ratio target)
 #   rows     - the Mosaic GDN kernels' readout "fma_rows" (a thread a row): compiled readout
 #              tests, the standard kernel and the replay decode at batch 256 against "fma" /
 #              "fma_deferred", verify T = 2
@@ -758,6 +760,20 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       --json "$out/kernels_rows_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 80 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas"}]' ;;
+  m2-rows)
+    # the Mosaic Mamba-2 replay's readout "fma_rows" (stop 56; by `mosaic_ptxas.py --sass` its
+    # read-only loop 186 -> 105 instructions a 32-column chunk of two heads, registers 87 -> 105:
+    # 4 CTAs an SM where 5 were; with the overlap prologue 94 registers and 5 CTAs, with
+    # 16-column chunks in 4 stages 79 and 5): compiled tests, then P = 80 (Nemotron-Nano-9B-v2,
+    # 1.59x its standard on the H200, target 1.6x: a ragged 16-row tile a head) and the 8B
+    REPLAYJAX_TEST_BACKEND=gpu limit 100 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_mamba2.py -k "rows_readout" 2>&1 | tail -2 | tee "$out/tests.txt" \
+      || true
+    limit 420 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      nemotron-h-8b --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"readout":
+      "fma_rows"}, {"readout": "fma_rows", "prologue": "overlap"}, {"readout": "fma_rows",
+      "block_n": 16, "num_stages": 4}]' --json "$out/kernels_m2_rows_b256.json" \
+      2>>"$out/kernels.log" | grep "^|" || true ;;
   fused)
     # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
     # scripts/mosaic_ptxas.py: T = 8 222 -> 166 registers with its own products, whose SMEM then

@@ -89,6 +89,7 @@ from pallas_kernels._mosaic_utils import (
     VectorPack,
     acc_column,
     auto_takes,
+    check_rows_readout,
     chunk,
     chunk_products,
     cols,
@@ -253,7 +254,9 @@ def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout
     rows = (tiling or default).tile_rows
     check(rows in _TILE_ROWS, f"tile_rows = {rows} must be one of {_TILE_ROWS}")
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
-    return {**tiles, "tile_rows": rows if V % rows == 0 else TILE_ROWS}
+    rows = rows if V % rows == 0 else TILE_ROWS
+    check_rows_readout(tiles.get("readout"), rows, state_dtype)
+    return {**tiles, "tile_rows": rows}
 
 
 def for_shape(tiling, rows):
@@ -464,8 +467,8 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
     """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's
     waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are converted into on the first
     step, or None to read them as they are."""
-    R = tile.shape[0]
-    layout = rows_layout(R) if readout == "fma_rows" else None
+    R, dtype = tile.shape[0], tile.dtype
+    layout = rows_layout(R, dtype) if readout == "fma_rows" else None
 
     def fma_step(idx, s_smem, acc):
         (n,) = idx
@@ -483,12 +486,13 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
         # input-only pipeline has no fence of its own; the interpreter flags the race); the
         # warpgroup's barrier also orders the first step's conversions before the reads below.
         plgpu.commit_smem()
-        partial = {"fma_deferred": fma_columns, "fma_rows": fma_rows}.get(readout)
-        if partial:                            # the row sums after the stream
-            return tuple(partial(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        if readout == "fma_deferred":          # the row sums after the stream
+            return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        if readout == "fma_rows":
+            return tuple(fma_rows(a, s, x, n, block_k, dtype) for a, x in zip(acc, xv))
         return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
                      for a, x in zip(acc, xv))
-    init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R),
+    init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R, dtype),
             }.get(readout, lambda: zeros_row(tile_rows=R))()
     acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
     if readout == "fma":
@@ -567,7 +571,8 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         plgpu.barrier_wait(bars.at[n_chunks + i])
     # "fma": the chunks in the WGMMA layout; "fma_rows": a thread a row (`rows_layout`), the
     # token's q and k read as fp32 copies (a thread reads 4x the columns of the WGMMA layout)
-    layout = rows_layout(R) if readout == "fma_rows" else None
+    dtype = s_smem.dtype
+    layout = rows_layout(R, dtype) if readout == "fma_rows" else None
     row = ROW if layout is None else layout.reduce(1)
     if x32_smem is not None:
         for x, dst in ((q_smem, x32_smem.at[0]), (k_smem, x32_smem.at[1])):
@@ -583,7 +588,7 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     def dot(s, x, n):                                                 # s x_n [R]
         if layout is None:
             return jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
-        return jnp.sum(fma_rows(zeros_rows(R), s, x, n, block_k), axis=1)
+        return jnp.sum(fma_rows(zeros_rows(R, dtype), s, x, n, block_k, dtype), axis=1)
 
     # Pass 1: S k of the old state, chunk by chunk as the copies land.
     sk = plgpu.layout_cast(jnp.zeros((R,), F32), row)

@@ -74,15 +74,19 @@ from pallas_kernels._mosaic_utils import (
     TILE_ROWS,
     VectorPack,
     auto_takes,
+    check_rows_readout,
     chunk,
     cols,
+    fma_rows,
     issue_all,
     load_all,
     measured_tiling,
     mosaic_call,
+    relayout_rows,
     resolve_tiles,
     rows,
     rows_box,
+    rows_layout,
     scalar_vectors,
     staging_smem,
     state_spec,
@@ -94,6 +98,7 @@ from pallas_kernels._mosaic_utils import (
     write_chunk,
     write_out,
     zeros_row,
+    zeros_rows,
 )
 from pallas_kernels.mamba2.buffers import bc_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
@@ -122,7 +127,10 @@ class Mamba2MosaicTiling:
     group a CTA covers (1, 2 or 4; a bound as block_n is: the largest power of two up to it
     dividing the heads of a group), each one's [64, N] tile in the same pipeline steps: a CTA's
     fixed work (the vectors' copies and barriers, the ring walk's loop, the group's B, C and
-    walk scalars) is paid once for all of them."""
+    walk scalars) is paid once for all of them. readout (replay decode): how the read-only
+    pass forms S0 C, by FMAs in the WGMMA layout ("fma") or with a thread a row of each chunk
+    ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
+    stream; C converted to an fp32 copy first)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -131,9 +139,11 @@ class Mamba2MosaicTiling:
     fold_stages: int = 0
     fold_buffers: int = 2
     heads: int = 1
+    readout: str = "fma"
 
 
 _HEADS = (1, 2, 4)
+_READOUTS = ("fma", "fma_rows")
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -201,10 +211,15 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
                           max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold,
                           products="bc_products" if fold else None,
                           prologues=("serial", "overlap"))
-    heads = resolve_tiling(tiling, default).heads
-    check_choice("heads", heads, _HEADS)
+    t = resolve_tiling(tiling, default)
+    check_choice("heads", t.heads, _HEADS)
+    heads = t.heads
     while heads_per_group % heads:
         heads //= 2
+    if fold and not verify:                   # the replay decode's readout
+        check_choice("readout", t.readout, _READOUTS)
+        check_rows_readout(t.readout, TILE_ROWS, state_dtype)
+        tiles["readout"] = t.readout
     return {**tiles, "heads": heads}
 
 
@@ -381,9 +396,9 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_sta
 # ReplaySSM decode (T = 1): y from checkpoint + ring + current token, state written on folds.
 # --------------------------------------------------------------------------------------------
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
-                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
-                   fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
-                   fold_stages, fold_buffers):
+                   bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, c32_smem,
+                   bars, fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages,
+                   prologue, fold_stages, fold_buffers, readout):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -430,21 +445,38 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         xs, decays, y_ring = landed_part()
     tile = s_ref.at[pl.ds(slot * x_ref.shape[1] + h0, heads), ps]    # [heads, 64, N], GMEM
 
-    def readout(idx, s_smem, acc):
+    layout = rows_layout(TILE_ROWS, s_ref.dtype) if readout == "fma_rows" else None
+    c_vec = v.c if c32_smem is None else c32_smem
+
+    def readout_step(idx, s_smem, acc):
         (n,) = idx
         if overlap:
             wait_on_first_step(n, landed[:1])               # copy 0: C
-        ss = [s_smem.at[k][...].astype(F32) for k in hs]
+        if c32_smem is not None:                            # C's fp32 copy, once
+            @pl.when(n == 0)
+            def _():
+                c32_smem[...] = v.c[...].astype(F32)
+        ss = [(s_smem.at[k][...] if layout is None else
+               plgpu.load(s_smem.at[k], layout=layout)).astype(F32) for k in hs]
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
-        # input-only pipeline has no fence of its own; the interpreter flags the race).
+        # input-only pipeline has no fence of its own; the interpreter flags the race); the
+        # warpgroup's barrier also orders C's conversion before the reads below.
         plgpu.commit_smem()
-        cv = chunk(v.c, n, block_n)
+        if layout is not None:                              # the row sums after the stream
+            return tuple(fma_rows(y, s, c_vec, n, block_n, s_ref.dtype)
+                         for y, s in zip(acc, ss))
+        cv = chunk(c_vec, n, block_n)
         return tuple(y + jnp.sum(s * cols(cv, s.shape), axis=1) for y, s in zip(acc, ss))
 
     s0c = plgpu.emit_pipeline(
-        readout, grid=(N // block_n,), in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
-        max_concurrent_steps=num_stages, init_carry=(zeros_row(),) * heads,
+        readout_step, grid=(N // block_n,),
+        in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
+        max_concurrent_steps=num_stages,
+        init_carry=((zeros_row() if layout is None else zeros_rows(TILE_ROWS, s_ref.dtype)),)
+        * heads,
     )(tile)
+    if layout is not None:
+        s0c = relayout_rows(tuple(jnp.sum(acc, axis=1) for acc in s0c))
     if overlap:                   # the rest landed while the state streamed: now the walk
         wait_all(landed[1:])
         xs, decays, y_ring = landed_part()
@@ -487,9 +519,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "fold_stages", "fold_buffers", "products",
-                                             "interpret"))
+                                             "readout", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, products, interpret):
+                   prologue, fold_stages, fold_buffers, products, readout, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -504,7 +536,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers)
+                               fold_buffers=fold_buffers, readout=readout)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -517,6 +549,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
+                     c32_smem=plgpu.SMEM((N,), F32)
+                     if readout == "fma_rows" and C.dtype != F32 else None,
                      bars=plgpu.Barrier(num_barriers=2 * heads + 4),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)

@@ -343,8 +343,8 @@ def test_mosaic_verify_default_reads_non_fp32_states_by_fma():
 
 
 def test_mosaic_readout_is_checked():
-    """An unknown readout, and "mma" on a bf16 state (its wgmma would read bf16 operands), are
-    named."""
+    """An unknown readout, "mma" on a bf16 state (its wgmma would read bf16 operands) and
+    "fma_rows" on a bf16 state at 64-row tiles are named."""
     pb = GDN(1, Hk=1, Hv=1, K=64, V=64)
     with pytest.raises(ValueError, match=r"^readout must be one of 'fma', 'mma', 'fma_deferred', "
                                          r"'fma_rows', got 'tf32'$"):
@@ -356,6 +356,11 @@ def test_mosaic_readout_is_checked():
     with pytest.raises(ValueError, match=r"readout = 'mma' needs a float32 state, got bfloat16"):
         gdn.replay_decode(**args, impl=MOSAIC,
                           tiling=gdn.GDNMosaicTiling(block_k=16, readout="mma"))
+    # "fma_rows" at 64-row tiles (V = 64) takes a float32 state only (`rows_layout`)
+    with pytest.raises(ValueError, match=r"^readout 'fma_rows' at 64-row tiles needs a float32 "
+                                         r"state, got bfloat16$"):
+        gdn.replay_decode(**args, impl=MOSAIC,
+                          tiling=gdn.GDNMosaicTiling(block_k=16, readout="fma_rows"))
 
 
 def test_mosaic_tile_rows_are_checked():

@@ -11,7 +11,12 @@ from pallas_kernels import mamba2
 from pallas_kernels.mamba2 import pallas_triton
 from pallas_kernels.validation import masked_block
 from tests.pallas_kernels.families import BF16, F32, Mamba2, mosaic_tiling_run
-from tests.pallas_kernels.helpers import assert_runs_equal, mosaic_races_found
+from tests.pallas_kernels.helpers import (
+    assert_runs_equal,
+    bitwise_equal,
+    mosaic_races_found,
+    same_sums,
+)
 
 
 def _valid_args(pb, L=16):
@@ -219,6 +224,41 @@ def test_mosaic_heads_per_cta_compute_the_one_head_sums(op, interpret):
     assert_runs_equal(*(mosaic_tiling_run(Mamba2, dims, op, "heads", h, interpret, BF16)
                         for h in (1, 2)), interpret)
     assert not mosaic_races_found(interpret)
+
+
+@pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])
+def test_mosaic_rows_readout_computes_the_fma_sums(act, interpret):
+    """The Mosaic replay decode's readout "fma_rows" (a thread a row of each chunk, C as an
+    fp32 copy for bf16 inputs, the row sums after the stream) gives the WGMMA layout's S0 C:
+    outputs (bf16 ones to their ulp) and pools within 1e-5 relative over two fold cycles, two
+    heads a CTA over a 64-row and a ragged 16-row P tile (P = 80), the padding row's output
+    zero; no data races."""
+    dims = dict(H=4, G=2, P=80, N=64, act=act)
+    (outs, bufs, counts), (outs_r, bufs_r, counts_r) = (
+        mosaic_tiling_run(Mamba2, dims, "replay_decode", "readout", r, interpret, BF16)
+        for r in ("fma", "fma_rows"))
+    out_tol = 1e-5 if act == F32 else 2.0 ** -8
+    assert all(same_sums(a, b, out_tol) for a, b in zip(outs, outs_r, strict=True))
+    assert all(same_sums(a, b, 1e-5) for a, b in zip(bufs, bufs_r, strict=True))
+    assert bitwise_equal(counts, counts_r)
+    assert not mosaic_races_found(interpret)
+
+
+def test_mosaic_readout_is_checked():
+    """The Mosaic replay decode's readout is "fma" or "fma_rows"; another is named, and so is
+    "fma_rows" on a bf16 state (its 64-row tiles take a float32 one), before any tracing."""
+    pb = Mamba2(1, H=2, G=2, P=64, N=64)
+    with pytest.raises(ValueError, match=r"^readout must be one of 'fma', 'fma_rows', got "
+                                         r"'mma'$"):
+        mamba2.replay_decode(**_valid_args(pb, L=4), impl="pallas_mosaic_gpu",
+                             tiling=mamba2.Mamba2MosaicTiling(block_n=16, readout="mma"))
+    args = _valid_args(pb, L=4)
+    args["buffers"] = args["buffers"]._replace(
+        checkpoint=args["buffers"].checkpoint.astype(BF16))
+    with pytest.raises(ValueError, match=r"^readout 'fma_rows' at 64-row tiles needs a float32 "
+                                         r"state, got bfloat16$"):
+        mamba2.replay_decode(**args, impl="pallas_mosaic_gpu",
+                             tiling=mamba2.Mamba2MosaicTiling(block_n=16, readout="fma_rows"))
 
 
 def test_mosaic_heads_are_checked():

@@ -55,8 +55,9 @@ def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
     (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
     (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
     (mamba2.Mamba2MosaicTiling(block_n=32, prologue="overlap"), F32),
-    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, heads=2), F32)],
-    ids=["default", "bn32-3stages", "bf16-bn16", "overlap", "two-heads"])
+    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, heads=2), F32),
+    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, readout="fma_rows"), F32)],
+    ids=["default", "bn32-3stages", "bf16-bn16", "overlap", "two-heads", "rows"])
 def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
     bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16,
