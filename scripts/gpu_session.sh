@@ -27,7 +27,7 @@
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
 #              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
 #   m2-rows  - the Mosaic Mamba-2 replay's readout "fma_rows": compiled tests, P = 80 and the
-#              8B at batch 256 (the Mosaic tune rows beside the Triton standard's ratio target)
+#              8B at batch 256, then P = 80's Triton standard (the 1.6x target's baseline)
 #   rows     - the Mosaic GDN kernels' readout "fma_rows" (a thread a row): compiled readout
 #              tests, the standard kernel and the replay decode at batch 256 against "fma" /
 #              "fma_deferred", verify T = 2
@@ -773,6 +773,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       nemotron-h-8b --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"readout":
       "fma_rows"}, {"readout": "fma_rows", "prologue": "overlap"}, {"readout": "fma_rows",
       "block_n": 16, "num_stages": 4}]' --json "$out/kernels_m2_rows_b256.json" \
+      2>>"$out/kernels.log" | grep "^|" || true
+    # (the P = 80 target's standard is the Triton kernel, row-slowest: the same call's row)
+    limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
+      --batches 256 --impls pallas --json "$out/kernels_m2_p80_triton_b256.json" \
       2>>"$out/kernels.log" | grep "^|" || true ;;
   fused)
     # GDN's "fused" prologue (the walk after the stream, updating S0 x in place; by
