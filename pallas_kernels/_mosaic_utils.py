@@ -331,10 +331,10 @@ def chunk(ref, n, block, layout=COL):
     return plgpu.load(ref.at[pl.ds(n * block, block)], layout=layout).astype(F32)
 
 
-def rows_layout(R, dtype=F32):
-    """The register layout of readout "fma_rows" for a state chunk [R, block] of `dtype` (R 64
-    or a multiple of 128, block % 8 == 0; 64 for a float32 state only: Mosaic's layout
-    inference finds no transfer of a bf16 chunk for it): a thread holds 4-element column
+def rows_layout(R):
+    """The register layout of readout "fma_rows" for a state chunk [R, block] (R 64 or a
+    multiple of 128, block % 8 == 0; 64 for a float32 state only, `check_rows_readout`): a
+    thread holds 4-element column
     vectors of one row, all of the chunk's columns at R % 128 == 0 (lane l of warp w: row
     32 w + l), half of them at R = 64 (lanes l and l + 16 share row 16 w + l % 16). In the
     WGMMA layout a thread holds 8-byte column pairs of 8 rows, and a warp's reads of a 128-byte
@@ -350,15 +350,14 @@ def rows_layout(R, dtype=F32):
         return plgpu.Layout.TILED(Tiling(((128, 4), (32, 4))), warp_dims=(-4,),
                                   lane_dims=(-2,), vector_dim=-1)
     check(R == TILE_ROWS, f"readout 'fma_rows' needs 64 or a multiple of 128 rows, got {R}")
-    check(jnp.dtype(dtype) == F32, "readout 'fma_rows' at 64-row tiles needs a float32 state, "
-          f"got {jnp.dtype(dtype).name}")
     return plgpu.Layout.TILED(Tiling(((64, 8), (16, 8), (4,))), warp_dims=(-5,),
                               lane_dims=(-2, -3), vector_dim=-1)
 
 
 def check_rows_readout(readout, tile_rows, state_dtype):
     """ValueError (one line) where readout "fma_rows" cannot take the tiles: 64-row ones of a
-    non-float32 state (`rows_layout`)."""
+    non-float32 state (Mosaic's layout inference finds no transfer of a bf16 chunk in
+    `rows_layout(64)`)."""
     check(readout != "fma_rows" or tile_rows % 128 == 0 or jnp.dtype(state_dtype) == F32,
           "readout 'fma_rows' at 64-row tiles needs a float32 state, got "
           f"{jnp.dtype(state_dtype).name}")
@@ -370,29 +369,27 @@ def rows_slice(R):
     return 4 if R % 128 == 0 else 8
 
 
-def fma_rows(acc, s, x, n, block, dtype=F32):
-    """acc + the products of a state chunk s [R, block] (`rows_layout` of the state's `dtype`,
-    converted to fp32) and chunk n of the SMEM vector x (fp32), summed over s's column slices
-    only (`rows_slice`): acc [R, w] (the same layout) holds each thread's own columns, so a
-    stream of chunks is one FMA a state element and vector (no FMULs or adds), and a row sum
-    (`jnp.sum(acc, axis=1)`: in-thread adds, and one lane shuffle at 64 rows) comes once, at
-    its end."""
+def fma_rows(acc, s, x, n, block):
+    """acc + the products of a state chunk s [R, block] (`rows_layout`, converted to fp32) and
+    chunk n of the SMEM vector x (fp32), summed over s's column slices only (`rows_slice`):
+    acc [R, w] (the same layout) holds each thread's own columns, so a stream of chunks is one
+    FMA a state element and vector (no FMULs or adds), and a row sum (`jnp.sum(acc, axis=1)`:
+    in-thread adds, and one lane shuffle at 64 rows) comes once, at its end."""
     R, w = s.shape[0], acc.shape[1]
-    xn = chunk(x, n, block, rows_layout(R, dtype).reduce(0))    # uniform loads, once a chunk
+    xn = chunk(x, n, block, rows_layout(R).reduce(0))    # uniform loads, once a chunk
     for j in range(block // w):
         sj = lax.slice(s, (0, w * j), (R, w * (j + 1)))
         acc = acc + sj * cols(lax.slice(xn, (w * j,), (w * (j + 1),)), sj.shape)
     return acc
 
 
-def zeros_rows(R, dtype=F32):
-    """The [R, rows_slice(R)] fp32 zero accumulator of `fma_rows` (`rows_layout` of the state's
-    `dtype`)."""
-    return plgpu.layout_cast(jnp.zeros((R, rows_slice(R)), F32), rows_layout(R, dtype))
+def zeros_rows(R):
+    """The [R, rows_slice(R)] fp32 zero accumulator of `fma_rows` (`rows_layout`)."""
+    return plgpu.layout_cast(jnp.zeros((R, rows_slice(R)), F32), rows_layout(R))
 
 
-def relayout_rows(vectors, layout=ROW):
-    """[R] fp32 vectors (any register layouts) in `layout`, through an SMEM scratch of their
+def relayout_rows(vectors):
+    """[R] fp32 vectors (any register layouts) as ROW vectors, through an SMEM scratch of their
     own: each is stored in its layout and read back in the other, once a kernel (the
     warpgroup's barriers order the stores, the loads and the scratch's next user)."""
     R = vectors[0].shape[0]
@@ -401,7 +398,7 @@ def relayout_rows(vectors, layout=ROW):
         for i, v in enumerate(vectors):
             buf.at[i][...] = v
         plgpu.commit_smem()
-        out = tuple(plgpu.load(buf.at[i], layout=layout) for i in range(len(vectors)))
+        out = tuple(plgpu.load(buf.at[i], layout=ROW) for i in range(len(vectors)))
         plgpu.commit_smem()
         return out
     return pl.run_scoped(moved, plgpu.SMEM((len(vectors), R), F32))

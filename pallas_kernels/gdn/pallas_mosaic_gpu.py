@@ -467,8 +467,8 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
     """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's
     waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are converted into on the first
     step, or None to read them as they are."""
-    R, dtype = tile.shape[0], tile.dtype
-    layout = rows_layout(R, dtype) if readout == "fma_rows" else None
+    R = tile.shape[0]
+    layout = rows_layout(R) if readout == "fma_rows" else None
 
     def fma_step(idx, s_smem, acc):
         (n,) = idx
@@ -489,10 +489,10 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
         if readout == "fma_deferred":          # the row sums after the stream
             return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
         if readout == "fma_rows":
-            return tuple(fma_rows(a, s, x, n, block_k, dtype) for a, x in zip(acc, xv))
+            return tuple(fma_rows(a, s, x, n, block_k) for a, x in zip(acc, xv))
         return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
                      for a, x in zip(acc, xv))
-    init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R, dtype),
+    init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R),
             }.get(readout, lambda: zeros_row(tile_rows=R))()
     acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
     if readout == "fma":
@@ -571,8 +571,7 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         plgpu.barrier_wait(bars.at[n_chunks + i])
     # "fma": the chunks in the WGMMA layout; "fma_rows": a thread a row (`rows_layout`), the
     # token's q and k read as fp32 copies (a thread reads 4x the columns of the WGMMA layout)
-    dtype = s_smem.dtype
-    layout = rows_layout(R, dtype) if readout == "fma_rows" else None
+    layout = rows_layout(R) if readout == "fma_rows" else None
     row = ROW if layout is None else layout.reduce(1)
     if x32_smem is not None:
         for x, dst in ((q_smem, x32_smem.at[0]), (k_smem, x32_smem.at[1])):
@@ -588,7 +587,7 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
     def dot(s, x, n):                                                 # s x_n [R]
         if layout is None:
             return jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
-        return jnp.sum(fma_rows(zeros_rows(R, dtype), s, x, n, block_k, dtype), axis=1)
+        return jnp.sum(fma_rows(zeros_rows(R), s, x, n, block_k), axis=1)
 
     # Pass 1: S k of the old state, chunk by chunk as the copies land.
     sk = plgpu.layout_cast(jnp.zeros((R,), F32), row)

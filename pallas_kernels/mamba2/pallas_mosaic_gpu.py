@@ -445,7 +445,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         xs, decays, y_ring = landed_part()
     tile = s_ref.at[pl.ds(slot * x_ref.shape[1] + h0, heads), ps]    # [heads, 64, N], GMEM
 
-    layout = rows_layout(TILE_ROWS, s_ref.dtype) if readout == "fma_rows" else None
+    layout = rows_layout(TILE_ROWS) if readout == "fma_rows" else None
     c_vec = v.c if c32_smem is None else c32_smem
 
     def readout_step(idx, s_smem, acc):
@@ -463,8 +463,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         # warpgroup's barrier also orders C's conversion before the reads below.
         plgpu.commit_smem()
         if layout is not None:                              # the row sums after the stream
-            return tuple(fma_rows(y, s, c_vec, n, block_n, s_ref.dtype)
-                         for y, s in zip(acc, ss))
+            return tuple(fma_rows(y, s, c_vec, n, block_n) for y, s in zip(acc, ss))
         cv = chunk(c_vec, n, block_n)
         return tuple(y + jnp.sum(s * cols(cv, s.shape), axis=1) for y, s in zip(acc, ss))
 
@@ -472,8 +471,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         readout_step, grid=(N // block_n,),
         in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
         max_concurrent_steps=num_stages,
-        init_carry=((zeros_row() if layout is None else zeros_rows(TILE_ROWS, s_ref.dtype)),)
-        * heads,
+        init_carry=((zeros_row() if layout is None else zeros_rows(TILE_ROWS)),) * heads,
     )(tile)
     if layout is not None:
         s0c = relayout_rows(tuple(jnp.sum(acc, axis=1) for acc in s0c))
