@@ -26,7 +26,7 @@ registers, as the H200's did for the same kernel; CUDA 12.9's gave 157.
 --sass adds each kernel's SASS instructions (`cuobjdump -sass` of the cubin: $CUOBJDUMP, else
 on PATH, else the nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels, fetched once into the
 cache) and its loops: the instructions between a backward branch and its target, 16 or more
-(the barrier waits' spin loops are shorter), with their FFMAs, e.g. "150 (64 FFMA)" for the
+(the barrier waits' spin loops are shorter), with their FFMAs, e.g. "175 (64 FFMA)" for the
 GDN replay's read-only pipeline step at readout "fma_rows".
 """
 
@@ -101,18 +101,18 @@ def sass_loops(instrs) -> list[tuple[int, int, dict]]:
         if addr > end:
             break
         target = re.match(r"(?:`\(\S+\)\s*)?0x([0-9a-f]+)", rest)
-        if op.split(".")[0] != "BRA" or not target or int(target.group(1), 16) > addr:
+        start = int(target.group(1), 16) if target else addr + 1
+        if op.split(".")[0] != "BRA" or start > addr:
             continue
-        body = [o.split(".")[0] for a, o, _ in instrs if int(target.group(1), 16) <= a <= addr]
+        body = [o.split(".")[0] for a, o, _ in instrs if start <= a <= addr]
         if len(body) >= MIN_LOOP:
-            out.append((int(target.group(1), 16), len(body),
-                        {o: body.count(o) for o in sorted(set(body))}))
+            out.append((start, len(body), {o: body.count(o) for o in sorted(set(body))}))
     return sorted(out)
 
 
 def sass_cells(text: str) -> str:
     """The --sass cells of a kernel's `cuobjdump -sass` text: its instruction count, then each
-    loop's ("150 (64 FFMA)"), or "-" without loops."""
+    loop's ("175 (64 FFMA)"), or "-" without loops."""
     instrs = parse_sass(text)
     loops = ", ".join(f"{n} ({ops.get('FFMA', 0)} FFMA)" for _, n, ops in sass_loops(instrs))
     return f" {len(instrs)} | {loops or '-'} |"
@@ -140,6 +140,14 @@ def cases(args, fam) -> list[tuple]:
     return out
 
 
+def _pip_download(d: str, *specs: str) -> tuple[list[str], str]:
+    """Wheels of `specs` (no dependencies) downloaded into the folder d, and pip's last error
+    line ("" if none)."""
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                        "--only-binary=:all:", "-d", d, *specs], capture_output=True, text=True)
+    return glob.glob(f"{d}/*.whl"), _line(p.stderr) if p.returncode else ""
+
+
 def tools() -> tuple[str, Path, Path]:
     """(ptxas, the CUDA PJRT plugin .so, the fake libcuda.so.1), fetched or built into CACHE the
     first time (module docstring); cli.UserError (one line) for what is missing."""
@@ -163,11 +171,10 @@ def tools() -> tuple[str, Path, Path]:
     plugin = CACHE / spec.replace("==", "-") / "xla_cuda_plugin.so"
     if not plugin.exists():
         with tempfile.TemporaryDirectory() as d:
-            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", d,
-                                spec], capture_output=True, text=True)
-            if p.returncode or not (wheel := glob.glob(f"{d}/*.whl")):
+            wheel, error = _pip_download(d, spec)
+            if error or not wheel:
                 raise cli.UserError(f"could not fetch {spec} (pip download: "
-                                    f"{_line(p.stderr) or 'no wheel'}); the first run needs the "
+                                    f"{error or 'no wheel'}); the first run needs the "
                                     f"network, then the plugin stays in {plugin.parent}")
             plugin.parent.mkdir(parents=True, exist_ok=True)
             with zipfile.ZipFile(wheel[0]) as z, open(f"{plugin}.part", "wb") as f:
@@ -186,14 +193,11 @@ def sass_tool() -> str:
     tool = root / "nvidia" / "cu13" / "bin" / "cuobjdump"
     if not tool.exists():
         with tempfile.TemporaryDirectory() as d:
-            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                "--only-binary=:all:", "-d", d, "nvidia-cuda-cuobjdump>=13,<14",
-                                "nvidia-cuda-nvdisasm>=13,<14"], capture_output=True, text=True)
-            wheels = glob.glob(f"{d}/*.whl")
-            if p.returncode or len(wheels) < 2:
+            wheels, error = _pip_download(d, "nvidia-cuda-cuobjdump>=13,<14",
+                                          "nvidia-cuda-nvdisasm>=13,<14")
+            if error or len(wheels) < 2:
                 raise cli.UserError("--sass: no cuobjdump (set $CUOBJDUMP) and could not fetch "
-                                    f"nvidia-cuda-cuobjdump / nvdisasm: "
-                                    f"{_line(p.stderr) or 'no wheels'}")
+                                    f"nvidia-cuda-cuobjdump / nvdisasm: {error or 'no wheels'}")
             for wheel in wheels:
                 with zipfile.ZipFile(wheel) as z:
                     z.extractall(root)
@@ -366,11 +370,11 @@ def _run(args):
         ring_products.products(ring, slots, windows, pairs, by="xla")
     version = re.search(r"release .*", subprocess.run([ptxas, "--version"], capture_output=True,
                                                        text=True).stdout)
+    header = HEADER + (SASS_HEADER if sass else "")
     print(f"{fam.name} {args.kernel}; batch {args.batch}; L = {WINDOW}; "
           f"{args.ring_dtype or fam.default_ring} ring, {args.state_dtype} state; {ptxas} "
-          f"({version.group(0) if version else 'version unknown'})\n"
-          f"{HEADER}{SASS_HEADER if sass else ''}\n" + "|---" * (13 if sass else 11) + "|",
-          flush=True)
+          f"({version.group(0) if version else 'version unknown'})\n{header}\n"
+          + "|---" * (header.count("|") - 1) + "|", flush=True)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     for i, (shape, T, cfg, base) in enumerate(todo):
