@@ -51,6 +51,11 @@ PROLOGUES = ("serial", "overlap", "fused")
 # is "fma" with each vector's column sums deferred to the stream's end (`fma_columns`);
 # "fma_rows" reads each chunk with a thread a row (`rows_layout`): its sums are in-thread adds.
 READOUTS = ("fma", "mma", "fma_deferred", "fma_rows")
+# How a kernel's CTA waits for its TMA stores before it exits (a tiling's `exit_wait`): "full"
+# until they are written, "read" until they have read their SMEM, as CUTLASS's TMA epilogues
+# end (`tma_store_wait`): the grid's completion makes the writes visible, and the CTA's SMEM
+# goes to the SM's next CTA a store's write latency sooner.
+EXIT_WAITS = ("full", "read")
 
 
 def rows(v, shape):
@@ -174,6 +179,12 @@ def store_async(value, smem, dst):
     plgpu.copy_smem_to_gmem(smem, dst)
 
 
+def wait_to_exit(exit_wait):
+    """The CTA's last wait for its TMA stores (`EXIT_WAITS`): all written ("full") or all read
+    from SMEM ("read")."""
+    plgpu.wait_smem_to_gmem(0, wait_read_only=exit_wait == "read")
+
+
 def rows_box(t, tile_rows=TILE_ROWS):
     """The box of tile t (of tile_rows rows, 64 or a multiple) along a state dim
     (`tile_rows_of`): what its loads copy (a TMA load fills rows past the dim's end with
@@ -255,7 +266,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
                   fold=False, readout=False, products=None, kernel_products=False,
                   prologues=PROLOGUES):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
-    "prologue": one of its `prologues`} for `tiling` (None: `default`), with `verify` also
+    "prologue": one of its `prologues`, "exit_wait": one of EXIT_WAITS} for `tiling` (None:
+    `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
     "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
@@ -272,8 +284,9 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
     check_choice("prologue", t.prologue, prologues)
+    check_choice("exit_wait", t.exit_wait, EXIT_WAITS)
     tiles = {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
-             "num_stages": t.num_stages, "prologue": t.prologue}
+             "num_stages": t.num_stages, "prologue": t.prologue, "exit_wait": t.exit_wait}
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write

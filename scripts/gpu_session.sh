@@ -24,6 +24,8 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   exit-read - exit_wait "read" (a CTA leaves once its stores have read SMEM): compiled cases,
+#              both families' kernels at batch 256 and the verify at T = 4 with and without it
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
 #              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
 #   m2-rows  - the Mosaic Mamba-2 replay's readout "fma_rows": compiled tests, P = 80 and the
@@ -748,6 +750,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
+  exit-read)
+    # exit_wait "read" (stop 57): a CTA leaves once its TMA stores have read its SMEM, as
+    # CUTLASS's epilogues end, not once they are written: the SM's next CTA gets the SMEM a
+    # write latency sooner. The compiled cases first (the standard kernels' equality test, the
+    # option cases that carry it), then both families' kernels at batch 256 with and without it
+    # (a --tune entry's fields reach the standard kernel too), then the verify at T = 4
+    each_test 150 -k "mosaic and (exit_wait or exit-read)" | tee "$out/tests.txt"
+    limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait": "read"}, {}, {"exit_wait": "read"}]' \
+      --json "$out/kernels_gdn_exit_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 240 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait":
+      "read"}]' --json "$out/kernels_m2_exit_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 100 gdn qwen3-next exit 4 '[{}, {"exit_wait": "read"}]'
+    verify_tune 120 mamba2 nemotron-h-8b exit 4 '[{}, {"exit_wait": "read"}]' ;;
   h200-56)
     # stop 56's H200 rows in one call (run with needs_h200: Mamba-2's T = 8 baseline did not fit
     # an H100's memory): the GDN verify's fused default at T = 8 / 5 against the serial prologue

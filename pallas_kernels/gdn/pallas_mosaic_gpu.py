@@ -117,6 +117,7 @@ from pallas_kernels._mosaic_utils import (
     tile_rows_of,
     wait_all,
     wait_on_first_step,
+    wait_to_exit,
     write_chunk,
     write_out,
     zeros_columns,
@@ -171,6 +172,7 @@ class GDNMosaicTiling:
     tile_rows: int = TILE_ROWS
     readout: str = "fma"
     key_products: str = "xla"
+    exit_wait: str = "full"
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -284,7 +286,8 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
     tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"], tile_rows=tiles["tile_rows"],
-                            readout="fma_rows" if tiles["readout"] == "fma_rows" else "fma")
+                            readout="fma_rows" if tiles["readout"] == "fma_rows" else "fma",
+                            exit_wait=tiles["exit_wait"])
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -552,7 +555,7 @@ def _fold(tile, ring_keys, fold_bar, kc_smem, d, alpha, big_e, walk, ring_d, liv
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
                      k_smem, v_smem, s_smem, x32_smem, bars, *, heads_per_key_head, block_k,
-                     readout):
+                     readout, exit_wait):
     R = v_smem.shape[0]                                               # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
     n_chunks = s_smem.shape[0]
@@ -609,16 +612,18 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         def _(n=n):
             plgpu.copy_smem_to_gmem(s_smem.at[n], tile.at[:, pl.ds(n * block_k, block_k)])
     write_out(o, live, v_smem, o_ref.at[b, hv], vt)
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "readout", "interpret"))
-def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, readout, interpret):
+@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "readout", "exit_wait",
+                                             "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, readout, exit_wait,
+                     interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     n_chunks = K // block_k
     kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
-                               readout=readout)
+                               readout=readout, exit_wait=exit_wait)
     x32 = readout == "fma_rows" and (q.dtype != F32 or k.dtype != F32)
     (o,), (state,) = mosaic_call(
         kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -644,7 +649,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, block_k, num_stages, prologue, fold_stages,
-                   fold_buffers, readout):
+                   fold_buffers, readout, exit_wait):
     sv = vectors.views(vec_smem)
     R = sv.v.shape[0]                                                 # the CTA's V rows
     b, hv, hk, t, vs = _position(heads_per_key_head, R)
@@ -731,14 +736,15 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
             @pl.when(hv % heads_per_key_head == 0)
             def _():
                 store_async(plgpu.load(sv.k, layout=COL), sv.ring_k, rk_ref.at[slot, hk, c])
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
                                              "fold_buffers", "tile_rows", "readout",
-                                             "products", "interpret"))
+                                             "products", "exit_wait", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, readout, products, interpret):
+                   fold_stages, fold_buffers, tile_rows, readout, products, exit_wait,
+                   interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -752,7 +758,7 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                fold_stages=fold_stages, fold_buffers=fold_buffers,
-                               readout=readout)
+                               readout=readout, exit_wait=exit_wait)
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
     (o,), new = mosaic_call(
         kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -786,7 +792,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
                    num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped,
-                   readout):
+                   readout, exit_wait):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -944,15 +950,15 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     pl.when(live & verify_folds(c, T, L))(lambda: _fold(
         tile, rk_ref.at[slot, hk], fold_bar, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk,
         ring_d, live, block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
                                              "fold_stages", "fold_buffers", "tile_rows",
-                                             "readout", "products", "interpret"))
+                                             "readout", "products", "exit_wait", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
                    ring_write, fold_stages, fold_buffers, tile_rows, readout, products,
-                   interpret):
+                   exit_wait, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -1003,7 +1009,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers, scoped=scoped,
-                               readout=readout)
+                               readout=readout, exit_wait=exit_wait)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,

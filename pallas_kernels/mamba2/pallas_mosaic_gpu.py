@@ -95,6 +95,7 @@ from pallas_kernels._mosaic_utils import (
     tile_rows_of,
     wait_all,
     wait_on_first_step,
+    wait_to_exit,
     write_chunk,
     write_out,
     zeros_row,
@@ -140,6 +141,7 @@ class Mamba2MosaicTiling:
     fold_buffers: int = 2
     heads: int = 1
     readout: str = "fma"
+    exit_wait: str = "full"
 
 
 _HEADS = (1, 2, 4)
@@ -248,7 +250,7 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
                    heads_per_group=x.shape[1] // B.shape[1])
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
                             heads=tiles["heads"], block_n=tiles["block_n"],
-                            num_stages=tiles["num_stages"])
+                            num_stages=tiles["num_stages"], exit_wait=tiles["exit_wait"])
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -334,7 +336,7 @@ def _fold(tile, rb_smem, bv_smem, xs, dts, decays, walk, ring_rows, out_smem, li
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state_ref, y_ref,
                      x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, heads,
-                     block_n, num_stages):
+                     block_n, num_stages, exit_wait):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -367,15 +369,17 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state
     )(tile)
     for k, y in enumerate(ys):
         write_out(y + d_ref[h0 + k] * xs[k], live, x_smem.at[k], y_ref.at[b, h0 + k], t)
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
-@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "interpret"))
-def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages, interpret):
+@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "exit_wait",
+                                             "interpret"))
+def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages, exit_wait,
+                     interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     kernel = functools.partial(_standard_kernel, heads_per_group=H // G, heads=heads,
-                               block_n=block_n, num_stages=num_stages)
+                               block_n=block_n, num_stages=num_stages, exit_wait=exit_wait)
     (y,), (flat,) = mosaic_call(
         kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -398,7 +402,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_sta
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, c32_smem,
                    bars, fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, readout):
+                   prologue, fold_stages, fold_buffers, readout, exit_wait):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -512,14 +516,15 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             @pl.when(h0 % heads_per_group == 0)
             def _():
                 store_async(plgpu.load(v.b, layout=COL), v.ring_b, rb_ref.at[slot, g, c])
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "fold_stages", "fold_buffers", "products",
-                                             "readout", "interpret"))
+                                             "readout", "exit_wait", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, products, readout, interpret):
+                   prologue, fold_stages, fold_buffers, products, readout, exit_wait,
+                   interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -534,7 +539,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, readout=readout)
+                               fold_buffers=fold_buffers, readout=readout, exit_wait=exit_wait)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -565,7 +570,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
                    fold_bars, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
-                   write_ring, fold_stages, fold_buffers):
+                   write_ring, fold_stages, fold_buffers, exit_wait):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h0, g, pt = _position(heads_per_group, heads)
@@ -666,14 +671,15 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                 for k in hs:
                     store_rows(xs[t][k], v.ring_x[t * heads + k], rx_ref.at[slot, h0 + k, pos],
                                pt)
-    plgpu.wait_smem_to_gmem(0)
+    wait_to_exit(exit_wait)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "ring_write", "fold_stages", "fold_buffers",
-                                             "products", "interpret"))
+                                             "products", "exit_wait", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, ring_write, fold_stages, fold_buffers, products, interpret):
+                   prologue, ring_write, fold_stages, fold_buffers, products, exit_wait,
+                   interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -692,7 +698,8 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     kernel = functools.partial(_verify_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, write_ring=write_ring,
-                               fold_stages=fold_stages, fold_buffers=fold_buffers)
+                               fold_stages=fold_stages, fold_buffers=fold_buffers,
+                               exit_wait=exit_wait)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,

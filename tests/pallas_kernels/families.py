@@ -140,13 +140,14 @@ class Mamba2(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # its options, several to a case (the interpreter is slow): the B . C products by XLA
     # with a lean fold (2 chunks in flight, one staging buffer: each write-back waits for the
-    # one before) under a 4-stage read-only pass
-    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold", dict(bc_products="xla", num_stages=4,
-                                                       fold_stages=2, fold_buffers=1))]
+    # one before) under a 4-stage read-only pass, its CTAs leaving once their stores have read
+    # SMEM (exit_wait "read")
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold-exit-read", dict(
+        bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, exit_wait="read"))]
     # the verify's B . C products by the Pallas launch (the test tiling's: XLA), the window's
-    # ring rows written by the kernel
-    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write", dict(bc_products="pallas",
-                                                           ring_write="kernel"))]
+    # ring rows written by the kernel (and read from SMEM before the CTAs leave)
+    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-exit-read", dict(
+        bc_products="pallas", ring_write="kernel", exit_wait="read"))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -227,9 +228,11 @@ class GDN(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
-    # (with the walk updating S0 k and S0 q in place, the "fused" prologue)
-    MOSAIC_REPLAY_OPTIONS = [("full-fold-fused", dict(num_stages=3, fold_stages=0, fold_buffers=2,
-                                                      prologue="fused")),
+    # (with the walk updating S0 k and S0 q in place, the "fused" prologue, and its CTAs
+    # leaving once their stores have read SMEM: exit_wait "read")
+    MOSAIC_REPLAY_OPTIONS = [("full-fold-fused-exit-read", dict(
+                                 num_stages=3, fold_stages=0, fold_buffers=2, prologue="fused",
+                                 exit_wait="read")),
                              ("mma-keys-pallas", dict(readout="mma", key_products="pallas"))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
@@ -243,8 +246,8 @@ class GDN(Problem):
                              ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
                                    ring_write="xla")),
-                             ("keys-kernel-serial", dict(key_products="kernel",
-                                                         prologue="serial")),
+                             ("keys-kernel-serial-exit-read", dict(
+                                 key_products="kernel", prologue="serial", exit_wait="read")),
                              # a non-fp32 state's (or ring's) default from T = 5
                              ("fused-fma-keys-pallas", dict(prologue="fused", readout="fma",
                                                             key_products="pallas"))]
