@@ -24,6 +24,7 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   gdn-heads - the Mosaic GDN replay decode over two value heads a CTA: compiled, batch 256 / 32
 #   exit-read - exit_wait "read" (a CTA leaves once its stores have read SMEM): compiled cases,
 #              both families' kernels at batch 256 and the verify at T = 4 with and without it
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
@@ -750,6 +751,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
+  gdn-heads)
+    # the Mosaic GDN replay decode over both value heads of a key head a CTA (stop 57: their
+    # tiles in the same pipeline steps, 8 steps of 16 keys where one head took 4 of 32: the
+    # stream drains once a CTA, half the CTAs; by ptxas 95 registers, 67 KiB at 3 stages (3
+    # CTAs an SM, as the default), 83 KiB at 4 (2 CTAs)): compiled, then at batch 256 and 32
+    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py -k "heads" 2>&1 | tail -2 | tee "$out/tests.txt" || true
+    for b in 256 32; do
+      limit 200 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches $b \
+        --impls pallas_mosaic_gpu --tune '[{}, {"heads": 2, "block_k": 16, "num_stages": 3},
+        {"heads": 2, "block_k": 16, "num_stages": 4}, {"heads": 2, "block_k": 16, "num_stages":
+        3, "readout": "fma_rows"}, {"heads": 2, "block_k": 16, "num_stages": 3, "exit_wait":
+        "read"}, {"exit_wait": "read"}]' --json "$out/kernels_gdn_heads_b$b.json" \
+        2>>"$out/kernels.log" | grep "^|" || true
+    done ;;
   exit-read)
     # exit_wait "read" (stop 57): a CTA leaves once its TMA stores have read its SMEM, as
     # CUTLASS's epilogues end, not once they are written: the SM's next CTA gets the SMEM a

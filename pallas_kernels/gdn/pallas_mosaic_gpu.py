@@ -126,7 +126,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
-from pallas_kernels.validation import check
+from pallas_kernels.validation import check, check_choice, resolve_tiling
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -173,6 +173,7 @@ class GDNMosaicTiling:
     readout: str = "fma"
     key_products: str = "xla"
     exit_wait: str = "full"
+    heads: int = 1
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -246,9 +247,14 @@ _MAX_K = 256                      # one TMA box per q / k vector
 
 
 _TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
+_HEADS = (1, 2, 4)
 
 
-def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True):
+def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True,
+           heads_per_key_head=None):
+    """`resolve_tiles`, "tile_rows" (a bound, as block_k) and, given `heads_per_key_head` (the
+    replay decode), "heads": the tiling's bound on the value heads a CTA streams, the largest
+    power of two up to it dividing a key head's."""
     tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
                           max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold,
                           readout=readout, products="key_products" if fold else None,
@@ -258,7 +264,16 @@ def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
     rows = rows if V % rows == 0 else TILE_ROWS
     check_rows_readout(tiles.get("readout"), rows, state_dtype)
-    return {**tiles, "tile_rows": rows}
+    if heads_per_key_head is None:
+        return {**tiles, "tile_rows": rows}
+    t = resolve_tiling(tiling, default)
+    check_choice("heads", t.heads, _HEADS)
+    heads = t.heads
+    while heads_per_key_head % heads:
+        heads //= 2
+    check(heads == 1 or tiles["readout"] != "mma",
+          f"heads = {heads} a CTA needs an FMA readout, got readout = 'mma'")
+    return {**tiles, "tile_rows": rows, "heads": heads}
 
 
 def for_shape(tiling, rows):
@@ -293,7 +308,8 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                           **_tiles(tiling, for_shape(MOSAIC_REPLAY_TILING, v.shape[0]),
-                                   k.shape[2], v.shape[2], buffers.checkpoint.dtype, fold=True))
+                                   k.shape[2], v.shape[2], buffers.checkpoint.dtype, fold=True,
+                                   heads_per_key_head=v.shape[1] // k.shape[1]))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -425,7 +441,9 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
              readout="fma"):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
-    pass waits for the copies of `wait_first` (barriers) on its first step. The FMA readouts
+    pass waits for the copies of `wait_first` (barriers) on its first step. A tile [H, R, K]
+    (the FMA readouts: H value heads a CTA) streams all H in each step's chunk [H, R,
+    block_k] and gives their S0 x per head (a tuple of H tuples). The FMA readouts
     (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
     its columns: "fma" a chunk at a time, "fma_deferred" over each thread's 8-column slices
     only, the row sums once after the stream (`fma_columns`), "fma_rows" in a thread a row
@@ -433,9 +451,9 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
     their number m and `operands` the x as the rows of `mma_operands` in SMEM
     (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of them, its first m columns
     the results, and the chunk's low part's SMEM, both in the pass's own scope."""
-    R, K = tile.shape
+    *lead, R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
-                                 in_specs=[state_spec(tile.dtype, block_k, R)],
+                                 in_specs=[state_spec(tile.dtype, block_k, R, lead=tuple(lead))],
                                  max_concurrent_steps=num_stages)
 
     def first(n):
@@ -467,10 +485,11 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
 
 
 def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
-    """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's
-    waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are converted into on the first
-    step, or None to read them as they are."""
-    R = tile.shape[0]
+    """`_readout`'s FMA readouts of `tile` ([R, K], or [H, R, K]: per head) over `pipeline`
+    (first(n): its first step's waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are
+    converted into on the first step, or None to read them as they are."""
+    R = tile.shape[-2]
+    heads = tile.shape[0] if tile.ndim == 3 else None
     layout = rows_layout(R) if readout == "fma_rows" else None
 
     def fma_step(idx, s_smem, acc):
@@ -484,24 +503,32 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
             def _():
                 for x, dst in zip(vectors, xv):
                     dst[...] = x[...].astype(F32)
-        s = (s_smem[...] if layout is None else plgpu.load(s_smem, layout=layout)).astype(F32)
+        refs = [s_smem] if heads is None else [s_smem.at[h] for h in range(heads)]
+        ss = [(ref[...] if layout is None else plgpu.load(ref, layout=layout)).astype(F32)
+              for ref in refs]
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race); the
         # warpgroup's barrier also orders the first step's conversions before the reads below.
         plgpu.commit_smem()
-        if readout == "fma_deferred":          # the row sums after the stream
-            return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
-        if readout == "fma_rows":
-            return tuple(fma_rows(a, s, x, n, block_k) for a, x in zip(acc, xv))
-        return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
-                     for a, x in zip(acc, xv))
+
+        def head(acc_h, s):
+            if readout == "fma_deferred":          # the row sums after the stream
+                return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc_h, xv))
+            if readout == "fma_rows":
+                return tuple(fma_rows(a, s, x, n, block_k) for a, x in zip(acc_h, xv))
+            return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
+                         for a, x in zip(acc_h, xv))
+        return tuple(head(a, s) for a, s in zip(acc, ss))
     init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R),
             }.get(readout, lambda: zeros_row(tile_rows=R))()
-    acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
-    if readout == "fma":
-        return acc
-    sums = tuple(jnp.sum(a, axis=1) for a in acc)
-    return relayout_rows(sums) if readout == "fma_rows" else sums
+    acc = pipeline(fma_step, init_carry=((init,) * len(vectors),) * (heads or 1))(tile)
+
+    if readout != "fma":             # the row sums, all heads' moved to ROW at once
+        nv = len(vectors)
+        flat = tuple(jnp.sum(a, axis=1) for acc_h in acc for a in acc_h)
+        flat = relayout_rows(flat) if readout == "fma_rows" else flat
+        acc = tuple(flat[i:i + nv] for i in range(0, len(flat), nv))
+    return acc[0] if heads is None else acc
 
 
 def _readout_copies(vector_copies, operand_refs, at):
@@ -648,46 +675,50 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, read
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, block_k, num_stages, prologue, fold_stages,
+                   heads_per_key_head, heads, block_k, num_stages, prologue, fold_stages,
                    fold_buffers, readout, exit_wait):
     sv = vectors.views(vec_smem)
-    R = sv.v.shape[0]                                                 # the CTA's V rows
-    b, hv, hk, t, vs = _position(heads_per_key_head, R)
+    R = sv.v[0].shape[0]                                              # the CTA's V rows
+    hs = range(heads)
+    b, hc, t = (lax.axis_index(n) for n in GRID_NAMES)
+    hv0 = hc * heads                           # the CTA's value heads hv0 .. hv0 + heads - 1
+    hk, vs = hv0 // heads_per_key_head, rows_box(t, R)
     L = rd_ref.shape[2]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    g, beta = g_ref[b, hv], beta_ref[b, hv]
-    alpha = jnp.exp(g)
-    # The walk's scalars: the ring's g [L], k_j . k and k_j . q [L] (whole: entries >= c are not
-    # read; the append's g write at c, by another V tile's CTA, lands in an entry no walk reads).
-    walk_copies, (ring_g, ring_kk, ring_kq) = scalar_vectors(
-        (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
-        (rkq_ref.at[b, hk], sv.ring_kq))
+    gs = [g_ref[b, hv0 + h] for h in hs]
+    betas = [beta_ref[b, hv0 + h] for h in hs]
+    alphas = [jnp.exp(g) for g in gs]
+    # The walk's scalars: per head the ring's g [L], the key head's k_j . k and k_j . q [L]
+    # (whole: entries >= c are not read; the append's g write at c, by another V tile's CTA,
+    # lands in an entry no walk reads).
+    walk_copies, (*ring_gs, ring_kk, ring_kq) = scalar_vectors(
+        *((rg_ref.at[slot, hv0 + h], sv.ring_g[h]) for h in hs),
+        (rkk_ref.at[b, hk], sv.ring_kk), (rkq_ref.at[b, hk], sv.ring_kq))
     # What the readout reads first (k and q, or for readout "mma" their wgmma operands), then
     # the token's v, the ring's d rows, the walk's scalars: all in flight at once.
     readout_copies, operands, rest = _readout_copies(
         ((k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q)),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
-    copies = (*readout_copies, (v_ref.at[b, hv, vs], sv.v),
-              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
+    copies = (*readout_copies, *((v_ref.at[b, hv0 + h, vs], sv.v[h]) for h in hs),
+              (rd_ref.at[slot, pl.ds(hv0, heads), :, vs], rd_smem), *rest, *walk_copies)
     n_first = len(readout_copies)
 
-    def ring_d(j):
-        return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
+    def ring_d(h):
+        return lambda j: plgpu.load(rd_smem.at[h, j], layout=ROW).astype(F32)
 
-    walk = functools.partial(_walk, count=c, ring_g=ring_g)
+    walks = [functools.partial(_walk, count=c, ring_g=ring_g) for ring_g in ring_gs]
 
-    # The ring's parts of S k and S q: sum_j e_j (k_j . k) d_j, likewise with q.
-    def through_ring(j, ej, acc):
-        dj = ring_d(j)
-        return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
-
-    def landed_part():
-        """v [R], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
-        copies landed, the readout aside."""
-        v = plgpu.load(sv.v, layout=ROW).astype(F32)
-        total, ring = walk(through_ring, (zeros_row(tile_rows=R),) * 2)
+    def landed_part(h):
+        """Head h's v [R], exp of the ring's g sum and the ring's (S k, S q) parts: what
+        needs the copies landed, the readout aside. The ring's parts are sum_j e_j (k_j . k)
+        d_j, likewise with q."""
+        def through_ring(j, ej, acc):
+            dj = ring_d(h)(j)
+            return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
+        v = plgpu.load(sv.v[h], layout=ROW).astype(F32)
+        total, ring = walks[h](through_ring, (zeros_row(tile_rows=R),) * 2)
         return v, jnp.exp(total), ring
 
     late = prologue != "serial"
@@ -695,45 +726,56 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
-        v, big_e, (sk_ring, sq_ring) = landed_part()
-    tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
-    s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
-                        num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                        operands=operands, readout=readout)
+        parts = [landed_part(h) for h in hs]
+    # [R, K] (one head), or [heads, R, K] on the pool's flat [slots x Hv] rows, GMEM
+    tile = (s_ref.at[slot, hv0, vs] if heads == 1 else
+            s_ref.at[pl.ds(slot * v_ref.shape[1] + hv0, heads), vs])
+    s0 = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
+                  num_stages=num_stages, wait_first=landed[:n_first] if late else (),
+                  operands=operands, readout=readout)
+    s0 = (s0,) if heads == 1 else s0                                  # per head (S0 k, S0 q)
     if late:                      # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
-    if prologue == "fused":       # S k and S q from S0 k and S0 q in place
-        total, (sk, sq) = _horner((s0k, s0q), count=c, ring_g=ring_g, ring_d=ring_d,
-                                  ring_x=lambda i, j: (ring_kk, ring_kq)[i](j))
-        big_e, v = jnp.exp(total), plgpu.load(sv.v, layout=ROW).astype(F32)
-    else:
-        if late:
-            v, big_e, (sk_ring, sq_ring) = landed_part()
-        sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
-    d = beta * (v - alpha * sk)                                       # [R]
-    # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
-    write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv], t)
+    kq = dot(sv.k, sv.q, block_k)       # k . q, from the token's vectors (see `dot`)
+    ds, big_es = [], []
+    for h in hs:
+        if prologue == "fused":   # S k and S q from S0 k and S0 q in place
+            total, (sk, sq) = _horner(s0[h], count=c, ring_g=ring_gs[h], ring_d=ring_d(h),
+                                      ring_x=lambda i, j: (ring_kk, ring_kq)[i](j))
+            big_e, v = jnp.exp(total), plgpu.load(sv.v[h], layout=ROW).astype(F32)
+        else:
+            v, big_e, (sk_ring, sq_ring) = landed_part(h) if late else parts[h]
+            sk, sq = big_e * s0[h][0] + sk_ring, big_e * s0[h][1] + sq_ring
+        d = betas[h] * (v - alphas[h] * sk)                            # [R]
+        write_out(alphas[h] * sq + kq * d, live, sv.v[h], o_ref.at[b, hv0 + h], t)
+        ds.append(d)
+        big_es.append(big_e)
 
     # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
-    # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
+    # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j; head by head.
     fold = c == L - 1
 
-    pl.when(live & fold)(lambda: _fold(
-        tile, rk_ref.at[slot, hk], fold_bar, sv.k, d, alpha, big_e, walk, ring_d, live,
-        block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
+    @pl.when(live & fold)
+    def _fold_heads():
+        for h in hs:
+            _fold(tile if heads == 1 else tile.at[h], rk_ref.at[slot, hk], fold_bar, sv.k,
+                  ds[h], alphas[h], big_es[h], walks[h], ring_d(h), live, block_k=block_k,
+                  num_stages=fold_stages, buffers=fold_buffers)
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
     # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
     # reads.
     @pl.when(live & ~fold)
     def _append():
-        store_rows(d, sv.ring_d, rd_ref.at[slot, hv, c], t)
+        for h in hs:
+            store_rows(ds[h], sv.ring_d[h], rd_ref.at[slot, hv0 + h, c], t)
 
         @pl.when(t == 0)
         def _():
-            rg_ref[slot, hv, c] = g
+            for h in hs:
+                rg_ref[slot, hv0 + h, c] = gs[h]
 
-            @pl.when(hv % heads_per_key_head == 0)
+            @pl.when(hv0 % heads_per_key_head == 0)
             def _():
                 store_async(plgpu.load(sv.k, layout=COL), sv.ring_k, rk_ref.at[slot, hk, c])
     wait_to_exit(exit_wait)
@@ -741,9 +783,9 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
                                              "fold_buffers", "tile_rows", "readout",
-                                             "products", "exit_wait", "interpret"))
+                                             "products", "heads", "exit_wait", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, readout, products, exit_wait,
+                   fold_stages, fold_buffers, tile_rows, readout, products, heads, exit_wait,
                    interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
@@ -752,29 +794,34 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
         buffers.ring_k, slots, k[:, None], q[:, None], by=products, interpret=bool(interpret)))
     ring_dtype = buffers.ring_k.dtype
-    vectors = VectorPack.of(v=(tile_rows, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
-                            ring_d=(tile_rows, ring_dtype), ring_k=(K, ring_dtype),
-                            ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
+    vectors = VectorPack.of(v=((heads, tile_rows), v.dtype), k=(K, k.dtype), q=(K, q.dtype),
+                            ring_d=((heads, tile_rows), ring_dtype), ring_k=(K, ring_dtype),
+                            ring_g=((heads, L), F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               block_k=block_k, num_stages=num_stages, prologue=prologue,
-                               fold_stages=fold_stages, fold_buffers=fold_buffers,
-                               readout=readout, exit_wait=exit_wait)
+                               heads=heads, block_k=block_k, num_stages=num_stages,
+                               prologue=prologue, fold_stages=fold_stages,
+                               fold_buffers=fold_buffers, readout=readout, exit_wait=exit_wait)
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
-    (o,), new = mosaic_call(
-        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
-        grid_names=GRID_NAMES,
+    # Several heads a CTA take the pool as [slots x Hv, V, K] (a free reshape, in place): their
+    # tile [heads, R, K] is one TMA box of three dims, within the five a copy takes once the
+    # chunk's [R, block_k] is tiled into four (as Mamba-2's `_heads_flat`).
+    ck = buffers.checkpoint
+    s_in = ck if heads == 1 else ck.reshape(-1, V, K)
+    (o,), (s_out, *rings) = mosaic_call(
+        kernel, name="gdn_replay_decode_mgpu",
+        grid=(batch, Hv // heads, tile_rows_of(V, tile_rows)), grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, **operands.inputs,
-                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
+                    s_ref=s_in, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
                     rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype), **operands.scratch,
-                     bars=plgpu.Barrier(num_barriers=7 + operands.copies),
+                     rd_smem=plgpu.SMEM((heads, L, tile_rows), ring_dtype), **operands.scratch,
+                     bars=plgpu.Barrier(num_barriers=5 + 2 * heads + operands.copies),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
-    return o, type(buffers)(*new)
+    return o, type(buffers)(s_out.reshape(ck.shape), *rings)
 
 
 # --------------------------------------------------------------------------------------------

@@ -123,9 +123,13 @@ def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="mma"), F32, F32),
     (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, readout="fma_rows"), F32, F32),
     (gdn.GDNMosaicTiling(block_k=64, readout="fma_rows"), F32, BF16),
-    (gdn.GDNMosaicTiling(block_k=32, readout="fma_rows", tile_rows=128), BF16, BF16)],
+    (gdn.GDNMosaicTiling(block_k=32, readout="fma_rows", tile_rows=128), BF16, BF16),
+    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, heads=2, block_k=16, num_stages=4), F32,
+     F32),
+    (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, heads=2, block_k=16, readout="fma_rows",
+                         prologue="fused", exit_wait="read"), F32, BF16)],
     ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap", "mma",
-         "rows-128", "rows-64-bk64", "rows-128-bf16"])
+         "rows-128", "rows-64-bk64", "rows-128-bf16", "two-heads", "two-heads-rows-fused"])
 def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
     bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
