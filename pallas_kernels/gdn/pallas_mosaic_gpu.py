@@ -3,7 +3,8 @@ ReplaySSM step with its fold and ReplaySSM verify (math: `pallas_kernels.gdn.ref
 state-per-draft baseline verify runs on the other backends.
 
 Grid (batch, Hv, ceil(V / R)): one CTA (one warpgroup) per (row, value head, V tile of R =
-`tile_rows` rows, 64 or 128; the last one ragged where R does not divide V, `tile_rows_of`).
+`tile_rows` rows, 64 or 128; the last one ragged where R does not divide V, `tile_rows_of`;
+the replay decode's (batch, Hv / heads, ...) with a tiling's `heads` value heads a CTA).
 The slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the
 state tile [R, K] is copied into shared memory in key chunks of block_k (tiled and swizzled)
 and computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the
@@ -162,7 +163,12 @@ class GDNMosaicTiling:
     verify; `validation.PRODUCTS`): what forms the key products, "xla"
     (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch) before the
     launch, or for verify with readout "mma" and an fp32 ring "kernel": its CTAs by tf32
-    wgmmas (`_mosaic_utils.chunk_products`; a default falls back to "pallas" where it cannot)."""
+    wgmmas (`_mosaic_utils.chunk_products`; a default falls back to "pallas" where it cannot).
+    exit_wait: the CTA's last wait for its TMA stores (`_mosaic_utils.EXIT_WAITS`), "full"
+    (written) or "read" (read from SMEM). heads (replay decode): the value heads of one key
+    head a CTA streams (1, 2 or 4; a bound, the largest power of two up to it dividing a key
+    head's), their tiles [heads, R, K] in the same pipeline steps, the key head's vectors and
+    ring products copied once, the folds head by head; FMA readouts only."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"

@@ -131,7 +131,8 @@ class Mamba2MosaicTiling:
     walk scalars) is paid once for all of them. readout (replay decode): how the read-only
     pass forms S0 C, by FMAs in the WGMMA layout ("fma") or with a thread a row of each chunk
     ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
-    stream; C converted to an fp32 copy first)."""
+    stream; C converted to an fp32 copy first). exit_wait: the CTA's last wait for its TMA
+    stores (`_mosaic_utils.EXIT_WAITS`), "full" (written) or "read" (read from SMEM)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
