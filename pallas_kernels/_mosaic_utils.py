@@ -14,6 +14,7 @@ per-column vectors [block_n] in its column reduction (`COL`); scalars are unifor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 
@@ -81,16 +82,47 @@ def select(pred, on_true, on_false):
 def issue_all(bars, *copies, start=0):
     """TMA copies GMEM -> SMEM, (src, dst) each, all in flight at once (copy i completes
     barrier start + i of `bars`), without waiting: returns copy i's barrier at index i, to wait
-    on once (`wait_all`) before its dst is read."""
-    for i, (src, dst) in enumerate(copies):
-        plgpu.copy_gmem_to_smem(src, dst, bars.at[start + i])
-    return [bars.at[start + i] for i in range(len(copies))]
+    on once (`wait_all`) before its dst is read. A copy (src, dst, cond) is issued, and then
+    waited on, only where the traced bool cond holds (`ring_row_copies`)."""
+    landed = []
+    for i, (src, dst, *cond) in enumerate(copies):
+        bar = bars.at[start + i]
+        copy = functools.partial(plgpu.copy_gmem_to_smem, src, dst, bar)
+        if cond:
+            pl.when(cond[0])(copy)
+            landed.append((bar, cond[0]))
+        else:
+            copy()
+            landed.append(bar)
+    return landed
 
 
 def wait_all(landed):
     """Waits until the copies of the barriers `landed` (from `issue_all`) have landed."""
     for bar in landed:
-        plgpu.barrier_wait(bar)
+        if isinstance(bar, tuple):
+            pl.when(bar[1])(functools.partial(plgpu.barrier_wait, bar[0]))
+        else:
+            plgpu.barrier_wait(bar)
+
+
+def ring_row_copies(src, dst, count, block):
+    """The copies of a ring's per-token rows src [L, R] (GMEM) into dst [L, R] (SMEM) that a
+    walk over its `count` committed entries reads: with block 0 all L rows in one copy, else
+    blocks of `block` rows, each copied only where an entry in it is committed (count > its
+    first row): on average (L - 1) / 2 of the L rows at a uniform count, not L. Entries past
+    the count are never read (`issue_all` copies)."""
+    L = src.shape[0]
+    if not block:
+        return [(src, dst)]
+    return [(src.at[pl.ds(i, min(block, L - i))], dst.at[pl.ds(i, min(block, L - i))], count > i)
+            for i in range(0, L, block)]
+
+
+def ring_copies_count(L, block, heads=1):
+    """The copies (barriers) of `heads` rings of L rows: by blocks (`ring_row_copies`) each
+    ring's own, else one copy of them all."""
+    return heads * pl.cdiv(L, block) if block else 1
 
 
 def load_all(bars, *copies, start=0):
@@ -270,7 +302,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     `default`), with `verify` also
     "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
     fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
-    "fold_buffers" (1 or 2), with `readout` "readout" (one of READOUTS; "mma" for a float32
+    "fold_buffers" (1 or 2), and for the replay decode (fold without verify) "ring_block"
+    (`ring_row_copies`), with `readout` "readout" (one of READOUTS; "mma" for a float32
     state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
     tiling's field that says who forms the replay's dot products) "products" (one of
     `validation.PRODUCTS`; "kernel" only where `kernel_products`: the caller checks what it
@@ -301,6 +334,9 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
+    if fold and not verify:
+        check(t.ring_block >= 0, f"ring_block = {t.ring_block} must be >= 0 (0: the whole ring)")
+        tiles["ring_block"] = t.ring_block
     if products:
         choices = tuple(p for p in PRODUCTS if kernel_products or p != "kernel")
         check_choice(products, getattr(t, products), choices)

@@ -24,6 +24,8 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
+#   s57      - stop 57's options in one call: GDN two heads a CTA compiled, then GDN and Mamba-2
+#              at batch 256 with two heads / exit_wait "read" / ring_block 4, the option cases
 #   gdn-heads - the Mosaic GDN replay decode over two value heads a CTA: compiled, batch 256 / 32
 #   exit-read - exit_wait "read" (a CTA leaves once its stores have read SMEM): compiled cases,
 #              both families' kernels at batch 256 and the verify at T = 4 with and without it
@@ -751,6 +753,23 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
+  s57)
+    # stop 57's options in one call, fastest first: GDN's two value heads a CTA compiled, then
+    # at batch 256 beside exit_wait "read" and ring_block 4 (the ring rows a walk reads, by
+    # blocks of 4: ~28 MB a step fewer at Qwen3-Next's fp32 ring), Mamba-2 (8B, P = 80) with
+    # the latter two, then the compiled option cases that carry them
+    REPLAYJAX_TEST_BACKEND=gpu limit 90 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_gdn.py -k "heads" 2>&1 | tail -2 | tee "$out/tests.txt" || true
+    limit 180 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"heads": 2, "block_k": 16, "num_stages": 3},
+      {"exit_wait": "read"}, {"ring_block": 4}, {"heads": 2, "block_k": 16, "num_stages": 3,
+      "exit_wait": "read", "ring_block": 4}, {"heads": 2, "block_k": 16, "num_stages": 4}]' \
+      --json "$out/kernels_gdn_s57_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait":
+      "read"}, {"ring_block": 4}, {"exit_wait": "read", "ring_block": 4}]' \
+      --json "$out/kernels_m2_s57_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    each_test 120 -k "mosaic and (exit or ring-block)" | tee -a "$out/tests.txt" ;;
   gdn-heads)
     # the Mosaic GDN replay decode over both value heads of a key head a CTA (stop 57: their
     # tiles in the same pipeline steps, 8 steps of 16 keys where one head took 4 of 32: the

@@ -106,6 +106,8 @@ from pallas_kernels._mosaic_utils import (
     mosaic_call,
     relayout_rows,
     resolve_tiles,
+    ring_copies_count,
+    ring_row_copies,
     rows,
     rows_box,
     rows_layout,
@@ -168,7 +170,9 @@ class GDNMosaicTiling:
     (written) or "read" (read from SMEM). heads (replay decode): the value heads of one key
     head a CTA streams (1, 2 or 4; a bound, the largest power of two up to it dividing a key
     head's), their tiles [heads, R, K] in the same pipeline steps, the key head's vectors and
-    ring products copied once, the folds head by head; FMA readouts only."""
+    ring products copied once, the folds head by head; FMA readouts only. ring_block (replay
+    decode): the ring's d rows copied in blocks of ring_block rows, each only where the count
+    reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -180,6 +184,7 @@ class GDNMosaicTiling:
     key_products: str = "xla"
     exit_wait: str = "full"
     heads: int = 1
+    ring_block: int = 0
 
 
 # The key chunk of the Triton replay kernel's best tiling; only the default was timed on the
@@ -682,7 +687,7 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
                    heads_per_key_head, heads, block_k, num_stages, prologue, fold_stages,
-                   fold_buffers, readout, exit_wait):
+                   fold_buffers, readout, ring_block, exit_wait):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     hs = range(heads)
@@ -707,8 +712,13 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     readout_copies, operands, rest = _readout_copies(
         ((k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q)),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
+    if ring_block:            # each head's committed d rows, by blocks
+        rd_copies = [cp for h in hs for cp in ring_row_copies(
+            rd_ref.at[slot, hv0 + h, :, vs], rd_smem.at[h], c, ring_block)]
+    else:
+        rd_copies = [(rd_ref.at[slot, pl.ds(hv0, heads), :, vs], rd_smem)]
     copies = (*readout_copies, *((v_ref.at[b, hv0 + h, vs], sv.v[h]) for h in hs),
-              (rd_ref.at[slot, pl.ds(hv0, heads), :, vs], rd_smem), *rest, *walk_copies)
+              *rd_copies, *rest, *walk_copies)
     n_first = len(readout_copies)
 
     def ring_d(h):
@@ -789,10 +799,11 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
                                              "fold_buffers", "tile_rows", "readout",
-                                             "products", "heads", "exit_wait", "interpret"))
+                                             "products", "heads", "ring_block", "exit_wait",
+                                             "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, readout, products, heads, exit_wait,
-                   interpret):
+                   fold_stages, fold_buffers, tile_rows, readout, products, heads, ring_block,
+                   exit_wait, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -806,7 +817,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
                                heads=heads, block_k=block_k, num_stages=num_stages,
                                prologue=prologue, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, readout=readout, exit_wait=exit_wait)
+                               fold_buffers=fold_buffers, readout=readout,
+                               ring_block=ring_block, exit_wait=exit_wait)
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
     # Several heads a CTA take the pool as [slots x Hv, V, K] (a free reshape, in place): their
     # tile [heads, R, K] is one TMA box of three dims, within the five a copy takes once the
@@ -824,7 +836,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((heads, L, tile_rows), ring_dtype), **operands.scratch,
-                     bars=plgpu.Barrier(num_barriers=5 + 2 * heads + operands.copies),
+                     bars=plgpu.Barrier(num_barriers=4 + 2 * heads + operands.copies
+                                        + ring_copies_count(L, ring_block, heads)),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return o, type(buffers)(s_out.reshape(ck.shape), *rings)

@@ -84,6 +84,8 @@ from pallas_kernels._mosaic_utils import (
     mosaic_call,
     relayout_rows,
     resolve_tiles,
+    ring_copies_count,
+    ring_row_copies,
     rows,
     rows_box,
     rows_layout,
@@ -132,7 +134,9 @@ class Mamba2MosaicTiling:
     pass forms S0 C, by FMAs in the WGMMA layout ("fma") or with a thread a row of each chunk
     ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
     stream; C converted to an fp32 copy first). exit_wait: the CTA's last wait for its TMA
-    stores (`_mosaic_utils.EXIT_WAITS`), "full" (written) or "read" (read from SMEM)."""
+    stores (`_mosaic_utils.EXIT_WAITS`), "full" (written) or "read" (read from SMEM).
+    ring_block (replay decode): the ring's x rows copied in blocks of ring_block rows, each only
+    where the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L in one copy."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -143,6 +147,7 @@ class Mamba2MosaicTiling:
     heads: int = 1
     readout: str = "fma"
     exit_wait: str = "full"
+    ring_block: int = 0
 
 
 _HEADS = (1, 2, 4)
@@ -403,7 +408,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_sta
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, c32_smem,
                    bars, fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, readout, exit_wait):
+                   prologue, fold_stages, fold_buffers, readout, ring_block, exit_wait):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -421,9 +426,13 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         *((rdt_ref.at[slot, h0 + k], v.ring_dt[k]) for k in hs), (bcr_ref.at[b, g], v.ring_bc))
     # C first (the overlapped readout waits for it alone), then the token's x and B, the ring's
     # x rows and the walk's scalars, all in flight at once.
+    if ring_block:            # each head's committed x rows, by blocks
+        rx_copies = [cp for k in hs for cp in ring_row_copies(
+            rx_ref.at[slot, h0 + k, :, ps], rx_smem.at[k], c, ring_block)]
+    else:
+        rx_copies = [(rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem)]
     copies = ((c_ref.at[b, g], v.c), *((x_ref.at[b, h0 + k, ps], v.x[k]) for k in hs),
-              (b_ref.at[b, g], v.b), (rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem),
-              *walk_copies)
+              (b_ref.at[b, g], v.b), *rx_copies, *walk_copies)
     ring_rows = tuple(
         (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
     walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
@@ -522,10 +531,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "fold_stages", "fold_buffers", "products",
-                                             "readout", "exit_wait", "interpret"))
+                                             "readout", "ring_block", "exit_wait", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, products, readout, exit_wait,
-                   interpret):
+                   prologue, fold_stages, fold_buffers, products, readout, ring_block,
+                   exit_wait, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -540,7 +549,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, readout=readout, exit_wait=exit_wait)
+                               fold_buffers=fold_buffers, readout=readout,
+                               ring_block=ring_block, exit_wait=exit_wait)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -555,7 +565,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                      rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
                      c32_smem=plgpu.SMEM((N,), F32)
                      if readout == "fma_rows" and C.dtype != F32 else None,
-                     bars=plgpu.Barrier(num_barriers=2 * heads + 4),
+                     bars=plgpu.Barrier(num_barriers=2 * heads + 3
+                                        + ring_copies_count(L, ring_block, heads)),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return y, type(buffers)(new[0].reshape(buffers.checkpoint.shape), *new[1:])

@@ -141,9 +141,10 @@ class Mamba2(Problem):
     # its options, several to a case (the interpreter is slow): the B . C products by XLA
     # with a lean fold (2 chunks in flight, one staging buffer: each write-back waits for the
     # one before) under a 4-stage read-only pass, its CTAs leaving once their stores have read
-    # SMEM (exit_wait "read")
-    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold-exit-read", dict(
-        bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, exit_wait="read"))]
+    # SMEM (exit_wait "read"), the ring's x rows copied by blocks of 2 (only those reached)
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold-exit-read-ring-block", dict(
+        bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, exit_wait="read",
+        ring_block=2))]
     # the verify's B . C products by the Pallas launch (the test tiling's: XLA), the window's
     # ring rows written by the kernel (and read from SMEM before the CTAs leave)
     MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-exit-read", dict(
@@ -233,7 +234,9 @@ class GDN(Problem):
     MOSAIC_REPLAY_OPTIONS = [("full-fold-fused-exit-read", dict(
                                  num_stages=3, fold_stages=0, fold_buffers=2, prologue="fused",
                                  exit_wait="read")),
-                             ("mma-keys-pallas", dict(readout="mma", key_products="pallas"))]
+                             # the ring's d rows by blocks of 2 (only those reached)
+                             ("mma-keys-pallas-ring-block", dict(
+                                 readout="mma", key_products="pallas", ring_block=2))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
     # the key products by the Pallas launch (the default to T = 4), and in the kernel by tf32

@@ -56,8 +56,10 @@ def _mamba2_args(S, b, H, P, N, G, L, state_dtype):
     (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
     (mamba2.Mamba2MosaicTiling(block_n=32, prologue="overlap"), F32),
     (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, heads=2), F32),
-    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, readout="fma_rows"), F32)],
-    ids=["default", "bn32-3stages", "bf16-bn16", "overlap", "two-heads", "rows"])
+    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, readout="fma_rows"), F32),
+    (dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, ring_block=4, exit_wait="read"), F32)],
+    ids=["default", "bn32-3stages", "bf16-bn16", "overlap", "two-heads", "rows",
+         "ring-block-exit-read"])
 def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
     """Nemotron-H-8B shapes (H 128, P 64, N 128, G 8), batch 256, L = 16."""
     bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=64, N=128, G=8, L=16,
@@ -127,9 +129,10 @@ def _gdn_args(S, b, Hk, Hv, K, V, L, state_dtype, ring_dtype):
     (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, heads=2, block_k=16, num_stages=4), F32,
      F32),
     (dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, heads=2, block_k=16, readout="fma_rows",
-                         prologue="fused", exit_wait="read"), F32, BF16)],
+                         prologue="fused", exit_wait="read", ring_block=4), F32, BF16)],
     ids=["default", "bk32-3stages", "bk128-bf16ring", "bf16-bk16", "overlap", "mma",
-         "rows-128", "rows-64-bk64", "rows-128-bf16", "two-heads", "two-heads-rows-fused"])
+         "rows-128", "rows-64-bk64", "rows-128-bf16", "two-heads",
+         "two-heads-rows-fused-ring-block"])
 def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
     """Qwen3-Next shapes (Hk 16, Hv 32, K = V = 128), batch 256, L = 16."""
     bufs, counts, step = _gdn_args(S=257, b=256, Hk=16, Hv=32, K=128, V=128, L=16,
