@@ -299,15 +299,13 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
                   prologues=PROLOGUES):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
     "prologue": one of its `prologues`, "exit_wait": one of EXIT_WAITS} for `tiling` (None:
-    `default`), with `verify` also
-    "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
-    fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages) and
-    "fold_buffers" (1 or 2), and for the replay decode (fold without verify) "ring_block"
-    (`ring_row_copies`), with `readout` "readout" (one of READOUTS; "mma" for a float32
-    state only: a default's "mma" reads other states by FMAs), with `products` (the name of the
-    tiling's field that says who forms the replay's dot products) "products" (one of
-    `validation.PRODUCTS`; "kernel" only where `kernel_products`: the caller checks what it
-    needs):
+    `default`), with `verify` also "ring_write" (one of `validation.RING_WRITES`) and with
+    `fold` (the replay decodes, whose fold has its own SMEM scope) "fold_stages" (0 in the
+    tiling: num_stages), "fold_buffers" (1 or 2) and "ring_block" (`ring_row_copies`), with
+    `readout` "readout" (one of READOUTS; "mma" for a float32 state only: a default's "mma"
+    reads other states by FMAs), with `products` (the name of the tiling's field that says who
+    forms the replay's dot products) "products" (one of `validation.PRODUCTS`; "kernel" only
+    where `kernel_products`: the caller checks what it needs):
     chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
     vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
     state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
@@ -334,7 +332,6 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
-    if fold and not verify:
         check(t.ring_block >= 0, f"ring_block = {t.ring_block} must be >= 0 (0: the whole ring)")
         tiles["ring_block"] = t.ring_block
     if products:

@@ -769,6 +769,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait":
       "read"}, {"ring_block": 4}, {"exit_wait": "read", "ring_block": 4}]' \
       --json "$out/kernels_m2_s57_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    # (the verify at T = 4 with ring_block 4: registers and SMEM unchanged by ptxas; at T = 8
+    # 166 -> 181 registers, 2 CTAs an SM where 3 were: not there)
+    verify_tune 90 gdn qwen3-next s57 4 '[{}, {"ring_block": 4}, {"ring_block": 4, "exit_wait":
+      "read"}]'
     each_test 120 -k "mosaic and (exit or ring-block)" | tee -a "$out/tests.txt" ;;
   gdn-heads)
     # the Mosaic GDN replay decode over both value heads of a key head a CTA (stop 57: their

@@ -171,8 +171,8 @@ class GDNMosaicTiling:
     head a CTA streams (1, 2 or 4; a bound, the largest power of two up to it dividing a key
     head's), their tiles [heads, R, K] in the same pipeline steps, the key head's vectors and
     ring products copied once, the folds head by head; FMA readouts only. ring_block (replay
-    decode): the ring's d rows copied in blocks of ring_block rows, each only where the count
-    reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
+    decode and verify): the ring's d rows copied in blocks of ring_block rows, each only where
+    the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -329,7 +329,8 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                    verify=True, fold=True)
     if tiles["products"] == "kernel":
         tiles["products"] = _kernel_products(buffers, v.shape[1], tiles["block_k"],
-                                             tiles["readout"], tiling is None)
+                                             tiles["readout"], tiles["ring_block"],
+                                             tiling is None)
     o, d, ck, rd = _replay_verify(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                                   **tiles)
     in_kernel = tiles["ring_write"] == "kernel"
@@ -337,13 +338,13 @@ def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret
                            None if in_kernel else d, g)
 
 
-def _kernel_products(buffers, T, block_k, readout, default):
+def _kernel_products(buffers, T, block_k, readout, ring_block, default):
     """key_products "kernel" where the verify kernel can form them (`chunk_products`: the
     "mma" readout's operands, an fp32 ring, its keys copied in 8-row blocks: L % 8 == 0, a
     barrier for each of its copies); else a default (whose readout is "fma" on a non-fp32
     state) takes the launch, an explicit tiling raises."""
     L, nk = buffers.window, buffers.ring_k.shape[3] // block_k
-    copies = _verify_copies(T, nk, 2, True)
+    copies = _verify_copies(T, nk, 2, True, ring_copies_count(L, ring_block))
     needs = ((readout == "mma", f"needs readout = 'mma' (its wgmmas read the window's "
               f"operands), got {readout!r}"),
              (buffers.ring_k.dtype == F32, f"needs a float32 ring, got "
@@ -363,12 +364,13 @@ def _kernel_products(buffers, T, block_k, readout, default):
 _MAX_BARRIERS = 32
 
 
-def _verify_copies(T, nk, operand_copies, in_kernel):
+def _verify_copies(T, nk, operand_copies, in_kernel, ring_copies):
     """The verify kernel's copies before its stream (one barrier each): with readout "mma"
-    (in_kernel products need it) its operands, T v rows, the ring's d, k_0 and the ring's g,
-    and 2 a key chunk (nk of them) for the products in the kernel; else at most 3 T + 6 (the
-    k and q rows or k_0, the v rows, the ring's d, five scalar vectors) and the operands'."""
-    return operand_copies + (T + 3 + 2 * nk if in_kernel else 3 * T + 6)
+    (in_kernel products need it) its operands, T v rows, the ring's d (`ring_copies` of
+    them), k_0 and the ring's g, and 2 a key chunk (nk of them) for the products in the
+    kernel; else at most 3 T + 5 + ring_copies (the k and q rows or k_0, the v rows, the
+    ring's d, five scalar vectors) and the operands'."""
+    return operand_copies + ring_copies + (T + 2 + 2 * nk if in_kernel else 3 * T + 5)
 
 
 def _product_block_rows(L, Tp):
@@ -858,7 +860,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
                    num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped,
-                   readout, exit_wait):
+                   readout, ring_block, exit_wait):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -916,7 +918,8 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
          *((q_ref.at[b, t, hk], q_t) for t, q_t in enumerate(queries))),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
     copies = (*readout_copies, *((v_ref.at[b, t, hv, vs], sv.v[t]) for t in range(T)),
-              (rd_ref.at[slot, hv, :, vs], rd_smem), *rest, *walk_copies)
+              *ring_row_copies(rd_ref.at[slot, hv, :, vs], rd_smem, c, ring_block), *rest,
+              *walk_copies)
     n_first = len(readout_copies)
 
     def ring_d(j):
@@ -1021,10 +1024,11 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
                                              "fold_stages", "fold_buffers", "tile_rows",
-                                             "readout", "products", "exit_wait", "interpret"))
+                                             "readout", "products", "ring_block",
+                                             "exit_wait", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
                    ring_write, fold_stages, fold_buffers, tile_rows, readout, products,
-                   exit_wait, interpret):
+                   ring_block, exit_wait, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -1075,7 +1079,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers, scoped=scoped,
-                               readout=readout, exit_wait=exit_wait)
+                               readout=readout, ring_block=ring_block, exit_wait=exit_wait)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,
@@ -1088,8 +1092,8 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         scratch=dict(vec_smem=vectors.smem(),
                      rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype),
                      **operands.scratch, **product_scratch,
-                     bars=plgpu.Barrier(num_barriers=_verify_copies(T, nk, operands.copies,
-                                                                    in_kernel)),
+                     bars=plgpu.Barrier(num_barriers=_verify_copies(
+                         T, nk, operands.copies, in_kernel, ring_copies_count(L, ring_block))),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
     return (o, d, *new) if write_ring else (o, d, *new, buffers.ring_d)

@@ -135,8 +135,9 @@ class Mamba2MosaicTiling:
     ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
     stream; C converted to an fp32 copy first). exit_wait: the CTA's last wait for its TMA
     stores (`_mosaic_utils.EXIT_WAITS`), "full" (written) or "read" (read from SMEM).
-    ring_block (replay decode): the ring's x rows copied in blocks of ring_block rows, each only
-    where the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L in one copy."""
+    ring_block (replay decode and verify): the ring's x rows copied in blocks of ring_block
+    rows, each only where the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L
+    in one copy."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -582,7 +583,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
                    fold_bars, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
-                   write_ring, fold_stages, fold_buffers, exit_wait):
+                   write_ring, fold_stages, fold_buffers, ring_block, exit_wait):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h0, g, pt = _position(heads_per_group, heads)
@@ -602,9 +603,14 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # The window's C rows first (the overlapped readout waits for them alone), then its x rows
     # (one 1-D copy each, into the pack: x of token t and head k at v.x[t * heads + k]), the
     # ring's x rows [heads, L, 64] and the walk's scalars.
+    if ring_block:            # each head's committed x rows, by blocks
+        rx_copies = [cp for k in hs for cp in ring_row_copies(
+            rx_ref.at[slot, h0 + k, :, ps], rx_smem.at[k], c, ring_block)]
+    else:
+        rx_copies = [(rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem)]
     copies = (*((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
               *((x_ref.at[b, t, h0 + k, ps], v.x[t * heads + k]) for t in range(T) for k in hs),
-              (rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem), *walk_copies)
+              *rx_copies, *walk_copies)
     ring_rows = tuple(
         (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
     walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
@@ -688,10 +694,11 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "ring_write", "fold_stages", "fold_buffers",
-                                             "products", "exit_wait", "interpret"))
+                                             "products", "ring_block", "exit_wait",
+                                             "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
-                   prologue, ring_write, fold_stages, fold_buffers, products, exit_wait,
-                   interpret):
+                   prologue, ring_write, fold_stages, fold_buffers, products, ring_block,
+                   exit_wait, interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -711,7 +718,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, write_ring=write_ring,
                                fold_stages=fold_stages, fold_buffers=fold_buffers,
-                               exit_wait=exit_wait)
+                               ring_block=ring_block, exit_wait=exit_wait)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -724,7 +731,8 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
         inplace=("s_ref", "rx_ref") if write_ring else ("s_ref",),
         scratch=dict(vec_smem=vectors.smem(),
                      rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
-                     bars=plgpu.Barrier(num_barriers=(heads + 1) * T + heads + 2),
+                     bars=plgpu.Barrier(num_barriers=(heads + 1) * T + heads + 1
+                                        + ring_copies_count(L, ring_block, heads)),
                      fold_bars=plgpu.Barrier(num_barriers=2)),
         interpret=interpret)
     new = (new[0].reshape(buffers.checkpoint.shape), *new[1:])

@@ -146,9 +146,10 @@ class Mamba2(Problem):
         bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, exit_wait="read",
         ring_block=2))]
     # the verify's B . C products by the Pallas launch (the test tiling's: XLA), the window's
-    # ring rows written by the kernel (and read from SMEM before the CTAs leave)
-    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-exit-read", dict(
-        bc_products="pallas", ring_write="kernel", exit_wait="read"))]
+    # ring rows written by the kernel (and read from SMEM before the CTAs leave), the ring's x
+    # rows copied by blocks of 3 (L = 8: a ragged last block)
+    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-exit-read-ring-block", dict(
+        bc_products="pallas", ring_write="kernel", exit_wait="read", ring_block=3))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -249,8 +250,9 @@ class GDN(Problem):
                              ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
                                    ring_write="xla")),
-                             ("keys-kernel-serial-exit-read", dict(
-                                 key_products="kernel", prologue="serial", exit_wait="read")),
+                             ("keys-kernel-serial-exit-read-ring-block", dict(
+                                 key_products="kernel", prologue="serial", exit_wait="read",
+                                 ring_block=3)),
                              # a non-fp32 state's (or ring's) default from T = 5
                              ("fused-fma-keys-pallas", dict(prologue="fused", readout="fma",
                                                             key_products="pallas"))]

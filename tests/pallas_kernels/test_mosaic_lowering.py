@@ -156,10 +156,13 @@ def test_gdn_mosaic_kernels_lower_for_sm90(tiling, state_dtype, ring_dtype):
                          prologue="fused", ring_write="kernel"), F32, F32),
     (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="fma_rows", prologue="fused"),
      F32, F32),
-    (None, BF16, BF16)],
+    (None, BF16, BF16),
+    (gdn.GDNMosaicTiling(block_k=32, tile_rows=128, readout="mma", key_products="kernel",
+                         prologue="fused", ring_write="kernel", ring_block=4,
+                         exit_wait="read"), F32, F32)],
     ids=["default", "bk32-3stages", "bf16-bk16", "overlap", "mma", "keys-kernel",
          "keys-kernel-bk16-overlap-ring-write", "keys-kernel-fused", "rows-fused",
-         "default-bf16"])
+         "default-bf16", "keys-kernel-fused-ring-block-exit-read"])
 @pytest.mark.parametrize("T", [2, 4, MAX_VERIFY_TOKENS])
 def test_gdn_mosaic_verify_lowers_for_sm90(tiling, state_dtype, ring_dtype, T):
     """Qwen3-Next shapes, batch 256, L = 16, a window of T tokens."""
