@@ -52,11 +52,6 @@ PROLOGUES = ("serial", "overlap", "fused")
 # is "fma" with each vector's column sums deferred to the stream's end (`fma_columns`);
 # "fma_rows" reads each chunk with a thread a row (`rows_layout`): its sums are in-thread adds.
 READOUTS = ("fma", "mma", "fma_deferred", "fma_rows")
-# How a kernel's CTA waits for its TMA stores before it exits (a tiling's `exit_wait`): "full"
-# until they are written, "read" until they have read their SMEM, as CUTLASS's TMA epilogues
-# end (`tma_store_wait`): the grid's completion makes the writes visible, and the CTA's SMEM
-# goes to the SM's next CTA a store's write latency sooner.
-EXIT_WAITS = ("full", "read")
 
 
 def rows(v, shape):
@@ -110,8 +105,8 @@ def ring_row_copies(src, dst, count, block):
     """The copies of a ring's per-token rows src [L, R] (GMEM) into dst [L, R] (SMEM) that a
     walk over its `count` committed entries reads: with block 0 all L rows in one copy, else
     blocks of `block` rows, each copied only where an entry in it is committed (count > its
-    first row): on average (L - 1) / 2 of the L rows at a uniform count, not L. Entries past
-    the count are never read (`issue_all` copies)."""
+    first row): at a uniform count about (L - 1) / 2 + block / 2 of the L rows, not L. Entries
+    past the count are never read (`issue_all` copies)."""
     L = src.shape[0]
     if not block:
         return [(src, dst)]
@@ -211,12 +206,6 @@ def store_async(value, smem, dst):
     plgpu.copy_smem_to_gmem(smem, dst)
 
 
-def wait_to_exit(exit_wait):
-    """The CTA's last wait for its TMA stores (`EXIT_WAITS`): all written ("full") or all read
-    from SMEM ("read")."""
-    plgpu.wait_smem_to_gmem(0, wait_read_only=exit_wait == "read")
-
-
 def rows_box(t, tile_rows=TILE_ROWS):
     """The box of tile t (of tile_rows rows, 64 or a multiple) along a state dim
     (`tile_rows_of`): what its loads copy (a TMA load fills rows past the dim's end with
@@ -298,14 +287,14 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
                   fold=False, readout=False, products=None, kernel_products=False,
                   prologues=PROLOGUES):
     """A family's validated launch tiles {field: state chunk width, "num_stages": n,
-    "prologue": one of its `prologues`, "exit_wait": one of EXIT_WAITS} for `tiling` (None:
-    `default`), with `verify` also "ring_write" (one of `validation.RING_WRITES`) and with
-    `fold` (the replay decodes, whose fold has its own SMEM scope) "fold_stages" (0 in the
-    tiling: num_stages), "fold_buffers" (1 or 2) and "ring_block" (`ring_row_copies`), with
-    `readout` "readout" (one of READOUTS; "mma" for a float32 state only: a default's "mma"
-    reads other states by FMAs), with `products` (the name of the tiling's field that says who
-    forms the replay's dot products) "products" (one of `validation.PRODUCTS`; "kernel" only
-    where `kernel_products`: the caller checks what it needs):
+    "prologue": one of its `prologues`} for `tiling` (None: `default`), with `verify` also
+    "ring_write" (one of `validation.RING_WRITES`) and with `fold` (the replay decodes, whose
+    fold has its own SMEM scope) "fold_stages" (0 in the tiling: num_stages), "fold_buffers"
+    (1 or 2) and "ring_block" (>= 0, `ring_row_copies`), with `readout` "readout" (one of
+    READOUTS; "mma" for a float32 state only: a default's "mma" reads other states by FMAs),
+    with `products` (the name of the tiling's field that says who forms the replay's dot
+    products) "products" (one of `validation.PRODUCTS`; "kernel" only where
+    `kernel_products`: the caller checks what it needs):
     chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
     vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
     state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
@@ -315,9 +304,8 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
           f"got {chunk_name.split()[-1]} = {C}")
     check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
     check_choice("prologue", t.prologue, prologues)
-    check_choice("exit_wait", t.exit_wait, EXIT_WAITS)
     tiles = {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
-             "num_stages": t.num_stages, "prologue": t.prologue, "exit_wait": t.exit_wait}
+             "num_stages": t.num_stages, "prologue": t.prologue}
     if verify:
         check_choice("ring_write", t.ring_write, RING_WRITES)
         tiles["ring_write"] = t.ring_write
@@ -331,9 +319,9 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     if fold:
         check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
-        tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers)
         check(t.ring_block >= 0, f"ring_block = {t.ring_block} must be >= 0 (0: the whole ring)")
-        tiles["ring_block"] = t.ring_block
+        tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers,
+                     ring_block=t.ring_block)
     if products:
         choices = tuple(p for p in PRODUCTS if kernel_products or p != "kernel")
         check_choice(products, getattr(t, products), choices)

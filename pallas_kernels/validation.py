@@ -34,6 +34,10 @@ RING_WRITES = ("xla", "kernel")
 # `key_products`): XLA (`ring.row_products`) or one Pallas launch (`ring_products`) before the
 # kernel, or (GDN's verify with readout "mma") the kernel itself, by tf32 wgmmas.
 PRODUCTS = ("xla", "pallas", "kernel")
+# Tiling fields whose 0 has a meaning of its own (the Mosaic kernels' fold_stages 0: the
+# read-only pass's num_stages; ring_block 0: the ring's rows in one copy); a tiling's other
+# integer fields are sizes and counts, >= 1.
+ZERO_FIELDS = ("fold_stages", "ring_block")
 # Which ring rows a Triton replay decode program fetches (a tiling's `ring_loads`): those below
 # the count, or all L (the loads then need not wait for the count's).
 RING_LOADS = ("committed", "all")

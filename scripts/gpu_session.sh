@@ -24,11 +24,9 @@
 #              gdn-b1 - the small-batch replay tilings (ring_loads "all", GDN's unrolled key
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
-#   s57      - stop 57's options in one call: GDN two heads a CTA compiled, then GDN and Mamba-2
-#              at batch 256 with two heads / exit_wait "read" / ring_block 4, the option cases
-#   gdn-heads - the Mosaic GDN replay decode over two value heads a CTA: compiled, batch 256 / 32
-#   exit-read - exit_wait "read" (a CTA leaves once its stores have read SMEM): compiled cases,
-#              both families' kernels at batch 256 and the verify at T = 4 with and without it
+#   ring-block - the replay kernels' ring rows by blocks (ring_block 4, the default since stop
+#              57), compiled, then against one whole copy on an H200: both families' decode at
+#              batch 256, GDN's verify at T = 2 / 4
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
 #              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
 #   m2-rows  - the Mosaic Mamba-2 replay's readout "fma_rows": compiled tests, P = 80 and the
@@ -753,57 +751,21 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
       2>>"$out/kernels.log" | grep "^|" || true
     verify_tune 120 gdn qwen3-next rows 2 '[{}, {"readout": "fma_rows", "key_products":
       "pallas", "prologue": "fused"}, {"readout": "fma_rows", "key_products": "pallas"}]' ;;
-  s57)
-    # stop 57's options in one call, fastest first: GDN's two value heads a CTA compiled, then
-    # at batch 256 beside exit_wait "read" and ring_block 4 (the ring rows a walk reads, by
-    # blocks of 4: ~28 MB a step fewer at Qwen3-Next's fp32 ring), Mamba-2 (8B, P = 80) with
-    # the latter two, then the compiled option cases that carry them
-    REPLAYJAX_TEST_BACKEND=gpu limit 90 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_gdn.py -k "heads" 2>&1 | tail -2 | tee "$out/tests.txt" || true
-    limit 180 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
-      --impls pallas_mosaic_gpu --tune '[{}, {"heads": 2, "block_k": 16, "num_stages": 3},
-      {"exit_wait": "read"}, {"ring_block": 4}, {"heads": 2, "block_k": 16, "num_stages": 3,
-      "exit_wait": "read", "ring_block": 4}, {"heads": 2, "block_k": 16, "num_stages": 4}]' \
-      --json "$out/kernels_gdn_s57_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
-    limit 200 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
-      nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait":
-      "read"}, {"ring_block": 4}, {"exit_wait": "read", "ring_block": 4}]' \
-      --json "$out/kernels_m2_s57_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
-    # (the verify at T = 4 with ring_block 4: registers and SMEM unchanged by ptxas; at T = 8
-    # 166 -> 181 registers, 2 CTAs an SM where 3 were: not there)
-    verify_tune 90 gdn qwen3-next s57 4 '[{}, {"ring_block": 4}, {"ring_block": 4, "exit_wait":
-      "read"}]'
-    each_test 120 -k "mosaic and (exit or ring-block)" | tee -a "$out/tests.txt" ;;
-  gdn-heads)
-    # the Mosaic GDN replay decode over both value heads of a key head a CTA (stop 57: their
-    # tiles in the same pipeline steps, 8 steps of 16 keys where one head took 4 of 32: the
-    # stream drains once a CTA, half the CTAs; by ptxas 95 registers, 67 KiB at 3 stages (3
-    # CTAs an SM, as the default), 83 KiB at 4 (2 CTAs)): compiled, then at batch 256 and 32
-    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
-      tests/pallas_kernels/test_gdn.py -k "heads" 2>&1 | tail -2 | tee "$out/tests.txt" || true
-    for b in 256 32; do
-      limit 200 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches $b \
-        --impls pallas_mosaic_gpu --tune '[{}, {"heads": 2, "block_k": 16, "num_stages": 3},
-        {"heads": 2, "block_k": 16, "num_stages": 4}, {"heads": 2, "block_k": 16, "num_stages":
-        3, "readout": "fma_rows"}, {"heads": 2, "block_k": 16, "num_stages": 3, "exit_wait":
-        "read"}, {"exit_wait": "read"}]' --json "$out/kernels_gdn_heads_b$b.json" \
-        2>>"$out/kernels.log" | grep "^|" || true
-    done ;;
-  exit-read)
-    # exit_wait "read" (stop 57): a CTA leaves once its TMA stores have read its SMEM, as
-    # CUTLASS's epilogues end, not once they are written: the SM's next CTA gets the SMEM a
-    # write latency sooner. The compiled cases first (the standard kernels' equality test, the
-    # option cases that carry it), then both families' kernels at batch 256 with and without it
-    # (a --tune entry's fields reach the standard kernel too), then the verify at T = 4
-    each_test 150 -k "mosaic and (exit_wait or exit-read)" | tee "$out/tests.txt"
-    limit 150 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
-      --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait": "read"}, {}, {"exit_wait": "read"}]' \
-      --json "$out/kernels_gdn_exit_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
-    limit 240 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
-      nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"exit_wait":
-      "read"}]' --json "$out/kernels_m2_exit_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
-    verify_tune 100 gdn qwen3-next exit 4 '[{}, {"exit_wait": "read"}]'
-    verify_tune 120 mamba2 nemotron-h-8b exit 4 '[{}, {"exit_wait": "read"}]' ;;
+  ring-block)
+    # ring_block (stop 57): the ring rows a replay walk reads (GDN's d, Mamba-2's x) copied in
+    # blocks of 4, each only where the count reaches it, the default since an H100 run
+    # (docs/benchmarks.md, thirty-second session): the compiled cases first, then each
+    # default against one whole copy (ring_block 0)
+    each_test 150 -k "mosaic and (ring-block or whole-ring or L4-f32 or 4-8)" \
+      | tee "$out/tests.txt"
+    limit 120 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
+      --impls pallas_mosaic_gpu --tune '[{}, {"ring_block": 0}, {"ring_block": 2}]' \
+      --json "$out/kernels_gdn_ring_block_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
+      nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"ring_block":
+      0}]' --json "$out/kernels_m2_ring_block_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
+    verify_tune 80 gdn qwen3-next ring_block 4 '[{}, {"ring_block": 0}]'
+    verify_tune 80 gdn qwen3-next ring_block 2 '[{}, {"ring_block": 0}]' ;;
   h200-56)
     # stop 56's H200 rows in one call (run with needs_h200: Mamba-2's T = 8 baseline did not fit
     # an H100's memory): the GDN verify's fused default at T = 8 / 5 against the serial prologue

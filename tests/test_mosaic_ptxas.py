@@ -119,7 +119,7 @@ def test_tune_entries_change_the_measured_tilings():
 
 @pytest.mark.parametrize("tune,error", [
     ('[{"bogus": 1}]', "--tune: unknown tiling field(s) ['bogus'] (fields of GDNMosaicTiling: "),
-    ('[{}, {"num_stages": 0}]', "--tune: field 'num_stages' must be an integer > 0, got 0"),
+    ('[{}, {"num_stages": 0}]', "--tune: field 'num_stages' must be an integer >= 1, got 0"),
     ('[{"prologue": 3}]', "--tune: field 'prologue' must be a str, got 3"),
 ])
 def test_a_bad_tune_field_is_one_line_before_any_work(tune, error, capsys, monkeypatch):

@@ -3,8 +3,7 @@ ReplaySSM step with its fold and ReplaySSM verify (math: `pallas_kernels.gdn.ref
 state-per-draft baseline verify runs on the other backends.
 
 Grid (batch, Hv, ceil(V / R)): one CTA (one warpgroup) per (row, value head, V tile of R =
-`tile_rows` rows, 64 or 128; the last one ragged where R does not divide V, `tile_rows_of`;
-the replay decode's (batch, Hv / heads, ...) with a tiling's `heads` value heads a CTA).
+`tile_rows` rows, 64 or 128; the last one ragged where R does not divide V, `tile_rows_of`).
 The slot read from `slots` picks the pool rows the TMA copies (`ref.at[slot, hv, vs]`); the
 state tile [R, K] is copied into shared memory in key chunks of block_k (tiled and swizzled)
 and computed on in registers (WGMMA layout, see `_mosaic_utils`). The vectors q, k (and the
@@ -120,7 +119,6 @@ from pallas_kernels._mosaic_utils import (
     tile_rows_of,
     wait_all,
     wait_on_first_step,
-    wait_to_exit,
     write_chunk,
     write_out,
     zeros_columns,
@@ -129,7 +127,7 @@ from pallas_kernels._mosaic_utils import (
 )
 from pallas_kernels.gdn.buffers import ring_key_products, verify_key_products, write_window
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT, verify_folds, window_positions
-from pallas_kernels.validation import check, check_choice, resolve_tiling
+from pallas_kernels.validation import check
 
 GRID_NAMES = ("row", "head", "vtile")
 
@@ -166,13 +164,9 @@ class GDNMosaicTiling:
     (`buffers.ring_key_products`, `verify_key_products`) or "pallas" (one launch) before the
     launch, or for verify with readout "mma" and an fp32 ring "kernel": its CTAs by tf32
     wgmmas (`_mosaic_utils.chunk_products`; a default falls back to "pallas" where it cannot).
-    exit_wait: the CTA's last wait for its TMA stores (`_mosaic_utils.EXIT_WAITS`), "full"
-    (written) or "read" (read from SMEM). heads (replay decode): the value heads of one key
-    head a CTA streams (1, 2 or 4; a bound, the largest power of two up to it dividing a key
-    head's), their tiles [heads, R, K] in the same pipeline steps, the key head's vectors and
-    ring products copied once, the folds head by head; FMA readouts only. ring_block (replay
-    decode and verify): the ring's d rows copied in blocks of ring_block rows, each only where
-    the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
+    ring_block (replay decode and verify): the ring's d rows a walk reads copied in blocks of
+    ring_block rows, each only where the count reaches it (`_mosaic_utils.ring_row_copies`),
+    or 0: all L rows in one copy."""
     block_k: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -182,8 +176,6 @@ class GDNMosaicTiling:
     tile_rows: int = TILE_ROWS
     readout: str = "fma"
     key_products: str = "xla"
-    exit_wait: str = "full"
-    heads: int = 1
     ring_block: int = 0
 
 
@@ -200,8 +192,12 @@ MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 # 128-row tiles (half the CTAs, each one's prologue, walk and epilogue over twice the bytes)
 # in 3 stages, 67 KB: 3 CTAs an SM, 186.7 -> 177.9 / 179.8 us (2 stages 178.1; 4 stages
 # 184.2; the standard kernel gained nothing from them, 273.3 vs 274.4, nor batch 1).
+# Stop 57 (an H100, batch 256, staggered, one machine): the ring's d rows by blocks of 4, only
+# those the count reaches (~4 of the 8 KiB a CTA copied whole at a uniform count) 249.7 /
+# 249.2 -> 237.4 / 238.1 us (blocks of 2 / 8: 236.5 / 240.9; batch 32 37.1 -> 36.8).
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap",
-                                       fold_stages=2, fold_buffers=1, tile_rows=128)
+                                       fold_stages=2, fold_buffers=1, tile_rows=128,
+                                       ring_block=4)
 # Verify by window (eleventh session, batch 256; Nsight Compute at T = 4: 251 registers a
 # thread and 83 KB of SMEM, 2 CTAs an SM): chunks of 32 keys, 4 in flight, the overlap
 # prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0. Twentieth, 128-row tiles:
@@ -231,8 +227,12 @@ MOSAIC_VERIFY_TILING = GDNMosaicTiling(block_k=32, num_stages=2, tile_rows=128, 
 # where the serial one held 2 by registers): T = 5 / 6 / 7 / 8 453.0 / 492.1 / 526.5 / 563.0 ->
 # 400.7 / 433.1 / 465.3 / 502.9 us (2.54x -> 2.87x ... 3.07x -> 3.43x; at T = 8 with the
 # launch's products 532.9); up to 4 tokens, already at 3 CTAs, no gain (T = 2 280.6 / 281.0, T
-# = 4 342.1 / 344.7; 16-key chunks at 4 CTAs 367.9).
-MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_products="pallas")),
+# = 4 342.1 / 344.7; 16-key chunks at 4 CTAs 367.9). Stop 57 (an H100, batch 256): the ring's
+# d rows by blocks of 4 (`ring_block`) up to 4 tokens, T = 2 285.9 -> 280.0 us (1.98x ->
+# 2.02x), T = 4 344.8 -> 341.5 (2.78x -> 2.81x); at T = 8 they cost the fused prologue 15
+# registers (166 -> 181 by ptxas, 2 CTAs an SM where 3 were): 510.9 -> 580.7.
+MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_products="pallas",
+                                                 ring_block=4)),
                          (MAX_VERIFY_TOKENS, dataclasses.replace(
                              MOSAIC_VERIFY_TILING, key_products="kernel", prologue="fused")))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
@@ -258,14 +258,9 @@ _MAX_K = 256                      # one TMA box per q / k vector
 
 
 _TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
-_HEADS = (1, 2, 4)
 
 
-def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True,
-           heads_per_key_head=None):
-    """`resolve_tiles`, "tile_rows" (a bound, as block_k) and, given `heads_per_key_head` (the
-    replay decode), "heads": the tiling's bound on the value heads a CTA streams, the largest
-    power of two up to it dividing a key head's."""
+def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout=True):
     tiles = resolve_tiles(tiling, default, field="block_k", chunk=("key dim K", K),
                           max_chunk=_MAX_K, state_dtype=state_dtype, verify=verify, fold=fold,
                           readout=readout, products="key_products" if fold else None,
@@ -275,16 +270,7 @@ def _tiles(tiling, default, K, V, state_dtype, verify=False, fold=False, readout
     # a bound, as block_k: two WGMMA tiles a CTA only where they tile V exactly
     rows = rows if V % rows == 0 else TILE_ROWS
     check_rows_readout(tiles.get("readout"), rows, state_dtype)
-    if heads_per_key_head is None:
-        return {**tiles, "tile_rows": rows}
-    t = resolve_tiling(tiling, default)
-    check_choice("heads", t.heads, _HEADS)
-    heads = t.heads
-    while heads_per_key_head % heads:
-        heads //= 2
-    check(heads == 1 or tiles["readout"] != "mma",
-          f"heads = {heads} a CTA needs an FMA readout, got readout = 'mma'")
-    return {**tiles, "tile_rows": rows, "heads": heads}
+    return {**tiles, "tile_rows": rows}
 
 
 def for_shape(tiling, rows):
@@ -312,15 +298,13 @@ def standard_decode(state, q, k, v, g, beta, slots, *, tiling, interpret):
     tiles = _tiles(tiling, MOSAIC_STANDARD_TILING, k.shape[2], v.shape[2], state.dtype)
     return _standard_decode(state, q, k, v, g, beta, slots, interpret=interpret,
                             block_k=tiles["block_k"], tile_rows=tiles["tile_rows"],
-                            readout="fma_rows" if tiles["readout"] == "fma_rows" else "fma",
-                            exit_wait=tiles["exit_wait"])
+                            readout="fma_rows" if tiles["readout"] == "fma_rows" else "fma")
 
 
 def replay_decode(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, q, k, v, g, beta, slots, interpret=interpret,
                           **_tiles(tiling, for_shape(MOSAIC_REPLAY_TILING, v.shape[0]),
-                                   k.shape[2], v.shape[2], buffers.checkpoint.dtype, fold=True,
-                                   heads_per_key_head=v.shape[1] // k.shape[1]))
+                                   k.shape[2], v.shape[2], buffers.checkpoint.dtype, fold=True))
 
 
 def replay_verify(buffers, counts, q, k, v, g, beta, slots, *, tiling, interpret):
@@ -454,9 +438,7 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
              readout="fma"):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
-    pass waits for the copies of `wait_first` (barriers) on its first step. A tile [H, R, K]
-    (the FMA readouts: H value heads a CTA) streams all H in each step's chunk [H, R,
-    block_k] and gives their S0 x per head (a tuple of H tuples). The FMA readouts
+    pass waits for the copies of `wait_first` (barriers) on its first step. The FMA readouts
     (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
     its columns: "fma" a chunk at a time, "fma_deferred" over each thread's 8-column slices
     only, the row sums once after the stream (`fma_columns`), "fma_rows" in a thread a row
@@ -464,9 +446,9 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
     their number m and `operands` the x as the rows of `mma_operands` in SMEM
     (`_mosaic_utils.mma_step`): one [R, N] accumulator for all of them, its first m columns
     the results, and the chunk's low part's SMEM, both in the pass's own scope."""
-    *lead, R, K = tile.shape
+    R, K = tile.shape
     pipeline = functools.partial(plgpu.emit_pipeline, grid=(K // block_k,),
-                                 in_specs=[state_spec(tile.dtype, block_k, R, lead=tuple(lead))],
+                                 in_specs=[state_spec(tile.dtype, block_k, R)],
                                  max_concurrent_steps=num_stages)
 
     def first(n):
@@ -498,11 +480,10 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
 
 
 def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
-    """`_readout`'s FMA readouts of `tile` ([R, K], or [H, R, K]: per head) over `pipeline`
-    (first(n): its first step's waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are
-    converted into on the first step, or None to read them as they are."""
-    R = tile.shape[-2]
-    heads = tile.shape[0] if tile.ndim == 3 else None
+    """`_readout`'s FMA readouts of `tile` over `pipeline` (first(n): its first step's
+    waits); xs: an SMEM scratch [len(vectors), K] fp32 the x are converted into on the first
+    step, or None to read them as they are."""
+    R = tile.shape[0]
     layout = rows_layout(R) if readout == "fma_rows" else None
 
     def fma_step(idx, s_smem, acc):
@@ -516,32 +497,24 @@ def _fma_readout(pipeline, tile, first, vectors, xs, block_k, readout):
             def _():
                 for x, dst in zip(vectors, xv):
                     dst[...] = x[...].astype(F32)
-        refs = [s_smem] if heads is None else [s_smem.at[h] for h in range(heads)]
-        ss = [(ref[...] if layout is None else plgpu.load(ref, layout=layout)).astype(F32)
-              for ref in refs]
+        s = (s_smem[...] if layout is None else plgpu.load(s_smem, layout=layout)).astype(F32)
         # The pipeline's next TMA into this stage's buffers must follow these reads (an
         # input-only pipeline has no fence of its own; the interpreter flags the race); the
         # warpgroup's barrier also orders the first step's conversions before the reads below.
         plgpu.commit_smem()
-
-        def head(acc_h, s):
-            if readout == "fma_deferred":          # the row sums after the stream
-                return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc_h, xv))
-            if readout == "fma_rows":
-                return tuple(fma_rows(a, s, x, n, block_k) for a, x in zip(acc_h, xv))
-            return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
-                         for a, x in zip(acc_h, xv))
-        return tuple(head(a, s) for a, s in zip(acc, ss))
+        if readout == "fma_deferred":          # the row sums after the stream
+            return tuple(fma_columns(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        if readout == "fma_rows":
+            return tuple(fma_rows(a, s, x, n, block_k) for a, x in zip(acc, xv))
+        return tuple(a + jnp.sum(s * cols(chunk(x, n, block_k), s.shape), axis=1)
+                     for a, x in zip(acc, xv))
     init = {"fma_deferred": lambda: zeros_columns(R), "fma_rows": lambda: zeros_rows(R),
             }.get(readout, lambda: zeros_row(tile_rows=R))()
-    acc = pipeline(fma_step, init_carry=((init,) * len(vectors),) * (heads or 1))(tile)
-
-    if readout != "fma":             # the row sums, all heads' moved to ROW at once
-        nv = len(vectors)
-        flat = tuple(jnp.sum(a, axis=1) for acc_h in acc for a in acc_h)
-        flat = relayout_rows(flat) if readout == "fma_rows" else flat
-        acc = tuple(flat[i:i + nv] for i in range(0, len(flat), nv))
-    return acc[0] if heads is None else acc
+    acc = pipeline(fma_step, init_carry=(init,) * len(vectors))(tile)
+    if readout == "fma":
+        return acc
+    sums = tuple(jnp.sum(a, axis=1) for a in acc)
+    return relayout_rows(sums) if readout == "fma_rows" else sums
 
 
 def _readout_copies(vector_copies, operand_refs, at):
@@ -595,7 +568,7 @@ def _fold(tile, ring_keys, fold_bar, kc_smem, d, alpha, big_e, walk, ring_d, liv
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, q_smem,
                      k_smem, v_smem, s_smem, x32_smem, bars, *, heads_per_key_head, block_k,
-                     readout, exit_wait):
+                     readout):
     R = v_smem.shape[0]                                               # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
     n_chunks = s_smem.shape[0]
@@ -652,18 +625,16 @@ def _standard_kernel(slots_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref,
         def _(n=n):
             plgpu.copy_smem_to_gmem(s_smem.at[n], tile.at[:, pl.ds(n * block_k, block_k)])
     write_out(o, live, v_smem, o_ref.at[b, hv], vt)
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "readout", "exit_wait",
-                                             "interpret"))
-def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, readout, exit_wait,
-                     interpret):
+@functools.partial(jax.jit, static_argnames=("block_k", "tile_rows", "readout", "interpret"))
+def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, readout, interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     n_chunks = K // block_k
     kernel = functools.partial(_standard_kernel, heads_per_key_head=Hv // Hk, block_k=block_k,
-                               readout=readout, exit_wait=exit_wait)
+                               readout=readout)
     x32 = readout == "fma_rows" and (q.dtype != F32 or k.dtype != F32)
     (o,), (state,) = mosaic_call(
         kernel, name="gdn_standard_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
@@ -688,55 +659,47 @@ def _standard_decode(state, q, k, v, g, beta, slots, *, block_k, tile_rows, read
 def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, rkk_ref,
                    rkq_ref, xh_ref, xl_ref, s_ref, rk_ref, rd_ref, rg_ref, o_ref, vec_smem,
                    rd_smem, xh_smem, xl_smem, bars, fold_bar, *, vectors,
-                   heads_per_key_head, heads, block_k, num_stages, prologue, fold_stages,
-                   fold_buffers, readout, ring_block, exit_wait):
+                   heads_per_key_head, block_k, num_stages, prologue, fold_stages,
+                   fold_buffers, readout, ring_block):
     sv = vectors.views(vec_smem)
-    R = sv.v[0].shape[0]                                              # the CTA's V rows
-    hs = range(heads)
-    b, hc, t = (lax.axis_index(n) for n in GRID_NAMES)
-    hv0 = hc * heads                           # the CTA's value heads hv0 .. hv0 + heads - 1
-    hk, vs = hv0 // heads_per_key_head, rows_box(t, R)
+    R = sv.v.shape[0]                                                 # the CTA's V rows
+    b, hv, hk, t, vs = _position(heads_per_key_head, R)
     L = rd_ref.shape[2]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
     c = counts_ref[slot]                                   # committed ring entries, 0..L-1
-    gs = [g_ref[b, hv0 + h] for h in hs]
-    betas = [beta_ref[b, hv0 + h] for h in hs]
-    alphas = [jnp.exp(g) for g in gs]
-    # The walk's scalars: per head the ring's g [L], the key head's k_j . k and k_j . q [L]
-    # (whole: entries >= c are not read; the append's g write at c, by another V tile's CTA,
-    # lands in an entry no walk reads).
-    walk_copies, (*ring_gs, ring_kk, ring_kq) = scalar_vectors(
-        *((rg_ref.at[slot, hv0 + h], sv.ring_g[h]) for h in hs),
-        (rkk_ref.at[b, hk], sv.ring_kk), (rkq_ref.at[b, hk], sv.ring_kq))
+    g, beta = g_ref[b, hv], beta_ref[b, hv]
+    alpha = jnp.exp(g)
+    # The walk's scalars: the ring's g [L], k_j . k and k_j . q [L] (whole: entries >= c are not
+    # read; the append's g write at c, by another V tile's CTA, lands in an entry no walk reads).
+    walk_copies, (ring_g, ring_kk, ring_kq) = scalar_vectors(
+        (rg_ref.at[slot, hv], sv.ring_g), (rkk_ref.at[b, hk], sv.ring_kk),
+        (rkq_ref.at[b, hk], sv.ring_kq))
     # What the readout reads first (k and q, or for readout "mma" their wgmma operands), then
     # the token's v, the ring's d rows, the walk's scalars: all in flight at once.
     readout_copies, operands, rest = _readout_copies(
         ((k_ref.at[b, hk], sv.k), (q_ref.at[b, hk], sv.q)),
         ((xh_ref, xh_smem), (xl_ref, xl_smem)), (b, hk))
-    if ring_block:            # each head's committed d rows, by blocks
-        rd_copies = [cp for h in hs for cp in ring_row_copies(
-            rd_ref.at[slot, hv0 + h, :, vs], rd_smem.at[h], c, ring_block)]
-    else:
-        rd_copies = [(rd_ref.at[slot, pl.ds(hv0, heads), :, vs], rd_smem)]
-    copies = (*readout_copies, *((v_ref.at[b, hv0 + h, vs], sv.v[h]) for h in hs),
-              *rd_copies, *rest, *walk_copies)
+    copies = (*readout_copies, (v_ref.at[b, hv, vs], sv.v),
+              *ring_row_copies(rd_ref.at[slot, hv, :, vs], rd_smem, c, ring_block), *rest,
+              *walk_copies)
     n_first = len(readout_copies)
 
-    def ring_d(h):
-        return lambda j: plgpu.load(rd_smem.at[h, j], layout=ROW).astype(F32)
+    def ring_d(j):
+        return plgpu.load(rd_smem.at[j], layout=ROW).astype(F32)
 
-    walks = [functools.partial(_walk, count=c, ring_g=ring_g) for ring_g in ring_gs]
+    walk = functools.partial(_walk, count=c, ring_g=ring_g)
 
-    def landed_part(h):
-        """Head h's v [R], exp of the ring's g sum and the ring's (S k, S q) parts: what
-        needs the copies landed, the readout aside. The ring's parts are sum_j e_j (k_j . k)
-        d_j, likewise with q."""
-        def through_ring(j, ej, acc):
-            dj = ring_d(h)(j)
-            return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
-        v = plgpu.load(sv.v[h], layout=ROW).astype(F32)
-        total, ring = walks[h](through_ring, (zeros_row(tile_rows=R),) * 2)
+    # The ring's parts of S k and S q: sum_j e_j (k_j . k) d_j, likewise with q.
+    def through_ring(j, ej, acc):
+        dj = ring_d(j)
+        return (acc[0] + (ej * ring_kk(j)) * dj, acc[1] + (ej * ring_kq(j)) * dj)
+
+    def landed_part():
+        """v [R], exp of the ring's g sum and the ring's (S k, S q) parts: what needs the
+        copies landed, the readout aside."""
+        v = plgpu.load(sv.v, layout=ROW).astype(F32)
+        total, ring = walk(through_ring, (zeros_row(tile_rows=R),) * 2)
         return v, jnp.exp(total), ring
 
     late = prologue != "serial"
@@ -744,68 +707,56 @@ def _replay_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
         landed = issue_all(bars, *copies)
     else:
         load_all(bars, *copies)
-        parts = [landed_part(h) for h in hs]
-    # [R, K] (one head), or [heads, R, K] on the pool's flat [slots x Hv] rows, GMEM
-    tile = (s_ref.at[slot, hv0, vs] if heads == 1 else
-            s_ref.at[pl.ds(slot * v_ref.shape[1] + hv0, heads), vs])
-    s0 = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
-                  num_stages=num_stages, wait_first=landed[:n_first] if late else (),
-                  operands=operands, readout=readout)
-    s0 = (s0,) if heads == 1 else s0                                  # per head (S0 k, S0 q)
+        v, big_e, (sk_ring, sq_ring) = landed_part()
+    tile = s_ref.at[slot, hv, vs]                                     # [R, K] in GMEM
+    s0k, s0q = _readout(tile, 2 if operands else (sv.k, sv.q), block_k=block_k,
+                        num_stages=num_stages, wait_first=landed[:n_first] if late else (),
+                        operands=operands, readout=readout)
     if late:                      # the rest landed while the state streamed: now the walk
         wait_all(landed[n_first:])
-    kq = dot(sv.k, sv.q, block_k)       # k . q, from the token's vectors (see `dot`)
-    ds, big_es = [], []
-    for h in hs:
-        if prologue == "fused":   # S k and S q from S0 k and S0 q in place
-            total, (sk, sq) = _horner(s0[h], count=c, ring_g=ring_gs[h], ring_d=ring_d(h),
-                                      ring_x=lambda i, j: (ring_kk, ring_kq)[i](j))
-            big_e, v = jnp.exp(total), plgpu.load(sv.v[h], layout=ROW).astype(F32)
-        else:
-            v, big_e, (sk_ring, sq_ring) = landed_part(h) if late else parts[h]
-            sk, sq = big_e * s0[h][0] + sk_ring, big_e * s0[h][1] + sq_ring
-        d = betas[h] * (v - alphas[h] * sk)                            # [R]
-        write_out(alphas[h] * sq + kq * d, live, sv.v[h], o_ref.at[b, hv0 + h], t)
-        ds.append(d)
-        big_es.append(big_e)
+    if prologue == "fused":       # S k and S q from S0 k and S0 q in place
+        total, (sk, sq) = _horner((s0k, s0q), count=c, ring_g=ring_g, ring_d=ring_d,
+                                  ring_x=lambda i, j: (ring_kk, ring_kq)[i](j))
+        big_e, v = jnp.exp(total), plgpu.load(sv.v, layout=ROW).astype(F32)
+    else:
+        if late:
+            v, big_e, (sk_ring, sq_ring) = landed_part()
+        sk, sq = big_e * s0k + sk_ring, big_e * s0q + sq_ring
+    d = beta * (v - alpha * sk)                                       # [R]
+    # k . q here, from the token's vectors in SMEM (no XLA op before the launch, see `dot`).
+    write_out(alpha * sq + dot(sv.k, sv.q, block_k) * d, live, sv.v, o_ref.at[b, hv], t)
 
     # Fold (one step in L): S0 <- exp(sum g) S0 + d k^T + sum_j w_j d_j k_j^T, chunk by chunk,
-    # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j; head by head.
+    # rank-1 updates, with w_j = exp(sum_{j<i<=c} g_i) = alpha e_j.
     fold = c == L - 1
 
-    @pl.when(live & fold)
-    def _fold_heads():
-        for h in hs:
-            _fold(tile if heads == 1 else tile.at[h], rk_ref.at[slot, hk], fold_bar, sv.k,
-                  ds[h], alphas[h], big_es[h], walks[h], ring_d(h), live, block_k=block_k,
-                  num_stages=fold_stages, buffers=fold_buffers)
+    pl.when(live & fold)(lambda: _fold(
+        tile, rk_ref.at[slot, hk], fold_bar, sv.k, d, alpha, big_e, walk, ring_d, live,
+        block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
 
     # Otherwise append (k, d, g) at `c`. The fold reads all L ring keys, and no other CTA reads
     # the ring's keys otherwise (their products come from XLA): no CTA writes a row another one
     # reads.
     @pl.when(live & ~fold)
     def _append():
-        for h in hs:
-            store_rows(ds[h], sv.ring_d[h], rd_ref.at[slot, hv0 + h, c], t)
+        store_rows(d, sv.ring_d, rd_ref.at[slot, hv, c], t)
 
         @pl.when(t == 0)
         def _():
-            for h in hs:
-                rg_ref[slot, hv0 + h, c] = gs[h]
+            rg_ref[slot, hv, c] = g
 
-            @pl.when(hv0 % heads_per_key_head == 0)
+            @pl.when(hv % heads_per_key_head == 0)
             def _():
                 store_async(plgpu.load(sv.k, layout=COL), sv.ring_k, rk_ref.at[slot, hk, c])
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "fold_stages",
                                              "fold_buffers", "tile_rows", "readout",
-                                             "products", "heads", "ring_block", "exit_wait",
-                                             "interpret"))
+                                             "products", "ring_block", "interpret"))
 def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
-                   fold_stages, fold_buffers, tile_rows, readout, products, heads, ring_block,
-                   exit_wait, interpret):
+                   fold_stages, fold_buffers, tile_rows, readout, products, ring_block,
+                   interpret):
     batch, Hv, V = v.shape
     Hk, K = q.shape[1:]
     L = buffers.window
@@ -813,36 +764,30 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
         buffers.ring_k, slots, k[:, None], q[:, None], by=products, interpret=bool(interpret)))
     ring_dtype = buffers.ring_k.dtype
-    vectors = VectorPack.of(v=((heads, tile_rows), v.dtype), k=(K, k.dtype), q=(K, q.dtype),
-                            ring_d=((heads, tile_rows), ring_dtype), ring_k=(K, ring_dtype),
-                            ring_g=((heads, L), F32), ring_kk=(L, F32), ring_kq=(L, F32))
+    vectors = VectorPack.of(v=(tile_rows, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
+                            ring_d=(tile_rows, ring_dtype), ring_k=(K, ring_dtype),
+                            ring_g=(L, F32), ring_kk=(L, F32), ring_kq=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_key_head=Hv // Hk,
-                               heads=heads, block_k=block_k, num_stages=num_stages,
-                               prologue=prologue, fold_stages=fold_stages,
-                               fold_buffers=fold_buffers, readout=readout,
-                               ring_block=ring_block, exit_wait=exit_wait)
+                               block_k=block_k, num_stages=num_stages, prologue=prologue,
+                               fold_stages=fold_stages, fold_buffers=fold_buffers,
+                               readout=readout, ring_block=ring_block)
     operands = _operands(readout, jnp.stack([k, q], axis=1), block_k)
-    # Several heads a CTA take the pool as [slots x Hv, V, K] (a free reshape, in place): their
-    # tile [heads, R, K] is one TMA box of three dims, within the five a copy takes once the
-    # chunk's [R, block_k] is tiled into four (as Mamba-2's `_heads_flat`).
-    ck = buffers.checkpoint
-    s_in = ck if heads == 1 else ck.reshape(-1, V, K)
-    (o,), (s_out, *rings) = mosaic_call(
-        kernel, name="gdn_replay_decode_mgpu",
-        grid=(batch, Hv // heads, tile_rows_of(V, tile_rows)), grid_names=GRID_NAMES,
+    (o,), new = mosaic_call(
+        kernel, name="gdn_replay_decode_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
+        grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, q_ref=q, k_ref=k, v_ref=v, g_ref=g,
                     beta_ref=beta, rkk_ref=rkk, rkq_ref=rkq, **operands.inputs,
-                    s_ref=s_in, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
+                    s_ref=buffers.checkpoint, rk_ref=buffers.ring_k, rd_ref=buffers.ring_d,
                     rg_ref=buffers.ring_g),
         outputs=dict(o_ref=like(v)),
         inplace=("s_ref", "rk_ref", "rd_ref", "rg_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rd_smem=plgpu.SMEM((heads, L, tile_rows), ring_dtype), **operands.scratch,
-                     bars=plgpu.Barrier(num_barriers=4 + 2 * heads + operands.copies
-                                        + ring_copies_count(L, ring_block, heads)),
+                     rd_smem=plgpu.SMEM((L, tile_rows), ring_dtype), **operands.scratch,
+                     bars=plgpu.Barrier(num_barriers=6 + operands.copies
+                                        + ring_copies_count(L, ring_block)),
                      fold_bar=plgpu.Barrier(num_barriers=1)),
         interpret=interpret)
-    return o, type(buffers)(s_out.reshape(ck.shape), *rings)
+    return o, type(buffers)(*new)
 
 
 # --------------------------------------------------------------------------------------------
@@ -860,7 +805,7 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
                    rg_ref, o_ref, d_ref, vec_smem, rd_smem, xh_smem, xl_smem, rows_smem,
                    prod_smem, bars, fold_bar, *, vectors, heads_per_key_head, block_k,
                    num_stages, prologue, write_ring, fold_stages, fold_buffers, scoped,
-                   readout, ring_block, exit_wait):
+                   readout, ring_block):
     sv = vectors.views(vec_smem)
     R = sv.v[0].shape[0]                                              # the CTA's V rows
     b, hv, hk, vt, vs = _position(heads_per_key_head, R)
@@ -1019,16 +964,15 @@ def _verify_kernel(slots_ref, counts_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, 
     pl.when(live & verify_folds(c, T, L))(lambda: _fold(
         tile, rk_ref.at[slot, hk], fold_bar, sv.k[0], ds[0], jnp.exp(gs[0]), big_e, walk,
         ring_d, live, block_k=block_k, num_stages=fold_stages, buffers=fold_buffers))
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_k", "num_stages", "prologue", "ring_write",
                                              "fold_stages", "fold_buffers", "tile_rows",
-                                             "readout", "products", "ring_block",
-                                             "exit_wait", "interpret"))
+                                             "readout", "products", "ring_block", "interpret"))
 def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_stages, prologue,
                    ring_write, fold_stages, fold_buffers, tile_rows, readout, products,
-                   ring_block, exit_wait, interpret):
+                   ring_block, interpret):
     """Window inputs q, k [b, T, Hk, K], v [b, T, Hv, V], g, beta [b, T, Hv]. Returns
     o [b, T, Hv, V], the window's d [b, T, Hv, V] float32 (not written if ring_write is
     "kernel"), the checkpoint pool (folded rows updated) and the ring_d pool (with the window's
@@ -1079,7 +1023,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
                                block_k=block_k, num_stages=num_stages, prologue=prologue,
                                write_ring=write_ring, fold_stages=fold_stages,
                                fold_buffers=fold_buffers, scoped=scoped,
-                               readout=readout, ring_block=ring_block, exit_wait=exit_wait)
+                               readout=readout, ring_block=ring_block)
     (o, d), new = mosaic_call(
         kernel, name="gdn_replay_verify_mgpu", grid=(batch, Hv, tile_rows_of(V, tile_rows)),
         grid_names=GRID_NAMES,

@@ -97,7 +97,6 @@ from pallas_kernels._mosaic_utils import (
     tile_rows_of,
     wait_all,
     wait_on_first_step,
-    wait_to_exit,
     write_chunk,
     write_out,
     zeros_row,
@@ -133,11 +132,9 @@ class Mamba2MosaicTiling:
     walk scalars) is paid once for all of them. readout (replay decode): how the read-only
     pass forms S0 C, by FMAs in the WGMMA layout ("fma") or with a thread a row of each chunk
     ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
-    stream; C converted to an fp32 copy first). exit_wait: the CTA's last wait for its TMA
-    stores (`_mosaic_utils.EXIT_WAITS`), "full" (written) or "read" (read from SMEM).
-    ring_block (replay decode and verify): the ring's x rows copied in blocks of ring_block
-    rows, each only where the count reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L
-    in one copy."""
+    stream; C converted to an fp32 copy first). ring_block (replay decode and verify): the
+    ring's x rows a walk reads copied in blocks of ring_block rows, each only where the count
+    reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -147,7 +144,6 @@ class Mamba2MosaicTiling:
     fold_buffers: int = 2
     heads: int = 1
     readout: str = "fma"
-    exit_wait: str = "full"
     ring_block: int = 0
 
 
@@ -168,8 +164,11 @@ MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 # Twenty-first (stop 42): two heads a CTA with a one-stage single-buffered fold (5 CTAs an SM,
 # 10 head tiles) 324.3 -> 313.5 / 314.0 us staggered ("overlap"), 310.0 ("serial"); with the
 # default fold (3 CTAs) 372.6; four heads 400.8-431.2; 16-column chunks 340-343.
+# Stop 57 (an H100, batch 256, staggered): the ring's x rows by blocks of 4, only those the
+# count reaches (`ring_block`), 8B 441.3 / 441.5 -> 430.1 us (blocks of 2 / 8: 427.9-428.3 /
+# 432.6), P = 80 548.3 -> 550.7 (blocks of 2 556.5: more copies a CTA of ragged tiles).
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, bc_products="pallas", heads=2,
-                                          fold_stages=1, fold_buffers=1)
+                                          fold_stages=1, fold_buffers=1, ring_block=4)
 # Verify (twenty-first session, batch 256, us, x the state-per-draft baseline): two heads a CTA
 # from T = 3. T = 4: 545.6 (2.76x) -> 497.8 (3.02x) in 32-column chunks, 2 stages, a one-stage
 # single-buffered fold in its own scope (5 CTAs an SM by SMEM, 3 by its 168 registers:
@@ -257,7 +256,7 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
                    heads_per_group=x.shape[1] // B.shape[1])
     return _standard_decode(state, x, B, C, dt, A, D, slots, interpret=interpret,
                             heads=tiles["heads"], block_n=tiles["block_n"],
-                            num_stages=tiles["num_stages"], exit_wait=tiles["exit_wait"])
+                            num_stages=tiles["num_stages"])
 
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -292,6 +291,16 @@ def _heads_flat(state):
     copy takes once the chunk's [64, block] is tiled into four."""
     S, H, P, N = state.shape
     return state.reshape(S * H, P, N)
+
+
+def _ring_x_copies(rx_ref, rx_smem, slot, h0, ps, count, ring_block):
+    """The copies of the CTA's heads' ring x rows [heads, L, 64] (`ring_row_copies`): one of
+    them all, or by blocks, each head's own."""
+    heads = rx_smem.shape[0]
+    if not ring_block:
+        return [(rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem)]
+    return [cp for k in range(heads) for cp in ring_row_copies(
+        rx_ref.at[slot, h0 + k, :, ps], rx_smem.at[k], count, ring_block)]
 
 
 def _walk(body, init, *, count, ring_dts, a, suffix):
@@ -343,7 +352,7 @@ def _fold(tile, rb_smem, bv_smem, xs, dts, decays, walk, ring_rows, out_smem, li
 # --------------------------------------------------------------------------------------------
 def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state_ref, y_ref,
                      x_smem, bv_smem, cv_smem, out_smem, bars, *, heads_per_group, heads,
-                     block_n, num_stages, exit_wait):
+                     block_n, num_stages):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -376,17 +385,15 @@ def _standard_kernel(slots_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, state
     )(tile)
     for k, y in enumerate(ys):
         write_out(y + d_ref[h0 + k] * xs[k], live, x_smem.at[k], y_ref.at[b, h0 + k], t)
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "exit_wait",
-                                             "interpret"))
-def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages, exit_wait,
-                     interpret):
+@functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "interpret"))
+def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages, interpret):
     batch, H, P = x.shape
     G = B.shape[1]
     kernel = functools.partial(_standard_kernel, heads_per_group=H // G, heads=heads,
-                               block_n=block_n, num_stages=num_stages, exit_wait=exit_wait)
+                               block_n=block_n, num_stages=num_stages)
     (y,), (flat,) = mosaic_call(
         kernel, name="mamba2_standard_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -409,7 +416,7 @@ def _standard_decode(state, x, B, C, dt, A, D, slots, *, heads, block_n, num_sta
 def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcc_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, c32_smem,
                    bars, fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages,
-                   prologue, fold_stages, fold_buffers, readout, ring_block, exit_wait):
+                   prologue, fold_stages, fold_buffers, readout, ring_block):
     b, h0, g, t = _position(heads_per_group, heads)
     ps = rows_box(t)
     hs = range(heads)
@@ -427,13 +434,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         *((rdt_ref.at[slot, h0 + k], v.ring_dt[k]) for k in hs), (bcr_ref.at[b, g], v.ring_bc))
     # C first (the overlapped readout waits for it alone), then the token's x and B, the ring's
     # x rows and the walk's scalars, all in flight at once.
-    if ring_block:            # each head's committed x rows, by blocks
-        rx_copies = [cp for k in hs for cp in ring_row_copies(
-            rx_ref.at[slot, h0 + k, :, ps], rx_smem.at[k], c, ring_block)]
-    else:
-        rx_copies = [(rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem)]
     copies = ((c_ref.at[b, g], v.c), *((x_ref.at[b, h0 + k, ps], v.x[k]) for k in hs),
-              (b_ref.at[b, g], v.b), *rx_copies, *walk_copies)
+              (b_ref.at[b, g], v.b), *_ring_x_copies(rx_ref, rx_smem, slot, h0, ps, c,
+                                                     ring_block), *walk_copies)
     ring_rows = tuple(
         (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
     walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
@@ -527,15 +530,15 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
             @pl.when(h0 % heads_per_group == 0)
             def _():
                 store_async(plgpu.load(v.b, layout=COL), v.ring_b, rb_ref.at[slot, g, c])
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "fold_stages", "fold_buffers", "products",
-                                             "readout", "ring_block", "exit_wait", "interpret"))
+                                             "readout", "ring_block", "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
                    prologue, fold_stages, fold_buffers, products, readout, ring_block,
-                   exit_wait, interpret):
+                   interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -551,7 +554,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, fold_stages=fold_stages,
                                fold_buffers=fold_buffers, readout=readout,
-                               ring_block=ring_block, exit_wait=exit_wait)
+                               ring_block=ring_block)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,
@@ -583,7 +586,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
 def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_ref, bcr_ref,
                    bcw_ref, s_ref, rx_ref, rb_ref, rdt_ref, y_ref, vec_smem, rx_smem, bars,
                    fold_bars, *, vectors, heads_per_group, heads, block_n, num_stages, prologue,
-                   write_ring, fold_stages, fold_buffers, ring_block, exit_wait):
+                   write_ring, fold_stages, fold_buffers, ring_block):
     # The checkpoint tile is streamed once for all T tokens (T mat-vecs S0 C_t per chunk); the
     # B . C products (ring x window, window x window) are per group and come precomputed.
     b, h0, g, pt = _position(heads_per_group, heads)
@@ -603,14 +606,9 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # The window's C rows first (the overlapped readout waits for them alone), then its x rows
     # (one 1-D copy each, into the pack: x of token t and head k at v.x[t * heads + k]), the
     # ring's x rows [heads, L, 64] and the walk's scalars.
-    if ring_block:            # each head's committed x rows, by blocks
-        rx_copies = [cp for k in hs for cp in ring_row_copies(
-            rx_ref.at[slot, h0 + k, :, ps], rx_smem.at[k], c, ring_block)]
-    else:
-        rx_copies = [(rx_ref.at[slot, pl.ds(h0, heads), :, ps], rx_smem)]
     copies = (*((c_ref.at[b, t, g], v.c[t]) for t in range(T)),
               *((x_ref.at[b, t, h0 + k, ps], v.x[t * heads + k]) for t in range(T) for k in hs),
-              *rx_copies, *walk_copies)
+              *_ring_x_copies(rx_ref, rx_smem, slot, h0, ps, c, ring_block), *walk_copies)
     ring_rows = tuple(
         (lambda j, k=k: plgpu.load(rx_smem.at[k, j], layout=ROW).astype(F32)) for k in hs)
     walk = functools.partial(_walk, count=c, ring_dts=ring_dts, a=a)
@@ -689,16 +687,15 @@ def _verify_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                 for k in hs:
                     store_rows(xs[t][k], v.ring_x[t * heads + k], rx_ref.at[slot, h0 + k, pos],
                                pt)
-    wait_to_exit(exit_wait)
+    plgpu.wait_smem_to_gmem(0)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "ring_write", "fold_stages", "fold_buffers",
-                                             "products", "ring_block", "exit_wait",
-                                             "interpret"))
+                                             "products", "ring_block", "interpret"))
 def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
                    prologue, ring_write, fold_stages, fold_buffers, products, ring_block,
-                   exit_wait, interpret):
+                   interpret):
     """Window inputs x [b, T, H, P], B, C [b, T, G, N], dt [b, T, H]. Returns y [b, T, H, P],
     the checkpoint pool (folded rows updated) and the ring_x pool (with the window's x if
     ring_write is "kernel", else as it was; B and dt are not written)."""
@@ -718,7 +715,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                                heads=heads, block_n=block_n, num_stages=num_stages,
                                prologue=prologue, write_ring=write_ring,
                                fold_stages=fold_stages, fold_buffers=fold_buffers,
-                               ring_block=ring_block, exit_wait=exit_wait)
+                               ring_block=ring_block)
     (y,), new = mosaic_call(
         kernel, name="mamba2_replay_verify_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
         grid_names=GRID_NAMES,

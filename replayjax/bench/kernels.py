@@ -282,15 +282,17 @@ def parse_args(argv=None):
 
 def check_tiling(flag: str, overrides: dict, base):
     """UserError unless `overrides` name fields of the tiling dataclass instance `base`, with
-    values of their types (integers > 0)."""
+    values of their types (integers > 0, or >= 0 for `validation.ZERO_FIELDS`)."""
+    from pallas_kernels.validation import ZERO_FIELDS
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     if unknown := sorted(set(overrides) - set(fields)):
         raise cli.UserError(f"{flag}: unknown tiling field(s) {unknown} (fields of "
                             f"{type(base).__name__}: {', '.join(fields)})")
     for k, v in overrides.items():
         want = type(fields[k])
-        if want is int and (type(v) is not int or v < 1):
-            raise cli.UserError(f"{flag}: field {k!r} must be an integer > 0, got {v!r}")
+        low = 0 if k in ZERO_FIELDS else 1
+        if want is int and (type(v) is not int or v < low):
+            raise cli.UserError(f"{flag}: field {k!r} must be an integer >= {low}, got {v!r}")
         if want is not int and not isinstance(v, want):
             raise cli.UserError(f"{flag}: field {k!r} must be a {want.__name__}, got {v!r}")
 

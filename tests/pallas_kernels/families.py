@@ -140,16 +140,15 @@ class Mamba2(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # its options, several to a case (the interpreter is slow): the B . C products by XLA
     # with a lean fold (2 chunks in flight, one staging buffer: each write-back waits for the
-    # one before) under a 4-stage read-only pass, its CTAs leaving once their stores have read
-    # SMEM (exit_wait "read"), the ring's x rows copied by blocks of 2 (only those reached)
-    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold-exit-read-ring-block", dict(
-        bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, exit_wait="read",
-        ring_block=2))]
+    # one before) under a 4-stage read-only pass, the ring's x rows by blocks of 2 (L = 4: the
+    # default's 4 copy them in one block, only where a row is committed)
+    MOSAIC_REPLAY_OPTIONS = [("bc-xla-lean-fold-ring-block", dict(
+        bc_products="xla", num_stages=4, fold_stages=2, fold_buffers=1, ring_block=2))]
     # the verify's B . C products by the Pallas launch (the test tiling's: XLA), the window's
-    # ring rows written by the kernel (and read from SMEM before the CTAs leave), the ring's x
-    # rows copied by blocks of 3 (L = 8: a ragged last block)
-    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-exit-read-ring-block", dict(
-        bc_products="pallas", ring_write="kernel", exit_wait="read", ring_block=3))]
+    # ring rows written by the kernel, the ring's x rows by blocks of 3 (L = 8: a ragged last
+    # block)
+    MOSAIC_VERIFY_OPTIONS = [("bc-pallas-ring-write-ring-block", dict(
+        bc_products="pallas", ring_write="kernel", ring_block=3))]
 
     def __init__(self, seed, **kw):
         super().__init__(seed, **kw)
@@ -230,14 +229,14 @@ class GDN(Problem):
     MOSAIC_REAL_CASES = REAL_CASES
     # the default's fold is lean (2 chunks in flight, one staging buffer: each write-back
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
-    # (with the walk updating S0 k and S0 q in place, the "fused" prologue, and its CTAs
-    # leaving once their stores have read SMEM: exit_wait "read")
-    MOSAIC_REPLAY_OPTIONS = [("full-fold-fused-exit-read", dict(
+    # (with the walk updating S0 k and S0 q in place, the "fused" prologue, and the ring's d
+    # rows in one copy, ring_block 0); the ring's d rows by blocks of 3 (L = 4: a ragged last
+    # block; the default's 4 copy them in one block, only where a row is committed)
+    MOSAIC_REPLAY_OPTIONS = [("full-fold-fused-whole-ring", dict(
                                  num_stages=3, fold_stages=0, fold_buffers=2, prologue="fused",
-                                 exit_wait="read")),
-                             # the ring's d rows by blocks of 2 (only those reached)
+                                 ring_block=0)),
                              ("mma-keys-pallas-ring-block", dict(
-                                 readout="mma", key_products="pallas", ring_block=2))]
+                                 readout="mma", key_products="pallas", ring_block=3))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
     # the key products by the Pallas launch (the default to T = 4), and in the kernel by tf32
@@ -250,9 +249,8 @@ class GDN(Problem):
                              ("keys-kernel-overlap-ring-xla",
                               dict(key_products="kernel", prologue="overlap",
                                    ring_write="xla")),
-                             ("keys-kernel-serial-exit-read-ring-block", dict(
-                                 key_products="kernel", prologue="serial", exit_wait="read",
-                                 ring_block=3)),
+                             ("keys-kernel-serial-ring-block", dict(
+                                 key_products="kernel", prologue="serial", ring_block=3)),
                              # a non-fp32 state's (or ring's) default from T = 5
                              ("fused-fma-keys-pallas", dict(prologue="fused", readout="fma",
                                                             key_products="pallas"))]

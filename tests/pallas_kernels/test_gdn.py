@@ -298,36 +298,6 @@ def test_mosaic_readouts_compute_the_fma_sums(op, V, act, interpret):
     assert not mosaic_races_found(interpret)
 
 
-@pytest.mark.parametrize("fields", [{}, dict(readout="fma_rows", prologue="fused",
-                                              ring_block=3)],
-                         ids=["default", "rows-fused-ring-block"])
-def test_mosaic_heads_per_cta_compute_the_one_head_sums(fields, interpret):
-    """heads=2 (one CTA streams both value heads of a key head, their tiles in the same
-    pipeline steps, the key head's vectors and walk scalars copied once, the folds head by
-    head) computes every row's sums as one head a CTA does: outputs, pools and counts bitwise
-    equal (compiled: within an ulp) over two fold cycles, two key heads, a 64-row and a
-    ragged 16-row V tile (V = 80), the padding row's output zero; no data races. With the
-    ring's d rows by blocks of 3 (L = 4: a ragged last block of one row) in the second case."""
-    dims = dict(Hk=2, Hv=4, K=64, V=80)
-    assert_runs_equal(*(mosaic_tiling_run(GDN, dims, "replay_decode", "heads", h, interpret,
-                                          F32, **fields) for h in (1, 2)), interpret)
-    assert not mosaic_races_found(interpret)
-
-
-def test_mosaic_heads_are_checked():
-    """heads is one of 1 / 2 / 4, a bound clipped to the value heads of a key head, and needs
-    an FMA readout."""
-    def tiles(**fields):
-        return gdn.pallas_mosaic_gpu._tiles(
-            dataclasses.replace(gdn.MOSAIC_REPLAY_TILING, **fields), gdn.MOSAIC_REPLAY_TILING,
-            128, 128, jnp.float32, fold=True, heads_per_key_head=2)
-    assert tiles(heads=4)["heads"] == 2 and tiles()["heads"] == 1
-    with pytest.raises(ValueError, match="heads"):
-        tiles(heads=3)
-    with pytest.raises(ValueError, match=r"heads = 2 a CTA needs an FMA readout"):
-        tiles(heads=2, readout="mma")
-
-
 @pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])
 @pytest.mark.parametrize("tile_rows", [64, 128])
 def test_mosaic_standard_rows_readout_computes_the_fma_sums(tile_rows, act, interpret):
