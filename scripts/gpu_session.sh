@@ -25,8 +25,8 @@
 #              chunks) compiled, then against the ones they replaced at 1 / 2 / 4 rows;
 #              gdn-b1-tiles - GDN's tiny-batch replay over tiles and warps at 1 / 2 rows
 #   ring-block - the replay kernels' ring rows by blocks (ring_block 4, the default since stop
-#              57), compiled, then against one whole copy on an H200: both families' decode at
-#              batch 256, GDN's verify at T = 2 / 4
+#              57) and the products launch over committed rows, compiled, then against one whole
+#              copy on an H200: both families' decode at batch 256, GDN's verify at T = 2 / 4
 #   h200-56  - stop 56's H200 rows in one call: the fused GDN verify at T = 8 / 5, Mamba-2's
 #              verify at T = 8 with the overlap prologue, "fma_rows" (decode, verify T = 2)
 #   m2-rows  - the Mosaic Mamba-2 replay's readout "fma_rows": compiled tests, P = 80 and the
@@ -756,10 +756,15 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # blocks of 4, each only where the count reaches it, the default since an H100 run
     # (docs/benchmarks.md, thirty-second session): the compiled cases first, then each
     # default against one whole copy (ring_block 0)
+    # (the products launch reads each slot's committed ring rows only since stop 57, not yet
+    # compiled: its tests first; GDN's decode takes XLA's products by default, the launch
+    # beside it)
+    REPLAYJAX_TEST_BACKEND=gpu limit 60 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_ring_products.py 2>&1 | tail -1 | tee "$out/tests.txt" || true
     each_test 150 -k "mosaic and (ring-block or whole-ring or L4-f32 or 4-8)" \
-      | tee "$out/tests.txt"
+      | tee -a "$out/tests.txt"
     limit 120 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
-      --impls pallas_mosaic_gpu --tune '[{}, {"ring_block": 0}, {"ring_block": 2}]' \
+      --impls pallas_mosaic_gpu --tune '[{}, {"ring_block": 0}, {"key_products": "pallas"}]' \
       --json "$out/kernels_gdn_ring_block_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
     limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"ring_block":

@@ -61,17 +61,19 @@ def write_window(buffers: GDNBuffers, counts, slots, k, d, g) -> GDNBuffers:
     return write_window_fields(buffers, counts, slots, ring_k=k, ring_d=d, ring_g=g)
 
 
-def ring_key_products(ring_k, slots, *vectors, by="xla", interpret=False):
+def ring_key_products(ring_k, slots, *vectors, by="xla", counts=None, interpret=False):
     """k_j . x for the L ring keys of each row's slot (ring_k [S, Hk, L, K], slots [b]) and each
     window of vectors x [b, T, Hk, K]: one [b, Hk, T, L] float32 array per x, in fp32. Entries
-    past a slot's count are garbage: select them away. by, interpret: `ring_products.products`'
-    ("xla": one gather of the keys for all; or one Pallas launch)."""
-    return products(ring_k, slots, vectors, by=by, interpret=interpret)[0]
+    past a slot's count are garbage: select them away. by, counts, interpret:
+    `ring_products.products`' ("xla": one gather of the keys for all; or one Pallas launch,
+    which with the counts reads the committed keys only)."""
+    return products(ring_k, slots, vectors, by=by, counts=counts, interpret=interpret)[0]
 
 
-def verify_key_products(ring_k, slots, k, q, *, by="xla", interpret=False):
+def verify_key_products(ring_k, slots, k, q, *, by="xla", counts=None, interpret=False):
     """A verify window's (k, q [b, T, Hk, K]) key products: `ring_key_products` of k and q
     ([b, Hk, T, L] each), then k_r . k_t and k_r . q_t within the window ([b, Hk, T (r), T (t)]
     each), float32; by "pallas": all four from one launch."""
-    ring, window = products(ring_k, slots, (k, q), ((k, k), (k, q)), by=by, interpret=interpret)
+    ring, window = products(ring_k, slots, (k, q), ((k, k), (k, q)), by=by, counts=counts,
+                            interpret=interpret)
     return (*ring, *window)

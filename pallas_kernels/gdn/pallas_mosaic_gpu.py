@@ -762,7 +762,8 @@ def _replay_decode(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
     L = buffers.window
     # Per-key-head ring x current products: small next to the state (k . q: in the kernel).
     rkk, rkq = (p[:, :, 0] for p in ring_key_products(                 # [b, Hk, L]
-        buffers.ring_k, slots, k[:, None], q[:, None], by=products, interpret=bool(interpret)))
+        buffers.ring_k, slots, k[:, None], q[:, None], by=products, counts=counts,
+        interpret=bool(interpret)))
     ring_dtype = buffers.ring_k.dtype
     vectors = VectorPack.of(v=(tile_rows, v.dtype), k=(K, k.dtype), q=(K, q.dtype),
                             ring_d=(tile_rows, ring_dtype), ring_k=(K, ring_dtype),
@@ -988,7 +989,7 @@ def _replay_verify(buffers, counts, q, k, v, g, beta, slots, *, block_k, num_sta
         wk = _window_key_rows(k, block_k)
     else:
         rkk, rkq, wkk, wkq = verify_key_products(buffers.ring_k, slots, k, q, by=products,
-                                                 interpret=bool(interpret))
+                                                 counts=counts, interpret=bool(interpret))
         # flat per key head, as the kernel reads them: [b, Hk, T L] (t-major) and [b, Hk, T T]
         # (r-major)
         rkk, rkq, wkk, wkq = (p.reshape(batch, Hk, -1) for p in (rkk, rkq, wkk, wkq))

@@ -62,11 +62,13 @@ def write_window(buffers: ReplayBuffers, counts, slots, x, B, dt) -> ReplayBuffe
     return write_window_fields(buffers, counts, slots, ring_x=x, ring_b=B, ring_dt=dt)
 
 
-def bc_products(ring_b, slots, B, C, *, by="xla", interpret=False):
+def bc_products(ring_b, slots, B, C, *, by="xla", counts=None, interpret=False):
     """The B . C products a replay step's kernels take as inputs, in fp32: for the window's
     C [b, T, G, N], (ring, [b, G, T, L]: B_j . C_t for the L ring B rows of each row's slot,
     ring_b [S, G, L, N], slots [b]; entries past a slot's count are garbage: select them away)
-    and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N]). by, interpret:
-    `ring_products.products`' ("xla" or one Pallas launch)."""
-    (ring,), (window,) = products(ring_b, slots, (C,), ((B, C),), by=by, interpret=interpret)
+    and (window, [b, G, T, T]: B_r . C_t for the window's own B [b, T, G, N]). by, counts,
+    interpret: `ring_products.products`' ("xla" or one Pallas launch, which with the counts
+    reads the committed rows only)."""
+    (ring,), (window,) = products(ring_b, slots, (C,), ((B, C),), by=by, counts=counts,
+                                  interpret=interpret)
     return ring, window

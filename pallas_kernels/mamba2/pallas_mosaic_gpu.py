@@ -544,7 +544,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     L = buffers.window
     # Per-group B . C products (ring x current, current x current): tiny next to the state.
     bc_ring, bc_cur = bc_products(buffers.ring_b, slots, B[:, None], C[:, None], by=products,
-                                  interpret=bool(interpret))
+                                  counts=counts, interpret=bool(interpret))
     bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
     vectors = VectorPack.of(x=((heads, TILE_ROWS), x.dtype), b=(N, B.dtype), c=(N, C.dtype),
@@ -703,7 +703,7 @@ def _replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
     G, N = B.shape[2:]
     L = buffers.window
     bc_ring, bc_win = bc_products(buffers.ring_b, slots, B, C, by=products,  # [b, G, T, L],
-                                  interpret=bool(interpret))                # [b, G, T, T]
+                                  counts=counts, interpret=bool(interpret))  # [b, G, T, T]
     bc_ring = bc_ring.reshape(batch, G, T * L)
     write_ring = ring_write == "kernel"
     ring_dtype = buffers.ring_x.dtype

@@ -72,3 +72,20 @@ def test_pair_order(interpret):
     _, want = verify_key_products(ring_k, SLOTS, k, scaled)[2:]
     assert rel_err(kq, want) < 1e-6
     assert rel_err(kq, jnp.swapaxes(want, -1, -2)) > 0.1
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_counts_spare_the_uncommitted_rows(T, interpret):
+    """With the slots' counts the launch reads each slot's committed ring rows only: the
+    products of rows below the count equal XLA's (1e-6), those at or past it are 0 (never
+    fetched), the window's products unchanged; counts 0 and L included."""
+    ring_b, (B, C) = _inputs(20 + T, T, F32, 2)
+    counts = jnp.asarray([3, 0, 8, 1, 5, 2, 7], jnp.int32)[:S]      # slot 5: 2, slot 2: 8
+    got_ring, got_window = jax.jit(functools.partial(
+        bc_products, by="pallas", counts=counts, interpret=interpret))(ring_b, SLOTS, B, C)
+    want_ring, want_window = bc_products(ring_b, SLOTS, B, C)
+    committed = jnp.arange(L)[None, :] < counts[SLOTS][:, None]            # [b, L]
+    mask = committed[:, None, None, :]
+    assert rel_err(jnp.where(mask, got_ring, 0), jnp.where(mask, want_ring, 0)) < 1e-6
+    assert (jnp.where(mask, 0, got_ring) == 0).all()
+    assert rel_err(got_window, want_window) < 1e-6
