@@ -757,14 +757,14 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # (docs/benchmarks.md, thirty-second session): the compiled cases first, then each
     # default against one whole copy (ring_block 0)
     # (the products launch reads each slot's committed ring rows only since stop 57, not yet
-    # compiled: its tests first; GDN's decode takes XLA's products by default, the launch
-    # beside it)
+    # compiled: its tests first; GDN's decode takes the launch by default since, XLA's
+    # products beside it)
     REPLAYJAX_TEST_BACKEND=gpu limit 60 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_ring_products.py 2>&1 | tail -1 | tee "$out/tests.txt" || true
     each_test 150 -k "mosaic and (ring-block or whole-ring or L4-f32 or 4-8)" \
       | tee -a "$out/tests.txt"
     limit 120 python3 -m replayjax.bench.kernels --family gdn --shapes qwen3-next --batches 256 \
-      --impls pallas_mosaic_gpu --tune '[{}, {"ring_block": 0}, {"key_products": "pallas"}]' \
+      --impls pallas_mosaic_gpu --tune '[{}, {"ring_block": 0}, {"key_products": "xla"}]' \
       --json "$out/kernels_gdn_ring_block_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
     limit 150 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-h-8b \
       nemotron-nano-9b-v2 --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"ring_block":

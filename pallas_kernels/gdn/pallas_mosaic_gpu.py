@@ -194,10 +194,14 @@ MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 # 184.2; the standard kernel gained nothing from them, 273.3 vs 274.4, nor batch 1).
 # Stop 57 (an H100, batch 256, staggered, one machine): the ring's d rows by blocks of 4, only
 # those the count reaches (~4 of the 8 KiB a CTA copied whole at a uniform count) 249.7 /
-# 249.2 -> 237.4 / 238.1 us (blocks of 2 / 8: 236.5 / 240.9; batch 32 37.1 -> 36.8).
+# 249.2 -> 237.4 / 238.1 us (blocks of 2 / 8: 236.5 / 240.9; batch 32 37.1 -> 36.8). The ring
+# key products by the launch (`ring_products`), which now reads the committed keys only
+# (about half of the 34 MB of fp32 ring keys a step XLA's gather reads): it was already even
+# with XLA's reading them all (twenty-fifth session, an H100: 241.3 vs 242.6 us at 256, 36.6
+# vs 36.4 at 32); with the counts not yet timed (`gpu_session.sh ring-block`).
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap",
                                        fold_stages=2, fold_buffers=1, tile_rows=128,
-                                       ring_block=4)
+                                       ring_block=4, key_products="pallas")
 # Verify by window (eleventh session, batch 256; Nsight Compute at T = 4: 251 registers a
 # thread and 83 KB of SMEM, 2 CTAs an SM): chunks of 32 keys, 4 in flight, the overlap
 # prologue took T = 4 531.7 -> 459.5 us, and T = 8 886.8 -> 946.0. Twentieth, 128-row tiles:

@@ -231,12 +231,13 @@ class GDN(Problem):
     # waits for the one before); the fold as the read-only pass, double-buffered, beside it
     # (with the walk updating S0 k and S0 q in place, the "fused" prologue, and the ring's d
     # rows in one copy, ring_block 0); the ring's d rows by blocks of 3 (L = 4: a ragged last
-    # block; the default's 4 copy them in one block, only where a row is committed)
+    # block; the default's 4 copy them in one block, only where a row is committed), with the
+    # mma readout and XLA's key products (the default's: the launch, over committed keys)
     MOSAIC_REPLAY_OPTIONS = [("full-fold-fused-whole-ring", dict(
                                  num_stages=3, fold_stages=0, fold_buffers=2, prologue="fused",
                                  ring_block=0)),
-                             ("mma-keys-pallas-ring-block", dict(
-                                 readout="mma", key_products="pallas", ring_block=3))]
+                             ("mma-keys-xla-ring-block", dict(
+                                 readout="mma", key_products="xla", ring_block=3))]
     # the verify's default reads by tf32 wgmmas with a lean fold (one chunk in flight, one
     # buffer); the FMA readout with the fold as the read-only pass, double-buffered, beside it;
     # the key products by the Pallas launch (the default to T = 4), and in the kernel by tf32
