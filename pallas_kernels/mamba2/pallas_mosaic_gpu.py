@@ -134,7 +134,10 @@ class Mamba2MosaicTiling:
     ("fma_rows", `_mosaic_utils.rows_layout`: no swizzle selects, the row sums after the
     stream; C converted to an fp32 copy first). ring_block (replay decode and verify): the
     ring's x rows a walk reads copied in blocks of ring_block rows, each only where the count
-    reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy."""
+    reaches it (`_mosaic_utils.ring_row_copies`), or 0: all L rows in one copy. tile_rows
+    (replay decode): the P rows of a CTA's tiles, 64 or, where P > 64, 128 (two WGMMA tiles in
+    the warpgroup's registers; at P = 80 one CTA a head's 80 rows, the 48 past P read as zeros
+    by the TMA box, where 64-row tiles take a CTA for 64 and one for the ragged 16)."""
     block_n: int
     num_stages: int = 2
     prologue: str = "serial"
@@ -145,10 +148,12 @@ class Mamba2MosaicTiling:
     heads: int = 1
     readout: str = "fma"
     ring_block: int = 0
+    tile_rows: int = TILE_ROWS
 
 
 _HEADS = (1, 2, 4)
 _READOUTS = ("fma", "fma_rows")
+_TILE_ROWS = (TILE_ROWS, 2 * TILE_ROWS)
 
 
 # Measured on the H200 (docs/benchmarks.md, sixth GPU session; Nemotron-H-8B shapes, batch 256,
@@ -212,9 +217,10 @@ AUTO_RAGGED_MIN_BATCH = {"replay_verify": ((2, 256), (4, 128), (MAX_VERIFY_TOKEN
 _MAX_N = 256                      # one TMA box per B / C vector
 
 
-def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_group=1):
+def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_group=1, P=None):
     """`resolve_tiles` and "heads": the tiling's bound on the heads a CTA covers, as run for
-    groups of `heads_per_group` heads."""
+    groups of `heads_per_group` heads; for the replay decode (fold, not verify, its P given)
+    "readout" and "tile_rows" (128 only where P > 64)."""
     tiles = resolve_tiles(tiling, default, field="block_n", chunk=("d_state N", N),
                           max_chunk=_MAX_N, state_dtype=state_dtype, verify=verify, fold=fold,
                           products="bc_products" if fold else None,
@@ -224,10 +230,12 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
     heads = t.heads
     while heads_per_group % heads:
         heads //= 2
-    if fold and not verify:                   # the replay decode's readout
+    if fold and not verify:                   # the replay decode's readout and tile rows
         check_choice("readout", t.readout, _READOUTS)
-        check_rows_readout(t.readout, TILE_ROWS, state_dtype)
-        tiles["readout"] = t.readout
+        check_choice("tile_rows", t.tile_rows, _TILE_ROWS)
+        rows = t.tile_rows if P is not None and P > TILE_ROWS else TILE_ROWS
+        check_rows_readout(t.readout, rows, state_dtype)
+        tiles.update(readout=t.readout, tile_rows=rows)
     return {**tiles, "heads": heads}
 
 
@@ -263,7 +271,7 @@ def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpre
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
                           **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
                                    buffers.checkpoint.dtype, fold=True,
-                                   heads_per_group=x.shape[1] // B.shape[1]))
+                                   heads_per_group=x.shape[1] // B.shape[1], P=x.shape[2]))
 
 
 def replay_verify(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
@@ -326,7 +334,7 @@ def _fold(tile, rb_smem, bv_smem, xs, dts, decays, walk, ring_rows, out_smem, li
     (SMEM); per head (tuples) xs [64] ROW, dts, decays: the folded token; ring_rows: readers
     j -> ring x_j [64]; walk: `_walk` bound to the ring."""
     N = bv_smem.shape[0]
-    spec = state_spec(tile.dtype, block_n, lead=tile.shape[:1])
+    spec = state_spec(tile.dtype, block_n, tile.shape[1], lead=tile.shape[:1])
 
     def fold_chunk(idx, s_smem):
         (n,) = idx
@@ -418,9 +426,10 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
                    bars, fold_bar, *, vectors, heads_per_group, heads, block_n, num_stages,
                    prologue, fold_stages, fold_buffers, readout, ring_block):
     b, h0, g, t = _position(heads_per_group, heads)
-    ps = rows_box(t)
-    hs = range(heads)
     v = vectors.views(vec_smem)
+    R = v.x[0].shape[0]                                   # the CTA's P rows a head: 64 or 128
+    ps = rows_box(t, R)
+    hs = range(heads)
     L, N = rx_ref.shape[2], b_ref.shape[-1]
     slot = slots_ref[b]
     live = slot != NULL_SLOT
@@ -463,7 +472,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
         xs, decays, y_ring = landed_part()
     tile = s_ref.at[pl.ds(slot * x_ref.shape[1] + h0, heads), ps]    # [heads, 64, N], GMEM
 
-    layout = rows_layout(TILE_ROWS) if readout == "fma_rows" else None
+    layout = rows_layout(R) if readout == "fma_rows" else None
     c_vec = v.c if c32_smem is None else c32_smem
 
     def readout_step(idx, s_smem, acc):
@@ -487,9 +496,9 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
     s0c = plgpu.emit_pipeline(
         readout_step, grid=(N // block_n,),
-        in_specs=[state_spec(s_ref.dtype, block_n, lead=(heads,))],
+        in_specs=[state_spec(s_ref.dtype, block_n, R, lead=(heads,))],
         max_concurrent_steps=num_stages,
-        init_carry=((zeros_row() if layout is None else zeros_rows(TILE_ROWS)),) * heads,
+        init_carry=((zeros_row(tile_rows=R) if layout is None else zeros_rows(R)),) * heads,
     )(tile)
     if layout is not None:
         s0c = relayout_rows(tuple(jnp.sum(acc, axis=1) for acc in s0c))
@@ -512,7 +521,7 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
     # The fold's SMEM in its own scope, over the read-only pipeline's (done and fenced).
     pl.when(live & fold)(lambda: pl.run_scoped(
         folded, plgpu.SMEM((L, N), rb_ref.dtype),
-        staging_smem(block_n, s_ref.dtype, fold_buffers, lead=(heads,))))
+        staging_smem(block_n, s_ref.dtype, fold_buffers, R, lead=(heads,))))
 
     # Otherwise append the current token at `c`. The fold reads all L ring B rows, and rows < c
     # are the only ones the other CTAs of the group read otherwise: no CTA writes a row another
@@ -535,10 +544,11 @@ def _replay_kernel(slots_ref, counts_ref, x_ref, b_ref, c_ref, dt_ref, a_ref, d_
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_n", "num_stages", "prologue",
                                              "fold_stages", "fold_buffers", "products",
-                                             "readout", "ring_block", "interpret"))
+                                             "readout", "ring_block", "tile_rows",
+                                             "interpret"))
 def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n, num_stages,
                    prologue, fold_stages, fold_buffers, products, readout, ring_block,
-                   interpret):
+                   tile_rows, interpret):
     batch, H, P = x.shape
     G, N = B.shape[1:]
     L = buffers.window
@@ -547,8 +557,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                                   counts=counts, interpret=bool(interpret))
     bc_ring, bc_cur = bc_ring[:, :, 0], bc_cur[:, :, 0, 0]          # [b, G, L], [b, G]
     ring_dtype = buffers.ring_x.dtype
-    vectors = VectorPack.of(x=((heads, TILE_ROWS), x.dtype), b=(N, B.dtype), c=(N, C.dtype),
-                            ring_x=((heads, TILE_ROWS), ring_dtype), ring_b=(N, ring_dtype),
+    vectors = VectorPack.of(x=((heads, tile_rows), x.dtype), b=(N, B.dtype), c=(N, C.dtype),
+                            ring_x=((heads, tile_rows), ring_dtype), ring_b=(N, ring_dtype),
                             ring_dt=((heads, L), F32), ring_bc=(L, F32))
     kernel = functools.partial(_replay_kernel, vectors=vectors, heads_per_group=H // G,
                                heads=heads, block_n=block_n, num_stages=num_stages,
@@ -556,7 +566,8 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
                                fold_buffers=fold_buffers, readout=readout,
                                ring_block=ring_block)
     (y,), new = mosaic_call(
-        kernel, name="mamba2_replay_decode_mgpu", grid=(batch, H // heads, tile_rows_of(P)),
+        kernel, name="mamba2_replay_decode_mgpu",
+        grid=(batch, H // heads, tile_rows_of(P, tile_rows)),
         grid_names=GRID_NAMES,
         inputs=dict(slots_ref=slots, counts_ref=counts, x_ref=x, b_ref=B, c_ref=C, dt_ref=dt,
                     a_ref=A, d_ref=D, bcr_ref=bc_ring, bcc_ref=bc_cur,
@@ -566,7 +577,7 @@ def _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, heads, block_n,
         outputs=dict(y_ref=like(x)),
         inplace=("s_ref", "rx_ref", "rb_ref", "rdt_ref"),
         scratch=dict(vec_smem=vectors.smem(),
-                     rx_smem=plgpu.SMEM((heads, L, TILE_ROWS), ring_dtype),
+                     rx_smem=plgpu.SMEM((heads, L, tile_rows), ring_dtype),
                      c32_smem=plgpu.SMEM((N,), F32)
                      if readout == "fma_rows" and C.dtype != F32 else None,
                      bars=plgpu.Barrier(num_barriers=2 * heads + 3

@@ -3,6 +3,8 @@ test_verify.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -224,6 +226,27 @@ def test_mosaic_heads_per_cta_compute_the_one_head_sums(op, interpret):
     assert_runs_equal(*(mosaic_tiling_run(Mamba2, dims, op, "heads", h, interpret, BF16)
                         for h in (1, 2)), interpret)
     assert not mosaic_races_found(interpret)
+
+
+@pytest.mark.parametrize("readout", ["fma", "fma_rows"])
+def test_mosaic_128_row_tiles_compute_the_64_row_sums(readout, interpret):
+    """tile_rows=128 (replay decode): at P = 80 one CTA a head's 80 rows (the 48 past P read
+    as zeros by the TMA box, and neither stored nor appended), where 64-row tiles take a CTA
+    for 64 rows and one for the ragged 16: outputs, pools and counts as the 64-row tiles'
+    (bitwise in the interpreter; "fma_rows" sums a row's columns in another order at 64 rows,
+    two lanes a row, so within 1e-6; compiled within an ulp) over two fold cycles, two heads a
+    CTA across two groups, the padding row's output zero; no data races. At P = 64 the bound
+    leaves 64-row tiles."""
+    dims = dict(H=4, G=2, P=80, N=64)
+    assert_runs_equal(*(mosaic_tiling_run(Mamba2, dims, "replay_decode", "tile_rows", r,
+                                          interpret, BF16, readout=readout)
+                        for r in (64, 128)), interpret,
+                      interpret_rtol=0.0 if readout == "fma" else 1e-6)
+    assert not mosaic_races_found(interpret)
+    tiles = mamba2.pallas_mosaic_gpu._tiles(
+        dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, tile_rows=128),
+        mamba2.MOSAIC_REPLAY_TILING, 64, F32, fold=True, P=64)
+    assert tiles["tile_rows"] == 64
 
 
 @pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])

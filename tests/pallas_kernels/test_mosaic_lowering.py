@@ -72,6 +72,19 @@ def test_mamba2_mosaic_kernels_lower_for_sm90(tiling, state_dtype):
         assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("fields", [dict(heads=1), dict(heads=1, prologue="overlap"),
+                                    dict(heads=2), dict(heads=1, readout="fma_rows")])
+def test_mamba2_mosaic_replay_128_row_tiles_lower_at_p80(fields):
+    """Nemotron-Nano-9B-v2 shapes (H 128, P 80, N 128, G 8), batch 256, L = 16: the replay
+    decode over 128-row tiles, one CTA a head's 80 rows."""
+    bufs, counts, step = _mamba2_args(S=257, b=256, H=128, P=80, N=128, G=8, L=16,
+                                      state_dtype=F32)
+    tiling = dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, tile_rows=128, **fields)
+    fn = functools.partial(mamba2.replay_decode, impl="pallas_mosaic_gpu", tiling=tiling,
+                           interpret=False)
+    assert "mosaic_gpu" in _lower(fn, bufs, counts, *step)
+
+
 @pytest.mark.parametrize("tiling,state_dtype", [
     (None, F32), (mamba2.Mamba2MosaicTiling(block_n=32, num_stages=3), F32),
     (mamba2.Mamba2MosaicTiling(block_n=16), BF16),
