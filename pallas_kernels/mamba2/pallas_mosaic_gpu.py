@@ -3,7 +3,8 @@ step with its fold, and ReplaySSM verify (T window tokens). The state-per-draft 
 runs on the other backends.
 
 Grid (batch, H / heads, ceil(P / 64)): one CTA (one warpgroup) per (row, `heads` heads of a
-group, 64-row P tile; the last one ragged where 64 does not divide P, `tile_rows_of`). The slot
+group, 64-row P tile; the last one ragged where 64 does not divide P, `tile_rows_of`; the
+replay decode's tiles may take 128 rows, `tile_rows`). The slot
 read from `slots` picks the pool rows the TMA copies (the pool seen as [S * H, P, N],
 `_heads_flat`); the state tile [heads, 64, N] streams through shared
 memory in chunks of block_n with `plgpu.emit_pipeline` (num_stages copies in flight; chunks
@@ -113,7 +114,8 @@ GRID_NAMES = ("row", "head", "ptile")
 class Mamba2MosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_n bounds the d_state chunk streamed
     per pipeline step (the largest power of two dividing N up to it: at least 8, and 16 for a bf16
-    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows. prologue
+    state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows (the replay
+decode's: `tile_rows`). prologue
     (replay decode and verify; the standard kernel has no walk): "serial" lands the CTA's
     vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
     at once and walks after it (module docstring; the same sums). ring_write (verify): who
