@@ -76,29 +76,30 @@ def select(pred, on_true, on_false):
 
 def issue_all(bars, *copies, start=0):
     """TMA copies GMEM -> SMEM, (src, dst) each, all in flight at once (copy i completes
-    barrier start + i of `bars`), without waiting: returns copy i's barrier at index i, to wait
-    on once (`wait_all`) before its dst is read. A copy (src, dst, cond) is issued, and then
-    waited on, only where the traced bool cond holds (`ring_row_copies`)."""
+    barrier start + i of `bars`), without waiting: returns copy i's (barrier, condition) at
+    index i, to wait on once (`wait_all`) before its dst is read. A copy (src, dst, cond) is
+    issued, and then waited on, only where the traced bool cond holds (`ring_row_copies`); a
+    copy (src, dst) always (condition None)."""
     landed = []
     for i, (src, dst, *cond) in enumerate(copies):
-        bar = bars.at[start + i]
-        copy = functools.partial(plgpu.copy_gmem_to_smem, src, dst, bar)
-        if cond:
-            pl.when(cond[0])(copy)
-            landed.append((bar, cond[0]))
-        else:
-            copy()
-            landed.append(bar)
+        landed.append((bars.at[start + i], cond[0] if cond else None))
+        _when(landed[-1][1], functools.partial(plgpu.copy_gmem_to_smem, src, dst,
+                                               landed[-1][0]))
     return landed
 
 
 def wait_all(landed):
-    """Waits until the copies of the barriers `landed` (from `issue_all`) have landed."""
-    for bar in landed:
-        if isinstance(bar, tuple):
-            pl.when(bar[1])(functools.partial(plgpu.barrier_wait, bar[0]))
-        else:
-            plgpu.barrier_wait(bar)
+    """Waits until the copies of `landed` (from `issue_all`) that were issued have landed."""
+    for bar, cond in landed:
+        _when(cond, functools.partial(plgpu.barrier_wait, bar))
+
+
+def _when(cond, fn):
+    """fn() where the traced bool cond holds, or always for cond None."""
+    if cond is None:
+        fn()
+    else:
+        pl.when(cond)(fn)
 
 
 def ring_row_copies(src, dst, count, block):

@@ -442,7 +442,7 @@ def _readout(tile, vectors, *, block_k, num_stages, wait_first=(), operands=None
              readout="fma"):
     """S0 x [R] (ROW vectors, fp32) for each of the vectors x, from one pipelined read-only pass
     over the checkpoint tile [R, K] in GMEM (num_stages chunks of block_k keys in flight); the
-    pass waits for the copies of `wait_first` (barriers) on its first step. The FMA readouts
+    pass waits for the copies of `wait_first` (`issue_all`'s) on its first step. The FMA readouts
     (operands None): `vectors` are the SMEM vectors x [K], each chunk times each x summed along
     its columns: "fma" a chunk at a time, "fma_deferred" over each thread's 8-column slices
     only, the row sums once after the stream (`fma_columns`), "fma_rows" in a thread a row

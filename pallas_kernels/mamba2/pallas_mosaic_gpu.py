@@ -115,7 +115,7 @@ class Mamba2MosaicTiling:
     """Launch configuration of the Mosaic GPU kernels: block_n bounds the d_state chunk streamed
     per pipeline step (the largest power of two dividing N up to it: at least 8, and 16 for a bf16
     state), num_stages the chunks in flight. The P tile is one warpgroup's 64 rows (the replay
-decode's: `tile_rows`). prologue
+    decode's: `tile_rows`). prologue
     (replay decode and verify; the standard kernel has no walk): "serial" lands the CTA's
     vectors and walks the ring before the checkpoint stream starts, "overlap" starts the stream
     at once and walks after it (module docstring; the same sums). ring_write (verify): who
