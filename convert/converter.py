@@ -71,6 +71,13 @@ def _check_paths(hf_dir: str, out_dir: str, overwrite: bool) -> None:
     real_in, real_out = os.path.realpath(hf_dir), os.path.realpath(out_dir)
     if real_out == real_in or real_in.startswith(real_out + os.sep):
         raise ConvertError(f"{out_dir} would replace the input directory {hf_dir}")
+    # --overwrite replaces an earlier output, never a directory of something else
+    if os.path.lexists(out_dir) and not (
+            os.path.isdir(out_dir) and (not os.listdir(out_dir)
+                                        or os.path.isfile(os.path.join(out_dir, META_NAME)))):
+        raise ConvertError(f"{out_dir} exists and is not a converted checkpoint (no {META_NAME}):"
+                           f" --overwrite replaces only those; remove it or choose another "
+                           f"output directory")
     parent = os.path.dirname(out_dir)
     if not os.path.isdir(parent):
         raise ConvertError(f"cannot write {out_dir}: parent directory {parent} does not exist")

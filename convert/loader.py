@@ -18,7 +18,9 @@ at a time; the model comes back laid out for that mesh (run it through `models.r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable
 
@@ -144,7 +146,8 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None,
     ckptr = ocp.StandardCheckpointer()
     params_dir = os.path.join(out_dir, meta.get("params_dir", PARAMS_DIR))
     try:
-        item = ckptr.metadata(params_dir).item_metadata
+        with _quiet_asyncio():
+            item = ckptr.metadata(params_dir).item_metadata
     except Exception as e:       # orbax / tensorstore / OS errors of a damaged checkpoint
         raise _damaged(out_dir, e) from None
     if item is None:
@@ -171,7 +174,8 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None,
         raise ConvertError(f"{out_dir}: the checkpoint has {len(saved)} params, the model "
                            f"{len(jax.tree_util.tree_leaves(targets))}")
     try:
-        restored = ckptr.restore(params_dir, targets)
+        with _quiet_asyncio():
+            restored = ckptr.restore(params_dir, targets)
     except Exception as e:
         raise _damaged(out_dir, e) from None
 
@@ -181,6 +185,19 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None,
 
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(relayout, restored))
     return cfg, set_layout(nnx.merge(graphdef, state), rules.tp)
+
+
+@contextlib.contextmanager
+def _quiet_asyncio():
+    """orbax reads each array in an asyncio task: in a damaged checkpoint they all fail, and
+    asyncio logs every one's traceback at shutdown (~10k lines) besides the exception the
+    restore raises, which the caller reports in one line."""
+    log = logging.getLogger("asyncio")
+    level, log.level = log.level, logging.CRITICAL
+    try:
+        yield
+    finally:
+        log.level = level
 
 
 def _damaged(out_dir: str, e: Exception) -> ConvertError:

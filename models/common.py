@@ -66,6 +66,13 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.weight[...], self.eps, zero_centered=self.zero_centered)
 
 
+def tied_logits(x, embedding):
+    """A head tied to the input embedding (`tie_word_embeddings`): x [..., D] against
+    embedding [V, D] -> [..., V] in the embedding's dtype (fp32: HIGHEST)."""
+    return jnp.einsum("...d,vd->...v", x.astype(embedding.dtype), embedding,
+                      precision=_HI if embedding.dtype == jnp.float32 else None)
+
+
 def relu2(x):
     return jnp.square(jax.nn.relu(x))
 
@@ -92,8 +99,9 @@ def cached_attention(q, k, v, cache: KVCache, slots, starts, kv_head=None, impl=
     kv_head (int32 scalar, tensor parallel with replicated KV heads): every query head attends
     with that one cached KV head. Windows of T <= MAX_VERIFY_TOKENS (decode, verify) run
     `pallas_kernels.attention.decode_attention` with `impl` (its Pallas kernel reads each row's
-    valid K/V straight from the pool); longer ones (prefill) the dense XLA path over the gathered
-    rows. Returns out [b, T, nh, hd] and the updated cache.
+    valid K/V straight from the pool); longer ones (prefill) `prefill_attention`, XLA by blocks
+    of queries and keys (memory independent of T and max_len). Returns out [b, T, nh, hd] and
+    the updated cache.
     """
     # the scope names the class in profiles (`replayjax.bench.trace`): a GPU event whose module
     # the trace lacks is classed by the op_name scopes it carries, not by this function's frame
@@ -112,5 +120,5 @@ def _cached_attention(q, k, v, cache, slots, starts, kv_head, impl):
     if T <= MAX_VERIFY_TOKENS:
         out = attention.decode_attention(q, ck, cv, slots, starts, kv_head=kv_head, impl=impl)
     else:
-        out = attention.reference.attention(q, ck, cv, slots, starts, kv_head)
+        out = attention.prefill_attention(q, ck, cv, slots, starts, kv_head)
     return out, KVCache(ck, cv)

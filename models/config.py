@@ -158,6 +158,11 @@ class _ConfigBase:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise self._err(f"field {n!r} must be a positive integer, got {v!r}")
 
+    def _supported(self, name: str, only: str, used: bool) -> None:
+        if used and getattr(self, name) != only:
+            raise self._err(f"field {name!r} is {getattr(self, name)!r}; only {only!r} is "
+                            f"supported")
+
     def _multiple(self, big: str, small: str) -> None:
         if getattr(self, big) % getattr(self, small):
             raise self._err(f"field {big!r} ({getattr(self, big)}) must be a multiple of "
@@ -213,8 +218,8 @@ _NEMOTRON_NAMES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "
 
 @dataclass(frozen=True, kw_only=True)
 class NemotronHConfig(_ConfigBase):
-    """Nemotron-H / Nemotron-3 (`nemotron_h`). Checkpoint body under ``backbone.``, untied
-    lm_head.
+    """Nemotron-H / Nemotron-3 (`nemotron_h`). Checkpoint body under ``backbone.``; an lm_head
+    unless ``tie_word_embeddings`` (then the embeddings are the head).
 
     Fields unused by the layer pattern are 0 (e.g. MoE sizes of a dense model). Attention has no
     RoPE (``rope_theta`` in a config is ignored). MoE routing is sigmoid +
@@ -286,6 +291,9 @@ class NemotronHConfig(_ConfigBase):
             raise self._err(f"field 'layer_norm_epsilon' must be > 0, "
                             f"got {self.layer_norm_epsilon}")
         kinds = set(self.layer_kinds) | set(self.mtp_layer_kinds)
+        # the model implements these activations only: another would silently change meaning
+        self._supported("mamba_hidden_act", "silu", "mamba" in kinds)
+        self._supported("mlp_hidden_act", "relu2", bool(kinds & {"mlp", "moe"}))
         if "attention" in kinds:
             self._positive("num_attention_heads", "num_key_value_heads", "head_dim")
             self._multiple("num_attention_heads", "num_key_value_heads")
@@ -638,11 +646,15 @@ def _parse_qwen(top: Mapping[str, Any], model_type: str) -> QwenHybridConfig:
                             if r.d.get(k) is not None}
     for key in ("rope_scaling", "rope_parameters"):
         sub = r.d.get(key)
+        if sub is not None and not isinstance(sub, Mapping):
+            raise ConfigError(f"{where}: field {key!r} must be an object, got {sub!r}")
         if isinstance(sub, Mapping) and isinstance(sub.get("full_attention"), Mapping):
             sub = sub["full_attention"]  # per-layer-type form
         if isinstance(sub, Mapping):
             rope.update({k: v for k, v in sub.items() if v is not None})
     rr = _Reader(rope, f"{where} rope_parameters")
+    if not (theta := rr.float("rope_theta", default=10000.0)) > 0:
+        raise ConfigError(f"{where}: field 'rope_theta' must be > 0, got {theta!r}")
     rope_type = rr.str("rope_type", "type", default="default")
     if rope_type not in ("default", "mrope"):
         raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
@@ -666,7 +678,7 @@ def _parse_qwen(top: Mapping[str, Any], model_type: str) -> QwenHybridConfig:
         head_dim=r.int("head_dim"),
         attention_bias=r.bool("attention_bias", default=False),
         attn_output_gate=r.bool("attn_output_gate", default=True),
-        rope_theta=rr.float("rope_theta", default=10000.0),
+        rope_theta=theta,
         partial_rotary_factor=rr.float("partial_rotary_factor", default=0.25),
         mrope_section=None if mrope is None else tuple(
             _Reader({"mrope_section": x}, where).int("mrope_section") for x in mrope),

@@ -20,7 +20,15 @@ from jax import lax
 
 from models import moe
 from models.cache import ModelCache, SSMCache
-from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, relu2
+from models.common import (
+    KVCache,
+    Linear,
+    RMSNorm,
+    RowParallelLinear,
+    cached_attention,
+    relu2,
+    tied_logits,
+)
 from models.config import NemotronHConfig
 from models.hybrid import (
     HybridLM,
@@ -342,7 +350,8 @@ class NemotronH(HybridLM):
         self.embeddings = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.layers = nnx.List([Block(cfg, k, dtype) for k in cfg.layer_kinds])
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype))
         if mtp and not cfg.num_mtp_layers:
             raise ValueError("the config declares no MTP layers (num_nextn_predict_layers = 0)")
         self.mtp = MTPHead(cfg, dtype) if mtp else None
@@ -410,4 +419,6 @@ class NemotronH(HybridLM):
     def local_logits(self, hidden):
         """The LM head (`HybridLM`'s contract): final-normed [..., D] -> fp32 logits of this
         device's vocabulary shard under a vocab-parallel head, else all [..., V]."""
-        return self.lm_head(hidden).astype(jnp.float32)
+        logits = (tied_logits(hidden, self.embeddings[...]) if self.lm_head is None
+                  else self.lm_head(hidden))
+        return logits.astype(jnp.float32)

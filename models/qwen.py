@@ -26,7 +26,15 @@ from jax import lax
 
 from models import moe
 from models.cache import ModelCache, SSMCache
-from models.common import KVCache, Linear, RMSNorm, RowParallelLinear, cached_attention, rms_norm
+from models.common import (
+    KVCache,
+    Linear,
+    RMSNorm,
+    RowParallelLinear,
+    cached_attention,
+    rms_norm,
+    tied_logits,
+)
 from models.config import QwenHybridConfig
 from models.hybrid import (
     HybridLM,
@@ -400,12 +408,8 @@ class QwenHybrid(HybridLM):
     def local_logits(self, x):
         """The LM head (`HybridLM`'s contract): final-normed [..., D] -> fp32 logits of this
         device's vocabulary shard under a vocab-parallel head, else all [..., V]."""
-        if self.lm_head is None:
-            emb = self.embed_tokens[...]
-            logits = jnp.einsum("...d,vd->...v", x.astype(emb.dtype), emb,
-                                precision=_HI if emb.dtype == jnp.float32 else None)
-        else:
-            logits = self.lm_head(x)
+        logits = (tied_logits(x, self.embed_tokens[...]) if self.lm_head is None
+                  else self.lm_head(x))
         return logits.astype(jnp.float32)
 
     # ---------------------------------------------------------------- cache

@@ -37,7 +37,9 @@ def build_parser():
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                     help="param dtype (default: bfloat16 if the checkpoint is mostly 16-bit, "
                          "else float32); norms, A_log, D, dt_bias and routers stay float32")
-    ap.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an existing OUT_DIR: an earlier converted checkpoint (with its "
+                         "convert.json) or an empty directory")
     ap.add_argument("--json", action="store_true",
                     help="no progress bar; print a JSON summary on stdout")
     ap.add_argument("--sha256", action="store_true",

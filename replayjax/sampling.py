@@ -28,6 +28,7 @@ from models.parallel import gather_vocab, vocab_argmax
 # no sort. On the H200 at batch 256 x 131072 tokens the sort alone took ~2 ms of a 24 ms step.
 
 SEED_LIMIT = 2 ** 31            # seeds key int32 arrays on device
+TOP_K_LIMIT = 2 ** 31           # top_k goes into an int32 array (past the vocabulary: off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +47,8 @@ class SamplingParams:
         if not (_is_real(self.temperature) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
             fail("temperature", "a finite number >= 0 (0 = greedy)")
-        if not (_is_int(self.top_k) and self.top_k >= 0):
-            fail("top_k", "an integer >= 0 (0 = off)")
+        if not (_is_int(self.top_k) and 0 <= self.top_k < TOP_K_LIMIT):
+            fail("top_k", "an integer in [0, 2^31) (0 = off)")
         if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
             fail("top_p", "a number in (0, 1] (1 = off)")
         if not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):

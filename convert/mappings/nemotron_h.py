@@ -3,7 +3,7 @@
 
     backbone.embeddings.weight                    -> embeddings                       copy
     backbone.norm_f.weight                        -> norm_f/weight                    copy
-    lm_head.weight                                -> lm_head/kernel                   T
+    lm_head.weight                                -> lm_head/kernel (unless tied)     T
     backbone.layers.N.norm.weight                 -> layers/N/norm/weight             copy
     M  mixer.{in,out}_proj.weight (+ .bias)       -> mixer/{in,out}_proj/kernel       T
        mixer.conv1d.weight (C, 1, K) / .bias      -> mixer/conv_weight (C, K) / conv_bias
@@ -70,7 +70,10 @@ def _block(b: TableBuilder, path: tuple, hf: str, kind: str) -> None:
 def build_table(cfg, b: TableBuilder, mtp: bool) -> None:
     b.copy(("embeddings",), "backbone.embeddings.weight")
     b.copy(("norm_f", "weight"), "backbone.norm_f.weight")
-    b.linear(("lm_head",), "lm_head")
+    if b.has_param(("lm_head", "kernel")):
+        b.linear(("lm_head",), "lm_head")
+    elif b.has("lm_head.weight"):
+        b.skip("lm_head.weight", "tied word embeddings: the model uses the embeddings")
     for i, kind in enumerate(cfg.layer_kinds):
         _block(b, ("layers", i), f"backbone.layers.{i}", kind)
     if mtp:

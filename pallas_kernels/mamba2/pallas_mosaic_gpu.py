@@ -176,6 +176,13 @@ MOSAIC_STANDARD_TILING = Mamba2MosaicTiling(block_n=64)
 # 432.6), P = 80 548.3 -> 550.7 (blocks of 2 556.5: more copies a CTA of ragged tiles).
 MOSAIC_REPLAY_TILING = Mamba2MosaicTiling(block_n=32, bc_products="pallas", heads=2,
                                           fold_stages=1, fold_buffers=1, ring_block=4)
+# Stop 58 (an H100, batch 256, staggered, two calls): where 64 does not divide P > 64, a head's
+# P rows in one 128-row tile, one head a CTA. P = 80: 539.5 / 538.0 -> 524.3 / 524.6 us
+# (1.69x -> 1.74x the Triton standard's 911.5; blocks of 2 / 8 / one copy 524.5 / 525.9 /
+# 529.1, with the overlap prologue and "fma_rows" 524.8, 3 stages 548.5, two heads in 16-column
+# chunks 616.6).
+RAGGED_P_TILINGS = {MOSAIC_REPLAY_TILING: dataclasses.replace(
+    MOSAIC_REPLAY_TILING, heads=1, tile_rows=2 * TILE_ROWS)}
 # Verify (twenty-first session, batch 256, us, x the state-per-draft baseline): two heads a CTA
 # from T = 3. T = 4: 545.6 (2.76x) -> 497.8 (3.02x) in 32-column chunks, 2 stages, a one-stage
 # single-buffered fold in its own scope (5 CTAs an SM by SMEM, 3 by its 168 registers:
@@ -241,6 +248,12 @@ def _tiles(tiling, default, N, state_dtype, verify=False, fold=False, heads_per_
     return {**tiles, "heads": heads}
 
 
+def for_shape(tiling, P):
+    """The measured tiling a kernel whose default is `tiling` runs at head dim P: its 128-row
+    variant (`RAGGED_P_TILINGS`) where 64 does not divide P > 64."""
+    return RAGGED_P_TILINGS.get(tiling, tiling) if P > TILE_ROWS and P % TILE_ROWS else tiling
+
+
 def takes(op, args) -> bool:
     """Whether impl="auto" runs op's Mosaic kernel on sm90 for the op's (validated) `args`: a
     measured winner (`AUTO_OPS`) at the batch it won (`AUTO_MIN_BATCH`) whose default tiling
@@ -271,8 +284,8 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, tiling, interpret):
 
 def replay_decode(buffers, counts, x, B, C, dt, A, D, slots, *, tiling, interpret):
     return _replay_decode(buffers, counts, x, B, C, dt, A, D, slots, interpret=interpret,
-                          **_tiles(tiling, MOSAIC_REPLAY_TILING, B.shape[2],
-                                   buffers.checkpoint.dtype, fold=True,
+                          **_tiles(tiling, for_shape(MOSAIC_REPLAY_TILING, x.shape[2]),
+                                   B.shape[2], buffers.checkpoint.dtype, fold=True,
                                    heads_per_group=x.shape[1] // B.shape[1], P=x.shape[2]))
 
 

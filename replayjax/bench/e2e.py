@@ -7,7 +7,8 @@ Variants are MODE[+DRAFTER][@IMPL]: MODE standard | replay (how SSM layers decod
 decode attention end to end by its greedy agreement with the XLA path. Synthetic models have real
 dimensions and random weights (bf16 by default, fp32 state); for +mtp they get a random MTP head
 (models whose release has none get a hypothetical depth-1 head, see `synthetic.SYNTHETIC_MTP`). A
-variant the engine refuses or that fails is reported as a failed row.
+variant the engine refuses or that fails is reported as a failed row; when every one failed the
+exit status is 1.
 
 Requests (every variant serves the same ones, all arriving at t = 0 and sharing --batch slots,
 continuous batching when there are more):
@@ -624,6 +625,9 @@ def _main(args, argv):
         print(json.dumps(dict(config=config, workload=what, rows=rows), default=str))
     else:
         print_table(args, rows, what)
+    if not args.result_file and all("error" in r for r in rows):   # nothing was measured
+        raise cli.UserError(f"every variant failed (first: {rows[0]['variant']}: "
+                            f"{rows[0]['error']})")
 
 
 def main(argv=None):

@@ -100,7 +100,8 @@ def _mamba2() -> Family:
         standard=lambda st, inp, slots, **kw: mamba2.standard_decode(st, *inp, slots, **kw)[1],
         replay=lambda b, c, inp, slots, **kw: mamba2.replay_decode(b, c, *inp, slots, **kw)[1],
         ops=lambda: mamba2, token_inputs=4, default_ring="bfloat16",
-        for_dims=lambda t, d, rows: mamba2.pallas_triton.for_shape(t, d["P"], rows))
+        for_dims=lambda t, d, rows: mamba2.pallas_mosaic_gpu.for_shape(
+            mamba2.pallas_triton.for_shape(t, d["P"], rows), d["P"]))
 
 
 def _gdn() -> Family:

@@ -20,6 +20,10 @@ import numpy as np
 from replayjax import memory
 from replayjax.commandline import UserError, is_unicode
 
+# seeds and top-k go into int32 arrays on device (`replayjax.sampling`, not imported here: a
+# trace is read before JAX loads)
+SEED_LIMIT = TOP_K_LIMIT = 2 ** 31
+
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
 WORKLOADS = ("mixed", "sync", "agents")
@@ -124,11 +128,11 @@ def parse_trace_line(line, where, encode):
         stop_ids=_int_list(obj, "stop_ids", where, True) if "stop_ids" in obj else (),
         temperature=float(_checked(obj, "temperature", where, lambda v: _is_number(v) and v >= 0,
                                    "a number >= 0 (0 = greedy)", 0.0)),
-        top_k=_checked(obj, "top_k", where, lambda v: _is_int(v) and v >= 0,
-                       "an integer >= 0 (0 = off)", 0),
+        top_k=_checked(obj, "top_k", where, lambda v: _is_int(v) and 0 <= v < TOP_K_LIMIT,
+                       "an integer in [0, 2^31) (0 = off)", 0),
         top_p=float(_checked(obj, "top_p", where, lambda v: _is_number(v) and 0 < v <= 1,
                              "a number in (0, 1]", 1.0)),
-        seed=_checked(obj, "seed", where, lambda v: _is_int(v) and 0 <= v < 2 ** 31,
+        seed=_checked(obj, "seed", where, lambda v: _is_int(v) and 0 <= v < SEED_LIMIT,
                       "an integer in [0, 2^31)", 0),        # the engine keys int32 seeds
         id=_checked(obj, "id", where, lambda v: isinstance(v, (str, int, float)),
                     "a string or a number", where))
@@ -179,6 +183,10 @@ def load_trace(path, tokenizer_path=None, encode=None):
         raise TraceError(f"{path}: not UTF-8 text ({e.reason})") from None
     if not reqs:
         raise TraceError(f"{path}: no requests (one JSON object per line)")
+    first = {}
+    for r in reqs:          # a line without an id is named by its file:line, unique
+        if (seen := first.setdefault(r.id, r.where)) != r.where:
+            raise _field_error(r.where, "id", f"{r.id!r} is already the id of {seen}")
     return reqs
 
 

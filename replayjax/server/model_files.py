@@ -73,11 +73,12 @@ def generation_settings(model_dir: str) -> tuple[tuple, SamplingParams]:
            _ids(_json(cfg_path).get("eos_token_id"), cfg_path))
     if gen.get("do_sample") is False:
         return eos, SamplingParams(temperature=0.0)
+    given = {k: gen.get(k) for k in ("temperature", "top_k", "top_p") if gen.get(k) is not None}
+    if isinstance(given.get("top_k"), float) and given["top_k"].is_integer():
+        given["top_k"] = int(given["top_k"])
+    defaults = SamplingParams(**{"temperature": 1.0, **given})
     try:
-        defaults = SamplingParams(temperature=float(gen.get("temperature", 1.0)),
-                                  top_k=int(gen.get("top_k", 0) or 0),
-                                  top_p=float(gen.get("top_p", 1.0)))
         defaults.check()
-    except (TypeError, ValueError) as e:
-        raise ModelFilesError(f"{gen_path}: {e}") from None
+    except ValueError as e:     # "sampling.top_k must be ..., got ...": the file's field
+        raise ModelFilesError(f"{gen_path}: {str(e).removeprefix('sampling.')}") from None
     return eos, defaults

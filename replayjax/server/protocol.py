@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 
 from replayjax.commandline import is_unicode
-from replayjax.sampling import SEED_LIMIT, SamplingParams
+from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
 
 MAX_STOP_STRINGS = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -93,7 +93,8 @@ _CHECKS = {
     "max_completion_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "temperature": (lambda v: _is_number(v) and 0 <= v <= 2, "a number in [0, 2]"),
     "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "top_k": (lambda v: _is_int(v) and v >= -1, "an integer >= -1 (0 or -1: off)"),
+    "top_k": (lambda v: _is_int(v) and -1 <= v < TOP_K_LIMIT,
+              "an integer in [-1, 2^31) (0 or -1: off)"),
     "seed": (lambda v: _is_int(v) and 0 <= v < SEED_LIMIT, "an integer in [0, 2^31)"),
     "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(
         isinstance(s, str) for s in v)), "a string or a list of strings"),

@@ -251,6 +251,11 @@ def test_overwrite(converted, tmp_path, capsys):
     assert run_cli(fixture_dir("nemotron_h_p80"), out, "--json") == 1
     assert "already exists (use --overwrite" in capsys.readouterr().err
     assert os.listdir(out) == ["keep.txt"]                      # untouched
+    # --overwrite replaces an earlier output or an empty directory, never other files
+    assert run_cli(fixture_dir("nemotron_h_p80"), out, "--json", "--overwrite") == 1
+    assert "is not a converted checkpoint (no convert.json)" in capsys.readouterr().err
+    assert os.listdir(out) == ["keep.txt"]
+    os.remove(out / "keep.txt")
     assert run_cli(fixture_dir("nemotron_h_p80"), out, "--json", "--overwrite") == 0
     assert sorted(os.listdir(out)) == ["config.json", "convert.json", "generation_config.json",
                                        "params"]
@@ -292,6 +297,26 @@ def test_tied_embeddings_skip_lm_head(tmp_path):
     assert any("tied word embeddings" in n for n in meta["notes"])
     _, model = load(tmp_path / "out")
     assert model.lm_head is None
+
+
+def test_tied_nemotron_head_is_the_embedding(tmp_path):
+    """A tied Nemotron-H config: its lm_head.weight in the checkpoint is skipped, and without
+    one the checkpoint still loads; the logits are the hidden states against the embeddings,
+    as an untied model whose head is the embeddings' transpose gives them."""
+    v = "nemotron_h"
+    cfg = dict(json.load(open(os.path.join(fixture_dir(v), "config.json"))),
+               tie_word_embeddings=True)
+    with_head = make_checkpoint(tmp_path / "with", v, config=cfg)
+    tensors = {k: a for k, a in tensors_of(v).items() if k != "lm_head.weight"}
+    without = make_checkpoint(tmp_path / "without", v, tensors=tensors, config=cfg)
+    _, untied = load_hf(make_checkpoint(tmp_path / "untied", v, tensors=dict(
+        tensors, **{"lm_head.weight": tensors["backbone.embeddings.weight"]})))
+    hidden = jax.random.normal(jax.random.key(0), (3, untied.cfg.hidden_size))
+    want = np.asarray(untied.local_logits(hidden))
+    for d in (with_head, without):
+        _, model = load_hf(d)
+        assert model.lm_head is None
+        np.testing.assert_allclose(np.asarray(model.local_logits(hidden)), want, rtol=1e-6)
 
 
 def test_progress_line_without_tqdm():

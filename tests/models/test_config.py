@@ -459,6 +459,17 @@ ERRORS = [
      r"qwen3_5 config \(text_config\): missing required field 'intermediate_size'"),
     (_with(QWEN35_9B, "text_config.hidden_size", True),
      r"'hidden_size' must be an integer, got True"),
+    # values the models do not implement: refused, never silently replaced
+    (_with(NEMOTRON_H_8B, "mlp_hidden_act", "gelu"),
+     r"field 'mlp_hidden_act' is 'gelu'; only 'relu2' is supported"),
+    (_with(NEMOTRON_H_8B, "mamba_hidden_act", "relu"),
+     r"field 'mamba_hidden_act' is 'relu'; only 'silu' is supported"),
+    (_with(QWEN3_NEXT_80B, "rope_theta", -5), r"field 'rope_theta' must be > 0, got -5.0"),
+    (_with(QWEN35_9B, "text_config.rope_parameters", dict(_QWEN35_ROPE, rope_theta=0)),
+     r"field 'rope_theta' must be > 0, got 0.0"),
+    (_with(QWEN3_NEXT_80B, "rope_scaling", "x"), r"field 'rope_scaling' must be an object"),
+    (_with(QWEN35_9B, "text_config.rope_parameters", [1]),
+     r"field 'rope_parameters' must be an object, got \[1\]"),
 ]
 
 

@@ -123,6 +123,39 @@ def test_tilings(block_k, min_programs, max_len, interpret):
     pb.check(pb.run("pallas", interpret, tiling), 1e-5)
 
 
+@pytest.mark.parametrize("T, block_q, block_k, max_len, kv_head, dtype", [
+    (37, 16, 16, 100, None, F32),   # 3 query chunks (the last padded), 7 key blocks (the last
+    #                                 moved back)
+    (37, 64, 512, 100, None, F32),  # one chunk, one key block (both capped)
+    (12, 8, 32, 40, 1, F32),        # a replicated KV head; blocks of 32 over 40 positions
+    (20, 16, 16, 40, None, BF16)])
+def test_prefill_attention_matches_oracle(T, block_q, block_k, max_len, kv_head, dtype):
+    """The blocked prefill attention against the float64 loop, every pool position no live row
+    may see NaN (V zeroed where unseen, K masked), padding rows exactly zero."""
+    pb = Problem(T, T=T, nh=8, kv=2, max_len=max_len, kv_head=kv_head, dtype=dtype)
+    pools = tuple(map(pb.poisoned, (pb.k_pool, pb.v_pool)))
+    out = jax.jit(lambda q, k, v, sl, st: attention.prefill_attention(
+        q, k, v, sl, st, pb.kv_head, block_q=block_q, block_k=block_k))(
+            pb.q, *pools, pb.slots, pb.starts)
+    pb.check(out, TOL[dtype])
+
+
+def test_prefill_attention_does_not_depend_on_the_cut():
+    """A prompt prefilled whole or in two parts (the second continuing from the first's
+    positions, as a prefix-cache hit does) gives every token the same output: bitwise where
+    the chunks have the same shape, else to fp32 rounding (the dots of other shapes)."""
+    pb = Problem(3, T=45, nh=4, kv=2, max_len=100)
+    run = jax.jit(lambda q, st: attention.prefill_attention(
+        q, pb.k_pool, pb.v_pool, pb.slots, st, None, block_q=16, block_k=16))
+    whole = np.asarray(run(pb.q, pb.starts))
+    for cut in (7, 16, 30):
+        head = np.asarray(run(pb.q[:, :cut], pb.starts))
+        tail = np.asarray(run(pb.q[:, cut:], pb.starts + cut))
+        np.testing.assert_allclose(np.concatenate([head, tail], 1), whole, rtol=0, atol=1e-6)
+        if cut % 16 == 0:
+            np.testing.assert_array_equal(np.concatenate([head, tail], 1), whole)
+
+
 def test_num_splits():
     assert attention.pallas_triton.num_splits(2048, 8192, 64, 256) == 1
     assert attention.pallas_triton.num_splits(8, 8192, 64, 256) == 32

@@ -188,13 +188,15 @@ def test_an_op_without_mosaic_kernel_is_named():
 def test_mosaic_ragged_tile_rows_must_fill_16_bytes(op):
     """A ragged P tile's vector stores copy its P % 64 rows only (a TMA store of a vector is
     bounded by the whole array, not by P: `_mosaic_utils.store_rows`); 2 rows of a y vector
-    are under one 16-byte TMA unit, so P = 66 is refused, naming the rows."""
+    are under one 16-byte TMA unit, so P = 66 is refused, naming the rows (the replay decode's
+    default takes 128-row tiles there, whose 66 rows are no better)."""
     pb = Mamba2(1, P=66, N=64)
     args = _valid_args(pb)
     if op == "standard_decode":
         args = dict(state=pb.random_state(), **{k: args[k] for k in "x B C dt A D slots".split()})
     with pytest.raises(ValueError, match=r"ragged tile's rows in multiples of 16 bytes: "
-                                         r"66 % 64 = 2 rows of \w+ are \d+ bytes"):
+                                         r"66 % (64 = 2|128 = 66) rows of \w+ are \d+ "
+                                         r"bytes"):
         getattr(mamba2, op)(**args, impl="pallas_mosaic_gpu")
 
 
@@ -247,6 +249,21 @@ def test_mosaic_128_row_tiles_compute_the_64_row_sums(readout, interpret):
         dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, tile_rows=128),
         mamba2.MOSAIC_REPLAY_TILING, 64, F32, fold=True, P=64)
     assert tiles["tile_rows"] == 64
+
+
+def test_mosaic_ragged_p_replay_takes_128_row_tiles_by_default():
+    """Where 64 does not divide P > 64 the Mosaic replay decode's default covers a head's P
+    rows in one 128-row tile, one head a CTA; whole 64-row tiles, P <= 64 and a tiling given
+    by the caller are left as they are."""
+    m = mamba2.pallas_mosaic_gpu
+    for P in (80, 96, 112):
+        t = m.for_shape(mamba2.MOSAIC_REPLAY_TILING, P)
+        assert (t.tile_rows, t.heads) == (128, 1)
+        assert m._tiles(None, t, 128, F32, fold=True, P=P)["tile_rows"] == 128
+    for P in (32, 48, 64, 128, 192):
+        assert m.for_shape(mamba2.MOSAIC_REPLAY_TILING, P) is mamba2.MOSAIC_REPLAY_TILING
+    mine = dataclasses.replace(mamba2.MOSAIC_REPLAY_TILING, num_stages=3)
+    assert m.for_shape(mine, 80) is mine
 
 
 @pytest.mark.parametrize("act", [F32, BF16], ids=["fp32-inputs", "bf16-inputs"])

@@ -78,8 +78,11 @@ def _req(**kw):
      r"sampling.temperature must be a finite number >= 0 \(0 = greedy\), got -1"),
     (_req(sampling=SamplingParams(temperature=math.inf)), "sampling.temperature must be"),
     (_req(sampling=SamplingParams(temperature=math.nan)), "sampling.temperature must be"),
-    (_req(sampling=SamplingParams(top_k=-1)), r"sampling.top_k must be an integer >= 0"),
-    (_req(sampling=SamplingParams(top_k=2.5)), r"sampling.top_k must be an integer >= 0"),
+    (_req(sampling=SamplingParams(top_k=-1)),
+     r"sampling.top_k must be an integer in \[0, 2\^31\) \(0 = off\), got -1"),
+    (_req(sampling=SamplingParams(top_k=2.5)), r"sampling.top_k must be an integer in"),
+    # (an int32 array on device: a larger one would fail the engine's step, not the request)
+    (_req(sampling=SamplingParams(top_k=2 ** 31)), r"sampling.top_k must be an integer in"),
     (_req(sampling=SamplingParams(top_p=2)), r"sampling.top_p must be a number in \(0, 1\]"),
     (_req(sampling=SamplingParams(temperature=0.8, top_p=-1)), r"sampling.top_p must be"),
     (_req(sampling=SamplingParams(top_p=0)), r"sampling.top_p must be"),

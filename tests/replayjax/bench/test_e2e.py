@@ -220,6 +220,8 @@ def test_trace_serves_the_same_requests_in_every_variant(tmp_path, monkeypatch, 
     ({"prompt_ids": [1, 128], "max_new_tokens": 4},
      "field 'prompt_ids' has token ids [128] outside"),
     ({"prompt_ids": [1], "max_new_tokens": 4, "stop_ids": [-1]}, "field 'stop_ids' has token ids"),
+    ({"prompt_ids": [1], "max_new_tokens": 4, "top_k": 2 ** 31},
+     "field 'top_k' must be an integer in [0, 2^31)"),
 ])
 def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
     trace = _write_trace(tmp_path / "t.jsonl", [{"prompt_ids": [1, 2, 3], "max_new_tokens": 2},
@@ -228,6 +230,15 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, msg, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"replayjax bench: error: {trace}:2: ") and msg in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_duplicate_trace_ids_are_named(tmp_path, capsys):
+    """Two lines of one id are refused as the trace is read, before any model is built."""
+    line = {"prompt_ids": [1, 2], "max_new_tokens": 2, "id": "a"}
+    trace = _write_trace(tmp_path / "t.jsonl", [line, {**line, "id": "b"}, line])
+    assert e2e.main(["--model", NEMOTRON, "--trace", trace]) == 1
+    assert capsys.readouterr().err == (f"replayjax bench: error: {trace}:3: field 'id' 'a' is "
+                                       f"already the id of {trace}:1\n")
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -381,6 +392,14 @@ def test_isolated_run_keeps_finished_variants_when_stopped(monkeypatch, capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [(r["variant"], r.get("error")) for r in rows] == [
         ("standard", None), ("replay", "out of memory in the child")]
+    monkeypatch.setattr(e2e, "_run_child", lambda *a: (_ for _ in ()).throw(
+        e2e._Stopped()))             # every variant failed: the rows, then exit status 1
+    assert e2e.main(argv[:-1]) == 1
+    out, err = capsys.readouterr()
+    stopped = "stopped (SIGTERM) before it ended"
+    assert [r["error"] for r in json.loads(out)["rows"]] == [stopped] * 2
+    assert err == ("replayjax bench: error: every variant failed (first: standard: stopped "
+                   "(SIGTERM) before it ended)\n")
 
 
 @pytest.mark.parametrize("name", sorted(synthetic.SYNTHETIC))
