@@ -149,7 +149,9 @@ def open_checkpoint(directory: str) -> Checkpoint:
         if os.path.dirname(os.path.normpath(fname)) or fname.startswith(".."):
             raise ConvertError(f"{INDEX_NAME}: shard name {fname!r} is not a plain file name")
         if not os.path.isfile(path):
-            raise ConvertError(f"shard {fname} listed in {INDEX_NAME} does not exist")
+            what = "is not a file" if os.path.exists(path) else "does not exist"
+            raise ConvertError(f"shard {fname} listed in {INDEX_NAME} {what}" if index else
+                               f"{SINGLE_NAME} in {directory} {what}")
         for tname, info in read_header(path).items():
             if tname in tensors:
                 raise ConvertError(f"tensor {tname} is stored twice "

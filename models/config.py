@@ -59,6 +59,9 @@ def _as_float(v: Any, what: str) -> float:
     return float(v)
 
 
+_STATE_DTYPES = ("float32", "bfloat16", "float16")
+
+
 class _Reader:
     """Typed access to one JSON object; `where` prefixes every error message."""
 
@@ -157,6 +160,15 @@ class _ConfigBase:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise self._err(f"field {n!r} must be a positive integer, got {v!r}")
+
+    def _common_checks(self, state_dtype: str) -> None:
+        """max_position_embeddings None or positive; the SSM state dtype field a known float
+        dtype (informational: the state dtype is the engine's setting)."""
+        if self.max_position_embeddings is not None:
+            self._positive("max_position_embeddings")
+        if getattr(self, state_dtype) not in _STATE_DTYPES:
+            raise self._err(f"field {state_dtype!r} must be one of {', '.join(_STATE_DTYPES)}, "
+                            f"got {getattr(self, state_dtype)!r}")
 
     def _supported(self, name: str, only: str, used: bool) -> None:
         if used and getattr(self, name) != only:
@@ -294,6 +306,7 @@ class NemotronHConfig(_ConfigBase):
         # the model implements these activations only: another would silently change meaning
         self._supported("mamba_hidden_act", "silu", "mamba" in kinds)
         self._supported("mlp_hidden_act", "relu2", bool(kinds & {"mlp", "moe"}))
+        self._common_checks("mamba_ssm_cache_dtype")
         if "attention" in kinds:
             self._positive("num_attention_heads", "num_key_value_heads", "head_dim")
             self._multiple("num_attention_heads", "num_key_value_heads")
@@ -317,6 +330,9 @@ class NemotronHConfig(_ConfigBase):
                 self._positive("moe_latent_size")
             self._positive("n_group", "topk_group")
             self._multiple("n_routed_experts", "n_group")
+            if not self.routed_scaling_factor > 0:
+                raise self._err(f"field 'routed_scaling_factor' must be > 0, "
+                                f"got {self.routed_scaling_factor}")
             if self.topk_group > self.n_group:
                 raise self._err(f"field 'topk_group' ({self.topk_group}) exceeds "
                                 f"'n_group' ({self.n_group})")
@@ -521,6 +537,7 @@ class QwenHybridConfig(_ConfigBase):
                             f"got {self.layer_kinds}")
         if not self.rms_norm_eps > 0:
             raise self._err(f"field 'rms_norm_eps' must be > 0, got {self.rms_norm_eps}")
+        self._common_checks("mamba_ssm_dtype")
         if "gdn" in self.layer_kinds:
             self._positive("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                            "linear_value_head_dim", "linear_conv_kernel_dim")

@@ -334,8 +334,17 @@ def engine_settings(args) -> dict:
                 window=args.window, state_dtype=jnp.dtype(args.state_dtype),
                 steps_per_visit=args.steps_per_visit, num_draft=args.num_draft,
                 drafter=args.drafter, prefix_cache_gb=args.prefix_cache_gb,
-                prefix_block=args.prefix_block, prefix_host_gb=args.prefix_cache_host_gb,
+                prefix_block=prefix_block(args), prefix_host_gb=args.prefix_cache_host_gb,
                 batch_invariant=not args.dynamic_batch)
+
+
+def prefix_block(args) -> int:
+    """--prefix-block (PREFIX_BLOCK unless given); UserError if given without a prefix cache,
+    which it would not change."""
+    if args.prefix_block is not None and not args.prefix_cache_gb:
+        raise UserError("--prefix-block sizes the prefix cache's entries: give --prefix-cache-gb "
+                        "too, or drop it")
+    return args.prefix_block or PREFIX_BLOCK
 
 
 def is_unicode(text: str) -> bool:
@@ -372,6 +381,9 @@ def add_batching_argument(ap):
                          "between loads more often)")
 
 
+PREFIX_BLOCK = 64
+
+
 def add_prefix_arguments(ap):
     """--prefix-cache-gb / --prefix-block / --prefix-cache-host-gb: the engine's prefix cache
     (`Engine(prefix_cache_gb=, prefix_block=, prefix_host_gb=)`)."""
@@ -379,10 +391,10 @@ def add_prefix_arguments(ap):
                     metavar="GB", help="device memory for cached prompt prefixes: requests that "
                                        "start with a cached prefix prefill only the rest "
                                        "(default 0: off)")
-    ap.add_argument("--prefix-block", type=window_multiple, default=64, metavar="B",
+    ap.add_argument("--prefix-block", type=window_multiple, default=None, metavar="B",
                     help="tokens per prefix-cache entry, a power of two >= --window; a hit "
                          "takes every shared token, whole blocks copied and the rest replayed "
-                         "(default 64)")
+                         f"(default {PREFIX_BLOCK})")
     ap.add_argument("--prefix-cache-host-gb", type=number(0, note=" (0 = off)"), default=0.0,
                     metavar="GB", help="host memory the prefix cache spills evicted entries to "
                                        "(a later hit copies them back; default 0: dropped)")

@@ -224,7 +224,7 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
                             state_dtype=jnp.dtype(args.state_dtype),
                             steps_per_visit=args.steps_per_visit, num_draft=K,
                             drafter=drafter, prefix_cache_gb=prefix_cache_gb,
-                            prefix_block=args.prefix_block,
+                            prefix_block=cli.prefix_block(args),
                             prefix_host_gb=args.prefix_cache_host_gb if prefix_cache_gb else 0.0,
                             batch_invariant=not args.dynamic_batch, impl=impl or args.impl)
         finally:
@@ -562,6 +562,7 @@ def parse_args(argv=None):
 def check_inputs(args):
     """Input files and directories, before any heavy work (UserError: exit 1, one line); with
     --trace, `args.requests` holds the validated trace (naming file, line and field)."""
+    cli.prefix_block(args)
     if args.model:
         cli.model_dir("--model", args.model)
     if args.tokenizer:

@@ -239,11 +239,24 @@ async def chat_completions(request: Request):
 
 # ---------------------------------------------------------------------- the rest
 
+def _model_card(st: ServerState) -> dict:
+    return {"id": st.served.name, "object": "model", "created": st.started,
+            "owned_by": "replayjax", "max_model_len": st.served.max_len}
+
+
 async def models(request: Request):
+    return JSONResponse({"object": "list", "data": [_model_card(request.app.state.server)]})
+
+
+async def model(request: Request):
+    """GET /v1/models/{id} (OpenAI's models.retrieve): the served model's card, else a 404."""
     st: ServerState = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{
-        "id": st.served.name, "object": "model", "created": st.started, "owned_by": "replayjax",
-        "max_model_len": st.served.max_len}]})
+    name = request.path_params["name"]
+    if name != st.served.name:
+        raise ApiError(f"The model '{name}' does not exist (this server serves "
+                       f"'{st.served.name}').", status=404, param="model",
+                       code="model_not_found")
+    return JSONResponse(_model_card(st))
 
 
 async def health(request: Request):
@@ -285,6 +298,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ], exception_handlers={ApiError: _api_error, HTTPException: _http_error,

@@ -104,6 +104,14 @@ _CHECKS = {
     "stream": (lambda v: isinstance(v, bool), "a boolean"),
     "stream_options": (lambda v: isinstance(v, dict), "an object"),
     "chat_template_kwargs": (lambda v: isinstance(v, dict), "an object"),
+    # accepted and ignored (`_IGNORED`), but of OpenAI's types
+    "user": (lambda v: isinstance(v, str), "a string"),
+    "metadata": (lambda v: isinstance(v, dict), "an object"),
+    "store": (lambda v: isinstance(v, bool), "a boolean"),
+    "service_tier": (lambda v: isinstance(v, str), "a string"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
+    "prompt_cache_key": (lambda v: isinstance(v, str), "a string"),
+    "safety_identifier": (lambda v: isinstance(v, str), "a string"),
 }
 # accepted at these values only (what OpenAI does by default); the server implements no other
 _NEUTRAL = {

@@ -168,6 +168,12 @@ def _no_weights(tmp_path):
     return d
 
 
+def _weights_a_directory(tmp_path):
+    d = _no_weights(tmp_path)
+    os.mkdir(os.path.join(d, "model.safetensors"))
+    return d
+
+
 def _bad_config(tmp_path):
     d = _hf(tmp_path)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -246,6 +252,7 @@ BROKEN = {   # directory maker -> what the one-line message must say
                                         "the tensors in its header"),
     "empty file": (_empty_file, r"model.safetensors \(0 bytes\): truncated"),
     "no safetensors": (_no_weights, "no model.safetensors or model.safetensors.index.json in"),
+    "weights a directory": (_weights_a_directory, r"model.safetensors in .* is not a file$"),
     "bad config": (_bad_config, "config.json: .*config.json is not valid JSON"),
     "missing tensor": (_missing_tensor, "missing 1 tensor.* requires: lm_head.weight$"),
     "params truncated": (_params_truncated, r"/out: damaged checkpoint, cannot restore its "

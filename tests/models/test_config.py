@@ -468,6 +468,13 @@ ERRORS = [
     (_with(QWEN35_9B, "text_config.rope_parameters", dict(_QWEN35_ROPE, rope_theta=0)),
      r"field 'rope_theta' must be > 0, got 0.0"),
     (_with(QWEN3_NEXT_80B, "rope_scaling", "x"), r"field 'rope_scaling' must be an object"),
+    (_with(NEMOTRON_H_8B, "max_position_embeddings", -5),
+     r"'max_position_embeddings' must be a positive integer, got -5"),
+    (_with(NEMOTRON_H_8B, "mamba_ssm_cache_dtype", "bogus"),
+     r"'mamba_ssm_cache_dtype' must be one of float32, bfloat16, float16, got 'bogus'"),
+    (_with(NEMOTRON_3_NANO_30B, "routed_scaling_factor", -1),
+     r"'routed_scaling_factor' must be > 0, got -1.0"),
+    (_with(QWEN3_NEXT_80B, "mamba_ssm_dtype", "int8"), r"'mamba_ssm_dtype' must be one of"),
     (_with(QWEN35_9B, "text_config.rope_parameters", [1]),
      r"field 'rope_parameters' must be an object, got \[1\]"),
 ]

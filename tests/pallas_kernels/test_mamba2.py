@@ -230,18 +230,19 @@ def test_mosaic_heads_per_cta_compute_the_one_head_sums(op, interpret):
     assert not mosaic_races_found(interpret)
 
 
-@pytest.mark.parametrize("readout", ["fma", "fma_rows"])
-def test_mosaic_128_row_tiles_compute_the_64_row_sums(readout, interpret):
+@pytest.mark.parametrize("readout, heads", [("fma", 2), ("fma_rows", 2), ("fma", 1)],
+                         ids=["fma", "fma_rows", "fma-one-head"])
+def test_mosaic_128_row_tiles_compute_the_64_row_sums(readout, heads, interpret):
     """tile_rows=128 (replay decode): at P = 80 one CTA a head's 80 rows (the 48 past P read
     as zeros by the TMA box, and neither stored nor appended), where 64-row tiles take a CTA
     for 64 rows and one for the ragged 16: outputs, pools and counts as the 64-row tiles'
     (bitwise in the interpreter; "fma_rows" sums a row's columns in another order at 64 rows,
     two lanes a row, so within 1e-6; compiled within an ulp) over two fold cycles, two heads a
-    CTA across two groups, the padding row's output zero; no data races. At P = 64 the bound
-    leaves 64-row tiles."""
+    CTA across two groups or one (the default at ragged P > 64), the padding row's output zero;
+    no data races. At P = 64 the bound leaves 64-row tiles."""
     dims = dict(H=4, G=2, P=80, N=64)
     assert_runs_equal(*(mosaic_tiling_run(Mamba2, dims, "replay_decode", "tile_rows", r,
-                                          interpret, BF16, readout=readout)
+                                          interpret, BF16, readout=readout, heads=heads)
                         for r in (64, 128)), interpret,
                       interpret_rtol=0.0 if readout == "fma" else 1e-6)
     assert not mosaic_races_found(interpret)

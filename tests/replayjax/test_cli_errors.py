@@ -341,6 +341,8 @@ INPUT_CASES = [   # (argv with {name} for a `bad` path, culprit, time limit)
      "--prefix-block", LOAD_S),
     (["generate", *N, "--prompt-ids", "1", "--prefix-cache-host-gb", "1"],
      "--prefix-cache-host-gb needs --prefix-cache-gb", LOAD_S),
+    (["generate", *N, "--prompt-ids", "1", "--prefix-block", "128"],
+     "--prefix-block sizes the prefix cache's entries: give --prefix-cache-gb", LOAD_S),
     # generate: a cache that cannot fit is refused before it is allocated
     (["generate", *N, "--prompt-ids", "1", "--prefix-cache-gb", "1e12"], "--prefix-cache-gb",
      LOAD_S),

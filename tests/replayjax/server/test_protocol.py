@@ -79,6 +79,8 @@ def test_chat_messages_and_max_completion_tokens():
     ({"model": "m", "prompt": "x", "top_p": 0}, 400, "top_p", None),
     ({"model": "m", "prompt": "x", "top_k": -2}, 400, "top_k", None),
     ({"model": "m", "prompt": "x", "top_k": 2 ** 31}, 400, "top_k", None),
+    ({"model": "m", "prompt": "x", "user": 5}, 400, "user", None),
+    ({"model": "m", "prompt": "x", "store": "yes"}, 400, "store", None),
     ({"model": "m", "prompt": "x", "seed": -1}, 400, "seed", None),
     ({"model": "m", "prompt": "x", "seed": 2 ** 40}, 400, "seed", None),
     ({"model": "m", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),

@@ -73,6 +73,9 @@ def wait_idle(server, timeout=30.0):
 
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="The model 'gpt-4' does not exist"):
+        client.models.retrieve("gpt-4")
     h = server.health()
     assert h["status"] == "ok" and h["slots"] == 32
 
