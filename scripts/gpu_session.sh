@@ -785,11 +785,10 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     REPLAYJAX_TEST_BACKEND=gpu limit 100 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_mamba2.py -k "128_row" 2>&1 | tail -2 | tee "$out/tests.txt" \
       || true
+    # (the default there since stop 58, 1.74x on an H100: `{}`; the 64-row tiles beside it)
     limit 240 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
-      --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"tile_rows": 128, "heads": 1},
-      {"tile_rows": 128, "heads": 1, "prologue": "overlap"}, {"tile_rows": 128, "heads": 1,
-      "num_stages": 3}, {"tile_rows": 128, "heads": 1, "readout": "fma_rows"}, {"tile_rows":
-      128, "heads": 2, "block_n": 16, "num_stages": 4}]' \
+      --batches 256 --impls pallas_mosaic_gpu --tune '[{}, {"tile_rows": 64, "heads": 2},
+      {"prologue": "overlap"}, {"ring_block": 2}, {"readout": "fma_rows"}]' \
       --json "$out/kernels_m2_p80_rows128_b256.json" 2>>"$out/kernels.log" | grep "^|" || true
     limit 120 python3 -m replayjax.bench.kernels --family mamba2 --shapes nemotron-nano-9b-v2 \
       --batches 256 --impls pallas --json "$out/kernels_m2_p80_triton_b256.json" \

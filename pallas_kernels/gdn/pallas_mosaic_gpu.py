@@ -198,7 +198,7 @@ MOSAIC_STANDARD_TILING = GDNMosaicTiling(block_k=64)
 # key products by the launch (`ring_products`), which now reads the committed keys only
 # (about half of the 34 MB of fp32 ring keys a step XLA's gather reads): it was already even
 # with XLA's reading them all (twenty-fifth session, an H100: 241.3 vs 242.6 us at 256, 36.6
-# vs 36.4 at 32); with the counts not yet timed (`gpu_session.sh ring-block`).
+# vs 36.4 at 32); with the counts (stop 58, an H100): 232.2 -> 226.9 us at 256.
 MOSAIC_REPLAY_TILING = GDNMosaicTiling(block_k=32, num_stages=3, prologue="overlap",
                                        fold_stages=2, fold_buffers=1, tile_rows=128,
                                        ring_block=4, key_products="pallas")
@@ -241,10 +241,15 @@ MOSAIC_VERIFY_TILINGS = ((4, dataclasses.replace(MOSAIC_VERIFY_TILING, key_produ
                              MOSAIC_VERIFY_TILING, key_products="kernel", prologue="fused")))
 # Twentieth, up to 64 rows the replay keeps 4 chunks in flight: 18.8 / 30.3 / 52.6 us at 16 /
 # 32 / 64 rows (staggered) against 3 stages' 20.6 / 33.4 / 54.8 (2 stages 19.3 / 31.1 / 52.9;
-# 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed.
+# 64-row tiles in 4 stages 18.2 / 30.2 / 53.1); 128 rows were not timed. Stop 58 (an H100,
+# staggered us, the default / one ring copy with XLA's key products / XLA's products only):
+# the ring blocks and the products launch pay from 128 rows (122.5 / 129.2 / 124.2; 256:
+# 226.9 / 236.6 (one copy, the launch) / 232.2), not below: 64 rows 65.6 / 65.9 / 65.5, 32
+# 38.0 / 36.7 / -, 8 14.9 / 13.3 / 13.9, 1 7.0 / 5.7 / - (below 16 rows `auto` runs Triton).
 MOSAIC_SMALL_BATCH_ROWS = 64
 MOSAIC_SMALL_BATCH_TILINGS = {
-    MOSAIC_REPLAY_TILING: dataclasses.replace(MOSAIC_REPLAY_TILING, num_stages=4)}
+    MOSAIC_REPLAY_TILING: dataclasses.replace(MOSAIC_REPLAY_TILING, num_stages=4, ring_block=0,
+                                              key_products="xla")}
 _DEFAULT_TILING = {"standard_decode": MOSAIC_STANDARD_TILING,
                    "replay_decode": MOSAIC_REPLAY_TILING, "replay_verify": MOSAIC_VERIFY_TILINGS}
 # impl="auto" on sm90 runs the Mosaic kernels that beat the Triton ones on the H200 (Qwen3-Next

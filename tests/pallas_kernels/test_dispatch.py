@@ -108,10 +108,12 @@ def test_triton_kernels_take_their_small_batch_tiles_at_one_row():
 
 def test_mosaic_gdn_replay_keeps_more_chunks_in_flight_up_to_64_rows(monkeypatch):
     """The Mosaic GDN replay's default runs 4 stages up to 64 rows (18.8 / 30.3 / 52.6 vs 20.6
-    / 33.4 / 54.8 us at 16 / 32 / 64 on the H200), 3 after (177.9 vs 184.2 at 256); a tiling
-    passed in is run as given at every batch."""
+    / 33.4 / 54.8 us at 16 / 32 / 64 on the H200), 3 after (177.9 vs 184.2 at 256), and the
+    ring whole with XLA's key products there (what the blocks and the launch save pays from
+    128 rows only); a tiling passed in is run as given at every batch."""
     m = gdn.pallas_mosaic_gpu
-    assert m.for_shape(m.MOSAIC_REPLAY_TILING, 64).num_stages == 4
+    small = m.for_shape(m.MOSAIC_REPLAY_TILING, 64)
+    assert (small.num_stages, small.ring_block, small.key_products) == (4, 0, "xla")
     assert m.for_shape(m.MOSAIC_REPLAY_TILING, 65) == m.MOSAIC_REPLAY_TILING
     assert m.for_shape(m.MOSAIC_STANDARD_TILING, 1) == m.MOSAIC_STANDARD_TILING
     seen = []
