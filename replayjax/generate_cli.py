@@ -95,7 +95,8 @@ def build_parser():
                    metavar="T", help="0 = greedy (the most likely token); > 0 samples, higher "
                                      "is more random")
     s.add_argument("--top-k", type=cli.at_least(0), default=0, metavar="K",
-                   help="sample among the K most likely tokens only; 0 = off")
+                   help="sample among the K most likely tokens only; 0 = off (as is K >= "
+                        "the vocabulary)")
     s.add_argument("--top-p", type=cli.number(0, 1, lo_open=True), default=1.0, metavar="P",
                    help="sample among the most likely tokens whose probabilities add up to P; "
                         "1 = off")

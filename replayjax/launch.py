@@ -97,6 +97,10 @@ def main(argv=None) -> int:
         ap.error("give the command to run after --, e.g. -- generate --tp 2 ...")
     if command[0] == "launch":
         ap.error("the command cannot be launch itself")
+    from replayjax.cli import COMMANDS
+    names = sorted({name.split()[0] for name in COMMANDS} - {"launch"})
+    if command[0] not in names:          # refused once here, not by each of the N processes
+        ap.error(f"unknown command {command[0]!r} (commands: {', '.join(names)})")
     coordinator = args.coordinator or f"127.0.0.1:{free_port()}"
     procs = []
     for rank in range(args.nproc):

@@ -35,7 +35,7 @@ TOP_K_LIMIT = 2 ** 31           # top_k goes into an int32 array (past the vocab
 class SamplingParams:
     """One request's sampling settings (host side; `check` says whether they are valid)."""
     temperature: float = 0.0        # 0 = greedy
-    top_k: int = 0                  # 0 = off
+    top_k: int = 0                  # 0 = off (as is the vocabulary size or more)
     top_p: float = 1.0              # 1 = off
     seed: int = 0                   # in [0, 2^31)
 

@@ -2,11 +2,11 @@
 /v1/chat/completions checked field by field into `GenerationParams` (an `ApiError` in OpenAI's
 error shape otherwise), and the response, chunk and error shapes.
 
-Accepted beyond OpenAI's fields, as vLLM and SGLang accept them: `top_k` (0 or -1: off),
-`stop_token_ids`, `ignore_eos`, `repetition_penalty` (1 only) and, for chat,
-`chat_template_kwargs`. OpenAI fields this server does not implement are accepted at their
-neutral value only (e.g. `n` = 1, `logprobs` null, `presence_penalty` 0); unknown fields are
-refused, as OpenAI refuses them.
+Accepted beyond OpenAI's fields, as vLLM and SGLang accept them: `top_k` (0 or -1: off; the
+vocabulary or more: every token), `stop_token_ids`, `ignore_eos`, `repetition_penalty` (1 only)
+and, for chat, `chat_template_kwargs`. OpenAI fields this server does not implement are accepted
+at their neutral value only (e.g. `n` = 1, `logprobs` null, `presence_penalty` 0); unknown
+fields are refused, as OpenAI refuses them.
 """
 
 from __future__ import annotations

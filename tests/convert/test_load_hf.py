@@ -187,6 +187,25 @@ def _missing_tensor(tmp_path):
     return make_checkpoint(tmp_path / "hf", "nemotron_h_p80", t)
 
 
+def _nan_weight(tmp_path):
+    t = tensors_of("nemotron_h_p80")
+    w = t["backbone.layers.0.mixer.in_proj.weight"].copy()
+    w.flat[7] = np.nan
+    t["backbone.layers.0.mixer.in_proj.weight"] = w
+    return make_checkpoint(tmp_path / "hf", "nemotron_h_p80", t)
+
+
+def _params_garbage(tmp_path):
+    """The largest array file's bytes replaced by random ones of the same length: uncompressed
+    float32 chunks read as numbers, some of them NaN."""
+    out = _converted(tmp_path)
+    data = os.path.join(out, "params", "ocdbt.process_0", "d")
+    largest = max((os.path.join(data, n) for n in os.listdir(data)), key=os.path.getsize)
+    with open(largest, "r+b") as f:
+        f.write(np.full(os.path.getsize(largest) // 4, np.nan, np.float32).tobytes())
+    return out
+
+
 def _converted(tmp_path):
     out = str(tmp_path / "out")
     convert(fixture_dir("nemotron_h_p80"), out)
@@ -255,6 +274,9 @@ BROKEN = {   # directory maker -> what the one-line message must say
     "weights a directory": (_weights_a_directory, r"model.safetensors in .* is not a file$"),
     "bad config": (_bad_config, "config.json: .*config.json is not valid JSON"),
     "missing tensor": (_missing_tensor, "missing 1 tensor.* requires: lm_head.weight$"),
+    "NaN weight": (_nan_weight, r"param layers/0/mixer/in_proj/kernel has NaN or infinite "
+                                r"values \(1 param\(s\) in all\): a damaged or broken checkpoint$"),
+    "params garbage": (_params_garbage, r"/out: param .* has NaN or infinite values"),
     "params truncated": (_params_truncated, r"/out: damaged checkpoint, cannot restore its "
                                             r"params: OUT_OF_RANGE: Error reading \""),
     "params all truncated": (_params_all_truncated, r"/out: damaged checkpoint, cannot restore "

@@ -40,7 +40,9 @@ def test_two_processes_generate_the_single_device_tokens():
 def test_launch_refuses_bad_arguments(capsys):
     for argv, msg in ((["--nproc", "0", "--", "generate"], "--nproc: must be >= 1"),
                       (["--nproc", "2"], "give the command to run after --"),
-                      (["--nproc", "2", "--", "launch"], "cannot be launch itself")):
+                      (["--nproc", "2", "--", "launch"], "cannot be launch itself"),
+                      (["--nproc", "2", "--", "foo"], "unknown command 'foo' (commands: bench, "
+                                                      "convert, generate, profile, serve)")):
         with pytest.raises(SystemExit) as e:
             launch.main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
