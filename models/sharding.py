@@ -14,8 +14,8 @@ Megatron style. Each device holds 1/tp of the heads of every mixer and of every 
   holds E / tp whole experts and computes only the (token, expert) pairs routed to them, and the
   same one psum sums the devices' parts;
 * the LM head vocab-parallel (each device V / tp of its columns, so 1/tp of its memory and of
-  its reads) when tp divides V; replicated otherwise, and when tied to the embedding (
-  `tie_word_embeddings`: the logits come from the replicated embedding). Inside shard_map a head
+  its reads) when tp divides V; replicated otherwise, and when tied to the embedding
+  (`tie_word_embeddings`: the logits come from the replicated embedding). Inside shard_map a head
   gives its shard's logits: the model's methods all-gather them (`parallel.gather_vocab`) where
   full logits are needed; the engine's all-greedy decode and verify steps and the MTP /
   draft-model drafts gather only each device's (max, argmax) (`parallel.vocab_argmax`).
