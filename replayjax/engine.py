@@ -401,7 +401,9 @@ class Engine:
         """One host visit: reports cancellations, then either admits queued requests into free
         slots (one prefill call) or runs one decode / verify visit over the running requests.
         Returns the visit's events: each request's new tokens, and its Completion if it
-        finished (stop id, max_new_tokens or cancelled). Nothing to do: []. Call it from one
+        finished (stop id, max_new_tokens, cancelled, or "error": its prefill failed without
+        touching the engine's state, e.g. out of memory, and the engine goes on; an error that
+        took the state propagates). Nothing to do: []. Call it from one
         thread at a time."""
         return _drain(self._visit())
 
@@ -528,13 +530,13 @@ class Engine:
                 events.append(self._finish(e, "cancelled", now))
         return events
 
-    def _finish(self, e: _Entry, reason: str, now: float) -> Event:
+    def _finish(self, e: _Entry, reason: str, now: float, error: str = "") -> Event:
         """The Event completing `e` (its tokens since the last event), which leaves the
         engine."""
         logits = (np.concatenate(e.logits or [np.zeros((0, self.vocab), np.float32)])
                   if self.return_logits else None)
         c = Completion(e.req.id, e.tokens, reason, e.ttft, now - e.submitted, e.verify_steps,
-                       e.accepted, e.drafts, logits, e.cached)
+                       e.accepted, e.drafts, logits, e.cached, error)
         with self._lock:
             self._ids.discard(e.req.id)
             self._cancel.discard(e.req.id)
@@ -639,7 +641,11 @@ class Engine:
         if plans is not None:
             args.append(self._prefix_rows(plans, starts, T))
         start = time.perf_counter()
-        self.state, first, last = self._prefill(self.state, *args)
+        before = self.state
+        try:
+            self.state, first, last = self._prefill(self.state, *args)
+        except Exception as e:  # noqa: BLE001 -- refused before running, or the engine breaks
+            return self._prefill_failed(batch, before, e)
         first = np.asarray(first)
         last = np.asarray(last) if self.return_logits else None
         now = time.perf_counter()
@@ -654,6 +660,21 @@ class Engine:
             self._running[s] = e
             events += self._settle(s, e, now)
         return events
+
+    def _prefill_failed(self, batch, before, error) -> list:
+        """A prefill call that raised: if it ran nothing (no donated buffer consumed, e.g. its
+        allocation failed), its requests finish with finish_reason "error" and the engine goes
+        on (their slots stay free; a prefix cache forgets everything, as the call may have
+        claimed entries it never filled); else the error propagates: the engine's state is
+        gone."""
+        if any(isinstance(a, jax.Array) and a.is_deleted() for a in jax.tree.leaves(before)):
+            raise error
+        if self.prefix is not None:
+            self.prefix.clear()
+        first = " ".join(str(error).split())[:300]
+        why = f"the prefill failed ({type(error).__name__}: {first})"
+        now = time.perf_counter()
+        return [self._finish(e, "error", now, why) for e, _ in batch if not e.capture]
 
     def _prefix_rows(self, plans, starts, T) -> PrefixRows:
         """The prefill's PrefixRows: hit entries padded to the most a slot can hold (a fixed

@@ -333,6 +333,9 @@ def generate(args, tok, model_dir, prompts):
             with progress.stage(f"generating {len(requests)} prompt(s)"):
                 results = engine.generate(requests, on_tokens=count)
         generate_s = time.perf_counter() - t0
+        if failed := [i for i, c in enumerate(results) if c.finish_reason == "error"]:
+            raise cli.UserError(f"prompt {failed[0] + 1} of {len(results)}: "
+                                f"{results[failed[0]].error}")
     finally:
         progress.close()
     return results, engine, dict(load_s=load_s, compile_s=compile_s, generate_s=generate_s)

@@ -26,7 +26,7 @@ class Request:
 class Completion:
     id: Hashable
     tokens: list
-    finish_reason: str              # "stop" | "length" | "cancelled"
+    finish_reason: str              # "stop" | "length" | "cancelled" | "error" (see `error`)
     ttft_s: float                   # submission to first token (nan if it got none)
     completion_s: float             # submission to last token (or to the cancellation)
     verify_steps: int = 0           # speculative steps this request took part in
@@ -35,6 +35,8 @@ class Completion:
                                                             # step, with Engine.record_drafts
     logits: np.ndarray | None = None  # [len(tokens), V] fp32, with Engine(return_logits=True)
     cached_tokens: int = 0          # prompt tokens restored from the prefix cache (not prefilled)
+    error: str = ""                 # finish_reason "error": why (its prefill failed, e.g. out
+                                    # of memory; the engine goes on)
 
     @property
     def tpot_s(self):

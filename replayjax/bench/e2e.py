@@ -241,6 +241,9 @@ def run_variant(model, variant, args, workload, progress, prefix_cache_gb=0.0):
     except Exception as e:   # noqa: BLE001 -- the row records the failure
         return dict(variant=name, requests=n, completed=0, failures=n,
                     error=cli.one_line(e)), None
+    if bad := [c for c in out if c is not None and c.finish_reason == "error"]:
+        return dict(variant=name, requests=n, completed=n - len(bad), failures=len(bad),
+                    error=f"{len(bad)} of {n} requests failed: {bad[0].error}"), None
     kind = "verify" if K else "decode"
     step = [s / k for what, k, s in engine.visits if what == kind and k]
     tokens = sum(len(c.tokens) for c in out)

@@ -195,8 +195,8 @@ async def _chunks(st: ServerState, gen: Generation, reply: Reply, disconnected):
             yield reply.chunk(finish_reason=gen.finish_reason)
             if gen.params.include_usage:
                 yield reply.usage_chunk(_usage(gen))
-    except EngineFailed as e:
-        yield error_body(str(e), "server_error", code="engine_failed")
+    except EngineFailed as e:           # or RequestFailed: this request only
+        yield error_body(str(e), "server_error", code=e.code)
     finally:
         st.live.discard(gen)
 
@@ -221,8 +221,8 @@ async def _generate(request: Request, chat: bool):
     try:
         async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
             text = "".join([p async for p in pieces])
-    except EngineFailed as e:
-        raise ApiError(str(e), status=503, type="server_error", code="engine_failed") from None
+    except EngineFailed as e:           # or RequestFailed: this request only
+        raise ApiError(str(e), status=e.status, type="server_error", code=e.code) from None
     finally:
         disconnected.cancel()
         st.live.discard(gen)

@@ -10,7 +10,7 @@ from replayjax.engine import Event, Request
 from replayjax.server.metrics import Metrics
 from replayjax.server.protocol import GenerationParams
 from replayjax.server.text import Detokenizer, StopStrings
-from replayjax.server.worker import EngineFailed, EngineWorker
+from replayjax.server.worker import EngineFailed, EngineWorker, RequestFailed
 
 
 class Generation:
@@ -50,13 +50,17 @@ class Generation:
     async def pieces(self, disconnected: asyncio.Future):
         """Its text, a piece per host visit that adds some, until the request finishes. When
         `disconnected` completes first the request is cancelled (finish_reason "cancelled")
-        and nothing more comes. Raises EngineFailed if the engine breaks."""
+        and nothing more comes. Raises EngineFailed if the engine breaks, RequestFailed
+        (finish_reason "error") if it could not serve this request."""
         try:
             while self.finish_reason is None:
                 item = await self._next(disconnected)
                 if item is None:
                     self._finish("cancelled")
                     return
+                if isinstance(item, RequestFailed):     # the engine is done with it
+                    self._engine_done = True
+                    self._finish("error")
                 if isinstance(item, EngineFailed):
                     raise item
                 if text := self._consume(item):

@@ -53,7 +53,8 @@ class Metrics:
               registry=r).set_function(self._acceptance)
         self.finished = Counter("replayjax_requests", "Finished requests by finish reason "
                                 "(stop, length, abort: server shutdown, cancelled: the client "
-                                "went away)", ["finish_reason"], registry=r)
+                                "went away, error: the engine could not serve it)",
+                                ["finish_reason"], registry=r)
         self.rejected = Counter("replayjax_rejected_requests", "Requests refused, by reason "
                                 "(an OpenAI error code or type)", ["reason"], registry=r)
         self.prefix_lookup = Counter("replayjax_prefix_cache_lookup_tokens", "Prompt tokens "

@@ -16,6 +16,13 @@ IDLE_POLL_S = 0.1         # how often an idle engine thread checks whether it sh
 
 class EngineFailed(RuntimeError):
     """The engine raised while stepping; the server cannot serve any more."""
+    status, code = 503, "engine_failed"
+
+
+class RequestFailed(EngineFailed):
+    """The engine could not serve one request (its prefill failed, e.g. out of memory) and
+    goes on serving the others."""
+    status, code = 500, "request_failed"
 
 
 class EngineWorker:
@@ -87,7 +94,8 @@ class EngineWorker:
                 deliver = (self._sinks.pop(ev.id, None) if ev.finished else
                            self._sinks.get(ev.id))
             if deliver is not None:
-                self._call(deliver, ev)
+                failed = ev.finished and ev.completion.finish_reason == "error"
+                self._call(deliver, RequestFailed(ev.completion.error) if failed else ev)
 
     @staticmethod
     def _call(deliver, item):

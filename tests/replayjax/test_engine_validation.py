@@ -125,3 +125,35 @@ def test_fresh_ids_are_not_reused(engine):
     assert second == first + 1
     assert engine.cancel(second) and engine.step()[0].completion.tokens == []
     assert not engine.has_work
+
+
+def test_a_failed_prefill_fails_its_requests_only(model, monkeypatch):
+    """A prefill call that raises before it runs (e.g. out of memory allocating its buffers:
+    no donated buffer consumed) finishes its requests with finish_reason "error" saying why,
+    and the engine serves the next ones as before; one that raises after consuming the
+    engine's state propagates (the engine cannot go on)."""
+    engine = Engine(model, num_slots=2, max_len=64, window=4)
+    real = engine._prefill
+
+    def refuse(state, tokens, *rest):
+        if int(tokens[0, 0]) == 7:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 206396819016 "
+                               "bytes.")
+        return real(state, tokens, *rest)
+
+    monkeypatch.setattr(engine, "_prefill", refuse)
+    want = Engine(model, num_slots=2, max_len=64, window=4).generate([Request([5, 1, 2], 6)])
+    bad, = engine.generate([Request([7, 1, 2], 6, id="bad")])
+    assert (bad.finish_reason, bad.tokens) == ("error", [])
+    assert bad.error == ("the prefill failed (RuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+                         "allocating 206396819016 bytes.)")
+    good, = engine.generate([Request([5, 1, 2], 6)])
+    assert (good.finish_reason, good.tokens) == ("length", want[0].tokens)
+
+    def lose(state, *args):
+        real(state, *args)                      # the state donated, then a failure
+        raise RuntimeError("lost")
+
+    monkeypatch.setattr(engine, "_prefill", lose)
+    with pytest.raises(RuntimeError, match="lost"):
+        engine.generate([Request([5, 1, 2], 6)])

@@ -89,3 +89,16 @@ def test_jsonl_is_one_object_per_prompt_and_json_reports_compilation_apart(capsy
     # the timed run is the generation alone: compiled before, so much faster than compiling
     assert out["tokens_per_s"] == pytest.approx(6 / out["generate_s"], rel=0.05)
     assert out["generate_s"] < out["compile_s"]
+
+
+def test_a_request_the_engine_could_not_serve_is_one_line(monkeypatch, capsys):
+    """A completion that finished with finish_reason "error" (its prefill failed and the engine
+    went on) is not printed as an empty output: one line naming the prompt and why, exit 1."""
+    from replayjax.engine import Completion, Engine
+
+    monkeypatch.setattr(Engine, "generate", lambda self, reqs, on_tokens=None: [
+        Completion(r.id, [], "error", float("nan"), 0.0, error="the prefill failed (X: y)")
+        for r in reqs])
+    assert generate_cli.main(["--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "replayjax generate: error: prompt 1 of 1: the prefill failed (X: y)")

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -481,3 +482,21 @@ def test_greedy_agreement_tells_late_divergence_from_a_wrong_first_token():
 def test_kernel_impls_are_the_registrys():
     from pallas_kernels.dispatch import IMPLS
     assert set(e2e.KERNEL_IMPLS) == set(IMPLS)
+
+
+def test_requests_the_engine_could_not_serve_fail_their_variant(monkeypatch, capsys):
+    """Completions that finished with finish_reason "error" (their prefill failed, the engine
+    went on) make their variant a failed row saying how many and why, not a timed one; with
+    every variant failed the exit status is 1."""
+    real = e2e.serve
+
+    def serve(engine, workload):
+        out = real(engine, workload)
+        return [dataclasses.replace(c, finish_reason="error", error="the prefill failed (X)")
+                if i == 0 else c for i, c in enumerate(out)]
+
+    monkeypatch.setattr(e2e, "serve", serve)
+    argv = ["--model", NEMOTRON, *SMALL, "--variants", "replay", "--isolate", "none", "--json"]
+    assert e2e.main(argv) == 1
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["failures"], row["error"]) == (1, "1 of 2 requests failed: the prefill failed (X)")

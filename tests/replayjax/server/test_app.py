@@ -10,6 +10,7 @@ from replayjax.engine import Completion, Event
 from replayjax.server.app import ServerState, create_app
 from replayjax.server.metrics import Metrics
 from replayjax.server.protocol import ServedModel
+from replayjax.server.worker import EngineWorker, RequestFailed
 
 
 class StubWorker:
@@ -25,6 +26,9 @@ class StubWorker:
         return 0, 0, 4
 
     def submit(self, request, deliver):
+        if request.prompt[:1] == [ord("!")]:     # the engine could not serve this one
+            deliver(RequestFailed("the prefill failed (RuntimeError: RESOURCE_EXHAUSTED)"))
+            return
         tokens = list(reversed(request.prompt))[:request.max_new_tokens]
         deliver(Event(request.id, tokens, Completion(request.id, tokens, "length", 0.0, 0.0,
                                                      cached_tokens=len(request.prompt) // 2)))
@@ -72,6 +76,32 @@ def test_unknown_routes_methods_and_missing_chat_template():
     err = error(c.post("/v1/chat/completions", json={
         "model": "stub", "messages": [{"role": "user", "content": "x"}]}), 400)
     assert "no chat template" in err["message"]
+
+
+def test_a_request_the_engine_cannot_serve_is_500_and_the_rest_go_on():
+    """An engine that fails one request (its prefill) and goes on: that request gets a 500
+    naming why (or the stream's error event), counted as finish_reason "error"; the next is
+    served and the server stays healthy."""
+    c, state = client(StubWorker())
+    body = {"model": "stub", "prompt": "!abc", "max_tokens": 2}
+    err = error(c.post("/v1/completions", json=body), 500)
+    assert (err["type"], err["code"]) == ("server_error", "request_failed")
+    assert err["message"] == "the prefill failed (RuntimeError: RESOURCE_EXHAUSTED)"
+    assert c.post("/v1/completions", json=dict(body, stream=True)).text == (
+        'data: {"error":{"message":"the prefill failed (RuntimeError: RESOURCE_EXHAUSTED)",'
+        '"type":"server_error","param":null,"code":"request_failed"}}\n\ndata: [DONE]\n\n')
+    assert c.post("/v1/completions", json=dict(body, prompt="abc")).status_code == 200
+    assert c.get("/health").status_code == 200
+    assert 'replayjax_requests_total{finish_reason="error"} 2.0' in c.get("/metrics").text
+
+
+def test_the_worker_hands_a_failed_request_its_error():
+    """EngineWorker turns a completion with finish_reason "error" into a RequestFailed for
+    that request's callback (the engine goes on)."""
+    w, got = EngineWorker(engine=None), []
+    w._sinks["x"] = got.append
+    w._dispatch([Event("x", [], Completion("x", [], "error", float("nan"), 0.0, error="why"))])
+    assert isinstance(got[0], RequestFailed) and str(got[0]) == "why" and not w._sinks
 
 
 def test_served_then_503_while_draining():
