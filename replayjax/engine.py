@@ -401,9 +401,9 @@ class Engine:
         """One host visit: reports cancellations, then either admits queued requests into free
         slots (one prefill call) or runs one decode / verify visit over the running requests.
         Returns the visit's events: each request's new tokens, and its Completion if it
-        finished (stop id, max_new_tokens, cancelled, or "error": its prefill failed without
-        touching the engine's state, e.g. out of memory, and the engine goes on; an error that
-        took the state propagates). Nothing to do: []. Call it from one
+        finished (stop id, max_new_tokens, cancelled, or "error": its prefill failed before it
+        consumed the engine's state, and the engine goes on; an error that took the state
+        propagates). Nothing to do: []. Call it from one
         thread at a time."""
         return _drain(self._visit())
 
@@ -643,10 +643,11 @@ class Engine:
         start = time.perf_counter()
         before = self.state
         try:
-            self.state, first, last = self._prefill(self.state, *args)
+            state, first, last = self._prefill(self.state, *args)
+            first = np.asarray(first)     # (an error at run time surfaces here)
         except Exception as e:  # noqa: BLE001 -- refused before running, or the engine breaks
             return self._prefill_failed(batch, before, e)
-        first = np.asarray(first)
+        self.state = state
         last = np.asarray(last) if self.return_logits else None
         now = time.perf_counter()
         self.visits.append(("prefill", 1, now - start))
@@ -662,11 +663,12 @@ class Engine:
         return events
 
     def _prefill_failed(self, batch, before, error) -> list:
-        """A prefill call that raised: if it ran nothing (no donated buffer consumed, e.g. its
-        allocation failed), its requests finish with finish_reason "error" and the engine goes
-        on (their slots stay free; a prefix cache forgets everything, as the call may have
-        claimed entries it never filled); else the error propagates: the engine's state is
-        gone."""
+        """A prefill call that raised: if it had not consumed the engine's state (its donated
+        buffers intact: it failed at compilation or dispatch, e.g. an allocation refused
+        there), its requests finish with finish_reason "error" and the engine goes on (their
+        slots stay free; a prefix cache forgets everything, as the call may have claimed
+        entries it never filled); else the error propagates: the state is gone (an error while
+        the call ran, such as XLA's out of memory at run time on a CPU)."""
         if any(isinstance(a, jax.Array) and a.is_deleted() for a in jax.tree.leaves(before)):
             raise error
         if self.prefix is not None:

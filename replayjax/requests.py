@@ -35,8 +35,8 @@ class Completion:
                                                             # step, with Engine.record_drafts
     logits: np.ndarray | None = None  # [len(tokens), V] fp32, with Engine(return_logits=True)
     cached_tokens: int = 0          # prompt tokens restored from the prefix cache (not prefilled)
-    error: str = ""                 # finish_reason "error": why (its prefill failed, e.g. out
-                                    # of memory; the engine goes on)
+    error: str = ""                 # finish_reason "error": why (its prefill failed before it
+                                    # ran; the engine goes on)
 
     @property
     def tpot_s(self):

@@ -20,8 +20,8 @@ class EngineFailed(RuntimeError):
 
 
 class RequestFailed(EngineFailed):
-    """The engine could not serve one request (its prefill failed, e.g. out of memory) and
-    goes on serving the others."""
+    """The engine could not serve one request (its prefill failed before it ran) and goes on
+    serving the others."""
     status, code = 500, "request_failed"
 
 

@@ -128,10 +128,10 @@ def test_fresh_ids_are_not_reused(engine):
 
 
 def test_a_failed_prefill_fails_its_requests_only(model, monkeypatch):
-    """A prefill call that raises before it runs (e.g. out of memory allocating its buffers:
-    no donated buffer consumed) finishes its requests with finish_reason "error" saying why,
-    and the engine serves the next ones as before; one that raises after consuming the
-    engine's state propagates (the engine cannot go on)."""
+    """A prefill call that raises before it runs (at compilation or dispatch: no donated
+    buffer consumed) finishes its requests with finish_reason "error" saying why, and the
+    engine serves the next ones as before; one that raises after consuming the engine's state
+    propagates (the engine cannot go on)."""
     engine = Engine(model, num_slots=2, max_len=64, window=4)
     real = engine._prefill
 
