@@ -21,6 +21,26 @@ from jax.sharding import PartitionSpec as P
 from models import sharding
 
 
+class Step:
+    """A step of `Runner.jit`: `step(state, *args, **kw)` runs it (state donated);
+    `extra_bytes(state, *args, **kw)` is what running it would allocate beyond its arguments
+    (XLA's temporaries and the outputs not aliasing the donated state), from the executable
+    that a call compiles anyway (shared with it), per device; None where XLA does not say."""
+
+    def __init__(self, jitted, params, prepare):
+        self._jitted, self._params, self._prepare = jitted, params, prepare
+
+    def __call__(self, state, *args, **kw):
+        return self._jitted(self._params(), state, *self._prepare(args), **kw)
+
+    def extra_bytes(self, state, *args, **kw) -> int | None:
+        lowered = self._jitted.lower(self._params(), state, *self._prepare(args), **kw)
+        m = lowered.compile().memory_analysis()
+        if m is None:
+            return None
+        return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+
+
 class Runner:
     """prefill / decode / verify / commit / greedy for any model with the `models.hybrid.HybridLM`
     methods, and `jit` for steps composed of them. `others` are further models a step may run
@@ -44,11 +64,12 @@ class Runner:
 
     def jit(self, fn, *, static_argnames=(), compiler_options=None):
         """fn(models, state, *args, **kw) -> out, a pure function of the merged models (the
-        tuple (model, *others)), as a jitted `step(state, *args, **kw)`: params are passed as an
-        argument, `state` is donated (do not use it after the call), keyword arguments named in
-        static_argnames are static (hashable; one compilation per value). On a tp mesh the
-        step runs under shard_map (see the module docstring); positional args are replicated
-        onto the mesh first. compiler_options: XLA options of this program (`jax.jit`'s)."""
+        tuple (model, *others)), as a jitted `Step`, `step(state, *args, **kw)`: params are
+        passed as an argument, `state` is donated (do not use it after the call), keyword
+        arguments named in static_argnames are static (hashable; one compilation per value).
+        On a tp mesh the step runs under shard_map (see the module docstring); positional args
+        are replicated onto the mesh first. compiler_options: XLA options of this program
+        (`jax.jit`'s)."""
         graphdef, mesh = self.graphdef, self.mesh
         jit = functools.partial(jax.jit, donate_argnums=(1,), static_argnames=static_argnames,
                                 compiler_options=compiler_options)
@@ -57,8 +78,7 @@ class Runner:
             return fn(nnx.merge(graphdef, params), state, *args, **kw)
 
         if mesh is None:
-            jitted = jit(pure)
-            return lambda state, *args, **kw: jitted(self.params, state, *args, **kw)
+            return Step(jit(pure), lambda: self.params, lambda args: args)
         tp = sharding.mesh_tp(mesh)
         param_specs = jax.tree.map(lambda a: a.sharding.spec, self.params)
 
@@ -70,9 +90,7 @@ class Runner:
                 in_specs=(param_specs, sharding.state_specs(state, tp)) + (P(),) * len(args),
                 out_specs=sharding.state_specs(out, tp))(params, state, *args)
 
-        jitted = jit(spmd)
-        return lambda state, *args, **kw: jitted(self.params, state,
-                                                 *sharding.replicate(args, mesh), **kw)
+        return Step(jit(spmd), lambda: self.params, lambda args: sharding.replicate(args, mesh))
 
     def place(self, build):
         """build() -> a pytree holding caches (a cache, an engine state), created where the

@@ -237,6 +237,7 @@ class Engine:
         self._visit_kind = "verify" if self.drafter.speculative else "decode"
         self.record_drafts = False   # tests: keep (cache length, drafts) per spec step per request
         self.visits = []     # (kind, decode steps or verify steps run, seconds) per host visit
+        self._prefill_fits = {}     # prefill shape -> None (fits) or why not (`_prefill_shortfall`)
 
         # Host bookkeeping. submit / cancel may run in other threads: they touch only what the
         # lock guards; _running and the round belong to the thread that steps.
@@ -640,6 +641,8 @@ class Engine:
         args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
         if plans is not None:
             args.append(self._prefix_rows(plans, starts, T))
+        if (why := self._prefill_shortfall(T, rows, args)) is not None:
+            return self._prefill_refused(batch, prompts, cached, T, why)
         start = time.perf_counter()
         before = self.state
         try:
@@ -661,6 +664,36 @@ class Engine:
             self._running[s] = e
             events += self._settle(s, e, now)
         return events
+
+    def _prefill_shortfall(self, T, rows, args) -> str | None:
+        """Why a prefill call of this shape would not fit in free memory (what XLA says it
+        allocates beyond its arguments, from the executable the call compiles anyway: checked
+        once a shape), or None: run out of memory while running, it would take the engine's
+        donated state with it."""
+        key = (T, rows, len(args))
+        if key not in self._prefill_fits:
+            need = self._prefill.extra_bytes(self.state, *args)
+            self._prefill_fits[key] = None if need is None else memory.shortfall(need)
+        return self._prefill_fits[key]
+
+    def _prefill_refused(self, batch, prompts, cached, T, why) -> list:
+        """A prefill that would not fit: the prompts of a shorter bucket go back to the front of
+        the queue (a later call of fewer positions takes them), those that set the bucket
+        finish with finish_reason "error" (a prefix cache forgets everything: the plan may
+        have claimed entries)."""
+        own = [_bucket(len(p) - c) for p, c in zip(prompts, cached)]
+        back = [e for (e, _), b in zip(batch, own) if b < T]
+        if self.prefix is not None:
+            self.prefix.clear()
+        with self._lock:
+            self._queue.extendleft(reversed(back))
+        if back:
+            self._round += len(back)
+            self._decode_due = False
+        now = time.perf_counter()
+        return [self._finish(e, "error", now, f"a prompt of {len(e.req.prompt)} tokens cannot "
+                                              f"be prefilled here: its prefill {why}")
+                for (e, _), b in zip(batch, own) if b == T and not e.capture]
 
     def _prefill_failed(self, batch, before, error) -> list:
         """A prefill call that raised: if it had not consumed the engine's state (its donated

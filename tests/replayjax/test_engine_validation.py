@@ -142,6 +142,7 @@ def test_a_failed_prefill_fails_its_requests_only(model, monkeypatch):
         return real(state, tokens, *rest)
 
     monkeypatch.setattr(engine, "_prefill", refuse)
+    monkeypatch.setattr(engine, "_prefill_shortfall", lambda *a: None)   # (a plain function)
     want = Engine(model, num_slots=2, max_len=64, window=4).generate([Request([5, 1, 2], 6)])
     bad, = engine.generate([Request([7, 1, 2], 6, id="bad")])
     assert (bad.finish_reason, bad.tokens) == ("error", [])
@@ -157,3 +158,28 @@ def test_a_failed_prefill_fails_its_requests_only(model, monkeypatch):
     monkeypatch.setattr(engine, "_prefill", lose)
     with pytest.raises(RuntimeError, match="lost"):
         engine.generate([Request([5, 1, 2], 6)])
+
+
+def test_a_prefill_past_free_memory_is_refused_before_it_runs(model, monkeypatch):
+    """A prefill shape whose executable would allocate more than is free (XLA's memory
+    analysis, once a shape) does not run: its prompt finishes with finish_reason "error"
+    naming the need; a shorter prompt batched with it goes back to the queue and is served as
+    alone; the engine goes on."""
+    engine = Engine(model, num_slots=2, max_len=64, window=4)
+    want = Engine(model, num_slots=2, max_len=64, window=4).generate([Request([5, 1, 2], 6)])
+    real = engine._prefill.extra_bytes
+    seen = []
+
+    def extra_bytes(state, tokens, *args):
+        seen.append(tokens.shape)
+        return 10 ** 15 if tokens.shape[1] >= 32 else real(state, tokens, *args)
+
+    monkeypatch.setattr(engine._prefill, "extra_bytes", extra_bytes)
+    long, short = engine.generate([Request([3] * 40, 6, id="long"), Request([5, 1, 2], 6)])
+    assert (long.finish_reason, long.tokens) == ("error", [])
+    assert long.error.startswith("a prompt of 40 tokens cannot be prefilled here: its prefill "
+                                 "needs ~1000000.0 GB; the ")
+    assert (short.finish_reason, short.tokens) == ("length", want[0].tokens)
+    assert [T for _, T in seen] == [64, 16]          # each shape checked once
+    again, = engine.generate([Request([3] * 40, 2)])
+    assert again.finish_reason == "error" and [T for _, T in seen] == [64, 16]
