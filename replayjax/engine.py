@@ -641,7 +641,11 @@ class Engine:
         args = [jnp.asarray(a) for a in (tokens, lengths, slots)] + [sp]
         if plans is not None:
             args.append(self._prefix_rows(plans, starts, T))
-        if (why := self._prefill_shortfall(T, rows, args)) is not None:
+        try:
+            why = self._prefill_shortfall(T, rows, args)
+        except Exception as e:  # noqa: BLE001 -- its compilation failed: the call's would too
+            return self._prefill_failed(batch, self.state, e)
+        if why is not None:
             return self._prefill_refused(batch, prompts, cached, T, why)
         start = time.perf_counter()
         before = self.state

@@ -183,3 +183,21 @@ def test_a_prefill_past_free_memory_is_refused_before_it_runs(model, monkeypatch
     assert [T for _, T in seen] == [64, 16]          # each shape checked once
     again, = engine.generate([Request([3] * 40, 2)])
     assert again.finish_reason == "error" and [T for _, T in seen] == [64, 16]
+
+
+def test_a_prefill_that_does_not_compile_fails_its_requests_only(model, monkeypatch):
+    """A prefill whose compilation raises (seen by the memory check, which compiles it first)
+    finishes its requests with finish_reason "error"; the engine goes on."""
+    engine = Engine(model, num_slots=2, max_len=64, window=4)
+    real = engine._prefill.extra_bytes
+
+    def extra_bytes(state, tokens, *args):
+        if tokens.shape[1] >= 32:
+            raise ValueError("cannot lower")
+        return real(state, tokens, *args)
+
+    monkeypatch.setattr(engine._prefill, "extra_bytes", extra_bytes)
+    bad, = engine.generate([Request([3] * 40, 2)])
+    assert (bad.finish_reason, bad.error) == ("error",
+                                              "the prefill failed (ValueError: cannot lower)")
+    assert engine.generate([Request([5, 1, 2], 2)])[0].finish_reason == "length"
