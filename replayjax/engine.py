@@ -683,37 +683,40 @@ class Engine:
     def _prefill_refused(self, batch, prompts, cached, T, why) -> list:
         """A prefill that would not fit: the prompts of a shorter bucket go back to the front of
         the queue (a later call of fewer positions takes them), those that set the bucket
-        finish with finish_reason "error" (a prefix cache forgets everything: the plan may
-        have claimed entries)."""
+        fail (`_prefill_errors`)."""
         own = [_bucket(len(p) - c) for p, c in zip(prompts, cached)]
         back = [e for (e, _), b in zip(batch, own) if b < T]
-        if self.prefix is not None:
-            self.prefix.clear()
         with self._lock:
             self._queue.extendleft(reversed(back))
         if back:
             self._round += len(back)
             self._decode_due = False
-        now = time.perf_counter()
-        return [self._finish(e, "error", now, f"a prompt of {len(e.req.prompt)} tokens cannot "
-                                              f"be prefilled here: its prefill {why}")
-                for (e, _), b in zip(batch, own) if b == T and not e.capture]
+        return self._prefill_errors(
+            [e for (e, _), b in zip(batch, own) if b == T],
+            lambda e: f"a prompt of {len(e.req.prompt)} tokens cannot be prefilled here: its "
+                      f"prefill {why}")
 
     def _prefill_failed(self, batch, before, error) -> list:
         """A prefill call that raised: if it had not consumed the engine's state (its donated
         buffers intact: it failed at compilation or dispatch, e.g. an allocation refused
-        there), its requests finish with finish_reason "error" and the engine goes on (their
-        slots stay free; a prefix cache forgets everything, as the call may have claimed
-        entries it never filled); else the error propagates: the state is gone (an error while
-        the call ran, such as XLA's out of memory at run time on a CPU)."""
+        there), its requests fail (`_prefill_errors`) and the engine goes on; else the error
+        propagates: the state is gone (an error while the call ran, such as XLA's out of memory
+        at run time on a CPU)."""
         if any(isinstance(a, jax.Array) and a.is_deleted() for a in jax.tree.leaves(before)):
             raise error
-        if self.prefix is not None:
-            self.prefix.clear()
         first = " ".join(str(error).split())[:300]
         why = f"the prefill failed ({type(error).__name__}: {first})"
+        return self._prefill_errors([e for e, _ in batch], lambda e: why)
+
+    def _prefill_errors(self, entries, why) -> list:
+        """Events finishing the entries a prefill could not serve with finish_reason "error"
+        and `why(entry)` (their slots stay free; prefix-cache captures report nothing). A
+        prefix cache forgets everything: the call's plan may have claimed entries it never
+        filled."""
+        if self.prefix is not None:
+            self.prefix.clear()
         now = time.perf_counter()
-        return [self._finish(e, "error", now, why) for e, _ in batch if not e.capture]
+        return [self._finish(e, "error", now, why(e)) for e in entries if not e.capture]
 
     def _prefix_rows(self, plans, starts, T) -> PrefixRows:
         """The prefill's PrefixRows: hit entries padded to the most a slot can hold (a fixed

@@ -41,10 +41,10 @@ def prefill_attention(q, k_pool, v_pool, slots, starts, kv_head=None, *, block_q
     pool entries cannot leak). fp32 HIGHEST dots, as the reference."""
     b, T, nh, hd = q.shape
     max_len = k_pool.shape[1]
-    if kv_head is not None:
-        k_pool, v_pool = (lax.dynamic_slice_in_dim(a, kv_head, 1, axis=2)
-                          for a in (k_pool, v_pool))
-    kv = k_pool.shape[2]
+    # the KV heads each block gathers: all, or the one every query head uses
+    heads = (jnp.arange(k_pool.shape[2]) if kv_head is None
+             else jnp.reshape(kv_head, (1,)).astype(jnp.int32))
+    kv = heads.shape[0]
     bq, bk = min(block_q, T), min(block_k, max_len)
     chunks = -(-T // bq)
     qg = q.astype(jnp.float32).reshape(b, T, kv, nh // kv, hd) * hd ** -0.5
@@ -61,8 +61,9 @@ def prefill_attention(q, k_pool, v_pool, slots, starts, kv_head=None, *, block_q
             m, den, acc = carry
             lo = jnp.minimum(j * bk, max_len - bk)          # the last block moves back...
             kpos = lo + jnp.arange(bk)
-            keys = lax.dynamic_slice_in_dim(k_pool, lo, bk, axis=1)[slots]   # [b, bk, kv, hd]
-            vals = lax.dynamic_slice_in_dim(v_pool, lo, bk, axis=1)[slots]
+            # the rows' block only (one gather: not every slot's block, then the rows')
+            at = (slots[:, None, None], kpos[None, :, None], heads[None, None, :])
+            keys, vals = (pool[at] for pool in (k_pool, v_pool))          # [b, bk, kv, hd]
             new = kpos >= j * bk                            # ...and skips what came before
             seen = new[None, None, :] & (kpos[None, None, :] <= pos[:, :, None])  # [b, bq, bk]
             anyone = new[None, :] & (kpos[None, :] <= pos[:, -1:])               # [b, bk]

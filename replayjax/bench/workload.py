@@ -18,11 +18,7 @@ import os
 import numpy as np
 
 from replayjax import memory
-from replayjax.commandline import UserError, is_unicode
-
-# seeds and top-k go into int32 arrays on device (`replayjax.sampling`, not imported here: a
-# trace is read before JAX loads)
-SEED_LIMIT = TOP_K_LIMIT = 2 ** 31
+from replayjax.commandline import INT32_MAX, UserError, is_unicode
 
 TRACE_FIELDS = ("prompt_ids", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
                 "seed", "stop_ids", "id")
@@ -128,11 +124,11 @@ def parse_trace_line(line, where, encode):
         stop_ids=_int_list(obj, "stop_ids", where, True) if "stop_ids" in obj else (),
         temperature=float(_checked(obj, "temperature", where, lambda v: _is_number(v) and v >= 0,
                                    "a number >= 0 (0 = greedy)", 0.0)),
-        top_k=_checked(obj, "top_k", where, lambda v: _is_int(v) and 0 <= v < TOP_K_LIMIT,
-                       "an integer in [0, 2^31) (0 = off)", 0),
+        top_k=_checked(obj, "top_k", where, lambda v: _is_int(v) and 0 <= v <= INT32_MAX,
+                       "an integer in [0, 2^31) (0 = off)", 0),        # int32 on device
         top_p=float(_checked(obj, "top_p", where, lambda v: _is_number(v) and 0 < v <= 1,
                              "a number in (0, 1]", 1.0)),
-        seed=_checked(obj, "seed", where, lambda v: _is_int(v) and 0 <= v < SEED_LIMIT,
+        seed=_checked(obj, "seed", where, lambda v: _is_int(v) and 0 <= v <= INT32_MAX,
                       "an integer in [0, 2^31)", 0),        # the engine keys int32 seeds
         id=_checked(obj, "id", where, lambda v: isinstance(v, (str, int, float)),
                     "a string or a number", where))
