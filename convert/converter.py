@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from convert.errors import Cancelled, ConvertError
-from convert.plan import DTYPES, plan
+from convert.plan import model_dtype, plan
 from convert.progress import Progress
 from convert.safetensors_io import INDEX_NAME, Reader
 from convert.table import chunk_shape, param_blocks, path_str
@@ -114,9 +114,7 @@ def convert(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = Fals
     t_start = time.monotonic()
     rss_before = _maxrss_mb()
     out_dir = os.path.abspath(os.path.normpath(os.fspath(out_dir)))
-    if dtype is not None and dtype not in DTYPES:
-        raise ConvertError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    p = plan(hf_dir, dtype=dtype)
+    p = plan(hf_dir, dtype=model_dtype(dtype))
     _check_paths(p.hf_dir, out_dir, overwrite)
     hf_dir, cfg, ck, table, targets = p.hf_dir, p.cfg, p.checkpoint, p.table, p.targets
     dtype_name, mtp, notes, skipped = p.dtype.name, p.mtp, p.notes, p.skipped

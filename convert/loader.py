@@ -28,7 +28,7 @@ import numpy as np
 
 from convert.converter import CONFIG_NAME, FORMAT, META_NAME, PARAMS_DIR
 from convert.errors import ConvertError
-from convert.plan import DTYPES, plan
+from convert.plan import DTYPES, model_dtype, plan
 
 HOST_BLOCK_BYTES = 64 << 20        # read size while assembling a param on the host
 
@@ -79,6 +79,17 @@ def _placement(where, cfg, mesh, partition, experts="width"):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
     from models import sharding
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ConvertError(f"{where}: mesh must be a jax.sharding.Mesh "
+                           f"(`models.sharding.make_mesh`) or None, got a {type(mesh).__name__}")
+    if partition is not None and not (isinstance(partition, sharding.TPRules)
+                                      or callable(partition)):
+        raise ConvertError(f"{where}: partition must be a models.sharding.TPRules or a "
+                           f"function (path, shape) -> PartitionSpec, got a "
+                           f"{type(partition).__name__}")
+    if experts not in sharding.EXPERT_SPLITS:
+        raise ConvertError(f"{where}: experts must be one of "
+                           f"{', '.join(map(repr, sharding.EXPERT_SPLITS))}, got {experts!r}")
     if mesh is None and partition is None:
         device = SingleDeviceSharding(jax.devices()[0])
         return _Specs(lambda path, shape: device)
@@ -137,7 +148,7 @@ def load(out_dir, mesh=None, dtype=None, *, partition: Partition | None = None,
     out_dir = os.path.abspath(os.fspath(out_dir))
     meta = read_metadata(out_dir)
     cfg = load_config_of(out_dir)
-    dtype = DTYPES[meta["dtype"]] if dtype is None else dtype
+    dtype = DTYPES[meta["dtype"]] if dtype is None else model_dtype(dtype)
     model = mappings.abstract_model(cfg, dtype, bool(meta.get("mtp")))
     graphdef, state = nnx.split(model)
     pure = nnx.to_pure_dict(state)

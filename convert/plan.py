@@ -25,6 +25,21 @@ from models.registry import family_for
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 
 
+def model_dtype(dtype) -> np.dtype | None:
+    """A model dtype given by name ("bfloat16", "float32") or as a dtype object, as a numpy
+    dtype; None stays None (the checkpoint's). ConvertError for anything else (integer weights
+    would load as truncated integers; float16 and float64 do not run)."""
+    if dtype is None:
+        return None
+    try:
+        dt = DTYPES.get(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in DTYPES.values():
+        raise ConvertError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return dt
+
+
 @dataclass(frozen=True)
 class Plan:
     hf_dir: str                             # absolute
@@ -124,7 +139,7 @@ def plan(hf_dir, *, dtype=None, mtp: bool | None = None) -> Plan:
                          "mtp.* tensors: no MTP head")
     elif mtp and not has_mtp:
         raise ConvertError(f"mtp=True but {hf_dir} has no mtp.* tensors (load it with mtp=False)")
-    dtype = _default_dtype(ck) if dtype is None else np.dtype(dtype)
+    dtype = _default_dtype(ck) if dtype is None else model_dtype(dtype)
     try:
         table, targets = mappings.build(cfg, set(ck.tensors), dtype, bool(mtp))
     except ValueError as e:

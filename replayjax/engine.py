@@ -71,6 +71,7 @@ from models.hybrid import SSM_MODES, ring_blocks
 from models.runner import Runner
 from pallas_kernels.dispatch import IMPLS
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
+from pallas_kernels.validation import STATE_DTYPES
 from replayjax import memory, steps
 from replayjax.drafters import MTPDrafter, make_drafter
 from replayjax.prefix_cache import PrefixCache
@@ -96,9 +97,17 @@ def _bucket(n, minimum=16):
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, num_draft, impl,
-                    prefill_rows, prefill_tokens, prefix_cache_gb, prefix_block, prefix_host_gb):
-    """ValueError naming the first invalid engine setting and its rule."""
+def _check_settings(*, model, num_slots, max_len, ssm_mode, window, state_dtype,
+                    steps_per_visit, num_draft, impl, prefill_rows, prefill_tokens,
+                    prefix_cache_gb, prefix_block, prefix_host_gb, mesh):
+    """ValueError (TypeError for a wrong kind of object) naming the first invalid engine setting
+    and its rule."""
+    if not isinstance(model, nnx.Module) or not hasattr(model, "cfg"):
+        raise TypeError(f"model must be a loaded model (`replayjax.loading.load_model`, "
+                        f"`convert.load_hf`), got a {type(model).__name__}")
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (`models.sharding.make_mesh`) or "
+                        f"None, got a {type(mesh).__name__}")
     for name, value in (("num_slots", num_slots), ("max_len", max_len),
                         ("steps_per_visit", steps_per_visit), ("prefill_rows", prefill_rows),
                         ("prefill_tokens", prefill_tokens)):
@@ -112,6 +121,13 @@ def _check_settings(*, num_slots, max_len, ssm_mode, window, steps_per_visit, nu
     if not (is_int(window) and 1 <= window <= MAX_WINDOW and window & (window - 1) == 0):
         raise ValueError(f"window must be a power of two in [1, {MAX_WINDOW}] (the ReplaySSM "
                          f"ring length L), got {window!r}")
+    try:
+        state_ok = jnp.dtype(state_dtype) in [jnp.dtype(d) for d in STATE_DTYPES]
+    except TypeError:
+        state_ok = False
+    if not state_ok:
+        raise ValueError(f"state_dtype must be float32 or bfloat16 (the SSM state), got "
+                         f"{state_dtype!r}")
     limit = min(MAX_VERIFY_TOKENS - 1, window - 1)
     if not (is_int(num_draft) and 0 <= num_draft <= limit):
         raise ValueError(f"num_draft = {num_draft!r} must be in [0, {limit}] (window L = "
@@ -146,6 +162,23 @@ class _Entry:
     drafts: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)  # [k, V] chunks, return_logits
     capture: bool = False           # a re-prefill storing a finished request's decoded blocks
+    # the visit's verify steps: (first token, tokens, (cache length, drafts) or None)
+    spec_steps: list = dataclasses.field(default_factory=list)
+
+    def count_steps(self):
+        """Folds the visit's verify steps into verify_steps / accepted / drafts, over the tokens
+        kept (a stop id or max_new_tokens cuts a step short, or drops later ones): a step
+        counts if it kept a token, and its drafts among the kept tokens count as accepted (a
+        step's tokens are its accepted drafts, then the verifier's own token)."""
+        n = len(self.tokens)
+        for start, k, drafts in self.spec_steps:
+            kept = min(max(n - start, 0), k)
+            if kept:
+                self.verify_steps += 1
+                self.accepted += min(kept, k - 1)
+                if drafts is not None:
+                    self.drafts.append(drafts)
+        self.spec_steps.clear()
 
 
 class Engine:
@@ -179,11 +212,12 @@ class Engine:
         occupied slots and prefill only the arrived prompts (padded to a few sizes), much
         faster at low load, but rounding then also depends on the batch size, so greedy
         near-ties flip between loads more often."""
-        _check_settings(num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode, window=window,
+        _check_settings(model=model, num_slots=num_slots, max_len=max_len, ssm_mode=ssm_mode,
+                        window=window, state_dtype=state_dtype,
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows, prefill_tokens=prefill_tokens,
                         prefix_cache_gb=prefix_cache_gb, prefix_block=prefix_block,
-                        prefix_host_gb=prefix_host_gb)
+                        prefix_host_gb=prefix_host_gb, mesh=mesh)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -355,6 +389,8 @@ class Engine:
         is reported there as a completion with finish_reason "cancelled" (a running one that
         the visit already on the device finishes, by length or a stop id, completes as it
         would have). Returns False if no queued or running request has this id. Thread-safe."""
+        if not isinstance(request_id, Hashable):
+            return False                            # no request has an unhashable id
         with self._lock:
             if request_id not in self._ids:
                 return False
@@ -447,6 +483,9 @@ class Engine:
         Completions. Lets a caller act between visits (a profiler tracing only decode steps).
         The requests are checked before anything runs (a request without an id gets its index);
         the engine must have no other queued or running requests."""
+        if on_tokens is not None and not callable(on_tokens):
+            raise TypeError(f"on_tokens must be callable or None, got a "
+                            f"{type(on_tokens).__name__}")
         reqs = [_with_id(r, i) for i, r in enumerate(requests)]
         with self._lock:
             if self._queue or self._running or self._dropped:
@@ -460,10 +499,22 @@ class Engine:
         while self.has_work:
             for ev in (yield from self._visit()):
                 if on_tokens is not None:
-                    on_tokens(ev.id, ev.tokens, ev.finished)
+                    try:
+                        on_tokens(ev.id, ev.tokens, ev.finished)
+                    except BaseException:
+                        self._abandon(ids)      # the engine stays usable; the caller's error
+                        raise
                 if ev.finished:
                     done[ev.id] = ev.completion
         return [done[i] for i in ids]
+
+    def _abandon(self, ids):
+        """Cancels `ids` and runs the engine until they are gone (a `generate` whose callback
+        raised leaves an idle engine, as it found it)."""
+        for i in ids:
+            self.cancel(i)
+        while self.has_work:
+            _drain(self._visit())
 
     # ------------------------------------------------------------------ host visits
     def _enqueue(self, reqs):
@@ -542,7 +593,7 @@ class Engine:
             self._ids.discard(e.req.id)
             self._cancel.discard(e.req.id)
         new, e.streamed = e.tokens[e.streamed:], len(e.tokens)
-        return Event(e.req.id, new, c)
+        return Event(e.req.id, new, c, e.cached)
 
     def _settle(self, slot, e: _Entry, now: float) -> list:
         """After a visit added tokens to `e`: completes it at a stop id or max_new_tokens (the
@@ -551,12 +602,14 @@ class Engine:
         hit = next((j for j in range(e.streamed, len(e.tokens)) if e.tokens[j] in e.stops),
                    None) if e.stops else None
         if hit is None and len(e.tokens) < r.max_new_tokens:
+            e.count_steps()
             if len(e.tokens) == e.streamed:
                 return []
             new, e.streamed = e.tokens[e.streamed:], len(e.tokens)
-            return [Event(r.id, new)]
+            return [Event(r.id, new, cached=e.cached)]
         n = min(len(e.tokens) if hit is None else hit + 1, r.max_new_tokens)
         e.tokens = e.tokens[:n]
+        e.count_steps()
         if self.return_logits:
             e.logits = [np.concatenate(e.logits)[:n]]
         del self._running[slot]
@@ -766,14 +819,11 @@ class Engine:
             e = self._running[s]
             for j in np.flatnonzero(n_acc[r]):      # the steps the row took part in
                 k = int(n_acc[r, j])
-                if drafts is not None:
-                    pos = len(e.req.prompt) + len(e.tokens) - 1
-                    e.drafts.append((pos, drafts[r, j].tolist()))
+                e.spec_steps.append((len(e.tokens), k, None if drafts is None else (
+                    len(e.req.prompt) + len(e.tokens) - 1, drafts[r, j].tolist())))
                 e.tokens += emitted[r, j, :k].tolist()
                 if logits is not None:
                     e.logits.append(logits[r, j, :k])
-                e.verify_steps += 1
-                e.accepted += k - 1
             events += self._settle(s, e, now)
         return events
 

@@ -21,7 +21,9 @@ licence texts): CPU, seconds.
 Sampling: --temperature 0 (the default) is greedy decoding, the most likely token at every step,
 so --top-k, --top-p and --seed change nothing. With --temperature > 0 tokens are sampled, after
 the --top-k and --top-p filters, with keys derived from --seed (default 0) and the position: the
-same seed gives the same text, whatever else is in the batch.
+same seed gives the same text, whatever else is in the batch. --speculative samples the same
+distribution but draws its random numbers otherwise (a draft is accepted by chance), so a seed's
+text differs with it, and with --num-draft.
 
 Output: one prompt's completion as plain text; with several prompts a header before each one
 ("==> prompt 2/3: 'The licenses ' <=="). --jsonl: one JSON object per prompt. --json: one object
@@ -101,7 +103,8 @@ def build_parser():
                    help="sample among the most likely tokens whose probabilities add up to P; "
                         "1 = off")
     s.add_argument("--seed", type=cli.in_range(0, cli.INT32_MAX), default=0, metavar="S",
-                   help="sampling seed; the same seed gives the same output")
+                   help="sampling seed; the same seed gives the same output with the same "
+                        "--speculative and --num-draft")
     d = ap.add_argument_group("decoding")
     d.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
                    help="how SSM layers decode: ReplaySSM or the standard recurrence")

@@ -52,6 +52,7 @@ class Event:
     id: Hashable
     tokens: list
     completion: Completion | None = None
+    cached: int = 0         # prompt tokens the prefix cache restored (known once prefilled)
 
     @property
     def finished(self) -> bool:
@@ -74,7 +75,8 @@ def check_request(r: Request, *, vocab: int, max_len: int, num_draft: int) -> No
     if prompt.size == 0:
         fail("empty prompt")
     _in_vocab(prompt, "token ids", vocab, fail)
-    stops = _token_ids(list(r.stop_ids), "stop_ids", fail)
+    stops = _token_ids(list(r.stop_ids) if isinstance(r.stop_ids, (set, frozenset))
+                       else r.stop_ids, "stop_ids", fail)
     _in_vocab(stops, "stop_ids", vocab, fail)
     n = r.max_new_tokens
     if not is_int(n):

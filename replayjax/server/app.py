@@ -49,6 +49,7 @@ class ServerState:
     max_body_bytes: int = 16_000_000        # a request body past this answers 413 (16 MB)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
+    hurry: bool = False                     # a second signal: abort what is in flight now
     live: set = dataclasses.field(default_factory=set)        # Generations in flight
 
     def encode(self, text: str) -> list:
@@ -77,9 +78,11 @@ class ServerState:
         if self.draining:
             raise ApiError("The server is shutting down; send the request elsewhere.",
                            status=503, type="server_error", code="shutting_down")
-        queued = self.worker.load()[0]
-        if queued >= self.max_queue:
-            raise ApiError(f"The server is busy: {queued} requests are waiting for a slot (at "
+        # in flight past the slots: waiting (the engine's own queue also holds those that a
+        # free slot takes at its next visit)
+        waiting = max(0, len(self.live) - self.worker.load()[2])
+        if waiting >= self.max_queue:
+            raise ApiError(f"The server is busy: {waiting} requests are waiting for a slot (at "
                            f"most {self.max_queue}); retry later.", status=429,
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"})
@@ -96,7 +99,7 @@ class ServerState:
         aborts the rest and waits (a bounded time) for their responses to end."""
         self.draining = True
         deadline = time.monotonic() + timeout
-        while self.live and time.monotonic() < deadline:
+        while self.live and not self.hurry and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
         if self.live:
             log.warning("shutdown: aborting %d requests still running", len(self.live))

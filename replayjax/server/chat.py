@@ -81,7 +81,7 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template failed: {e}") from None
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
+        except Exception as e:          # noqa: BLE001 -- any error of the template's own code
             raise ChatTemplateError(f"the chat template failed ({type(e).__name__}: {e})") \
                 from None
 

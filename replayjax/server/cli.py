@@ -4,7 +4,8 @@ Flags are checked when parsed (exit 2, one line); a model directory the server c
 line too (exit 1). The port is bound before the model loads, so a taken port fails at once. The
 first SIGTERM or SIGINT drains: new requests get 503, those in flight get --shutdown-timeout
 seconds to finish, the rest end with finish_reason "abort", and the process exits 0; a second
-signal exits at once.
+signal ends that wait at once (the requests in flight end with "abort" now); a third is uvicorn's
+own forced exit.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn's server whose first SIGTERM / SIGINT drains the app (`ServerState.drain`) before
-    it stops; a second one stops it at once."""
+    it stops; a second one aborts the requests still in flight at once (they end with
+    finish_reason "abort", streams with [DONE]) and stops; a third leaves it to uvicorn."""
 
     def __init__(self, config, state, shutdown_timeout):
         super().__init__(config)
@@ -234,8 +236,12 @@ class _Server(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig, frame):
-        if self._drain is not None or self._loop is None:
+        if self._loop is None or self.state.hurry:      # a third signal: uvicorn's own exit
             return super().handle_exit(sig, frame)
+        if self._drain is not None:
+            log.warning("replayjax serve: stopping now (aborting the requests in flight)")
+            self.state.hurry = True     # read by the drain's loop (a bool: no lock needed)
+            return
         log.warning("replayjax serve: draining (%g s for requests in flight)",
                     self.shutdown_timeout)
         self._drain = True

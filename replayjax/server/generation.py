@@ -84,8 +84,10 @@ class Generation:
         engine finished it."""
         now = time.monotonic()
         if ev.tokens:
-            if self.completion_tokens == 0:
+            if self.completion_tokens == 0:         # its first tokens: it was prefilled
                 self.metrics.ttft.observe(now - self._arrived)
+                self.cached_tokens = ev.cached
+                self.metrics.prefix(self.prompt_tokens, ev.cached)
             else:
                 gap = (now - self._last) / len(ev.tokens)
                 for _ in ev.tokens:
@@ -108,9 +110,6 @@ class Generation:
                 return "".join(text)
             text.append(self.stops.flush())
             c = ev.completion
-            if c.ttft_s == c.ttft_s:            # prefilled (nan: cancelled while queued)
-                self.cached_tokens = c.cached_tokens
-                self.metrics.prefix(self.prompt_tokens, c.cached_tokens)
             if c.verify_steps:
                 self.metrics.speculation(c.verify_steps, c.accepted_drafts)
             reason = c.finish_reason

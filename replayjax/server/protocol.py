@@ -210,9 +210,15 @@ def _stream_flags(fields) -> tuple[bool, bool]:
     return stream, usage
 
 
+# OpenAI's legacy /v1/completions generates 16 tokens when max_tokens is not given (chat: up to
+# the context length), and clients written for it rely on that
+COMPLETIONS_MAX_TOKENS = 16
+
+
 def _params(fields, prompt, served: ServedModel, *, max_tokens_field: str,
-            prompt_field: str) -> GenerationParams:
-    """GenerationParams from checked fields and the prompt's token ids."""
+            prompt_field: str, default_max_tokens: int | None = None) -> GenerationParams:
+    """GenerationParams from checked fields and the prompt's token ids; without max_tokens,
+    `default_max_tokens` (None: the room the context leaves), at most that room."""
     if not prompt:
         raise ApiError("The prompt is empty.", param=prompt_field)
     if bad := [t for t in prompt if not 0 <= t < served.vocab]:
@@ -224,7 +230,7 @@ def _params(fields, prompt, served: ServedModel, *, max_tokens_field: str,
         raise ApiError(f"This model's maximum context length is {served.max_len} tokens; the "
                        f"prompt has {len(prompt)} tokens{drafts}, leaving no room to generate.",
                        param=prompt_field, code="context_length_exceeded")
-    max_tokens = fields.get(max_tokens_field, room)
+    max_tokens = fields.get(max_tokens_field, min(default_max_tokens or room, room))
     if max_tokens > room:
         raise ApiError(f"This model's maximum context length is {served.max_len} tokens. "
                        f"However, you requested {len(prompt) + max_tokens + served.num_draft} "
@@ -270,7 +276,8 @@ def parse_completion(body, served: ServedModel,
     else:
         raise _invalid("prompt", "a string or a list of token ids (one prompt per request)",
                        prompt)
-    return _params(fields, ids, served, max_tokens_field="max_tokens", prompt_field="prompt")
+    return _params(fields, ids, served, max_tokens_field="max_tokens", prompt_field="prompt",
+                   default_max_tokens=COMPLETIONS_MAX_TOKENS)
 
 
 def _message(m, i) -> dict:

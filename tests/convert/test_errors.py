@@ -14,9 +14,10 @@ import pytest
 
 import convert.converter as converter
 import convert.writer as writer
-from convert import ConvertError
+from convert import ConvertError, load_hf
 from convert.safetensors_io import Reader, open_checkpoint
 from replayjax import cli
+from replayjax.loading import load_model
 from tests.convert.helpers import fixture_dir, make_checkpoint, tensors_of
 
 V = "nemotron_h"
@@ -274,9 +275,29 @@ def test_interrupt_before_rename_cli_exit_130(tmp_path, dst, capsys, monkeypatch
 def test_api_raises_convert_error(tmp_path, dst):
     with pytest.raises(ConvertError, match="is not a directory"):
         converter.convert(tmp_path / "nope", dst / "out")
-    with pytest.raises(ConvertError, match="--dtype must be one of"):
+    with pytest.raises(ConvertError, match="^dtype must be one of bfloat16, float32, got "
+                                           "'float16'$"):
         converter.convert(fixture_dir(V), dst / "out", dtype="float16")
     assert os.listdir(dst) == []
+
+
+@pytest.mark.parametrize("dtype", ["int8", np.int32, "float16", np.float64, "bf16", 5])
+def test_loaders_refuse_dtypes_a_model_cannot_run(tmp_path, dtype):
+    """Integer dtypes would truncate the weights, float16 / float64 do not run: every loader
+    refuses them in one line; dtype objects of the two model dtypes are accepted."""
+    for load_fn in (load_hf, load_model):
+        with pytest.raises(ConvertError, match="dtype must be one of bfloat16, float32, got"):
+            load_fn(fixture_dir(V), dtype=dtype)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(mesh="x"), "mesh must be a jax.sharding.Mesh .* got a str"),
+    (dict(partition=5), "partition must be a models.sharding.TPRules or a function"),
+    (dict(experts="bogus"), "experts must be one of 'width', 'experts', got 'bogus'"),
+])
+def test_loaders_refuse_bad_placement_arguments(kw, match):
+    with pytest.raises(ConvertError, match=match):
+        load_hf(fixture_dir(V), **kw)
 
 
 def test_bad_arguments_exit_2(capsys):

@@ -17,6 +17,7 @@ from flax import nnx
 from replayjax.engine import Engine, Request, SamplingParams
 from tests.models import test_mtp
 from tests.models.hf_checks import load
+from tests.replayjax.spec_counts import every_draft_accepted
 
 FAMILY = {"nemotron_h": "nemotron_h", "qwen3_next": "qwen"}
 
@@ -102,8 +103,7 @@ def test_exact_head_accepts_every_draft(tmp_path, variant):
     out = Engine(model, num_slots=2, max_len=64, window=4, num_draft=K,
                  drafter="mtp").generate(reqs())
     assert [c.tokens for c in out] == want
-    for c in out:
-        assert c.accepted_drafts == K * c.verify_steps > 0
+    assert all(every_draft_accepted(c, K) for c in out)
 
 
 @pytest.mark.parametrize("invariant", [True, False])
@@ -132,6 +132,8 @@ def test_mtp_speculative_matches_greedy(fixture, invariant):
     steps = drafts_total = hits = 0
     for r, c in zip(reqs, out):
         assert 0 <= c.accepted_drafts <= K * c.verify_steps and c.verify_steps == len(c.drafts)
+        # only kept tokens count: each step kept its drafts and (unless cut) its own token
+        assert c.accepted_drafts + c.verify_steps <= len(c.tokens)
         seq = [int(t) for t in r.prompt] + c.tokens
         ref = _reference_drafts(model, seq, [p for p, _ in c.drafts], K)
         got = [d for _, d in c.drafts]
@@ -197,3 +199,14 @@ def test_speculative_steps_chained_on_device_match_one_per_visit(fixture, tmp_pa
         np.testing.assert_array_equal(a.logits, b.logits)
     if exact:
         assert all(c.accepted_drafts > 0 for c in one)
+
+
+def test_a_cut_step_counts_only_the_drafts_kept():
+    """A visit's verify steps count over the tokens kept after a stop id or max_new_tokens:
+    a cut step's kept tokens are all drafts, a dropped step does not count."""
+    from replayjax.engine import _Entry
+    e = _Entry(Request(prompt=[1], max_new_tokens=7), 0.0, frozenset(), tokens=[9] * 7)
+    e.spec_steps = [(1, 4, (1, [9, 9, 9])), (5, 4, (5, [9, 9, 9])), (9, 4, (9, [9, 9, 9]))]
+    e.count_steps()
+    assert (e.verify_steps, e.accepted, [p for p, _ in e.drafts]) == (2, 3 + 2, [1, 5])
+    assert not e.spec_steps

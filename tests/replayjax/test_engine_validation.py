@@ -3,6 +3,7 @@ field and the rule, before anything is queued or compiled (nothing silently chan
 
 import math
 
+import jax.numpy as jnp
 import pytest
 
 from replayjax.engine import Engine, Request, RequestError, SamplingParams
@@ -45,11 +46,42 @@ def _one_line(excinfo):
     (dict(ssm_mode="fast"), "ssm_mode must be 'replay' or 'standard', got 'fast'"),
     (dict(impl="cuda"), "impl must be one of 'auto', 'pallas', 'xla', 'pallas_triton', "
                         "'pallas_mosaic_gpu', got 'cuda'"),
+    (dict(state_dtype=jnp.float16), "state_dtype must be float32 or bfloat16"),
+    (dict(state_dtype=jnp.int32), "state_dtype must be float32 or bfloat16"),
+    (dict(state_dtype="bogus"), "state_dtype must be float32 or bfloat16 .*'bogus'"),
 ])
 def test_bad_settings(model, kw, match):
     with pytest.raises(ValueError, match=match) as e:
         Engine(model, **kw)
     _one_line(e)
+
+
+@pytest.mark.parametrize("args,kw,match", [
+    ((None,), {}, "model must be a loaded model .* got a NoneType"),
+    (("some/dir",), {}, "model must be a loaded model .* got a str"),
+    ((), dict(mesh="x"), "mesh must be a jax.sharding.Mesh .* got a str"),
+])
+def test_wrong_kinds_of_objects(model, args, kw, match):
+    with pytest.raises(TypeError, match=match) as e:
+        Engine(*(args or (model,)), **kw)
+    _one_line(e)
+
+
+def test_a_bad_or_failing_callback_leaves_the_engine_usable(engine):
+    """on_tokens that is not callable is refused before anything is queued; one that raises
+    propagates its error, and the engine is idle again (its requests cancelled)."""
+    with pytest.raises(TypeError, match="on_tokens must be callable or None, got a int"):
+        engine.generate([_req()], on_tokens=5)
+    assert not engine.has_work
+
+    def fail(*_):
+        raise KeyError("the caller's bug")
+
+    with pytest.raises(KeyError, match="the caller's bug"):
+        engine.generate([_req(), _req(id="y")], on_tokens=fail)
+    assert not engine.has_work
+    assert engine.generate([_req()])[0].finish_reason == "length"
+    assert not engine.cancel([1])               # no request has an unhashable id
 
 
 def test_draft_model_needs_the_draft_drafter(model):
@@ -74,6 +106,8 @@ def _req(**kw):
      r"prompt \(50\) \+ max_new_tokens \(13\) \+ drafts \(2\) = 65 exceeds the cache length "
      r"max_len = 64"),
     (_req(stop_ids=(5, 200)), r"stop_ids \[200\] out of the vocabulary \[0, 128\)"),
+    (_req(stop_ids=5), "stop_ids must be a sequence of integer token ids, got 5"),
+    (_req(stop_ids=None), "stop_ids must be a sequence of integer token ids, got None"),
     (_req(sampling=SamplingParams(temperature=-1)),
      r"sampling.temperature must be a finite number >= 0 \(0 = greedy\), got -1"),
     (_req(sampling=SamplingParams(temperature=math.inf)), "sampling.temperature must be"),

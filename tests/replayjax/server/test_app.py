@@ -14,7 +14,8 @@ from replayjax.server.worker import EngineWorker, RequestFailed
 
 
 class StubWorker:
-    """Answers every request with its prompt reversed, in one event."""
+    """Answers every request with its prompt reversed: its first token in one event (with the
+    prompt tokens "cached", half of them), the rest with its completion in another."""
     failed = None
 
     def __init__(self, broken=False):
@@ -29,9 +30,11 @@ class StubWorker:
         if request.prompt[:1] == [ord("!")]:     # the engine could not serve this one
             deliver(RequestFailed("the prefill failed (RuntimeError: RESOURCE_EXHAUSTED)"))
             return
-        tokens = list(reversed(request.prompt))[:request.max_new_tokens]
-        deliver(Event(request.id, tokens, Completion(request.id, tokens, "length", 0.0, 0.0,
-                                                     cached_tokens=len(request.prompt) // 2)))
+        tokens, cached = list(reversed(request.prompt))[:request.max_new_tokens], \
+            len(request.prompt) // 2
+        deliver(Event(request.id, tokens[:1], cached=cached))
+        deliver(Event(request.id, tokens[1:], Completion(request.id, tokens, "length", 0.0, 0.0,
+                                                         cached_tokens=cached), cached))
 
     def cancel(self, request_id):
         pass
@@ -129,9 +132,13 @@ def test_prefix_cache_usage_and_metrics():
     r = c.post("/v1/completions", json=dict(body, prompt="abcdef", stream=True,
                                             stream_options={"include_usage": True}))
     assert '"prompt_tokens_details":{"cached_tokens":3}' in r.text
+    # a stop string in its first tokens ends it before the engine's completion comes
+    r = c.post("/v1/completions", json=dict(body, prompt="zyxwvu", stop="u")).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
     text = c.get("/metrics").text
-    for line in ("replayjax_prefix_cache_lookup_tokens_total 10.0",
-                 "replayjax_prefix_cache_hit_tokens_total 5.0",
+    for line in ("replayjax_prefix_cache_lookup_tokens_total 16.0",
+                 "replayjax_prefix_cache_hit_tokens_total 8.0",
                  "replayjax_prefix_cache_hit_rate 0.5"):
         assert line in text.splitlines(), line
 

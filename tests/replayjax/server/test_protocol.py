@@ -24,7 +24,9 @@ def completion(**body):
 
 def test_defaults_fit_the_cache_and_eos_stops():
     p = completion()
-    assert p.prompt == list(b"hello") and p.max_tokens == 64 - 5 - 2
+    # OpenAI's completions default: 16 tokens, or the room the context leaves if less
+    assert p.prompt == list(b"hello") and p.max_tokens == 16
+    assert completion(prompt="x" * 50).max_tokens == 64 - 50 - 2
     assert p.stop_ids == (7,) and p.sampling.temperature == 0.0 and not p.stream
     assert completion(ignore_eos=True, stop_token_ids=[9]).stop_ids == (9,)
     assert completion(stop_token_ids=[7, 9]).stop_ids == (7, 9)

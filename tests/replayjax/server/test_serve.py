@@ -143,12 +143,18 @@ def test_stop_strings_and_stop_token_ids(client, reference):
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_sampling_is_seeded_and_max_tokens_defaults_to_the_cache(client):
+def test_sampling_is_seeded_and_max_tokens_defaults_as_openais(client):
     kw = dict(model=MODEL, prompt=PROMPTS[3], max_tokens=12, temperature=0.9, top_p=0.95)
     a, b = (client.completions.create(seed=11, extra_body={"top_k": 40}, **kw) for _ in "ab")
     assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 12
+    # without max_tokens: 16 tokens for a completion, the rest of the context for a chat
     r = client.completions.create(model=MODEL, prompt=PROMPTS[3], temperature=0)
-    assert r.usage.completion_tokens == MAX_LEN - len(PROMPTS[3])    # no eos: fills the cache
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+    r = client.chat.completions.create(model=MODEL, temperature=0,
+                                       messages=[{"role": "user", "content": PROMPTS[3]}])
+    assert (r.usage.prompt_tokens + r.usage.completion_tokens == MAX_LEN
+            or r.choices[0].finish_reason == "stop")
+    assert r.usage.completion_tokens > 16
 
 
 def test_refusals_through_the_client(client):
