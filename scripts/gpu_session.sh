@@ -1301,10 +1301,11 @@ print(serve.markdown(rows))" "$out" ;;
         --prefix-cache-gb 16 --variants replay ${PREFIX_FLAGS:-}
     done ;;
   prefill)
-    # tokens/s and, per mode, one traced call's device time by kernel class (--profile)
-    for m in nemotron-h-8b qwen3.5-9b; do
-      limit 360 python3 -m replayjax.bench.prefill --synthetic $m --batch 32 --prompt-len 2048 \
-        --profile 2>>"$out/prefill.log" | tee -a "$out/prefill.md"
+    # tokens/s (the traced call of --profile, by kernel class, took the 8B past 360 s on an
+    # H100 in the thirty-fourth session: PREFILL_FLAGS=--profile adds it, one model a call)
+    for m in ${PREFILL_MODELS:-nemotron-h-8b qwen3.5-9b}; do
+      limit 280 python3 -m replayjax.bench.prefill --synthetic $m --batch 32 --prompt-len 2048 \
+        ${PREFILL_FLAGS:-} 2>>"$out/prefill.log" | tee -a "$out/prefill.md"
     done ;;
   profile-b1)
     # batch 1 of the MoE hybrid whose replay step was 3.6% slower than standard (issue 17: at
