@@ -155,6 +155,33 @@ class _ConfigBase:
     def _err(self, msg: str) -> ConfigError:
         return ConfigError(f"{self.family} config: {msg}")
 
+    def _field_types(self) -> None:
+        """Tuple fields given as lists become tuples (a frozen config must hash); anything else
+        there, or a non-bool in a bool field (a truthy string would silently mean True), is an
+        error."""
+        for f in fields(self):
+            v, t = getattr(self, f.name), str(f.type)
+            if t.startswith("tuple"):
+                if isinstance(v, list):
+                    v = tuple(v)
+                    object.__setattr__(self, f.name, v)
+                if not (isinstance(v, tuple) or (v is None and t.endswith("| None"))):
+                    raise self._err(f"field {f.name!r} must be a tuple (or list), got {v!r}")
+            elif t == "bool" and not isinstance(v, bool):
+                raise self._err(f"field {f.name!r} must be True or False, got {v!r}")
+
+    def _pow2(self, name: str, why: str) -> None:
+        """A positive integer field that the kernels need to be a power of two."""
+        self._positive(name)
+        v = getattr(self, name)
+        if v & (v - 1):
+            raise self._err(f"field {name!r} must be a power of two ({why}), got {v}")
+
+    def _at_least(self, name: str, low: int, why: str) -> None:
+        self._positive(name)
+        if getattr(self, name) < low:
+            raise self._err(f"field {name!r} must be >= {low} ({why}), got {getattr(self, name)}")
+
     def _positive(self, *names: str) -> None:
         for n in names:
             v = getattr(self, n)
@@ -209,11 +236,12 @@ class _ConfigBase:
         if unknown := sorted(set(d) - set(known)):
             raise ConfigError(f"{cls.__name__}.from_dict: unknown fields {unknown}")
 
-        def dec(v, is_float):
+        def dec(v, is_float, name):
             if isinstance(v, list):
-                return tuple(dec(x, is_float) for x in v)
-            return _as_float(v, "value") if is_float and isinstance(v, str) else v
-        kwargs = {k: dec(v, "float" in str(known[k].type)) for k, v in d.items()}
+                return tuple(dec(x, is_float, name) for x in v)
+            return (_as_float(v, f"{cls.__name__}.from_dict: field {name!r}")
+                    if is_float and isinstance(v, str) else v)
+        kwargs = {k: dec(v, "float" in str(known[k].type), k) for k, v in d.items()}
         try:
             return cls(**kwargs)
         except TypeError as e:  # missing required fields
@@ -290,6 +318,7 @@ class NemotronHConfig(_ConfigBase):
     mtp_layer_kinds: tuple[str, ...] = ()  # () when num_mtp_layers == 0
 
     def __post_init__(self):
+        self._field_types()
         self._positive("vocab_size", "hidden_size")
         for name in ("layer_kinds", "mtp_layer_kinds"):
             if bad := [k for k in getattr(self, name) if k not in _NEMOTRON_PATTERN.values()]:
@@ -314,6 +343,8 @@ class NemotronHConfig(_ConfigBase):
             self._positive("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
                            "conv_kernel", "chunk_size")
             self._multiple("mamba_num_heads", "n_groups")
+            self._pow2("ssm_state_size", "the Mamba-2 kernels' d_state N")
+            self._at_least("conv_kernel", 2, "the conv kernels keep K - 1 inputs per slot")
             lo, hi = self.time_step_limit if len(self.time_step_limit) == 2 else (1, 0)
             if not 0 <= lo <= hi:
                 raise self._err(f"field 'time_step_limit' must be (lo, hi) with 0 <= lo <= hi, "
@@ -528,6 +559,7 @@ class QwenHybridConfig(_ConfigBase):
         if self.family not in _QWEN_FAMILIES:
             raise ConfigError(f"unknown Qwen family {self.family!r}; "
                               f"expected one of {_QWEN_FAMILIES}")
+        self._field_types()
         self._positive("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                        "head_dim")
         self._multiple("num_attention_heads", "num_key_value_heads")
@@ -542,6 +574,12 @@ class QwenHybridConfig(_ConfigBase):
             self._positive("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                            "linear_value_head_dim", "linear_conv_kernel_dim")
             self._multiple("linear_num_value_heads", "linear_num_key_heads")
+            self._pow2("linear_key_head_dim", "the GDN kernels' key dim K")
+            self._at_least("linear_conv_kernel_dim", 2,
+                           "the conv kernels keep K - 1 inputs per slot")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+            raise self._err(f"field 'rope_theta' must be > 0, got {theta!r}")
         rd = self.rotary_dim
         if not (0 < rd <= self.head_dim and rd % 2 == 0):
             raise self._err(f"partial_rotary_factor {self.partial_rotary_factor} gives "
@@ -670,8 +708,7 @@ def _parse_qwen(top: Mapping[str, Any], model_type: str) -> QwenHybridConfig:
         if isinstance(sub, Mapping):
             rope.update({k: v for k, v in sub.items() if v is not None})
     rr = _Reader(rope, f"{where} rope_parameters")
-    if not (theta := rr.float("rope_theta", default=10000.0)) > 0:
-        raise ConfigError(f"{where}: field 'rope_theta' must be > 0, got {theta!r}")
+    theta = rr.float("rope_theta", default=10000.0)     # > 0: checked by QwenHybridConfig
     rope_type = rr.str("rope_type", "type", default="default")
     if rope_type not in ("default", "mrope"):
         raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")

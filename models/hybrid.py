@@ -38,6 +38,14 @@ from jax import lax
 
 from models.cache import ModelCache, SSMCache
 from models.parallel import gather_vocab
+from models.validation import (  # noqa: F401  (SSM_MODES, check_mode: re-exported)
+    SSM_MODES,
+    check_commit,
+    check_draft_room,
+    check_mode,
+    check_prefill,
+    check_window,
+)
 from pallas_kernels.ring import (
     NULL_SLOT,
     advance_counts,
@@ -52,7 +60,6 @@ from pallas_kernels.ring import (
 )
 
 SSM_KINDS = ("mamba", "gdn")
-SSM_MODES = ("replay", "standard")
 PREFILL_CHUNK = 64      # chunk length of the chunked prefill scans
 
 
@@ -158,17 +165,6 @@ def token_validity(slots, window_len: int, lengths=None):
     return valid & (jnp.arange(window_len)[None, :] < lengths[:, None])
 
 
-def check_mode(mode, cache: ModelCache):
-    """A known mode, and no replay step on a standard-mode cache with drafts (its rings are
-    one entry per slot and its pool is larger than the rings: the kernels would reject it)."""
-    if mode not in SSM_MODES:
-        raise ValueError(f"mode must be one of {SSM_MODES}, got {mode!r}")
-    if mode == "replay" and any(isinstance(lc, SSMCache) and lc.num_drafts
-                                for lc in cache.layers):
-        raise ValueError("this cache was built with ssm_mode='standard' (draft states, no "
-                         "rings): run it with mode='standard'")
-
-
 def store_prefill(cache: SSMCache, slots, state, conv_state):
     """Writes a prefilled slot: checkpoint = state after the prompt (at the first row of the
     slot's group, where `HybridLM.prefill` points its `state_rows`), conv state."""
@@ -184,8 +180,8 @@ def store_prefill(cache: SSMCache, slots, state, conv_state):
 def store_pending(cache: SSMCache, slots, window):
     """Keeps a verify window's pre-conv inputs [b, T, C] until `commit`."""
     T = window.shape[1]
-    if cache.pending is None or cache.pending.shape[1] < T:
-        have = 0 if cache.pending is None else cache.pending.shape[1]
+    if cache.pending is None or cache.pending.shape[1] < T:   # `check_window` says it first
+        have = 1 if cache.pending is None else cache.pending.shape[1]
         raise ValueError(f"verify window T = {T} exceeds the cache's max_verify ({have}); "
                          f"build the cache with init_cache(..., max_verify={T})")
     i = row_index(slots, slots != NULL_SLOT, cache.conv.shape[0])
@@ -196,9 +192,8 @@ def store_pending(cache: SSMCache, slots, window):
 def ssm_buffers(init, num_slots: int, window: int, max_verify: int, ssm_mode: str):
     """A layer's SSM buffers for `ssm_mode`. init(num_slots, window) builds ReplayBuffers or
     GDNBuffers. Replay: as built. Standard: the rings are unused, so they shrink to one entry,
-    and the checkpoint pool grows to S * (1 + T) rows for T = max_verify > 1 (draft states)."""
-    if ssm_mode not in SSM_MODES:
-        raise ValueError(f"ssm_mode must be one of {SSM_MODES}, got {ssm_mode!r}")
+    and the checkpoint pool grows to S * (1 + T) rows for T = max_verify > 1 (draft states).
+    The settings are the caller's `init_cache`'s, checked there (`check_cache_settings`)."""
     if ssm_mode == "replay":
         return init(num_slots, window)
     bufs = init(num_slots, 1)
@@ -210,11 +205,7 @@ def ssm_buffers(init, num_slots: int, window: int, max_verify: int, ssm_mode: st
 def verify_draft_rows(cache: SSMCache, rows, slots, window_len: int):
     """Draft rows [b, T] for a standard-mode verify window from the slots' state rows [b], or a
     ValueError without room."""
-    if cache.num_drafts < window_len:
-        raise ValueError(
-            f"standard-mode verify of T = {window_len} needs {window_len} draft states per slot, "
-            f"the cache has {cache.num_drafts}; build it with init_cache(..., "
-            f"ssm_mode='standard', max_verify={window_len})")
+    check_draft_room(cache.num_drafts, window_len)
     return draft_rows(rows, slots, cache.num_drafts, window_len)
 
 
@@ -226,7 +217,9 @@ def ssm_cache(buffers, num_slots, conv_kernel, conv_channels, dtype, max_verify)
 
 
 class HybridLM(nnx.Module):
-    """prefill / decode / verify / commit over the family's `_run`."""
+    """prefill / decode / verify / commit over the family's `_run`. Each checks its inputs
+    (`models.validation`): shapes and dtypes always, values (token ids, lengths, slots, room
+    in the slot) when the arrays are concrete, i.e. not when the call is traced under jit."""
 
     def prefill(self, cache: ModelCache, tokens, lengths, slots, *, last_only=False):
         """tokens [b, T] right-padded prompts, lengths [b] in 1..T, slots [b]: starts the slots
@@ -260,6 +253,7 @@ class HybridLM(nnx.Module):
         inputs [b, n, block, Cu] (the mixer's `replay_width` Cu, the activation dtype) of the
         n = `ring_blocks` blocks from base. Returns (logits, hidden, cache, kept): kept per
         layer, None for non-SSM layers (all None without block)."""
+        check_prefill(self, cache, tokens, lengths, slots, starts)
         begin = jnp.zeros_like(slots) if starts is None else starts
         base = starts if ring is None else starts - ring.r
         index = {id(layer): i for i, layer in enumerate(self.layers)}
@@ -314,7 +308,7 @@ class HybridLM(nnx.Module):
     def decode_hidden(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """`decode` up to the LM head: the final-normed hidden states [b, 1, D] (the
         activation dtype) and the cache; `local_logits` of them are the logits."""
-        check_mode(mode, cache)
+        check_window(self, cache, tokens, slots, mode, "decode")
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
@@ -338,7 +332,7 @@ class HybridLM(nnx.Module):
     def verify_hidden(self, cache: ModelCache, tokens, slots, *, mode="replay", impl="auto"):
         """`verify` up to the LM head: (hidden [b, T, D], cache); `local_logits` of hidden are
         the logits."""
-        check_mode(mode, cache)
+        check_window(self, cache, tokens, slots, mode, "verify")
         rows = cache.state_rows[slots]
         hidden, layers = self._window_pass(
             cache, tokens, slots,
@@ -360,8 +354,10 @@ class HybridLM(nnx.Module):
     def commit(self, cache: ModelCache, slots, n_accepted, window_len: int, *, mode="replay"):
         """Accept the first n_accepted (1..T) tokens of each row's verify window: conv states and
         attention lengths roll back the rest exactly; the SSM state by ring counts (replay) or
-        by pointing the slot's `state_rows` at draft n - 1 (standard; counts untouched)."""
-        check_mode(mode, cache)
+        by pointing the slot's `state_rows` at draft n - 1 (standard; counts untouched).
+        window_len is the verify window's T (a Python int, static under jit); n_accepted outside
+        1..T is an error on concrete arrays and clipped to it under jit."""
+        check_commit(cache, slots, n_accepted, window_len, mode)
         n = jnp.clip(n_accepted, 1, window_len)
         layers = tuple(lc.replace(conv=conv_commit(lc.conv, lc.pending[slots][:, :window_len],
                                                    slots, n))

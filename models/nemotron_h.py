@@ -43,6 +43,7 @@ from models.hybrid import (
     verify_draft_rows,
 )
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
+from models.validation import check_cache_settings, check_model_dtype
 from pallas_kernels import mamba2
 from pallas_kernels.conv import conv_update
 from pallas_kernels.mamba2.prefill import ssd_prefill
@@ -346,6 +347,7 @@ class NemotronH(HybridLM):
     def __init__(self, cfg: NemotronHConfig, dtype=jnp.float32, *, mtp: bool = False):
         """`mtp=True` builds the MTP head the config describes (checkpoints that ship
         `mtp.*` tensors); HF-saved checkpoints have none, so it is off by default."""
+        dtype = check_model_dtype(dtype)
         self.cfg = cfg
         self.embeddings = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.layers = nnx.List([Block(cfg, k, dtype) for k in cfg.layer_kinds])
@@ -377,10 +379,14 @@ class NemotronH(HybridLM):
         `max_verify` > 1 makes room for speculative windows of up to that many tokens.
         `ssm_mode="standard"`: one-entry rings (`window` unused) and, for max_verify = T > 1,
         T draft states per slot for standard-mode verify (see `models.cache`); decode in either
-        mode works on a replay cache."""
+        mode works on a replay cache. The arguments are checked by
+        `models.validation.check_cache_settings`."""
         c = self.cfg
         act = self.embeddings[...].dtype
-        ring_dtype, kv_dtype = ring_dtype or act, kv_dtype or act
+        state_dtype, ring_dtype, kv_dtype = check_cache_settings(
+            num_slots, max_len, window=window, max_verify=max_verify, ssm_mode=ssm_mode,
+            state_dtype=state_dtype, ring_dtype=act if ring_dtype is None else ring_dtype,
+            kv_dtype=act if kv_dtype is None else kv_dtype)
         init = lambda S, L: mamba2.init_replay_buffers(
             S, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups, L,
             state_dtype, ring_dtype)

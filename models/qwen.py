@@ -49,6 +49,7 @@ from models.hybrid import (
     verify_draft_rows,
 )
 from models.parallel import fused_view, kv_head, split_fused, tp_sum
+from models.validation import check_cache_settings, check_model_dtype
 from pallas_kernels import gdn
 from pallas_kernels.conv import conv_update
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
@@ -374,6 +375,7 @@ class QwenHybrid(HybridLM):
     def __init__(self, cfg: QwenHybridConfig, dtype=jnp.float32, *, mtp: bool = False):
         """`mtp=True` builds the MTP head (checkpoints that ship `mtp.*` tensors; HF-saved ones
         have none, so it is off by default)."""
+        dtype = check_model_dtype(dtype)
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
         if mtp and cfg.mtp_use_dedicated_embeddings:
@@ -421,10 +423,15 @@ class QwenHybrid(HybridLM):
         GDN rings default to float32 (bf16 corrected updates drift, see `gdn.init_gdn_buffers`).
         `ssm_mode="standard"`: one-entry rings (`window` unused) and, for max_verify = T > 1,
         T draft states per slot for standard-mode verify (see `models.cache`); decode in either
-        mode works on a replay cache."""
+        mode works on a replay cache. The arguments are checked by
+        `models.validation.check_cache_settings`."""
         c = self.cfg
         act = self.embed_tokens[...].dtype
-        ring_dtype, kv_dtype = ring_dtype or jnp.float32, kv_dtype or act
+        state_dtype, ring_dtype, kv_dtype = check_cache_settings(
+            num_slots, max_len, window=window, max_verify=max_verify, ssm_mode=ssm_mode,
+            state_dtype=state_dtype,
+            ring_dtype=jnp.float32 if ring_dtype is None else ring_dtype,
+            kv_dtype=act if kv_dtype is None else kv_dtype)
         init = lambda S, L: gdn.init_gdn_buffers(
             S, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
             c.linear_value_head_dim, L, state_dtype, ring_dtype)

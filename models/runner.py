@@ -19,6 +19,13 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from models import sharding
+from models.validation import (
+    check_commit,
+    check_greedy,
+    check_mode,
+    check_prefill,
+    check_window,
+)
 
 
 class Step:
@@ -45,7 +52,12 @@ class Runner:
     """prefill / decode / verify / commit / greedy for any model with the `models.hybrid.HybridLM`
     methods, and `jit` for steps composed of them. `others` are further models a step may run
     (a draft model); a model given twice is split once. `mesh`: the tp mesh the models' params
-    are on (None: single device), found from the params."""
+    are on (None: single device), found from the params.
+
+    The model-level methods check their inputs before the jitted step (`models.validation`:
+    under jit only shapes can be checked), so bad token ids, lengths or slots, or a slot past
+    max_len, are a ValueError here; this reads the per-row arrays (and, for decode / verify,
+    the cache's lengths) back to the host. Steps built with `jit` check shapes only."""
 
     def __init__(self, model, *others):
         self.model = model
@@ -111,35 +123,43 @@ class Runner:
     def prefill(self, cache, tokens, lengths, slots, *, last_only=False):
         """tokens [b, T] int32 right-padded, lengths [b], slots [b] -> logits [b, T, V] fp32
         (with last_only those of each prompt's last token, [b, 1, V]), cache."""
+        check_prefill(self.model, cache, tokens, lengths, slots)
         return self._prefill(cache, tokens, lengths, slots, last_only=last_only)
 
     def prefill_hidden(self, cache, tokens, lengths, slots):
         """As `prefill`, also returning the final-normed hidden states: logits, hidden, cache."""
+        check_prefill(self.model, cache, tokens, lengths, slots)
         return self._prefill_hidden(cache, tokens, lengths, slots)
 
     def decode(self, cache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, 1] -> logits [b, 1, V], cache."""
+        check_window(self.model, cache, tokens, slots, mode, "decode")
         return self._decode(cache, tokens, slots, mode=mode, impl=impl)
 
     def verify(self, cache, tokens, slots, *, mode="replay", impl="auto"):
         """tokens [b, T] -> logits [b, T, V], hidden [b, T, D], cache (window uncommitted).
         mode "standard" needs a cache from init_cache(..., ssm_mode="standard")."""
+        check_window(self.model, cache, tokens, slots, mode, "verify")
         return self._verify(cache, tokens, slots, mode=mode, impl=impl)
 
     def commit(self, cache, slots, n_accepted, window_len, *, mode="replay"):
         """Accept n_accepted [b] of the last verify window (same `mode` as that verify)."""
+        check_commit(cache, slots, n_accepted, window_len, mode)
         return self._commit(cache, slots, n_accepted, window_len=window_len, mode=mode)
 
     def greedy(self, cache, prompts, lengths, slots, num_tokens, *, mode="replay", impl="auto"):
         """Greedy continuation of `num_tokens` per prompt. Returns tokens [b, n] int32, their
         logits [b, n, V] and the cache."""
-        logits, cache = self.prefill(cache, prompts, lengths, slots)
+        check_prefill(self.model, cache, prompts, lengths, slots)
+        check_mode(mode, cache)
+        check_greedy(cache, lengths, slots, num_tokens)     # room for all: the steps unchecked
+        logits, cache = self._prefill(cache, prompts, lengths, slots, last_only=False)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
         toks, lgs = [], []
         for _ in range(num_tokens):
             tok = jnp.argmax(last, axis=-1).astype(jnp.int32)
             toks.append(tok)
             lgs.append(last)
-            logits, cache = self.decode(cache, tok[:, None], slots, mode=mode, impl=impl)
+            logits, cache = self._decode(cache, tok[:, None], slots, mode=mode, impl=impl)
             last = logits[:, 0]
         return jnp.stack(toks, 1), jnp.stack(lgs, 1), cache

@@ -4,6 +4,7 @@ Dims are those of the models' public config.json files and Megatron-Bridge recip
 """
 
 import copy
+import dataclasses
 import json
 import math
 import pathlib
@@ -477,6 +478,18 @@ ERRORS = [
     (_with(QWEN3_NEXT_80B, "mamba_ssm_dtype", "int8"), r"'mamba_ssm_dtype' must be one of"),
     (_with(QWEN35_9B, "text_config.rope_parameters", [1]),
      r"field 'rope_parameters' must be an object, got \[1\]"),
+    # values the kernels refuse later (inside the first decode): refused when parsed
+    (_with(NEMOTRON_H_8B, "ssm_state_size", 12),
+     r"field 'ssm_state_size' must be a power of two \(the Mamba-2 kernels' d_state N\), got 12"),
+    (_with(NEMOTRON_H_8B, "conv_kernel", 1), r"field 'conv_kernel' must be >= 2 .*, got 1"),
+    (_with(_with(NEMOTRON_H_8B, "conv_kernel", _DEL), "mamba_d_conv", 1),
+     r"field 'conv_kernel' must be >= 2"),
+    (_with(QWEN3_NEXT_80B, "linear_key_head_dim", 96),
+     r"field 'linear_key_head_dim' must be a power of two \(the GDN kernels' key dim K\), "
+     r"got 96"),
+    (_with(QWEN3_NEXT_80B, "linear_conv_kernel_dim", 1),
+     r"field 'linear_conv_kernel_dim' must be >= 2 .*, got 1"),
+    (_with(QWEN3_NEXT_80B, "rope_theta", "nan"), r"field 'rope_theta' must be > 0, got nan"),
 ]
 
 
@@ -484,6 +497,66 @@ ERRORS = [
 def test_errors(cfg, match):
     with pytest.raises(ConfigError, match=match):
         parse_config(cfg)
+
+
+# Direct construction (dataclasses.replace, from_dict) runs the same __post_init__ checks as a
+# parse, including the rules that a parsed JSON value cannot break (bool fields given non-bools).
+_BASE = {"nemotron": lambda: parse_config(NEMOTRON_3_NANO_30B),
+         "qwen": lambda: parse_config(QWEN3_NEXT_80B)}
+CONSTRUCTION_ERRORS = [
+    ("nemotron", "ssm_state_size", 12, r"'ssm_state_size' must be a power of two"),
+    ("nemotron", "ssm_state_size", 0, r"'ssm_state_size' must be a positive integer"),
+    ("nemotron", "conv_kernel", 1, r"'conv_kernel' must be >= 2"),
+    ("nemotron", "residual_in_fp32", "no", r"field 'residual_in_fp32' must be True or False, "
+                                           r"got 'no'"),
+    ("nemotron", "tie_word_embeddings", 1, r"'tie_word_embeddings' must be True or False, got 1"),
+    ("nemotron", "use_conv_bias", None, r"'use_conv_bias' must be True or False, got None"),
+    ("nemotron", "norm_topk_prob", "true", r"'norm_topk_prob' must be True or False"),
+    ("nemotron", "layer_kinds", "MM*", r"field 'layer_kinds' must be a tuple \(or list\), "
+                                       r"got 'MM\*'"),
+    ("nemotron", "time_step_limit", 0.5, r"field 'time_step_limit' must be a tuple"),
+    ("qwen", "linear_key_head_dim", 48, r"'linear_key_head_dim' must be a power of two"),
+    ("qwen", "linear_conv_kernel_dim", 1, r"'linear_conv_kernel_dim' must be >= 2"),
+    ("qwen", "rope_theta", -1.0, r"qwen3_next config: field 'rope_theta' must be > 0, got -1.0"),
+    ("qwen", "rope_theta", 0, r"field 'rope_theta' must be > 0, got 0"),
+    ("qwen", "rope_theta", math.nan, r"field 'rope_theta' must be > 0, got nan"),
+    ("qwen", "rope_theta", "1e4", r"field 'rope_theta' must be (> 0|a number), got '1e4'"),
+    ("qwen", "attn_output_gate", "yes", r"'attn_output_gate' must be True or False, got 'yes'"),
+    ("qwen", "multimodal", 0, r"'multimodal' must be True or False, got 0"),
+    ("qwen", "mrope_section", 5, r"field 'mrope_section' must be a tuple"),
+]
+
+
+@pytest.mark.parametrize("base, field, value, match", CONSTRUCTION_ERRORS,
+                         ids=[f"{f}={v!r}" for _, f, v, _ in CONSTRUCTION_ERRORS])
+def test_construction_errors(base, field, value, match):
+    cfg = _BASE[base]()
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(cfg, **{field: value})
+    with pytest.raises(ConfigError, match=match):        # our own serialisation: same rules
+        config_from_dict(cfg.to_dict() | {field: value})
+
+
+def test_tuple_fields_accept_lists():
+    """A list where the config holds a tuple is converted (the config stays hashable)."""
+    c = parse_config(QWEN3_NEXT_80B)
+    d = dataclasses.replace(c, layer_kinds=list(c.layer_kinds), mlp_only_layers=[])
+    assert d == c and hash(d) == hash(c) and isinstance(d.layer_kinds, tuple)
+    n = parse_config(NEMOTRON_H_8B)
+    m = NemotronHConfig(**{f.name: getattr(n, f.name) for f in dataclasses.fields(n)}
+                        | {"layer_kinds": list(n.layer_kinds), "time_step_limit": [0.0, math.inf]})
+    assert m == n and hash(m) == hash(n)
+
+
+def test_fixture_configs_keep_the_kernel_rules():
+    """Every HF fixture config passes the rules above (so do the synthetic presets, parsed in
+    tests/replayjax/bench)."""
+    for d in sorted(pathlib.Path("tests/fixtures/hf").glob("*/config.json")):
+        c = load_config(d)
+        if isinstance(c, NemotronHConfig):
+            assert c.ssm_state_size & (c.ssm_state_size - 1) == 0 and c.conv_kernel >= 2
+        else:
+            assert c.linear_key_head_dim & (c.linear_key_head_dim - 1) == 0
 
 
 def test_config_error_is_value_error():
