@@ -501,7 +501,7 @@ class Engine:
                 if on_tokens is not None:
                     try:
                         on_tokens(ev.id, ev.tokens, ev.finished)
-                    except BaseException:
+                    except Exception:           # (an interrupt is not held up by a visit)
                         self._abandon(ids)      # the engine stays usable; the caller's error
                         raise
                 if ev.finished:
