@@ -299,11 +299,10 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
     chunk = (name, size) of the dim streamed in chunks of `field` (at most `max_chunk`: its
     vectors are one TMA box each; the name ends in the dim's letter, "d_state N"). The other
     state dim, split into one warpgroup's 64-row tiles, may have any size (`tile_rows_of`)."""
-    t = resolve_tiling(tiling, default)
+    t = resolve_tiling(tiling, default)     # integer fields >= 1 (>= 0: ZERO_FIELDS) there
     chunk_name, C = chunk
     check(C <= max_chunk, f"pallas_mosaic_gpu needs {chunk_name} <= {max_chunk}, "
           f"got {chunk_name.split()[-1]} = {C}")
-    check(t.num_stages >= 1, f"num_stages = {t.num_stages} must be >= 1")
     check_choice("prologue", t.prologue, prologues)
     tiles = {field: state_block(field, chunk_name, C, getattr(t, field), state_dtype),
              "num_stages": t.num_stages, "prologue": t.prologue}
@@ -318,9 +317,7 @@ def resolve_tiles(tiling, default, *, field, chunk, max_chunk, state_dtype, veri
         check(tiles["readout"] != "mma" or fp32,
               f"readout = 'mma' needs a float32 state, got {jnp.dtype(state_dtype).name}")
     if fold:
-        check(t.fold_stages >= 0, f"fold_stages = {t.fold_stages} must be >= 0 (0: num_stages)")
         check(t.fold_buffers in (1, 2), f"fold_buffers = {t.fold_buffers} must be 1 or 2")
-        check(t.ring_block >= 0, f"ring_block = {t.ring_block} must be >= 0 (0: the whole ring)")
         tiles.update(fold_stages=t.fold_stages or t.num_stages, fold_buffers=t.fold_buffers,
                      ring_block=t.ring_block)
     if products:

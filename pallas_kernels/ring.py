@@ -48,6 +48,8 @@ against one state plus L ring entries in replay mode. Without drafts the index i
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -131,11 +133,28 @@ def write_window_fields(buffers, counts, slots, **entries):
     return buffers._replace(**dict(zip(names, rings)))
 
 
+def _static_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_window(window_len, window) -> None:
+    """The static window sizes of a commit: a ring window L >= 1 and a verify window T in
+    [1, L] (checked where they are Python or NumPy ints; traced values are the caller's)."""
+    if _static_int(window) and window < 1:
+        raise ValueError(f"window = {window} must be >= 1 (the ring window L)")
+    too_long = _static_int(window) and _static_int(window_len) and window_len > window
+    if _static_int(window_len) and (window_len < 1 or too_long):
+        raise ValueError(f"window_len = {window_len} must be in [1, window = {window}] (the "
+                         f"verify window T)")
+
+
 def commit_counts(counts, slots, n_accepted, window_len: int, window: int):
     """Commit n_accepted (clamped to [1, T]) of a verify window per live row: the count becomes
     n - 1 after a fold (the first token went into the checkpoint) and count + n otherwise.
     counts [S] int32 (shared by every SSM layer: once per model step), slots and n_accepted [b]
-    int32; NULL_SLOT rows change nothing. Returns the new counts."""
+    int32; NULL_SLOT rows change nothing; window_len T in [1, window], window L >= 1 (refused
+    otherwise when they are Python ints). Returns the new counts."""
+    _check_window(window_len, window)
     live = slots != NULL_SLOT
     c = counts[slots]
     n = jnp.clip(n_accepted, 1, window_len)

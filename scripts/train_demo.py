@@ -23,10 +23,10 @@ The run is seeded and, on the same machine and library versions, reproduces mode
 bit for bit.
 
 Writes ``replayjax/demo/model/``: config.json (transformers 5.x ``NemotronHForCausalLM``),
-model.safetensors (hub tensor names, fp32, 2-D+ tensors rounded to bf16; ``mtp.*`` tensors are ignored
-by transformers and loaded by replayjax), tokenizer.json + tokenizer_config.json (byte-level,
-``tokenizers``), generation_config.json and provenance.json (texts + sha256, steps, losses, seed,
-command, date, sample generations).
+model.safetensors (hub tensor names, fp32, 2-D+ tensors rounded to bf16; ``mtp.*`` tensors are
+ignored by transformers and loaded by replayjax), tokenizer.json + tokenizer_config.json
+(byte-level, ``tokenizers``), generation_config.json and provenance.json (texts + sha256, steps,
+losses, seed, command, date, sample generations).
 
 Check against Hugging Face transformers (needs a venv with torch + transformers, not installed
 here):

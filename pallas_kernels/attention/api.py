@@ -8,9 +8,13 @@ positions.
     q [b, T, nh, hd] float; k_pool, v_pool [S, max_len, kv, hd] float32 or bfloat16 (one dtype);
     slots [b] int32 (NULL_SLOT = padding rows); starts [b] int32 (cached tokens before the new
     ones, whose K and V are already in the pool at starts..starts + T - 1);
-    kv_head: None (nh a multiple of kv: query head n uses KV head n // (nh / kv)), or an int32
-    scalar, maybe traced (tensor parallel with replicated KV heads: every query head uses that
-    one KV head of the pool).
+    kv_head: None (nh a multiple of kv: query head n uses KV head n // (nh / kv)), or an integer
+    scalar in [0, kv) (a Python or NumPy int, or an integer array of shape (), maybe traced;
+    tensor parallel with replicated KV heads: every query head uses that one KV head of the
+    pool).
+Values are checked where they are concrete (an eager call; under jit they stay the caller's
+contract): slots in [0, S), no slot but NULL_SLOT twice, starts >= 0 on live rows, kv_head in
+range.
 Returns [b, T, nh, hd] in q.dtype: token t of row i attends causally to positions
 <= min(starts[i] + t, max_len - 1) of pool row slots[i], scale hd^-1/2, softmax in fp32.
 NULL_SLOT rows come out zero.
@@ -24,17 +28,25 @@ tiling: an `AttentionTiling` for Pallas (None: `default_tiling(head_dim)`).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+import numpy as np
+
 from pallas_kernels.attention import pallas_triton, xla
 from pallas_kernels.dispatch import family_ops
-from pallas_kernels.ring import MAX_VERIFY_TOKENS
+from pallas_kernels.ring import MAX_VERIFY_TOKENS, NULL_SLOT
 from pallas_kernels.validation import (
     FLOAT_DTYPES,
     INT32_ONLY,
     STATE_DTYPES,
     Field,
     check,
+    check_array,
     check_fields,
     check_pool,
+    check_range,
+    check_slots,
+    concrete,
+    is_int,
 )
 
 _FIELDS = (
@@ -54,6 +66,8 @@ _OPS = family_ops("attention", ("decode_attention",), xla=xla, pallas_triton=pal
 
 
 def _check(q, k_pool, v_pool, slots, starts, kv_head) -> None:
+    for name, arr in dict(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots, starts=starts).items():
+        check_array(name, arr)
     check(q.ndim == 4, f"q must be [batch, T, heads, head_dim], got shape {tuple(q.shape)}")
     check(k_pool.ndim == 4, f"k_pool must be [slots, max_len, kv_heads, head_dim], got shape "
                             f"{tuple(k_pool.shape)}")
@@ -63,10 +77,31 @@ def _check(q, k_pool, v_pool, slots, starts, kv_head) -> None:
     dims = check_fields(_FIELDS, dict(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots,
                                       starts=starts))
     check_pool(dims["S"])
+    check_slots("slots", slots, dims["S"])
+    named = concrete(slots)
+    if named is not None:       # a padding row's start is never read
+        check_range("starts", starts, 0, np.iinfo(np.int32).max, "[0, 2^31) (cached tokens)",
+                    mask=named != NULL_SLOT)
     if kv_head is None:
         check(nh % kv == 0, f"query heads ({nh}) must be a multiple of KV heads ({kv})")
-    elif isinstance(kv_head, int):
-        check(0 <= kv_head < kv, f"kv_head = {kv_head} must be in [0, kv_heads = {kv})")
+        return
+    if hasattr(kv_head, "dtype"):       # a NumPy or jax scalar, maybe traced
+        if not (jnp.ndim(kv_head) == 0 and jnp.issubdtype(kv_head.dtype, jnp.integer)):
+            raise TypeError(f"kv_head must be None or an integer scalar, got "
+                            f"{_describe(kv_head)}")
+        value = concrete(kv_head)
+        value = None if value is None else int(value)
+    elif is_int(kv_head):
+        value = int(kv_head)
+    else:
+        raise TypeError(f"kv_head must be None or an integer scalar, got {kv_head!r}")
+    if value is not None:
+        check(0 <= value < kv, f"kv_head = {value} must be in [0, kv_heads = {kv})")
+
+
+def _describe(a) -> str:
+    """A short description of an array argument: its shape and dtype."""
+    return f"an array of shape {tuple(jnp.shape(a))} and dtype {jnp.dtype(a.dtype).name}"
 
 
 def decode_attention(q, k_pool, v_pool, slots, starts, *, kv_head=None, impl="auto",

@@ -3,7 +3,8 @@
     out, conv_state = conv_update(conv_state, window, weight, bias, slots, *, offset=None,
                                   activation=None, out_dtype=float32, splits=None)
 
-Shapes: b rows of one new token (decode, T = 1), C channels, a K-tap kernel, a pool of S slots.
+Shapes: b rows of one new token (decode, T = 1), C channels, a K-tap kernel (K >= 2), a pool
+of S slots.
     conv_state [S, K-1, C] float32 or bfloat16 (a slot's last K-1 pre-conv inputs, oldest
     first); window [b, 1, C] float (the token's pre-conv input), or with an int offset
     [b, 1, W], W >= offset + C, whose channels offset ... offset + C - 1 are (a fused
@@ -18,8 +19,9 @@ And the pool with each live row's slot shifted by one token: its last K-1 inputs
 cast to the pool's dtype (`ring.conv_commit` with n = 1). NULL_SLOT rows read the null slot
 (their output is whatever it gives) and write no pool row. Rows must name distinct live slots
 (as for every pool op, see `pallas_kernels.ring`): two rows on one slot race in the kernel (and
-XLA's scatter, declared unique, is undefined too). Pallas updates the pool in place: donate it
-at your jit boundary.
+XLA's scatter, declared unique, is undefined too). Concrete slots (an eager call) are checked:
+in [0, S), no slot but NULL_SLOT twice; under jit they stay the caller's contract. Pallas
+updates the pool in place: donate it at your jit boundary.
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere; "pallas_mosaic_gpu"
 runs it too: there is no Mosaic GPU conv), "xla" (`ring.conv_window` + `ring.conv_commit`),
@@ -39,8 +41,10 @@ from pallas_kernels.validation import (
     STATE_DTYPES,
     Field,
     check,
+    check_array,
     check_fields,
     check_pool,
+    check_slots,
     is_int,
 )
 
@@ -60,6 +64,9 @@ _OPS = family_ops("conv", ("conv_update",), xla=xla, pallas_triton=pallas_triton
 
 def _check(conv_state, window, weight, bias, slots, offset, activation, out_dtype,
            splits) -> None:
+    for name, arr in dict(conv_state=conv_state, window=window, weight=weight,
+                          slots=slots).items():
+        check_array(name, arr)
     check(conv_state.ndim == 3, f"conv_state must be [slots, K-1, channels], got shape "
                                 f"{tuple(conv_state.shape)}")
     check(window.ndim == 3, f"window must be [batch, 1, channels], got shape "
@@ -70,9 +77,12 @@ def _check(conv_state, window, weight, bias, slots, offset, activation, out_dtyp
     check(weight.shape[1] == conv_state.shape[1] + 1,
           f"weight has K = {weight.shape[1]} taps, the conv state holds {conv_state.shape[1]} "
           f"inputs (expected K - 1)")
+    check(weight.shape[1] >= 2, f"weight has K = {weight.shape[1]} taps: the conv needs K >= 2 "
+                                f"(a conv state of K - 1 >= 1 inputs)")
     dims = check_fields(_FIELDS, dict(conv_state=conv_state, window=window, weight=weight,
                                       slots=slots))
     check_pool(dims["S"])
+    check_slots("slots", slots, dims["S"])
     if bias is not None:
         check_fields((Field("bias", ("C",), "weight"),), dict(bias=bias, weight=weight), dims)
     C, W = dims["C"], dims["W"]
@@ -86,7 +96,11 @@ def _check(conv_state, window, weight, bias, slots, offset, activation, out_dtyp
               f"{W} channels, a conv state of {C})")
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got "
                                      f"{activation!r}")
-    check(jnp.dtype(out_dtype) in FLOAT_DTYPES, f"out_dtype must be one of "
+    try:
+        out_ok = jnp.dtype(out_dtype) in FLOAT_DTYPES
+    except TypeError:           # not a dtype at all ("bogus")
+        out_ok = False
+    check(out_ok, f"out_dtype must be one of "
           f"{', '.join(jnp.dtype(d).name for d in FLOAT_DTYPES)}, got {out_dtype!r}")
     check(splits is None or (isinstance(splits, tuple) and all(is_int(n) and n > 0
                                                                for n in splits)

@@ -10,7 +10,8 @@ j // (Hv / Hk)), key dim K, value dim V, pool of S slots (slot 0 = null slot), w
     activation dtype; v [b, Hv, V] activation dtype; g, beta [b, Hv] float32 (`gates`);
     slots [b] int32; counts [S] int32 in [0, L - 1]; state [S, Hv, V, K]; buffers as in
     `GDNBuffers`.
-Rows must name distinct slots. The ring contract is `pallas_kernels.ring`.
+Rows must name distinct slots. The ring contract is `pallas_kernels.ring`. Values are checked
+where concrete, as in `pallas_kernels.mamba2.api`.
 
 impl: as in `pallas_kernels.mamba2.api` ("pallas_mosaic_gpu": decode and replay verify,
 K <= 256). tiling: the Pallas launch configuration (`GDNTiling`, `GDNReplayTiling`,
@@ -31,6 +32,7 @@ from pallas_kernels.validation import (
     INT32_ONLY,
     Field,
     check,
+    check_array,
     check_draft_slots,
     check_fields,
     check_replay_cache,
@@ -53,6 +55,8 @@ _OPS = family_ops("gdn", ("standard_decode", "replay_decode", "replay_verify",
 
 def _check_step_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
     """Validates one token's inputs; returns the dims (b, Hk, Hv, K, V)."""
+    for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, slots=slots).items():
+        check_array(name, arr)
     check(v.ndim == 3, f"v must be [batch, value_heads, V], got shape {tuple(v.shape)}")
     check(q.ndim == 3, f"q must be [batch, key_heads, K], got shape {tuple(q.shape)}")
     Hv, Hk, K = v.shape[1], q.shape[1], q.shape[2]
@@ -63,6 +67,8 @@ def _check_step_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
 
 def _check_window_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
     """Window inputs are [b, T, ...]: validated as T single-token steps; returns the dims + T."""
+    for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta).items():
+        check_array(name, arr)
     check(v.ndim == 4, f"v must be [batch, T, value_heads, V], got shape {tuple(v.shape)}")
     T = v.shape[1]
     check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")
@@ -75,7 +81,7 @@ def _check_window_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
 def standard_decode(state, q, k, v, g, beta, slots, *, impl="auto", tiling=None, interpret=None):
     """One standard gated delta rule step (reads and writes every row's state): the baseline.
     Returns o [b, Hv, V] in v.dtype and the updated pool [S, Hv, V, K]."""
-    check_state(state, ("Hv", "V", "K"), _check_step_inputs(q, k, v, g, beta, slots))
+    check_state(state, ("Hv", "V", "K"), _check_step_inputs(q, k, v, g, beta, slots), slots)
     return _OPS["standard_decode"](state, q, k, v, g, beta, slots, impl=impl, tiling=tiling,
                                    interpret=interpret)
 
@@ -88,7 +94,8 @@ def replay_decode(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
     Rows with count == L - 1 fold ring + current token into the checkpoint; the others append
     (k, d, g) to the ring.
     """
-    check_replay_cache(FIELDS, buffers, counts, _check_step_inputs(q, k, v, g, beta, slots))
+    check_replay_cache(FIELDS, buffers, counts, _check_step_inputs(q, k, v, g, beta, slots),
+                       slots)
     return _OPS["replay_decode"](buffers, counts, q, k, v, g, beta, slots, impl=impl,
                                  tiling=tiling, interpret=interpret)
 
@@ -104,7 +111,7 @@ def replay_verify(buffers: GDNBuffers, counts, q, k, v, g, beta, slots, *, impl=
     with `commit_counts(counts, slots, n_accepted, T, L)`; T = 1 + commit(1) is `replay_decode`.
     """
     dims = _check_window_inputs(q, k, v, g, beta, slots)
-    L = check_replay_cache(FIELDS, buffers, counts, dims)
+    L = check_replay_cache(FIELDS, buffers, counts, dims, slots)
     check(dims["T"] <= L, f"verify window T = {dims['T']} must not exceed the ring window L = {L}")
     return _OPS["replay_verify"](buffers, counts, q, k, v, g, beta, slots, impl=impl,
                                  tiling=tiling, interpret=interpret)
@@ -116,7 +123,7 @@ def standard_verify(state, q, k, v, g, beta, slots, draft_slots, *, impl="auto",
     the state after window token s written to draft_slots[:, s] ([b, T] int32; NULL_SLOT skips).
     Returns o [b, T, Hv, V] and the pool."""
     dims = _check_window_inputs(q, k, v, g, beta, slots)
-    check_state(state, ("Hv", "V", "K"), dims)
-    check_draft_slots(draft_slots, dims)
+    check_state(state, ("Hv", "V", "K"), dims, slots)
+    check_draft_slots(draft_slots, dims, slots, state.shape[0])
     return _OPS["standard_verify"](state, q, k, v, g, beta, slots, draft_slots, impl=impl,
                                    tiling=tiling, interpret=interpret)

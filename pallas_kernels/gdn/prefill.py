@@ -26,18 +26,28 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.chunks import to_chunks
+from pallas_kernels.chunks import check_prefill, to_chunks
+from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, Field, check
 
 _HI = lax.Precision.HIGHEST
 _F32 = jnp.float32
+
+# The arguments' layout (dims b, T, Hk, K, Hv, V).
+_FIELDS = (
+    Field("q", ("b", "T", "Hk", "K"), FLOAT_DTYPES),
+    Field("k", ("b", "T", "Hk", "K"), FLOAT_DTYPES),
+    Field("v", ("b", "T", "Hv", "V"), FLOAT_DTYPES),
+    Field("g", ("b", "T", "Hv"), F32_ONLY),
+    Field("beta", ("b", "T", "Hv"), F32_ONLY),
+)
 
 
 def _ein(spec, *ops):
     return jnp.einsum(spec, *ops, precision=_HI)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "block"))
-def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chunk=64, block=0):
+def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chunk=64,
+                           block=0):
     """Chunked gated delta rule prefill for a batch of right-padded prompts.
 
     q, k [b, T, Hk, K] (from `prepare_qk`: L2-normalised, q scaled by K^-1/2); v [b, T, Hv, V]
@@ -49,7 +59,19 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state=None, *, chu
     [b, Hv, V, K] float32 after exactly lengths[i] tokens. All math in float32, HIGHEST dots.
     block > 0 (a multiple of chunk): also the states after block, 2 block, ... tokens
     [b, T // block, Hv, V, K] float32 (past a prompt's length they equal its final state).
+    Bad arguments (shapes, dtypes, chunk, block; lengths outside [1, T] where concrete, i.e. an
+    eager call) are a one-line ValueError.
     """
+    dims = check_prefill(_FIELDS, dict(q=q, k=k, v=v, g=g, beta=beta), lengths, initial_state,
+                         ("Hv", "V", "K"), chunk, block)
+    check(dims["Hv"] % dims["Hk"] == 0,
+          f"value heads ({dims['Hv']}) must be a multiple of key heads ({dims['Hk']})")
+    return _chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state, chunk=chunk,
+                                   block=block)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "block"))
+def _chunk_gated_delta_rule(q, k, v, g, beta, lengths, initial_state, *, chunk, block):
     b, T, Hk, K = k.shape
     Hv, V = v.shape[2:]
     R, Q = Hv // Hk, chunk

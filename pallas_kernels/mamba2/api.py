@@ -6,11 +6,13 @@
 
 Shapes: batch b rows, H heads of dim P, G groups (H % G == 0), state size N, pool of S slots
 (slot 0 = null slot for padding rows), window L.
-    x [b, H, P] activation dtype; B, C [b, G, N] activation dtype; dt [b, H] float32 (after
+    x [b, H, P] activation dtype; B, C [b, G, N] x's dtype; dt [b, H] float32 (after
     dt_bias + softplus); A [H] float32 (= -exp(A_log)); D [H] float32; slots [b] int32;
     counts [S] int32 in [0, L - 1]; pools as in `ReplayBuffers` / state [S, H, P, N].
 Rows must name distinct slots (two rows on one slot would race). The ring contract (null slot,
-counts, folds, commit and rollback) is `pallas_kernels.ring`.
+counts, folds, commit and rollback) is `pallas_kernels.ring`. Values are checked where they are
+concrete (an eager call; under jit they stay the caller's contract): slots (and draft_slots) in
+[0, S), no slot but the null slot twice, counts in [0, L - 1].
 
 impl: "pallas" / "pallas_triton" (compiled on GPU, interpret mode elsewhere), "xla" (pure jnp),
 "pallas_mosaic_gpu" (Hopper; decode and replay verify, N <= 256), "auto"
@@ -33,6 +35,7 @@ from pallas_kernels.validation import (
     INT32_ONLY,
     Field,
     check,
+    check_array,
     check_draft_slots,
     check_fields,
     check_replay_cache,
@@ -42,8 +45,8 @@ from pallas_kernels.validation import (
 
 _STEP_FIELDS = (
     Field("x", ("b", "H", "P"), FLOAT_DTYPES),
-    Field("B", ("b", "G", "N"), FLOAT_DTYPES),
-    Field("C", ("b", "G", "N"), FLOAT_DTYPES),
+    Field("B", ("b", "G", "N"), "x"),
+    Field("C", ("b", "G", "N"), "x"),
     Field("dt", ("b", "H"), F32_ONLY),
     Field("A", ("H",), F32_ONLY),
     Field("D", ("H",), F32_ONLY),
@@ -56,6 +59,8 @@ _OPS = family_ops("mamba2", ("standard_decode", "replay_decode", "replay_verify"
 
 def _check_step_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
     """Validates one token's inputs; returns the dims (b, H, P, G, N)."""
+    for name, arr in dict(x=x, B=B, C=C, dt=dt, A=A, D=D, slots=slots).items():
+        check_array(name, arr)
     check(x.ndim == 3, f"x must be [batch, heads, head_dim], got shape {tuple(x.shape)}")
     check(B.ndim == 3, f"B must be [batch, groups, d_state], got shape {tuple(B.shape)}")
     H, G, N = x.shape[1], B.shape[1], B.shape[2]
@@ -66,6 +71,8 @@ def _check_step_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
 
 def _check_window_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
     """Window inputs are [b, T, ...]: validated as T single-token steps; returns the dims + T."""
+    for name, arr in dict(x=x, B=B, C=C, dt=dt).items():
+        check_array(name, arr)
     check(x.ndim == 4, f"x must be [batch, T, heads, head_dim], got shape {tuple(x.shape)}")
     T = x.shape[1]
     check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")
@@ -81,7 +88,7 @@ def standard_decode(state, x, B, C, dt, A, D, slots, *, impl="auto", tiling=None
 
     Returns y [b, H, P] in x.dtype and the updated state pool [S, H, P, N].
     """
-    check_state(state, ("H", "P", "N"), _check_step_inputs(x, B, C, dt, A, D, slots))
+    check_state(state, ("H", "P", "N"), _check_step_inputs(x, B, C, dt, A, D, slots), slots)
     return _OPS["standard_decode"](state, x, B, C, dt, A, D, slots, impl=impl, tiling=tiling,
                                    interpret=interpret)
 
@@ -94,7 +101,8 @@ def replay_decode(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     Rows with count == L - 1 fold the ring and the current token into the checkpoint; the
     others only append the token to the ring. Decided per row on device.
     """
-    check_replay_cache(FIELDS, buffers, counts, _check_step_inputs(x, B, C, dt, A, D, slots))
+    check_replay_cache(FIELDS, buffers, counts, _check_step_inputs(x, B, C, dt, A, D, slots),
+                       slots)
     return _OPS["replay_decode"](buffers, counts, x, B, C, dt, A, D, slots, impl=impl,
                                  tiling=tiling, interpret=interpret)
 
@@ -111,7 +119,7 @@ def replay_verify(buffers: ReplayBuffers, counts, x, B, C, dt, A, D, slots, *, i
     T = 1 followed by commit(1) is exactly `replay_decode` + `advance_counts`.
     """
     dims = _check_window_inputs(x, B, C, dt, A, D, slots)
-    L = check_replay_cache(FIELDS, buffers, counts, dims)
+    L = check_replay_cache(FIELDS, buffers, counts, dims, slots)
     check(dims["T"] <= L, f"verify window T = {dims['T']} must not exceed the ring window L = {L}")
     return _OPS["replay_verify"](buffers, counts, x, B, C, dt, A, D, slots, impl=impl,
                                  tiling=tiling, interpret=interpret)
@@ -124,7 +132,7 @@ def standard_verify(state, x, B, C, dt, A, D, slots, draft_slots, *, impl="auto"
     NULL_SLOT skips). Rollback = continue from draft_slots[:, n_accepted - 1].
     Returns y [b, T, H, P] and the pool."""
     dims = _check_window_inputs(x, B, C, dt, A, D, slots)
-    check_state(state, ("H", "P", "N"), dims)
-    check_draft_slots(draft_slots, dims)
+    check_state(state, ("H", "P", "N"), dims, slots)
+    check_draft_slots(draft_slots, dims, slots, state.shape[0])
     return _OPS["standard_verify"](state, x, B, C, dt, A, D, slots, draft_slots, impl=impl,
                                    tiling=tiling, interpret=interpret)

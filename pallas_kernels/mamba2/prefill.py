@@ -26,29 +26,51 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.chunks import to_chunks
+from pallas_kernels.chunks import check_prefill, to_chunks
+from pallas_kernels.validation import F32_ONLY, FLOAT_DTYPES, Field, check
 
 _HI = lax.Precision.HIGHEST
 _F32 = jnp.float32
+
+# The arguments' layout (dims b, T, H, P, G, N).
+_FIELDS = (
+    Field("x", ("b", "T", "H", "P"), FLOAT_DTYPES),
+    Field("B", ("b", "T", "G", "N"), FLOAT_DTYPES),
+    Field("C", ("b", "T", "G", "N"), "B"),
+    Field("dt", ("b", "T", "H"), F32_ONLY),
+    Field("A", ("H",), F32_ONLY),
+    Field("D", ("H",), F32_ONLY),
+)
 
 
 def _ein(spec, *ops):
     return jnp.einsum(spec, *ops, precision=_HI)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "block"))
 def ssd_prefill(x, B, C, dt, A, D, lengths, initial_state=None, *, chunk=64, block=0):
     """Chunked SSD prefill for a batch of right-padded prompts.
 
-    x [b, T, H, P] any float dtype; B, C [b, T, G, N]; dt [b, T, H] float32 (after dt_bias and
-    softplus); A, D [H] float32 (A = -exp(A_log)); lengths [b] int32 in [1, T];
-    initial_state [b, H, P, N] float32 or None (zeros). T need not be a multiple of `chunk`.
+    x [b, T, H, P] any float dtype; B, C [b, T, G, N] any float dtype (one); dt [b, T, H]
+    float32 (after dt_bias and softplus); A, D [H] float32 (A = -exp(A_log)); lengths [b] int32
+    in [1, T]; initial_state [b, H, P, N] float32 or None (zeros). T need not be a multiple of
+    `chunk`.
 
     Returns y [b, T, H, P] float32 (exactly 0 at t >= lengths) and the final state
     [b, H, P, N] float32 after exactly lengths[i] tokens. All math in float32, HIGHEST dots.
     block > 0 (a multiple of chunk): also the states after block, 2 block, ... tokens
     [b, T // block, H, P, N] float32 (past a prompt's length they equal its final state).
+    Bad arguments (shapes, dtypes, chunk, block; lengths outside [1, T] where concrete, i.e. an
+    eager call) are a one-line ValueError.
     """
+    dims = check_prefill(_FIELDS, dict(x=x, B=B, C=C, dt=dt, A=A, D=D), lengths, initial_state,
+                         ("H", "P", "N"), chunk, block)
+    check(dims["H"] % dims["G"] == 0,
+          f"heads ({dims['H']}) must be a multiple of groups ({dims['G']})")
+    return _ssd_prefill(x, B, C, dt, A, D, lengths, initial_state, chunk=chunk, block=block)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "block"))
+def _ssd_prefill(x, B, C, dt, A, D, lengths, initial_state, *, chunk, block):
     b, T, H, P = x.shape
     G, N = B.shape[2:]
     R, Q = H // G, chunk

@@ -4,7 +4,9 @@
                    activation="relu2", shared=None)
 
 Shapes: n tokens of width din, E experts of width F, k experts per token.
-    x [n, din] float; expert_ids [n, k] int32 in [0, E) (E + C: `shared`), distinct per row;
+    x [n, din] float (any float dtype: rounded to the weights' dtype for the GEMMs, the result
+    returned in x's); expert_ids [n, k] int32 in [0, E) (E + C: `shared`), distinct per row
+    (the ids of pairs that are not valid are ignored);
     weights [n, k] float32 (the routing weights, applied here); valid [n] bool (None: all rows)
     or [n, k] bool (which pairs to compute: an expert-parallel shard's own; top_k may exceed E)
     w_up [E, din, F], w_gate [E, din, F] (SwiGLU only), w_down [E, F, din]; one float dtype.
@@ -16,6 +18,8 @@ Shapes: n tokens of width din, E experts of width F, k experts per token.
     shared FFN: a MoE layer's shared expert in the routed experts' launch (`models.moe`).
 Returns y[i] = sum_j weights[i, j] FFN_{expert_ids[i, j]}(x[i]) as [n, din] in x.dtype; rows that
 are not valid own no (token, expert) pairs, do no expert work and come out zero.
+n, din, E, F >= 1. Concrete expert_ids (an eager call) of the valid pairs are checked against
+[0, E + C) and for repeats in a row; under jit they stay the caller's contract.
 
 impl: "pallas" (compiled on GPU, interpret mode elsewhere), "xla" (sparse, plain XLA), "auto"
 (Pallas on GPU, XLA elsewhere), dispatched through `pallas_kernels.dispatch`.
@@ -36,12 +40,24 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.dispatch import Op, resolve_impl
 from pallas_kernels.moe import pairs, pallas_triton, xla
 from pallas_kernels.moe.plan import make_plan
 from pallas_kernels.moe.reference import ACTIVATIONS
-from pallas_kernels.validation import FLOAT_DTYPES, check, check_dtype, check_shape, is_pow2
+from pallas_kernels.validation import (
+    FLOAT_DTYPES,
+    check,
+    check_array,
+    check_dtype,
+    check_nonempty,
+    check_range,
+    check_shape,
+    concrete,
+    is_int,
+    is_pow2,
+)
 
 __all__ = ["expert_ffn", "default_block_m", "SharedWeights", "PATHS", "PAIR_PATH_MAX_PAIRS"]
 
@@ -75,8 +91,13 @@ def default_block_m(num_pairs: int, num_experts: int) -> int:
 def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation, shared):
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got "
                                      f"{activation!r}")
+    for name, arr in dict(x=x, expert_ids=expert_ids, weights=weights, w_up=w_up,
+                          w_down=w_down).items():
+        check_array(name, arr)
     check(x.ndim == 2, f"x must be [tokens, din], got shape {tuple(x.shape)}")
     check(w_up.ndim == 3, f"w_up must be [experts, din, F], got shape {tuple(w_up.shape)}")
+    check_nonempty("x", x)
+    check_nonempty("w_up", w_up)
     n, din = x.shape
     E, _, F = w_up.shape
     check(expert_ids.ndim == 2 and expert_ids.shape[0] == n,
@@ -101,6 +122,20 @@ def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation, shar
     check_dtype("w_down", w_down, (w_up.dtype,))
     check_dtype("expert_ids", expert_ids, (jnp.int32,))
     check_dtype("weights", weights, (jnp.float32,))
+    # concrete ids (an eager call) of the pairs that run: in [0, E + C), distinct per row
+    mask = None if valid is None else valid if pairs else valid[:, None]
+    check_range("expert_ids", expert_ids, 0, experts - 1,
+                f"[0, experts = {experts})" + (" (valid pairs)" if valid is not None else ""),
+                mask=mask)
+    ids = concrete(expert_ids)
+    live = None if ids is None else np.ones((1, 1), bool) if mask is None else concrete(mask)
+    if live is not None:        # a pair that does not run gets an id of its own (< 0)
+        keyed = np.sort(np.where(np.broadcast_to(live, ids.shape), ids, -1 - np.arange(k)), 1)
+        twice = (keyed[:, 1:] == keyed[:, :-1]).any(1)
+        if twice.any():
+            i = int(np.flatnonzero(twice)[0])
+            raise ValueError(f"expert_ids[{i}] = {ids[i].tolist()} names an expert more than "
+                             f"once (a row's experts must be distinct)")
     return n, experts, k
 
 
@@ -149,9 +184,10 @@ def expert_ffn(x, expert_ids, weights, w_up, w_down, *, w_gate=None, valid=None,
     if pick_path(path, impl, n * k, tiling) == "pairs":
         return _PAIR_FFN(x, expert_ids, weights, valid, w_up, w_down, w_gate, shared,
                          activation, impl=impl, tiling=tiling, interpret=interpret)
-    block_m = block_m or default_block_m(n * k, experts)
-    check(is_pow2(block_m) and block_m >= MIN_BLOCK_M,
-          f"block_m = {block_m} must be a power of two >= {MIN_BLOCK_M}")
+    if block_m is None:
+        block_m = default_block_m(n * k, experts)
+    check(is_int(block_m) and is_pow2(block_m) and block_m >= MIN_BLOCK_M,
+          f"block_m = {block_m!r} must be a power of two >= {MIN_BLOCK_M}")
     plan = make_plan(expert_ids, weights, valid, experts, block_m)
     return _EXPERT_FFN(x, plan, w_up, w_down, w_gate, shared, activation, block_m, impl=impl,
                        tiling=tiling, interpret=interpret)

@@ -49,7 +49,9 @@ from pallas_kernels.validation import (
     FLOAT_DTYPES,
     bounded_block,
     check,
+    check_array,
     check_dtype,
+    check_nonempty,
     check_shape,
     is_pow2,
     resolve_tiling,
@@ -112,8 +114,12 @@ def pick_backend(impl: str, n: int, num_experts: int, top_k: int, n_group: int =
 
 def _check(x, gate, bias, top_k, score, n_group, topk_group):
     check(score in SCORES, f"score must be one of {SCORES}, got {score!r}")
+    check_array("x", x)
+    check_array("gate", gate)
     check(x.ndim == 2, f"x must be [tokens, D], got shape {tuple(x.shape)}")
     check(gate.ndim == 2, f"gate must be [experts, D], got shape {tuple(gate.shape)}")
+    check_nonempty("x", x)
+    check_nonempty("gate", gate)
     n, D = x.shape
     E = gate.shape[0]
     check_shape("gate", gate, (E, D))

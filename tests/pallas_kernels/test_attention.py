@@ -29,6 +29,7 @@ from tests.pallas_kernels.helpers import impl_kw, rel_err
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 S, MAX_LEN = 9, 40
+_i32 = lambda *v: jnp.asarray(v, jnp.int32)     # noqa: E731
 
 
 class Problem:
@@ -209,6 +210,22 @@ def test_mosaic_impl_runs_the_triton_kernel(monkeypatch):
     (dict(impl="pallas", k_pool=jnp.zeros((S, 8, 2, 16)), v_pool=jnp.zeros((S, 8, 2, 16))),
      "max_len >= 16"),
     (dict(impl="pallas", tiling=attention.AttentionTiling(24, 4)), "block_k = 24"),
+    # concrete values (an eager call), on both implementations
+    (dict(slots=_i32(1, 2, 3, 4, 5, 9)), r"^slots\[5\] = 9 is outside the pool \[0, 9\)$"),
+    (dict(slots=_i32(1, 2, 3, 4, 5, -1), impl="pallas"), r"^slots\[5\] = -1 is outside"),
+    (dict(slots=_i32(1, 2, 3, 4, 2, NULL_SLOT)), r"^slots: slot 2 is named more than once"),
+    (dict(slots=_i32(1, 2, 3, 4, 5, 6), starts=_i32(0, 0, -1, 0, 0, 0)),
+     r"^starts\[2\] = -1 is outside \[0, 2\^31\) \(cached tokens\)$"),
+    (dict(slots=_i32(1, 2, 3, 4, 5, 6), starts=_i32(0, 0, -1, 0, 0, 0), impl="pallas"),
+     r"^starts\[2\] = -1 is outside"),
+    (dict(kv_head=np.int32(2)), r"^kv_head = 2 must be in \[0, kv_heads = 2\)$"),
+    (dict(kv_head=jnp.int32(-1), impl="pallas"), r"^kv_head = -1 must be in \[0, kv_heads"),
+    (dict(q=jnp.zeros((0, 1, 8, 16)), slots=_i32(), starts=_i32()),
+     r"^q has shape \(0, 1, 8, 16\): every dimension must be >= 1"),
+    (dict(impl="pallas", tiling=attention.AttentionTiling(16, 5)),
+     "^num_warps = 5 must be a power of two$"),
+    (dict(impl="pallas", tiling=attention.AttentionTiling(16, 4, min_programs=0)),
+     "^min_programs = 0 must be >= 1$"),
 ])
 def test_errors_are_one_line(change, match):
     pb = Problem(9, T=1, nh=8, kv=2)
@@ -217,6 +234,36 @@ def test_errors_are_one_line(change, match):
     with pytest.raises(ValueError, match=match) as e:
         attention.decode_attention(**kw)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(kv_head=1.0), r"^kv_head must be None or an integer scalar, got 1.0$"),
+    (dict(kv_head=True), r"^kv_head must be None or an integer scalar, got True$"),
+    (dict(kv_head=jnp.zeros((1,), jnp.int32)),
+     r"^kv_head must be None or an integer scalar, got an array of shape \(1,\) and dtype "
+     r"int32$"),
+    (dict(kv_head=np.float32(1)), r"^kv_head must be None .* dtype float32$"),
+    (dict(slots=[1, 2, 3, 4, 5, 6]), r"^slots must be an array .*, got list$"),
+])
+def test_arguments_of_the_wrong_kind_are_type_errors(change, match):
+    pb = Problem(9, T=1, nh=8, kv=2)
+    kw = dict(q=pb.q, k_pool=pb.k_pool, v_pool=pb.v_pool, slots=pb.slots, starts=pb.starts,
+              kv_head=None, impl="xla", interpret=True) | change
+    with pytest.raises(TypeError, match=match):
+        attention.decode_attention(**kw)
+
+
+@pytest.mark.parametrize("kv_head", [1, np.int32(1), np.int64(1), jnp.int32(1)],
+                         ids=["int", "np.int32", "np.int64", "jnp.int32"])
+def test_kv_head_takes_integer_scalars(kv_head):
+    """Python, NumPy and jax integer scalars pick the same KV head; a padding row's negative
+    start is never read (only live rows' starts are checked)."""
+    pb = Problem(9, T=1, nh=8, kv=2, kv_head=1)
+    want = pb.run("xla", True)
+    got = attention.decode_attention(pb.q, pb.k_pool, pb.v_pool, pb.slots,
+                                     pb.starts.at[1].set(-7), kv_head=kv_head, impl="xla")
+    assert pb.slots[1] == NULL_SLOT
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("shape, T, b, dtype, kv_head", [

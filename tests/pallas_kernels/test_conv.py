@@ -232,6 +232,32 @@ BAD = {
                    "grid_order must be one of"),
     "head_slowest": (dict(impl="pallas", tiling=dataclasses.replace(
         BLOCK16, grid_order="head_slowest")), "needs a (row, head, tile) grid"),
+    "num_warps": (dict(impl="pallas", tiling=dataclasses.replace(BLOCK16, num_warps=6)),
+                  "num_warps = 6 must be a power of two"),
+    "num_stages": (dict(impl="pallas", tiling=dataclasses.replace(BLOCK16, num_stages=0)),
+                   "num_stages = 0 must be >= 1"),
+    "block_c type": (dict(impl="pallas", tiling=dataclasses.replace(BLOCK16, block_c=16.0)),
+                     "block_c = 16.0 must be an integer >= 1"),
+    "out_dtype name": (dict(out_dtype="bogus"), "out_dtype must be one of float32, bfloat16, "
+                                                "float16, got 'bogus'"),
+    # K = 1 (a conv state of no inputs) and empty dims
+    "one tap": (dict(conv_state=jnp.zeros((S, 0, 40)), weight=jnp.zeros((40, 1))),
+                "weight has K = 1 taps: the conv needs K >= 2"),
+    "one tap pallas": (dict(conv_state=jnp.zeros((S, 0, 40)), weight=jnp.zeros((40, 1)),
+                            impl="pallas"), "weight has K = 1 taps: the conv needs K >= 2"),
+    "no channels": (dict(conv_state=jnp.zeros((S, K - 1, 0)), window=jnp.zeros((B, 1, 0)),
+                         weight=jnp.zeros((0, K)), bias=None),
+                    "conv_state has shape (12, 3, 0): every dimension must be >= 1"),
+    "batch 0": (dict(window=jnp.zeros((0, 1, 40)), slots=jnp.zeros((0,), I32), impl="pallas"),
+                "window has shape (0, 1, 40): every dimension must be >= 1"),
+    # concrete slots (an eager call), on both implementations
+    "slot past the pool": (dict(slots=jnp.asarray([1, 2, 3, 4, 5, 12], I32)),
+                           "slots[5] = 12 is outside the pool [0, 12)"),
+    "slot negative": (dict(slots=jnp.asarray([-1, 2, 3, 4, 5, 6], I32), impl="pallas"),
+                      "slots[0] = -1 is outside the pool [0, 12)"),
+    "slot twice": (dict(slots=jnp.asarray([7, 2, 3, 0, 7, 0], I32)),
+                   "slots: slot 7 is named more than once (rows must name distinct slots; "
+                   "only the null slot 0 may repeat)"),
 }
 
 
@@ -242,3 +268,9 @@ def test_bad_arguments_give_one_line_errors(case):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         conv.conv_update(*args.values(), interpret=True, **kw)
     assert "\n" not in str(err.value)
+
+
+def test_slots_must_be_an_array():
+    args, kw = _bad(slots=[1, 2, 3, 4, 5, 6])
+    with pytest.raises(TypeError, match=r"^slots must be an array .*, got list$"):
+        conv.conv_update(*args.values(), interpret=True, **kw)

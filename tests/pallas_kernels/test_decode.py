@@ -239,6 +239,94 @@ def test_long_run_stays_within_tolerance(family, impl, interpret):
     assert (counts == 0).all()                      # a whole number of fold cycles
 
 
+# Bad values of an eager call's slots, counts and draft rows (pool of S = 7 slots, window
+# L = 4, two rows on slots 1 and 2): op, changes to the valid arguments (`_pool_args`), the
+# error and its message. Checked before any implementation runs (the api's validation).
+_I32 = lambda *v: jnp.asarray(v, jnp.int32)     # noqa: E731
+BAD_VALUES = {
+    "slot negative": ("replay_decode", dict(slots=_I32(-1, 2)),
+                      ValueError, r"^slots\[0\] = -1 is outside the pool \[0, 7\)$"),
+    "slot past the pool": ("standard_decode", dict(slots=_I32(1, 7)),
+                           ValueError, r"^slots\[1\] = 7 is outside the pool \[0, 7\)$"),
+    "slot twice": ("replay_decode", dict(slots=_I32(3, 3)),
+                   ValueError, r"^slots: slot 3 is named more than once \(rows must name "
+                               r"distinct slots; only the null slot 0 may repeat\)$"),
+    "verify slot twice": ("replay_verify", dict(slots=_I32(5, 5)),
+                          ValueError, r"^slots: slot 5 is named more than once"),
+    "standard verify slot": ("standard_verify", dict(slots=_I32(1, 9)),
+                             ValueError, r"^slots\[1\] = 9 is outside the pool"),
+    "count L": ("replay_decode", dict(counts=jnp.zeros((7,), jnp.int32).at[4].set(4)),
+                ValueError, r"^counts\[4\] = 4 is outside \[0, L - 1 = 3\] \(window L = 4\)$"),
+    "count negative": ("replay_verify", dict(counts=jnp.zeros((7,), jnp.int32).at[2].set(-1)),
+                       ValueError, r"^counts\[2\] = -1 is outside \[0, L - 1 = 3\]"),
+    "draft slot past the pool": ("standard_verify", dict(draft_slots=_I32([3, 4], [5, 99])),
+                                 ValueError, r"^draft_slots\[1, 1\] = 99 is outside the pool "
+                                             r"\[0, 7\)$"),
+    "draft slot twice": ("standard_verify", dict(draft_slots=_I32([3, 4], [4, 5])),
+                         ValueError, r"^draft_slots: slot 4 is named more than once"),
+    "batch 0": ("replay_decode", dict(rows=0), ValueError,
+                r"has shape \(0, .*\): every dimension must be >= 1 \(no empty batch"),
+    "verify batch 0": ("standard_verify", dict(rows=0), ValueError,
+                       r"has shape \(0, .*\): every dimension must be >= 1"),
+    "slots a list": ("replay_decode", dict(slots=[1, 2]), TypeError,
+                     r"^slots must be an array \(jax.Array or numpy.ndarray\), got list$"),
+    "buffers a tuple": ("replay_decode", dict(buffers=tuple), TypeError,
+                        r"^buffers must be the family's NamedTuple of \(checkpoint, ring_.*\), "
+                        r"got tuple$"),
+}
+
+
+def _pool_args(pb, op, rows=2, slots=None, counts=None, buffers=None, draft_slots=None):
+    """Valid arguments of `op` (a pool op of pb's family; verify windows of T = 2) on rows
+    of `slots` (default 1, 2), with the given ones replaced (buffers=tuple: the buffers as a
+    plain tuple)."""
+    T = 2
+    inputs = pb.window_inputs(T, b=rows) if "verify" in op else pb.step_inputs(rows)
+    slots = _I32(1, 2)[:rows] if slots is None else slots
+    if op.startswith("standard"):
+        head = (pb.random_state(),)
+    else:
+        bufs = pb.init_buffers(4)
+        head = (tuple(bufs) if buffers is tuple else bufs,
+                jnp.zeros((pb.S,), jnp.int32) if counts is None else counts)
+    tail = ()
+    if op == "standard_verify":
+        tail = (_I32([3, 4], [5, 6])[:rows] if draft_slots is None else draft_slots,)
+    return head + tuple(inputs) + pb.consts + (slots,) + tail
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+@each_family
+def test_bad_slots_and_counts_give_one_line_errors(family, case, impl, interpret):
+    """An eager call's out-of-pool or repeated slots, counts outside [0, L - 1], bad draft
+    rows, an empty batch and arguments of the wrong kind are one-line errors naming the
+    argument, on every implementation (no NaN, no write to another slot)."""
+    op, changes, error, match = BAD_VALUES[case]
+    pb = family(5, num_slots=7)
+    with pytest.raises(error, match=match) as e:
+        getattr(pb.ops, op)(*_pool_args(pb, op, **changes), **impl_kw(impl, interpret))
+    assert "\n" not in str(e.value)
+
+
+@each_family
+@pytest.mark.parametrize("op", ["standard_decode", "replay_decode", "replay_verify",
+                                "standard_verify"])
+def test_padding_rows_may_repeat_the_null_slot(family, op):
+    """Padding rows all on NULL_SLOT (and a padding row's draft rows, which it never writes,
+    repeated) are legal; values are not checked under jit (tracing with bad slots and counts
+    raises nothing: they stay the caller's contract there)."""
+    pb = family(5, num_slots=7)
+    fn = getattr(pb.ops, op)
+    args = _pool_args(pb, op, rows=3, slots=_I32(NULL_SLOT, 4, NULL_SLOT),
+                      draft_slots=_I32([1, 2], [5, 6], [1, 2]))
+    out = fn(*args, impl="xla")[0]
+    assert (np.asarray(out)[[0, 2]] == 0).all()
+    bad = _pool_args(pb, op, slots=_I32(-1, 9), counts=jnp.full((pb.S,), 99, jnp.int32),
+                     draft_slots=_I32([3, 3], [99, -5]))
+    jax.eval_shape(lambda *a: fn(*a, impl="xla"), *bad)
+
+
 REAL_PARAMS = [pytest.param(*p.values, "pallas", id=f"{p.id}-pallas")
                for p in cases("REAL_CASES")] + [
     pytest.param(f, c, MOSAIC, id=f"{name}-{c[0]}-{MOSAIC}")

@@ -2,15 +2,18 @@
 Mosaic GPU kernels are the measured choice for the shapes they take; and which tiling the
 Triton kernels run with tiling=None at a shape and batch."""
 
+import dataclasses
 import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from pallas_kernels import dispatch, gdn, mamba2
+from pallas_kernels import attention, conv, dispatch, gdn, mamba2, moe
 from pallas_kernels.gdn import api as gdn_api
 from pallas_kernels.mamba2 import api as mamba2_api
+from pallas_kernels.validation import ZERO_FIELDS, resolve_tiling
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 
@@ -197,3 +200,33 @@ def test_auto_follows_the_measured_choice_per_op(device):
     device(True, True)
     assert mamba2_api._OPS["standard_verify"].backend(_mamba2_args("standard_decode")) == (
         "pallas_triton")
+
+
+# Every tiling dataclass's measured default (Triton and Mosaic GPU, every family).
+ALL_TILINGS = {
+    "mamba2-standard": mamba2.STANDARD_TILING, "mamba2-replay": mamba2.REPLAY_TILING,
+    "mamba2-mosaic": mamba2.MOSAIC_REPLAY_TILING, "gdn-standard": gdn.STANDARD_TILING,
+    "gdn-replay": gdn.REPLAY_TILING, "gdn-verify": gdn.VERIFY_TILING,
+    "gdn-mosaic": gdn.MOSAIC_REPLAY_TILING, "attention": attention.TILING, "conv": conv.TILING,
+    "moe": moe.TILING, "moe-pairs": moe.pairs.TILING, "router": moe.router.TILING}
+
+
+@pytest.mark.parametrize("name", list(ALL_TILINGS))
+def test_every_tiling_takes_the_integer_field_rule(name):
+    """One rule (`validation.check_tiling_fields`, run by `resolve_tiling`) for every tiling:
+    integer fields are integers (not bools or floats), >= 1, or >= 0 for ZERO_FIELDS;
+    num_warps a power of two. The defaults pass it."""
+    default = ALL_TILINGS[name]
+    assert resolve_tiling(default, default) is default
+    ints = [f.name for f in dataclasses.fields(default) if f.type == "int"]
+    assert ints
+    for field in ints:
+        low = 0 if field in ZERO_FIELDS else 1
+        for bad, match in ((low - 1, f"must be >= {low}"), (2.0, "must be an integer"),
+                           (True, "must be an integer"), ("4", "must be an integer")):
+            with pytest.raises(ValueError, match=rf"^{field} = {bad!r} {match}"):
+                resolve_tiling(dataclasses.replace(default, **{field: bad}), default)
+    if "num_warps" in ints:
+        with pytest.raises(ValueError, match=r"^num_warps = 6 must be a power of two$"):
+            resolve_tiling(dataclasses.replace(default, num_warps=6), default)
+        assert resolve_tiling(dataclasses.replace(default, num_warps=np.int64(8)), default)

@@ -97,6 +97,30 @@ def test_bad_tiles_are_named():
                             impl="pallas", tiling=pb.tiling("standard", grid_order="head_fastest"))
 
 
+@pytest.mark.parametrize("kind,fields,match", [
+    ("standard", dict(num_warps=6), r"^num_warps = 6 must be a power of two$"),
+    ("standard", dict(block_v=0), r"^block_v = 0 must be >= 1$"),
+    ("replay", dict(num_stages=-1), r"^num_stages = -1 must be >= 1$"),
+    ("replay", dict(block_k=16.0), r"^block_k = 16.0 must be an integer >= 1$"),
+    ("verify", dict(block_k_long=True), r"^block_k_long = True must be an integer >= 1$"),
+])
+def test_bad_tiling_integers_are_named(kind, fields, match):
+    """Every Triton tiling's integer fields (`validation.check_tiling_fields`: integers >= 1,
+    num_warps a power of two), before any kernel runs."""
+    pb = GDN(1)
+    args = _valid_args(pb)
+    tiling = pb.tiling(kind, **fields)
+    with pytest.raises(ValueError, match=match):
+        if kind == "standard":
+            gdn.standard_decode(pb.random_state(), *pb.step_inputs(2), args["slots"],
+                                impl="pallas", tiling=tiling)
+        elif kind == "replay":
+            gdn.replay_decode(**args, impl="pallas", tiling=tiling)
+        else:
+            gdn.replay_verify(args["buffers"], args["counts"], *pb.window_inputs(2, b=2),
+                              args["slots"], impl="pallas", tiling=tiling)
+
+
 @pytest.mark.parametrize("K,V,tiling,match", [
     (512, 64, None, r"pallas_mosaic_gpu needs key dim K <= 256, got K = 512"),
     (16, 64, gdn.GDNMosaicTiling(block_k=48), r"block_k = 48 must be a power of two"),
@@ -134,6 +158,8 @@ def test_bad_mosaic_prologue_is_named():
 @pytest.mark.parametrize("fields,match", [
     (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
     (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$"),
+    (dict(ring_block=-1), r"^ring_block = -1 must be >= 0 \(0: the whole ring\)$"),
+    (dict(tile_rows=64.0), r"^tile_rows = 64.0 must be an integer >= 1$"),
     (dict(key_products="cuda"),
      r"^key_products must be one of 'xla', 'pallas'(, 'kernel')?, got 'cuda'$")])
 def test_bad_mosaic_replay_tiles_are_named(fields, match):
@@ -219,7 +245,8 @@ def test_an_op_without_mosaic_kernel_is_named():
     pb = GDN(1, V=64)
     with pytest.raises(ValueError, match=r"gdn.standard_verify has no pallas_mosaic_gpu"):
         gdn.standard_verify(pb.random_state(), *pb.window_inputs(2, 2),
-                            jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
+                            jnp.asarray([1, 2], jnp.int32),
+                            jnp.asarray([[3, 4], [5, 6]], jnp.int32),
                             impl="pallas_mosaic_gpu")
 
 

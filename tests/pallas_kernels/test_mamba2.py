@@ -36,6 +36,13 @@ def _valid_args(pb, L=16):
     (lambda a, pb: a.update(counts=a["counts"][:3]), r"counts has shape"),
     (lambda a, pb: a.update(buffers=a["buffers"]._replace(
         ring_dt=a["buffers"].ring_dt.astype(BF16))), r"ring_dt has dtype bfloat16"),
+    # B and C share x's (activation) dtype
+    (lambda a, pb: a.update(B=a["B"].astype(BF16)),
+     r"^B has dtype bfloat16, expected one of: float32$"),
+    (lambda a, pb: a.update(x=a["x"].astype(BF16)),
+     r"^B has dtype float32, expected one of: bfloat16$"),
+    (lambda a, pb: a.update(x=a["x"][:, :, :0]),        # P = 0
+     r"^x has shape \(2, 4, 0\): every dimension must be >= 1 \(no empty batch or axis\)$"),
 ])
 def test_replay_decode_rejects_bad_input(change, match):
     pb = Mamba2(1)
@@ -56,6 +63,15 @@ def test_replay_decode_rejects_bad_input(change, match):
      r"block_p = 48 must be a power of two"),
     (16, 16, mamba2.Mamba2Tiling(block_p=16, block_n=16, num_warps=4, p_tiles="pad"),
      r"^p_tiles must be one of 'divide', 'masked', got 'pad'$"),
+    # every tiling's integer fields (`validation.check_tiling_fields`)
+    (16, 16, mamba2.Mamba2Tiling(block_p=16, block_n=16, num_warps=3),
+     r"^num_warps = 3 must be a power of two$"),
+    (16, 16, mamba2.Mamba2Tiling(block_p=16, block_n=16, num_warps=4, num_stages=0),
+     r"^num_stages = 0 must be >= 1$"),
+    (16, 16, mamba2.Mamba2Tiling(block_p=1.5, block_n=16, num_warps=4),
+     r"^block_p = 1.5 must be an integer >= 1$"),
+    (16, 16, mamba2.Mamba2Tiling(block_p=16, block_n=16, num_warps="4"),
+     r"^num_warps = '4' must be an integer >= 1$"),
 ])
 def test_bad_shapes_and_tilings_are_named(P, N, tiling, match):
     pb = Mamba2(1, P=P, N=N)
@@ -138,7 +154,11 @@ def test_mosaic_shapes_and_tilings_are_named(P, N, tiling, match):
 
 @pytest.mark.parametrize("fields,match", [
     (dict(fold_stages=-1), r"^fold_stages = -1 must be >= 0 \(0: num_stages\)$"),
-    (dict(fold_buffers=0), r"^fold_buffers = 0 must be 1 or 2$")])
+    (dict(fold_buffers=3), r"^fold_buffers = 3 must be 1 or 2$"),
+    (dict(fold_buffers=0), r"^fold_buffers = 0 must be >= 1$"),
+    (dict(ring_block=-2), r"^ring_block = -2 must be >= 0 \(0: the whole ring\)$"),
+    (dict(num_stages=0), r"^num_stages = 0 must be >= 1$"),
+    (dict(heads=2.0), r"^heads = 2.0 must be an integer >= 1$")])
 def test_bad_mosaic_fold_tiles_are_named(fields, match):
     """The Mosaic replay's fold knobs are checked before any kernel runs."""
     with pytest.raises(ValueError, match=match):
@@ -180,7 +200,8 @@ def test_an_op_without_mosaic_kernel_is_named():
     x, B, C, dt = pb.window_inputs(2, 2)
     with pytest.raises(ValueError, match=r"mamba2.standard_verify has no pallas_mosaic_gpu"):
         mamba2.standard_verify(pb.random_state(), x, B, C, dt, pb.A, pb.D,
-                               jnp.asarray([1, 2], jnp.int32), jnp.ones((2, 2), jnp.int32),
+                               jnp.asarray([1, 2], jnp.int32),
+                               jnp.asarray([[3, 4], [5, 6]], jnp.int32),
                                impl="pallas_mosaic_gpu")
 
 

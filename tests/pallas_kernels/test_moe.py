@@ -335,6 +335,43 @@ def _shared(*shapes, dtype=F32):
     return moe.SharedWeights(*(jnp.zeros(s, dtype) for s in shapes))
 
 
+def _ids(changes):
+    """Problem(7)'s valid expert ids (distinct per row, in [0, 6)) with {(row, col): id}."""
+    ids = np.asarray(Problem(7, activation="swiglu").ids).copy()
+    for at, e in changes.items():
+        ids[at] = e
+    return jnp.asarray(ids)
+
+
+def test_x_may_have_another_float_dtype_than_the_weights():
+    """x is rounded to the weights' dtype for the GEMMs and y comes back in x's (documented):
+    bf16 x with fp32 weights is the fp32 run on the bf16 values, rounded to bf16."""
+    pb = Problem(7, activation="swiglu")
+    args = (pb.ids, pb.weights, pb.w_up, pb.w_down)
+    kw = dict(w_gate=pb.w_gate, valid=pb.valid, activation="swiglu", impl="xla")
+    xb = pb.x.astype(BF16)
+    got = moe.expert_ffn(xb, *args, **kw)
+    assert got.dtype == BF16
+    np.testing.assert_array_equal(got, moe.expert_ffn(xb.astype(F32), *args, **kw).astype(BF16))
+
+
+def test_ids_of_pairs_that_do_not_run_are_ignored():
+    """Rows that are not valid (and invalid pairs of a [n, k] valid) may carry any ids: only
+    the pairs that run are checked, and the result is the one with in-range ids there."""
+    pb = Problem(7, activation="swiglu", kind="padding")
+    kw = dict(w_gate=pb.w_gate, activation="swiglu", impl="xla")
+    rows = np.flatnonzero(~np.asarray(pb.valid))
+    junk = pb.ids.at[rows].set(jnp.asarray([99, 99], jnp.int32))
+    want = moe.expert_ffn(pb.x, pb.ids, pb.weights, pb.w_up, pb.w_down, valid=pb.valid, **kw)
+    got = moe.expert_ffn(pb.x, junk, pb.weights, pb.w_up, pb.w_down, valid=pb.valid, **kw)
+    np.testing.assert_array_equal(got, want)
+    pairs = jnp.asarray(np.asarray(pb.ids) < 3) & pb.valid[:, None]
+    got = moe.expert_ffn(pb.x, jnp.where(pairs, pb.ids, -5), pb.weights, pb.w_up, pb.w_down,
+                         valid=pairs, **kw)
+    want = moe.expert_ffn(pb.x, pb.ids, pb.weights, pb.w_up, pb.w_down, valid=pairs, **kw)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("change,match", [
     (dict(activation="gelu"), "activation must be one of"),
     (dict(w_gate=None, activation="swiglu"), "w_gate is needed by activation 'swiglu'"),
@@ -365,6 +402,28 @@ def _shared(*shapes, dtype=F32):
     (dict(expert_ids=jnp.zeros((12, 8), jnp.int32), weights=jnp.zeros((12, 8), F32),
           shared=_shared((DIN, F), (F, DIN), (DIN, F))),
      r"top_k = 8 must be in \[1, experts = 7\]"),
+    # concrete ids (an eager call) of the pairs that run, on both implementations
+    (dict(expert_ids=_ids({(3, 1): 6}), valid=None),
+     r"^expert_ids\[3, 1\] = 6 is outside \[0, experts = 6\)$"),
+    (dict(expert_ids=_ids({(0, 0): -1}), valid=None, impl="pallas"),
+     r"^expert_ids\[0, 0\] = -1 is outside \[0, experts = 6\)$"),
+    (dict(expert_ids=_ids({(5, 0): 7}), valid=jnp.ones((12,), bool)),
+     r"^expert_ids\[5, 0\] = 7 is outside \[0, experts = 6\) \(valid pairs\)$"),
+    (dict(expert_ids=_ids({(2, 0): 7}), shared=_shared((DIN, F), (F, DIN), (DIN, F)),
+          valid=None), r"^expert_ids\[2, 0\] = 7 is outside \[0, experts = 7\)$"),
+    (dict(expert_ids=_ids({(4, 0): 1, (4, 1): 1}), valid=None),
+     r"^expert_ids\[4\] = \[1, 1\] names an expert more than once"),
+    (dict(block_m=0), r"^block_m = 0 must be a power of two >= 16$"),
+    (dict(block_m=16.0), r"^block_m = 16.0 must be a power of two >= 16$"),
+    (dict(x=jnp.zeros((0, DIN)), expert_ids=jnp.zeros((0, 2), jnp.int32),
+          weights=jnp.zeros((0, 2), F32), valid=None),
+     r"^x has shape \(0, 32\): every dimension must be >= 1 \(no empty batch or axis\)$"),
+    (dict(x=jnp.zeros((0, DIN)), expert_ids=jnp.zeros((0, 2), jnp.int32),
+          weights=jnp.zeros((0, 2), F32), valid=None, impl="pallas"), r"^x has shape \(0, 32\)"),
+    (dict(impl="pallas", tiling=moe.MoETiling(64, 64, 64, 64, num_warps=0)),
+     r"^num_warps = 0 must be >= 1$"),
+    (dict(impl="pallas", tiling=moe.PairTiling(64, 64, 4, min_programs=-1)),
+     r"^min_programs = -1 must be >= 1$"),
 ])
 def test_bad_input_is_named(change, match):
     pb = Problem(7, activation="swiglu")

@@ -8,6 +8,7 @@ the length must be exactly 0. The oracle is fed the values the function sees (bf
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -165,3 +166,96 @@ def test_nan_padding_is_ignored():
     seq, _, s0 = gdn_problem(13)
     o, st = chunk_gated_delta_rule(*map(poison, seq), jnp.asarray(LENGTHS), s0, chunk=16)
     check(o, st, *run_oracle(gdn_oracle_step, s0, seq, (), LENGTHS), LENGTHS)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _mamba_args(**changes):
+    """ssd_prefill's arguments (b = 4, T = 70, H = 4, G = 2), with `changes` by name."""
+    (x, B, C, dt), (A, D), s0 = mamba_problem(3)
+    kw = dict(x=x, B=B, C=C, dt=dt, A=A, D=D, lengths=jnp.asarray(LENGTHS), initial_state=s0,
+              chunk=16, block=0)
+    return kw | changes
+
+
+def _gdn_args(**changes):
+    """chunk_gated_delta_rule's arguments (b = 4, T = 70, Hk = 2, Hv = 4), with `changes`."""
+    (q, k, v, g, beta), _, s0 = gdn_problem(3)
+    kw = dict(q=q, k=k, v=v, g=g, beta=beta, lengths=jnp.asarray(LENGTHS), initial_state=s0,
+              chunk=16, block=0)
+    return kw | changes
+
+
+_LEN = lambda *v: jnp.asarray(v, jnp.int32)     # noqa: E731
+# case: (changes, message); changes map argument names to values, or are a function of the
+# valid arguments that returns them
+BAD = {
+    "chunk 0": (dict(chunk=0), r"^chunk = 0 must be an integer >= 1$"),
+    "chunk float": (dict(chunk=16.0), r"^chunk = 16.0 must be an integer >= 1$"),
+    "block not a multiple": (dict(chunk=4, block=6),
+                             r"^block = 6 must be 0 or a positive multiple of chunk = 4$"),
+    "block negative": (dict(block=-16), r"^block = -16 must be 0 or a positive multiple"),
+    "length past T": (dict(lengths=_LEN(70, 1, 71, 3)), r"^lengths\[2\] = 71 is outside "
+                                                         r"\[1, T = 70\]$"),
+    "length 0": (dict(lengths=_LEN(70, 0, 3, 3)),
+                 r"^lengths\[1\] = 0 is outside \[1, T = 70\]$"),
+    "lengths batch": (dict(lengths=_LEN(70, 1, 3)),
+                      r"^lengths has shape \(3,\), expected \(4,\)$"),
+    "lengths dtype": (dict(lengths=jnp.asarray(LENGTHS, F32)),
+                      r"^lengths has dtype float32, expected one of: int32$"),
+    "state shape": (lambda a: dict(initial_state=a["initial_state"][..., :-1]),
+                    r"^initial_state has shape \(4, .*\), expected \(4, .*\)$"),
+}
+MAMBA_BAD = {
+    "heads not a multiple of groups": (
+        lambda a: dict(x=a["x"][:, :, :3], A=a["A"][:3], D=a["D"][:3], dt=a["dt"][..., :3],
+                       initial_state=None),
+        r"^heads \(3\) must be a multiple of groups \(2\)$"),
+    "A length": (lambda a: dict(A=a["A"][:3]), r"^A has shape \(3,\), expected \(4,\)$"),
+    "C of another T": (lambda a: dict(C=a["C"][:, :69]),
+                       r"^C has shape \(4, 69, 2, 16\), expected \(4, 70, 2, 16\)$"),
+    "dt dtype": (lambda a: dict(dt=a["dt"].astype(BF16)),
+                 r"^dt has dtype bfloat16, expected one of: float32$"),
+    "batch 0": (lambda a: dict(x=a["x"][:0]),
+                r"^x has shape \(0, 70, 4, 8\): every dimension must be >= 1"),
+}
+GDN_BAD = {
+    "value heads": (lambda a: dict(v=a["v"][:, :, :3], g=a["g"][..., :3],
+                                   beta=a["beta"][..., :3], initial_state=None),
+                    r"^value heads \(3\) must be a multiple of key heads \(2\)$"),
+    "v of another T": (lambda a: dict(v=a["v"][:, :69]),
+                       r"^v has shape \(4, 69, 4, 16\), expected \(4, 70, \*, \*\)$"),
+    "beta dtype": (lambda a: dict(beta=a["beta"].astype(BF16)), r"^beta has dtype bfloat16"),
+    "T 0": (lambda a: dict(q=a["q"][:, :0]),
+            r"^q has shape \(4, 0, 2, 16\): every dimension must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("fn,make,case,changes,match", [
+    pytest.param(fn, make, case, ch, m, id=f"{fn.__name__}-{case}")
+    for fn, make, table in ((ssd_prefill, _mamba_args, BAD | MAMBA_BAD),
+                            (chunk_gated_delta_rule, _gdn_args, BAD | GDN_BAD))
+    for case, (ch, m) in table.items()])
+def test_bad_input_is_named(fn, make, case, changes, match):
+    """The prefill scans' arguments: chunking, lengths (concrete ones in [1, T]), every array
+    through the family's Field table; one line naming the argument, before anything is traced
+    (a block that is no multiple of chunk used to return the state after the wrong token)."""
+    kw = make()
+    kw |= changes(kw) if callable(changes) else changes
+    with pytest.raises(ValueError, match=match) as e:
+        fn(**kw)
+    assert "\n" not in str(e.value)
+
+
+def test_lengths_are_not_checked_under_jit():
+    """Traced lengths are the caller's contract (the models' jitted prefill): no check, no
+    error at trace time."""
+    kw = _mamba_args(lengths=_LEN(99, 0, -3, 70))
+    lengths = kw.pop("lengths")
+    jax.eval_shape(lambda n: ssd_prefill(lengths=n, **kw), lengths)
+
+
+def test_to_chunks_names_a_bad_chunk():
+    from pallas_kernels.chunks import to_chunks
+    with pytest.raises(ValueError, match=r"^chunk = 0 must be an integer >= 1$"):
+        to_chunks(jnp.zeros((2, 8, 3)), jnp.ones((2, 8), bool), 0)

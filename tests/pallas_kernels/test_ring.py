@@ -82,3 +82,28 @@ def test_row_updates_have_unique_indices_and_drop_padding():
     new = ring.set_rows(pool, jnp.asarray(idx), -jnp.ones((4, 2)))
     np.testing.assert_array_equal(new, np.where(np.isin(np.arange(5), [1, 3])[:, None], -1,
                                                 np.asarray(pool)))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda c, s: ring.advance_counts(c, s, 0), r"^window = 0 must be >= 1 \(the ring window L\)$"),
+    (lambda c, s: ring.advance_counts(c, s, -4), r"^window = -4 must be >= 1"),
+    (lambda c, s: ring.commit_counts(c, s, s, 8, 4),
+     r"^window_len = 8 must be in \[1, window = 4\] \(the verify window T\)$"),
+    (lambda c, s: ring.commit_counts(c, s, s, 0, 4),
+     r"^window_len = 0 must be in \[1, window = 4\]"),
+    (lambda c, s: ring.commit_counts(c, s, s, np.int64(5), np.int32(4)),
+     r"^window_len = 5 must be in \[1, window = 4\]"),
+])
+def test_bad_static_windows_are_named(call, match):
+    """A commit's static window sizes (Python or NumPy ints): L >= 1 and T in [1, L]."""
+    counts, slots = jnp.zeros((4,), jnp.int32), jnp.asarray([1, 2], jnp.int32)
+    with pytest.raises(ValueError, match=match):
+        call(counts, slots)
+
+
+def test_commit_at_the_edges_of_the_window():
+    """T = L (every row folds) and T = 1 (decode) are legal: counts n - 1 after the fold."""
+    counts, slots = jnp.asarray([0, 2, 3, 1], jnp.int32), jnp.asarray([1, 2], jnp.int32)
+    np.testing.assert_array_equal(ring.commit_counts(counts, slots, slots + 1, 4, 4),
+                                  [0, 1, 2, 1])
+    np.testing.assert_array_equal(ring.advance_counts(counts, slots, 4), [0, 3, 0, 1])

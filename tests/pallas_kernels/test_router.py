@@ -159,6 +159,10 @@ def test_auto_can_be_turned_off(monkeypatch):
     (dict(tiling=moe.RouterTiling(8, 4, logits="kernel")),
      "tile_elems = 8 must be a power of two >= E = 16"),
     (dict(tiling=moe.RouterTiling(4096, 4, logits="dot")), "logits must be one of"),
+    (dict(tiling=moe.RouterTiling(4096, 3)), "^num_warps = 3 must be a power of two$"),
+    (dict(tiling=moe.RouterTiling(4096, 4, num_stages=0)), "^num_stages = 0 must be >= 1$"),
+    (dict(x=jnp.zeros((0, 32), F32)), r"^x has shape \(0, 32\): every dimension must be >= 1"),
+    (dict(x=jnp.zeros((0, 32), F32), impl="xla"), r"^x has shape \(0, 32\)"),
 ])
 def test_bad_input_is_named(change, match):
     kw = dict(x=jnp.zeros((2, 32), F32), gate=jnp.zeros((16, 32), F32),
