@@ -56,7 +56,8 @@ def test_generate_help_says_what_greedy_and_the_seed_are(capsys):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--temperature T 0 = greedy" in out and "(default: 0.0)" in out
-    assert "same seed gives the same output (default: 0)" in out
+    assert "same seed gives the same output with the same --speculative and --num-draft "\
+           "(default: 0)" in out
     assert "--top-p P" in out and "1 = off (default: 1.0)" in out
 
 
