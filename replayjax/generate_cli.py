@@ -249,11 +249,11 @@ def check_inputs(args):
 
 # ---------------------------------------------------------------------- running
 
-def _load(flag, path, mesh=None, experts="width"):
+def _load(flag, path, mesh=None, experts="width", dtype=None):
     from convert import ConvertError
     from replayjax.loading import load_model
     try:
-        return load_model(path, mesh=mesh, experts=experts)
+        return load_model(path, mesh=mesh, experts=experts, dtype=dtype)
     except ConvertError as e:
         raise cli.UserError(f"{flag}: {e}") from None
 
@@ -295,13 +295,15 @@ def generate(args, tok, model_dir, prompts):
     """Loads, builds the engine, warms up (compiles), generates. Returns (completions, engine,
     timings {load_s, compile_s, generate_s})."""
 
+    from replayjax import demo
     from replayjax.engine import Engine, Request, SamplingParams
     progress = cli.Progress(3 + bool(args.draft_dir) + (not args.stream), cli.interactive(args))
     try:
         t0 = time.perf_counter()
         mesh, experts = cli.tp_placement(args)
         with progress.stage("loading the model"):
-            model = _load("--model", model_dir, mesh, experts)
+            model = _load("--model", model_dir, mesh, experts,
+                          dtype=None if args.model else demo.DTYPE)
         draft_model = None
         if args.draft_dir:
             with progress.stage("loading the draft model"):

@@ -23,10 +23,10 @@ The run is seeded and, on the same machine and library versions, reproduces mode
 bit for bit.
 
 Writes ``replayjax/demo/model/``: config.json (transformers 5.x ``NemotronHForCausalLM``),
-model.safetensors (hub tensor names, fp32, 2-D+ tensors rounded to bf16; ``mtp.*`` tensors are
-ignored by transformers and loaded by replayjax), tokenizer.json + tokenizer_config.json
-(byte-level, ``tokenizers``), generation_config.json and provenance.json (texts + sha256, steps,
-losses, seed, command, date, sample generations).
+model.safetensors (hub tensor names, 2-D+ tensors bf16, vectors fp32; ``mtp.*`` tensors are ignored
+by transformers and loaded by replayjax), tokenizer.json + tokenizer_config.json (byte-level,
+``tokenizers``), generation_config.json and provenance.json (texts + sha256, steps, losses, seed,
+command, date, sample generations).
 
 Check against Hugging Face transformers (needs a venv with torch + transformers, not installed
 here):
@@ -64,7 +64,7 @@ MTP_WEIGHT = 0.3
 CONFIG = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",
-    "dtype": "float32",
+    "dtype": "bfloat16",
     "vocab_size": 256,
     "hidden_size": 256,
     "layers_block_type": [{"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c]
@@ -302,17 +302,14 @@ def round_bf16(model):
 
 
 def hf_tensors(model):
-    """Hub-named tensors (inverse of the table in `convert.mappings.nemotron_h`), fp32: >= 2-D
-    ones rounded to bf16 (the model was evaluated so), stored in fp32 so that it loads and runs
-    in fp32 by default: in bf16 its 256 byte logits tie often (steps of 1/16), and a tie's
-    argmax then follows rounding (batch shape, speculation, prefill chunks), in fp32 it does
-    not. Linear kernels [in, out] -> HF [out, in]; conv [C, K] -> [C, 1, K]."""
+    """Hub-named tensors (inverse of the table in `convert.mappings.nemotron_h`): >= 2-D bf16,
+    vectors fp32. Linear kernels [in, out] -> HF [out, in]; conv [C, K] -> [C, 1, K]."""
     import ml_dtypes
     out = {}
 
     def put(name, value):
         a = np.asarray(value, np.float32)
-        out[name] = a.astype(ml_dtypes.bfloat16).astype(np.float32) if a.ndim >= 2 else a
+        out[name] = a.astype(ml_dtypes.bfloat16) if a.ndim >= 2 else a
 
     def linear(name, lin):
         put(f"{name}.weight", np.asarray(lin.kernel[...]).T)
@@ -511,7 +508,7 @@ def train(args):
         validation_loss=dict(fp32=round(val_fp32[0], 4), bf16=round(val_bf16[0], 4),
                              mtp_bf16=round(val_bf16[1], 4), text=HELD_OUT, unit="nats/byte"),
         train_subset_loss_bf16=round(train_bf16[0], 4),
-        export="fp32, tensors of >= 2 dims rounded to bf16",
+        export="tensors of >= 2 dims in bf16, vectors in fp32",
     )
 
     # export, then reload through the library's own loader and check it reproduces the weights

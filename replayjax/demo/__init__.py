@@ -5,9 +5,8 @@ tokenizer.json, tokenizer_config.json, generation_config.json, provenance.json) 
 Nemotron-H-style hybrid language model (``model_type: nemotron_h``): 8 layers in the pattern
 ``M*M-M*M-`` (Mamba-2, attention, relu^2 MLP; hidden size 256, 4 Mamba heads of 64 with state 32,
 4 attention heads / 2 KV heads of 64) plus a one-block multi-token-prediction head (attention +
-MLP, ``mtp.*`` tensors), about 2.6M parameters, ~10 MB: fp32, the matrices rounded to bf16. It
-runs in fp32 by default: in bf16 its 256 byte logits tie often, and which of two tied tokens
-greedy decoding picks would then follow rounding (batch shape, speculation, prefill chunks).
+MLP, ``mtp.*`` tensors), about 2.6M parameters, ~5 MB in bf16. `generate` and `serve` run it
+in float32 when they pick it (no --model; `DTYPE`).
 
 The vocabulary is bytes: token id == UTF-8 byte value (256 ids, no special tokens); tokenizer.json
 is a byte-level ``tokenizers`` tokenizer with exactly that mapping. It was trained on CPU in a few
@@ -25,7 +24,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["model_dir"]
+__all__ = ["model_dir", "DTYPE"]
+
+# What the commands run the demo in when no --model is given: in bf16 its 256 byte logits tie
+# often (steps of 1/16), and which of two tied tokens greedy decoding picks would then follow
+# rounding (batch shape, speculation, prefill chunks); in float32 it does not. Its file stays
+# bf16 (small); given as --model DIR it loads as stored, as any checkpoint.
+DTYPE = "float32"
 
 
 def model_dir() -> str:

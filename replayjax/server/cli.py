@@ -142,6 +142,7 @@ def build_engine(args, model_dir: str | None):
     import jax.numpy as jnp
 
     from convert import ConvertError
+    from replayjax import demo
     from replayjax.bench.synthetic import build
     from replayjax.engine import Engine
     from replayjax.loading import load_model
@@ -151,7 +152,8 @@ def build_engine(args, model_dir: str | None):
     mesh, experts = cli.tp_placement(args)
     model = (build(args.synthetic, jnp.dtype(args.dtype or "bfloat16"),
                    mtp=args.drafter == "mtp", mesh=mesh, experts=experts)
-             if model_dir is None else load_model(model_dir, mesh=mesh, experts=experts))
+             if model_dir is None else load_model(model_dir, mesh=mesh, experts=experts,
+                                                  dtype=None if args.model else demo.DTYPE))
     try:
         draft = (load_model(args.draft_dir, mesh=mesh, experts=experts) if args.draft_dir
                  else None)
