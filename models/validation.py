@@ -22,7 +22,7 @@ import numpy as np
 
 from models.cache import ModelCache, SSMCache
 from pallas_kernels.ring import MAX_VERIFY_TOKENS, MAX_WINDOW, NULL_SLOT
-from pallas_kernels.validation import FLOAT_DTYPES, STATE_DTYPES, is_int, is_pow2
+from pallas_kernels.validation import FLOAT_DTYPES, STATE_DTYPES, is_concrete, is_int, is_pow2
 
 SSM_MODES = ("replay", "standard")
 
@@ -178,8 +178,9 @@ def _rows(name: str, a, b: int) -> None:
 
 
 def _concrete(*arrays) -> bool:
-    """No tracer among `arrays` (under jit the values are unknown: value checks are skipped)."""
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+    """Every array readable here (`is_concrete`: under jit the values are unknown, and value
+    checks are skipped)."""
+    return all(a is None or is_concrete(a) for a in arrays)
 
 
 @jax.jit

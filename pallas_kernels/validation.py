@@ -125,13 +125,17 @@ def check_pool(num_slots: int) -> None:
     check(num_slots >= 2, f"the pool needs slot 0 (null) plus at least one slot, has {num_slots}")
 
 
+def is_concrete(arr) -> bool:
+    """Whether `arr`'s values can be read here: not a tracer (under jit) nor an array partly on
+    other processes."""
+    return not (isinstance(arr, jax.core.Tracer)
+                or (isinstance(arr, jax.Array) and not arr.is_fully_addressable))
+
+
 def concrete(arr):
     """`arr`'s values as a NumPy array where they are known in Python (an eager call), else None
-    (a tracer under jit, or an array not all on this process): value checks never trigger a
-    trace-time error and never run inside jit."""
-    if isinstance(arr, jax.core.Tracer):
-        return None
-    if isinstance(arr, jax.Array) and not arr.is_fully_addressable:
+    (`is_concrete`): value checks never trigger a trace-time error and never run inside jit."""
+    if not is_concrete(arr):
         return None
     try:
         return np.asarray(arr)
