@@ -9,7 +9,7 @@ from pallas_kernels.validation import (
     INT32_ONLY,
     Field,
     check,
-    check_array,
+    check_arrays,
     check_fields,
     check_range,
     is_int,
@@ -41,8 +41,7 @@ def check_prefill(fields, arrays, lengths, initial_state, state_dims, chunk, blo
     table (dims "b", "T", ...), lengths [b] int32 (concrete ones in [1, T]), initial_state
     [b, *state_dims] float32 or None, and the chunking. Returns the dims."""
     check_chunking(chunk, block)
-    for name, arr in arrays.items():
-        check_array(name, arr)
+    check_arrays(**arrays)
     dims = check_fields((*fields, Field("lengths", ("b",), INT32_ONLY)),
                         dict(arrays, lengths=lengths))
     if initial_state is not None:

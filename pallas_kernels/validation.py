@@ -73,6 +73,12 @@ def check_array(name: str, arr) -> None:
                         f"{type(arr).__name__}")
 
 
+def check_arrays(**arrays) -> None:
+    """`check_array` of each named argument (before reading their shapes)."""
+    for name, arr in arrays.items():
+        check_array(name, arr)
+
+
 def check_shape(name: str, arr, shape: tuple) -> None:
     """`shape` may contain None for dimensions that are not checked."""
     check_array(name, arr)

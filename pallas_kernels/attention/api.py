@@ -40,7 +40,7 @@ from pallas_kernels.validation import (
     STATE_DTYPES,
     Field,
     check,
-    check_array,
+    check_arrays,
     check_fields,
     check_pool,
     check_range,
@@ -66,8 +66,7 @@ _OPS = family_ops("attention", ("decode_attention",), xla=xla, pallas_triton=pal
 
 
 def _check(q, k_pool, v_pool, slots, starts, kv_head) -> None:
-    for name, arr in dict(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots, starts=starts).items():
-        check_array(name, arr)
+    check_arrays(q=q, k_pool=k_pool, v_pool=v_pool, slots=slots, starts=starts)
     check(q.ndim == 4, f"q must be [batch, T, heads, head_dim], got shape {tuple(q.shape)}")
     check(k_pool.ndim == 4, f"k_pool must be [slots, max_len, kv_heads, head_dim], got shape "
                             f"{tuple(k_pool.shape)}")

@@ -41,7 +41,7 @@ from pallas_kernels.validation import (
     STATE_DTYPES,
     Field,
     check,
-    check_array,
+    check_arrays,
     check_fields,
     check_pool,
     check_slots,
@@ -64,9 +64,7 @@ _OPS = family_ops("conv", ("conv_update",), xla=xla, pallas_triton=pallas_triton
 
 def _check(conv_state, window, weight, bias, slots, offset, activation, out_dtype,
            splits) -> None:
-    for name, arr in dict(conv_state=conv_state, window=window, weight=weight,
-                          slots=slots).items():
-        check_array(name, arr)
+    check_arrays(conv_state=conv_state, window=window, weight=weight, slots=slots)
     check(conv_state.ndim == 3, f"conv_state must be [slots, K-1, channels], got shape "
                                 f"{tuple(conv_state.shape)}")
     check(window.ndim == 3, f"window must be [batch, 1, channels], got shape "

@@ -32,7 +32,7 @@ from pallas_kernels.validation import (
     INT32_ONLY,
     Field,
     check,
-    check_array,
+    check_arrays,
     check_draft_slots,
     check_fields,
     check_replay_cache,
@@ -55,8 +55,7 @@ _OPS = family_ops("gdn", ("standard_decode", "replay_decode", "replay_verify",
 
 def _check_step_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
     """Validates one token's inputs; returns the dims (b, Hk, Hv, K, V)."""
-    for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, slots=slots).items():
-        check_array(name, arr)
+    check_arrays(q=q, k=k, v=v, g=g, beta=beta, slots=slots)
     check(v.ndim == 3, f"v must be [batch, value_heads, V], got shape {tuple(v.shape)}")
     check(q.ndim == 3, f"q must be [batch, key_heads, K], got shape {tuple(q.shape)}")
     Hv, Hk, K = v.shape[1], q.shape[1], q.shape[2]
@@ -67,8 +66,7 @@ def _check_step_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
 
 def _check_window_inputs(q, k, v, g, beta, slots) -> dict[str, int]:
     """Window inputs are [b, T, ...]: validated as T single-token steps; returns the dims + T."""
-    for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta).items():
-        check_array(name, arr)
+    check_arrays(q=q, k=k, v=v, g=g, beta=beta)
     check(v.ndim == 4, f"v must be [batch, T, value_heads, V], got shape {tuple(v.shape)}")
     T = v.shape[1]
     check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")

@@ -35,7 +35,7 @@ from pallas_kernels.validation import (
     INT32_ONLY,
     Field,
     check,
-    check_array,
+    check_arrays,
     check_draft_slots,
     check_fields,
     check_replay_cache,
@@ -59,8 +59,7 @@ _OPS = family_ops("mamba2", ("standard_decode", "replay_decode", "replay_verify"
 
 def _check_step_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
     """Validates one token's inputs; returns the dims (b, H, P, G, N)."""
-    for name, arr in dict(x=x, B=B, C=C, dt=dt, A=A, D=D, slots=slots).items():
-        check_array(name, arr)
+    check_arrays(x=x, B=B, C=C, dt=dt, A=A, D=D, slots=slots)
     check(x.ndim == 3, f"x must be [batch, heads, head_dim], got shape {tuple(x.shape)}")
     check(B.ndim == 3, f"B must be [batch, groups, d_state], got shape {tuple(B.shape)}")
     H, G, N = x.shape[1], B.shape[1], B.shape[2]
@@ -71,8 +70,7 @@ def _check_step_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
 
 def _check_window_inputs(x, B, C, dt, A, D, slots) -> dict[str, int]:
     """Window inputs are [b, T, ...]: validated as T single-token steps; returns the dims + T."""
-    for name, arr in dict(x=x, B=B, C=C, dt=dt).items():
-        check_array(name, arr)
+    check_arrays(x=x, B=B, C=C, dt=dt)
     check(x.ndim == 4, f"x must be [batch, T, heads, head_dim], got shape {tuple(x.shape)}")
     T = x.shape[1]
     check(1 <= T <= MAX_VERIFY_TOKENS, f"verify window T = {T} must be in [1, {MAX_VERIFY_TOKENS}]")

@@ -49,7 +49,7 @@ from pallas_kernels.moe.reference import ACTIVATIONS
 from pallas_kernels.validation import (
     FLOAT_DTYPES,
     check,
-    check_array,
+    check_arrays,
     check_dtype,
     check_nonempty,
     check_range,
@@ -91,9 +91,7 @@ def default_block_m(num_pairs: int, num_experts: int) -> int:
 def _check(x, expert_ids, weights, w_up, w_down, w_gate, valid, activation, shared):
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got "
                                      f"{activation!r}")
-    for name, arr in dict(x=x, expert_ids=expert_ids, weights=weights, w_up=w_up,
-                          w_down=w_down).items():
-        check_array(name, arr)
+    check_arrays(x=x, expert_ids=expert_ids, weights=weights, w_up=w_up, w_down=w_down)
     check(x.ndim == 2, f"x must be [tokens, din], got shape {tuple(x.shape)}")
     check(w_up.ndim == 3, f"w_up must be [experts, din, F], got shape {tuple(w_up.shape)}")
     check_nonempty("x", x)
