@@ -15,10 +15,12 @@ elsewhere.
 
 The families' MoE modules add the shared expert (Nemotron: relu^2 MLP on x; Qwen: SwiGLU times
 sigmoid(shared_expert_gate(x))) and, for Nemotron's latent MoE, the fc1 / fc2 projections around
-`routed_experts` (routing and the shared expert see the full-width x). Where `shared_in_launch`
+`routed_experts` (routing and the shared expert see the full-width x). Where `shared_chunks`
 says so, the shared expert runs inside `routed_experts` instead: its width's F-wide chunks are
 C more experts every token is routed to (weight 1, or Qwen's gate), read in place by the same
-grouped launch (`pallas_kernels.moe.SharedWeights`); elsewhere it is the family's XLA MLP.
+grouped launch (`pallas_kernels.moe.SharedWeights`); the routers return those C columns
+(`pallas_kernels.moe.route`'s shared_chunks: in the router kernel's launch on a GPU, the gate's
+dot too); elsewhere it is the family's XLA MLP.
 """
 
 from __future__ import annotations
@@ -48,35 +50,40 @@ def _route(x, gate, bias, **kw):
 
 def sigmoid_topk(x, gate, correction_bias, *, top_k: int, n_group: int = 1,
                  topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0,
-                 impl: str = "auto", tiling=None):
-    """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32. impl "auto":
-    the router kernel on a GPU for a decode step (`pallas_kernels.moe.router.AUTO`, MAX_TOKENS);
+                 shared_chunks: int = 0, impl: str = "auto", tiling=None):
+    """Nemotron-H routing: x [..., D]; gate [E, D], correction_bias [E] float32 -> ids, weights
+    [..., top_k + shared_chunks] (the shared expert's chunks last, weight 1). impl "auto": the
+    router kernel on a GPU for a decode step (`pallas_kernels.moe.router.AUTO`, MAX_TOKENS);
     tiling: the kernel's `RouterTiling` (None: its default)."""
     return _route(x, gate, correction_bias, top_k=top_k, score="sigmoid",
                   norm_topk_prob=norm_topk_prob, scaling=scaling, n_group=n_group,
-                  topk_group=topk_group, impl=impl, tiling=tiling)
+                  topk_group=topk_group, shared_chunks=shared_chunks, impl=impl, tiling=tiling)
 
 
-def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool, impl: str = "auto",
-                 tiling=None):
-    """Qwen routing: x [..., D]; gate [E, D] float32. impl and tiling as `sigmoid_topk`."""
+def softmax_topk(x, gate, *, top_k: int, norm_topk_prob: bool, shared_chunks: int = 0,
+                 shared_gate=None, impl: str = "auto", tiling=None):
+    """Qwen routing: x [..., D]; gate [E, D] float32 -> ids, weights [..., top_k +
+    shared_chunks] (the shared expert's chunks last, weighted sigmoid(x . shared_gate), [D] in
+    the model's dtype). impl and tiling as `sigmoid_topk`."""
     return _route(x, gate, None, top_k=top_k, score="softmax", norm_topk_prob=norm_topk_prob,
-                  impl=impl, tiling=tiling)
+                  shared_chunks=shared_chunks, shared_gate=shared_gate, impl=impl,
+                  tiling=tiling)
 
 
-def shared_in_launch(x, ffn: int, shared_ffn: int, force: bool | None = None) -> bool:
-    """Whether a MoE layer's shared expert (shared_ffn wide, on x [..., D], which the routed
-    experts F = ffn wide see too) runs inside `routed_experts`: `force` unless None, else on a
-    GPU, for at most SHARED_IN_LAUNCH_MAX_TOKENS tokens, when its width is a multiple of F
-    (static shapes: under shard_map the local widths)."""
-    if force is not None:
-        return force
-    return (shared_ffn % ffn == 0 and math.prod(x.shape[:-1]) <= SHARED_IN_LAUNCH_MAX_TOKENS
-            and resolve_impl("auto") == "pallas_triton")
+def shared_chunks(x, ffn: int, shared_ffn: int, force: bool | None = None) -> int:
+    """How many F-wide chunks of a MoE layer's shared expert (shared_ffn wide, on x [..., D],
+    which the routed experts F = ffn wide see too) run inside `routed_experts`: shared_ffn / F,
+    or 0 where it runs apart. In the launch if `force`, apart if not force; for None on a GPU,
+    for at most SHARED_IN_LAUNCH_MAX_TOKENS tokens, when its width is a multiple of F (static
+    shapes: under shard_map the local widths)."""
+    joined = force if force is not None else (
+        shared_ffn % ffn == 0 and math.prod(x.shape[:-1]) <= SHARED_IN_LAUNCH_MAX_TOKENS
+        and resolve_impl("auto") == "pallas_triton")
+    return shared_ffn // ffn if joined else 0
 
 
 def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
-                   activation: str, num_experts: int, shared=None, shared_scale=None):
+                   activation: str, num_experts: int, shared=None):
     """The routed part of a MoE layer over any leading shape: u [..., din] is what the experts
     see (x, or its latent projection), expert_ids / weights [..., k] the routing over
     `num_experts`, valid [...] bool the real tokens (None: all); the others own no (token,
@@ -88,29 +95,23 @@ def routed_experts(u, expert_ids, weights, valid, w_up, w_down, *, w_gate=None,
     device's E / tp experts, the r-th slice; only the pairs routed to them are computed (the
     others are invalid pairs: no rows), and the psum after the layer adds the devices' parts.
 
-    shared: a `pallas_kernels.moe.SharedWeights` (this device's width of it) to add, times
-    shared_scale [...] float (None: 1), in the same launch: each valid token is also routed to
-    its C = Fs / F chunks, experts local ... local + C - 1, with weight shared_scale."""
+    shared: a `pallas_kernels.moe.SharedWeights` (this device's width of it) computed in the
+    same launch: its C = Fs / F chunks are the routing's last C columns, ids num_experts ...
+    num_experts + C - 1 (the routers' shared_chunks), each token's weight on them its scale."""
     lead, k = u.shape[:-1], expert_ids.shape[-1]
     ids, weights = expert_ids.reshape(-1, k), weights.reshape(-1, k)
     n, local = ids.shape[0], w_up.shape[0]
     tokens = None if valid is None else jnp.broadcast_to(valid, lead).reshape(-1)
+    C = 0 if shared is None else shared.w_up.shape[1] // w_up.shape[2]
     mine = None
     if local < num_experts:                 # this device's slice of the experts
-        ids = ids - tp_index() * local
-        mine = (ids >= 0) & (ids < local)
-        ids = jnp.clip(ids, 0, local - 1)
-    C = 0 if shared is None else shared.w_up.shape[1] // w_up.shape[2]
-    if C:
-        scale = (jnp.ones((n,), jnp.float32) if shared_scale is None
-                 else jnp.broadcast_to(shared_scale, lead).reshape(-1).astype(jnp.float32))
-        ids = jnp.concatenate([ids, jnp.broadcast_to(local + jnp.arange(C, dtype=jnp.int32),
-                                                     (n, C))], axis=1)
-        weights = jnp.concatenate([weights, jnp.broadcast_to(scale[:, None], (n, C))], axis=1)
-        mine = None if mine is None else jnp.concatenate([mine, jnp.ones((n, C), bool)], 1)
+        chunk = ids >= num_experts          # the shared expert's chunks: local + c here
+        ids = jnp.where(chunk, ids - num_experts + local, ids - tp_index() * local)
+        mine = chunk | ((ids >= 0) & (ids < local))
+        ids = jnp.clip(ids, 0, local + C - 1)
     valid = tokens if mine is None else mine if tokens is None else tokens[:, None] & mine
     block_m = None if local == num_experts else moe_ops.default_block_m(
-        n * k * local // num_experts + n * C, local + C)
+        n * (k - C) * local // num_experts + n * C, local + C)
     y = moe_ops.expert_ffn(u.reshape(-1, u.shape[-1]), ids, weights, w_up, w_down,
                            w_gate=w_gate, valid=valid, activation=activation, shared=shared,
                            block_m=block_m)

@@ -235,7 +235,7 @@ class MoE(nnx.Module):
     """Sigmoid router with a selection-only correction bias, top-k (optionally group-limited),
     renormalised weights times routed_scaling_factor (`models.moe.sigmoid_topk`); relu^2 experts
     run sparsely (on a latent projection of x when moe_latent_size is set); a shared expert on
-    x (in the routed experts' launch where `models.moe.shared_in_launch` says so). Under tensor
+    x (in the routed experts' launch where `models.moe.shared_chunks` says so). Under tensor
     parallelism every expert (and the shared one) has 1/tp of its width on each device and
     routing is replicated: one all-reduce for the layer."""
 
@@ -253,32 +253,32 @@ class MoE(nnx.Module):
         self.shared = (MLP(D, cfg.moe_shared_expert_intermediate_size, dtype)
                        if cfg.n_shared_experts else None)
 
-    def route(self, x, impl="auto", tiling=None):
-        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32 (impl, tiling:
-        `models.moe.sigmoid_topk`'s)."""
+    def route(self, x, impl="auto", tiling=None, shared_chunks=0):
+        """x [..., D] -> expert ids [..., k + C] int32, weights [..., k + C] fp32, the shared
+        expert's C = shared_chunks chunks last (impl, tiling: `models.moe.sigmoid_topk`'s)."""
         c = self.cfg
         return moe.sigmoid_topk(x, self.gate[...], self.correction_bias[...],
                                 top_k=c.num_experts_per_tok, n_group=c.n_group,
                                 topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                scaling=c.routed_scaling_factor, impl=impl,
-                                tiling=tiling)
+                                scaling=c.routed_scaling_factor, shared_chunks=shared_chunks,
+                                impl=impl, tiling=tiling)
 
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
         shared_in_launch: force the shared expert into (True) or out of (False) the routed
-        experts' launch; None: `models.moe.shared_in_launch`. Never with a latent MoE (its
+        experts' launch; None: `models.moe.shared_chunks`. Never with a latent MoE (its
         experts see another input)."""
-        ids, weights = self.route(x)
         latent, up = self.cfg.moe_latent_size, self.up[...]
-        join = self.shared is not None and not latent and moe.shared_in_launch(
+        C = 0 if self.shared is None or latent else moe.shared_chunks(
             x, up.shape[2], self.shared.up_proj.kernel.shape[1], shared_in_launch)
+        ids, weights = self.route(x, shared_chunks=C)
         u = self.fc1_latent(x) if latent else x
         y = moe.routed_experts(u, ids, weights, valid, up, self.down[...], activation="relu2",
                                num_experts=self.cfg.n_routed_experts,
-                               shared=self.shared.weights() if join else None)
+                               shared=self.shared.weights() if C else None)
         if latent:
             y = self.fc2_latent(y)          # linear: applied to the partial sum
-        return tp_sum(y + self.shared.partial(x) if self.shared is not None and not join else y)
+        return tp_sum(y + self.shared.partial(x) if self.shared is not None and not C else y)
 
 
 class Block(nnx.Module):

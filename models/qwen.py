@@ -54,6 +54,7 @@ from pallas_kernels import gdn
 from pallas_kernels.conv import conv_update
 from pallas_kernels.gdn.prefill import chunk_gated_delta_rule
 from pallas_kernels.moe import SharedWeights
+from pallas_kernels.moe.router import shared_scale
 from pallas_kernels.ring import conv_window
 
 _HI = lax.Precision.HIGHEST
@@ -266,7 +267,7 @@ class MoE(nnx.Module):
     """Softmax router (fp32), top-k, renormalised if norm_topk_prob (`models.moe.softmax_topk`);
     SwiGLU experts run sparsely; plus a shared SwiGLU expert scaled by
     sigmoid(shared_expert_gate(x)) (in the routed experts' launch where
-    `models.moe.shared_in_launch` says so). Under tensor parallelism every expert (and the
+    `models.moe.shared_chunks` says so). Under tensor parallelism every expert (and the
     shared one) has 1/tp of its width on each device and routing is replicated: one all-reduce.
     """
 
@@ -281,30 +282,31 @@ class MoE(nnx.Module):
         self.shared = MLP(D, Fs, dtype) if Fs else None
         self.shared_gate = Linear(D, 1, dtype=dtype) if Fs else None
 
-    def route(self, x, impl="auto", tiling=None):
-        """x [..., D] -> expert ids [..., k] int32, weights [..., k] fp32 (impl, tiling:
+    def route(self, x, impl="auto", tiling=None, shared_chunks=0):
+        """x [..., D] -> expert ids [..., k + C] int32, weights [..., k + C] fp32, the shared
+        expert's C = shared_chunks chunks last, weighted by its gate (impl, tiling:
         `models.moe.softmax_topk`'s)."""
+        gate = self.shared_gate.kernel[...].reshape(-1) if shared_chunks else None
         return moe.softmax_topk(x, self.gate[...], top_k=self.cfg.num_experts_per_tok,
-                                norm_topk_prob=self.cfg.norm_topk_prob, impl=impl,
+                                norm_topk_prob=self.cfg.norm_topk_prob,
+                                shared_chunks=shared_chunks, shared_gate=gate, impl=impl,
                                 tiling=tiling)
 
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
         shared_in_launch: force the shared expert into (True) or out of (False) the routed
-        experts' launch; None: `models.moe.shared_in_launch`."""
-        ids, weights = self.route(x)
+        experts' launch; None: `models.moe.shared_chunks`."""
         up = self.up[...]
-        join = self.shared is not None and moe.shared_in_launch(
+        C = 0 if self.shared is None else moe.shared_chunks(
             x, up.shape[2], self.shared.up_proj.kernel.shape[1], shared_in_launch)
-        # a replicated gate times a partial sum
-        scale = None if self.shared is None else jax.nn.sigmoid(self.shared_gate(x))
+        ids, weights = self.route(x, shared_chunks=C)
         y = moe.routed_experts(x, ids, weights, valid, up, self.down[...],
                                w_gate=self.gate_w[...], activation="swiglu",
                                num_experts=self.cfg.num_experts,
-                               shared=self.shared.weights() if join else None,
-                               shared_scale=scale[..., 0] if join else None)
-        if self.shared is not None and not join:
-            y = y + scale * self.shared.partial(x)
+                               shared=self.shared.weights() if C else None)
+        if self.shared is not None and not C:     # a replicated gate times a partial sum
+            scale = shared_scale(x, self.shared_gate.kernel[...].reshape(-1))
+            y = y + scale[..., None].astype(y.dtype) * self.shared.partial(x)
         return tp_sum(y)
 
 

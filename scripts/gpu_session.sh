@@ -29,6 +29,8 @@
 #              copy on an H200: both families' decode at batch 256, GDN's verify at T = 2 / 4
 #   p80-rows128 - the Mosaic Mamba-2 replay over 128-row tiles at P = 80, compiled, timed
 #              beside the Triton standard (the 1.6x target's baseline)
+#   moe-b1-route - the MoE layer at batch 1 / 8 / 32 with the shared columns from the router
+#              kernel, beside OLD_TREE's (the commit before) in the same call
 #   h200-59  - the targets' H200 rows in one call (needs_h200: Mamba-2's T = 8 baseline): GDN
 #              verify T = 4 / 8, P = 80 replay beside its Triton standard, GDN replay decode,
 #              Mamba-2 verify T = 8
@@ -582,6 +584,19 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants ${MOE_VARIANTS:-sparse-shared sparse-small} --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-b1-route)
+    # the router kernel writing the shared expert's chunk columns (and Qwen's shared gate) in
+    # its launch (stop 60: at batch 1 two concatenations and the gate's GEMV were ~4.4 us of
+    # Qwen3.5-35B's 39.5 us layer on an H100): the default path at batch 1 / 8 / 32, then the
+    # same in OLD_TREE (the commit before, `git archive` into an ignored folder and carried),
+    # if given, in the same call
+    limit 220 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse-shared \
+      --breakdown --json "$out/moe_route.json" 2>>"$out/moe.log" | grep -v "^WARNING"
+    if [ -n "${OLD_TREE:-}" ]; then
+      (cd "$OLD_TREE" && limit 220 python3 -m replayjax.bench.moe --batches 1 8 32 \
+        --variants sparse-shared --breakdown --json "$out/moe_route_old.json" \
+        2>>"$out/moe.log" | grep -v "^WARNING")
+    fi ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
       --breakdown --router-tilings '[{}, {"logits": "kernel"}, {"logits": "kernel",

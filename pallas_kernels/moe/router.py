@@ -1,17 +1,25 @@
 """MoE routing as one op: router logits, scores, top-k selection and weights.
 
     ids, weights = route(x, gate, bias=None, *, top_k, score="softmax", norm_topk_prob=True,
-                         scaling=1.0, n_group=1, topk_group=1)
+                         scaling=1.0, n_group=1, topk_group=1, shared_chunks=0,
+                         shared_gate=None)
 
-x [n, D] float; gate [E, D] float32; bias [E] float32 or None. Returns expert ids [n, k] int32
-(best first; ties between selection scores go to the lowest expert index, as `lax.top_k`) and
-weights [n, k] float32:
+x [n, D] float; gate [E, D] float32; bias [E] float32 or None. Returns expert ids [n, k + C]
+int32 (best first; ties between selection scores go to the lowest expert index, as `lax.top_k`)
+and weights [n, k + C] float32:
   * logits z = x . gate^T in float32; scores s = softmax(z) over E (Qwen) or sigmoid(z)
     (Nemotron-H);
   * experts chosen on s + bias (the bias selects, it never weighs), with n_group > 1 only inside
     the topk_group groups of E / n_group experts whose two best biased scores sum highest;
   * weights s at the chosen experts, divided by their sum (+ 1e-20 for sigmoid scores) if
-    norm_topk_prob, times scaling.
+    norm_topk_prob, times scaling;
+  * then C = shared_chunks columns (0 by default): a shared expert's F-wide chunks as experts
+    E ... E + C - 1 (`pallas_kernels.moe.expert_ffn`'s `shared`), every token routed to all of
+    them with weight 1, or, given shared_gate [D] (any float dtype), sigmoid(x . shared_gate)
+    (`shared_scale`: the float32 sum of products rounded to that dtype, the sigmoid too; Qwen's
+    shared_expert_gate). Neither normalised nor scaled. The
+    router kernel writes them in its launch, so a decode step needs no concatenation and no
+    launch of its own for the gate.
 
 impl: "xla" (any shape: the models' routers as they always were), "pallas" (a Pallas kernel,
 one program per token: the scores, top-k as k rounds of argmax (lowest index on ties), the
@@ -30,7 +38,9 @@ float32 ulps of sum |x_d g_ed|, and so do the weights (a softmax weight's relati
 logits' absolute one; 1e-6 relative in the tests); ids are equal unless two scores are that
 close without being equal. Equal scores (equal gate rows, or x = 0) come out equal in both, so
 ties resolve alike. With "xla" the logits are XLA's own and only the sums over E and over the
-chosen k round differently.
+chosen k round differently. The shared gate's sum too is the kernel's own: in float32 a few ulps
+from XLA's, then rounded to shared_gate's dtype (in bfloat16 one ulp apart where the sum lands
+next to a rounding boundary).
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from pallas_kernels.validation import (
     check_dtype,
     check_nonempty,
     check_shape,
+    is_int,
     is_pow2,
     resolve_tiling,
 )
@@ -90,17 +101,20 @@ LOGITS = ("kernel", "xla")
 
 
 def route(x, gate, bias=None, *, top_k: int, score: str = "softmax", norm_topk_prob=True,
-          scaling: float = 1.0, n_group: int = 1, topk_group: int = 1, impl="auto", tiling=None,
-          interpret=None):
-    """Expert ids [n, k] int32 and weights [n, k] float32 of x [n, D] (module docstring)."""
+          scaling: float = 1.0, n_group: int = 1, topk_group: int = 1, shared_chunks: int = 0,
+          shared_gate=None, impl="auto", tiling=None, interpret=None):
+    """Expert ids [n, k + C] int32 and weights [n, k + C] float32 of x [n, D] (module
+    docstring; C = shared_chunks)."""
     n, E = _check(x, gate, bias, top_k, score, n_group, topk_group)
+    _check_shared(shared_chunks, shared_gate, x.shape[1])
     backend = pick_backend(impl, n, E, top_k, n_group)
     if backend != "xla":
         check(n_group == 1, f"group-limited routing (n_group = {n_group}) has no Pallas kernel")
         check(is_pow2(E), f"the router kernel needs a power-of-two expert count, got E = {E}")
         check(top_k <= MAX_TOP_K, f"the router kernel takes top_k <= {MAX_TOP_K}, got {top_k}")
     return _ROUTE(x, gate, bias, top_k, score, bool(norm_topk_prob), float(scaling), n_group,
-                  topk_group, impl=backend, tiling=tiling, interpret=interpret)
+                  topk_group, int(shared_chunks), shared_gate, impl=backend, tiling=tiling,
+                  interpret=interpret)
 
 
 def pick_backend(impl: str, n: int, num_experts: int, top_k: int, n_group: int = 1) -> str:
@@ -138,6 +152,15 @@ def _check(x, gate, bias, top_k, score, n_group, topk_group):
     return n, E
 
 
+def _check_shared(chunks, shared_gate, D):
+    check(is_int(chunks) and chunks >= 0, f"shared_chunks = {chunks!r} must be an integer >= 0")
+    if shared_gate is not None:
+        check(chunks >= 1, "shared_gate needs shared_chunks >= 1 (the columns it weighs)")
+        check_array("shared_gate", shared_gate)
+        check_shape("shared_gate", shared_gate, (D,))
+        check_dtype("shared_gate", shared_gate, FLOAT_DTYPES)
+
+
 def _scores(logits, score):
     return jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
 
@@ -147,7 +170,30 @@ def _logits(x, gate):
     return jnp.einsum("nd,ed->ne", x.astype(F32), gate, precision=lax.Precision.HIGHEST)
 
 
-def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group):
+def shared_scale(x, shared_gate):
+    """sigmoid(x . shared_gate) float32 of x [..., D], shared_gate [D] -> [...]: the logit as a
+    Linear in shared_gate's dtype computes it (float32 sums, rounded to that dtype), its sigmoid
+    in float32 rounded to that dtype too, as torch's sigmoid of a bfloat16 tensor (Qwen's
+    shared_expert_gate; XLA's own bfloat16 sigmoid rounds each of its steps)."""
+    g = shared_gate
+    z = jnp.einsum("...d,d->...", x.astype(g.dtype), g,
+                   precision=lax.Precision.HIGHEST if g.dtype == F32 else None)
+    return jax.nn.sigmoid(z.astype(F32)).astype(g.dtype).astype(F32)
+
+
+def _with_shared(ids, w, x, num_experts, chunks, shared_gate):
+    """ids, w [n, k] with the C = chunks shared columns appended (module docstring)."""
+    if not chunks:
+        return ids, w
+    n = ids.shape[0]
+    scale = (jnp.ones((n,), F32) if shared_gate is None else shared_scale(x, shared_gate))
+    chunk_ids = num_experts + jnp.arange(chunks, dtype=jnp.int32)
+    return (jnp.concatenate([ids, jnp.broadcast_to(chunk_ids, (n, chunks))], axis=1),
+            jnp.concatenate([w, jnp.broadcast_to(scale[:, None], (n, chunks))], axis=1))
+
+
+def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group,
+              shared_chunks, shared_gate):
     """The routing in XLA: HIGHEST-precision einsum logits, `lax.top_k` selection."""
     s = _scores(_logits(x, gate), score)
     sel = s if bias is None else s + bias
@@ -160,13 +206,14 @@ def route_xla(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, top
     w = jnp.take_along_axis(s, ids, axis=-1)
     if norm_topk_prob:
         w = w / (w.sum(-1, keepdims=True) + _NORM_EPS[score])
-    return ids.astype(jnp.int32), w * scaling
+    return _with_shared(ids.astype(jnp.int32), w * scaling, x, gate.shape[0], shared_chunks,
+                        shared_gate)
 
 
-def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group, *,
-                 tiling, interpret):
+def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, topk_group,
+                 shared_chunks, shared_gate, *, tiling, interpret):
     """The routing in a Pallas launch over grid (token,) (n_group 1), after XLA's logits GEMM
-    for tiling logits "xla"."""
+    for tiling logits "xla"; the shared columns in the same launch."""
     del n_group, topk_group                             # 1: checked by `route`
     t = resolve_tiling(tiling, TILING)
     E, D = gate.shape
@@ -175,11 +222,15 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
     check(not fused or (is_pow2(t.tile_elems) and t.tile_elems >= E),
           f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
     block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
-    return _route((x, gate) if fused else (_logits(x, gate),), () if bias is None else (bias,),
-                  top_k=top_k, score=score,
+    gated = shared_gate is not None
+    # the shared gate's dot reads x in slices of at most 1024 (a power of two dividing D)
+    gate_d = bounded_block("block_d", "D", D, 1024) if gated else None
+    inputs = (x, gate) if fused else (_logits(x, gate),) + ((x,) if gated else ())
+    return _route(inputs, () if bias is None else (bias,),
+                  () if shared_gate is None else (shared_gate,), top_k=top_k, score=score,
                   norm_eps=_NORM_EPS[score] if norm_topk_prob else None, scaling=scaling,
-                  block_d=block_d, num_warps=t.num_warps, num_stages=t.num_stages,
-                  interpret=interpret)
+                  block_d=block_d, shared_chunks=shared_chunks, gate_d=gate_d,
+                  num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
 
 
 def _first_max(v, index):
@@ -187,15 +238,19 @@ def _first_max(v, index):
     return jnp.min(jnp.where(v == jnp.max(v), index, v.shape[0]))
 
 
-def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d):
-    # x and gate (block_d None: the logits), the bias (if any), the outs
+def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d, has_bias, shared_chunks,
+                  gate_d):
+    # x and gate (block_d None: the logits, then x if gate_d), the bias (if any), the shared
+    # gate (if gate_d), the outs
     *ins, ids_ref, w_ref = refs
+    g_ref = ins.pop() if gate_d else None
+    bias = ins.pop()[...] if has_bias else None
     row = pl.program_id(0)
     if block_d is None:
-        z_ref, *bias_ref = ins
-        z = z_ref[row, :]
+        z = ins[0][row, :]
+        x_ref = ins[1] if gate_d else None
     else:
-        x_ref, gate_ref, *bias_ref = ins
+        x_ref, gate_ref = ins
 
         def dot(ds, acc):       # exact float32 products, summed over the chunk
             xs = x_ref[row, ds].astype(F32)
@@ -203,7 +258,7 @@ def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d):
 
         z = n_chunks(gate_ref.shape[1], block_d, dot, jnp.zeros(gate_ref.shape[:1], F32))
     s, E = _scores(z, score), z.shape[0]
-    sel = s + bias_ref[0][...] if bias_ref else s
+    sel = s if bias is None else s + bias
     expert = lax.broadcasted_iota(jnp.int32, (E,), 0)
     ws = []
     for j in range(top_k):      # the best expert, then out of the running
@@ -214,24 +269,45 @@ def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d):
     total = functools.reduce(lambda a, b: a + b, ws)
     for j, w in enumerate(ws):
         w_ref[row, j] = (w if norm_eps is None else w / (total + norm_eps)) * scaling
+    if shared_chunks:
+        scale = jnp.float32(1.0) if g_ref is None else _gate_scale(x_ref, g_ref, row, gate_d)
+        for c in range(shared_chunks):
+            ids_ref[row, top_k + c] = jnp.int32(E + c)
+            w_ref[row, top_k + c] = scale
+
+
+def _gate_scale(x_ref, g_ref, row, block_d):
+    """sigmoid(x[row] . g) as `shared_scale`: float32 products and sum, rounded to g's dtype,
+    the sigmoid rounded to it too."""
+    dt = g_ref.dtype
+
+    def dot(ds, acc):               # x in g's dtype first, as the Linear casts it
+        xs = x_ref[row, ds].astype(dt).astype(F32)
+        return acc + jnp.sum(xs * g_ref[ds].astype(F32))
+
+    z = n_chunks(g_ref.shape[0], block_d, dot, jnp.float32(0.0))
+    return jax.nn.sigmoid(z.astype(dt).astype(F32)).astype(dt).astype(F32)
 
 
 @functools.partial(jax.jit, static_argnames=("top_k", "score", "norm_eps", "scaling", "block_d",
-                                             "num_warps", "num_stages", "interpret"))
-def _route(inputs, bias, *, top_k, score, norm_eps, scaling, block_d, num_warps, num_stages,
-           interpret):
-    """inputs (x [n, D], gate [E, D] float32), or (logits [n, E] float32,) for block_d None;
-    bias () or ([E] float32,) -> ids [n, k] int32, weights [n, k] float32."""
-    n = inputs[0].shape[0]
+                                             "shared_chunks", "gate_d", "num_warps",
+                                             "num_stages", "interpret"))
+def _route(inputs, bias, shared_gate, *, top_k, score, norm_eps, scaling, block_d,
+           shared_chunks, gate_d, num_warps, num_stages, interpret):
+    """inputs (x [n, D], gate [E, D] float32), or (logits [n, E] float32,) for block_d None,
+    then x [n, D] there if the shared gate is given; bias () or ([E] float32,); shared_gate ()
+    or ([D] float,) -> ids [n, k + C] int32, weights [n, k + C] float32 (C = shared_chunks)."""
+    n, cols = inputs[0].shape[0], top_k + shared_chunks
     return pl.pallas_call(
         functools.partial(_route_kernel, top_k=top_k, score=score, norm_eps=norm_eps,
-                          scaling=scaling, block_d=block_d),
+                          scaling=scaling, block_d=block_d, has_bias=bool(bias),
+                          shared_chunks=shared_chunks, gate_d=gate_d),
         grid=(n,),
-        out_shape=(jax.ShapeDtypeStruct((n, top_k), jnp.int32),
-                   jax.ShapeDtypeStruct((n, top_k), F32)),
+        out_shape=(jax.ShapeDtypeStruct((n, cols), jnp.int32),
+                   jax.ShapeDtypeStruct((n, cols), F32)),
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret, name="moe_route",
-    )(*inputs, *bias)
+    )(*inputs, *bias, *shared_gate)
 
 
 _ROUTE = Op("moe.route", {"xla": route_xla, "pallas_triton": route_pallas})

@@ -181,12 +181,18 @@ def sparse_experts(u, ids, w, ws, tiling=None):
                           tiling=tiling)
 
 
-def shared_experts(u, ids, w, ws, shared_scale):
-    """Routed + shared expert in one launch; shared_scale [n] float32 (Qwen's gate) or None."""
+def shared_experts(u, ids, w, ws):
+    """Routed + shared expert in one launch: ids, w route to the shared chunks too (their last
+    columns, `shared_chunks`)."""
     from models import moe
     return moe.routed_experts(u, ids, w, None, ws["up"], ws["down"], w_gate=ws.get("gate"),
                               activation=_activation(ws), num_experts=ws["up"].shape[0],
-                              shared=ws["shared"], shared_scale=shared_scale)
+                              shared=ws["shared"])
+
+
+def shared_chunks(ws) -> int:
+    """The shared expert's F-wide chunks in ws (`shared_weights`; 0 without it)."""
+    return ws["shared"].w_up.shape[1] // ws["up"].shape[2] if "shared" in ws else 0
 
 
 def small_experts(u, ids, w, ws, tiling=None):
@@ -252,15 +258,18 @@ XLA_ROUTE = {"impl": "xla"}
 def layer_call(layer, x, ws, experts, route=XLA_ROUTE):
     """The family's MoE layer on x [n, D] routed by the module's `route(x, **route)`, the
     routed experts computed by experts(u, ids, weights, ws) (the same composition as the
-    modules' __call__); with the shared expert in ws (`shared_weights`),
-    experts(u, ids, weights, ws, shared_scale) computes it too."""
-    import jax
-    ids, w = layer.route(x, **route)
-    gate = jax.nn.sigmoid(layer.shared_gate(x)) if hasattr(layer, "shared_gate") else None
-    if "shared" in ws:
-        return experts(x, ids, w, ws, None if gate is None else gate[..., 0])
+    modules' __call__); with the shared expert in ws (`shared_weights`) the routing names its
+    chunks too and experts computes it."""
+    from pallas_kernels.moe.router import shared_scale
+    C = shared_chunks(ws)
+    ids, w = layer.route(x, shared_chunks=C, **route)
     y = experts(x, ids, w, ws)
-    return y + (layer.shared(x) if gate is None else gate * layer.shared(x))
+    if C:
+        return y
+    if not hasattr(layer, "shared_gate"):
+        return y + layer.shared(x)
+    scale = shared_scale(x, layer.shared_gate.kernel[...].reshape(-1))
+    return y + scale[..., None].astype(y.dtype) * layer.shared(x)
 
 
 def variants(small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):

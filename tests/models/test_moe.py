@@ -169,7 +169,7 @@ def test_qwen_and_its_mtp_head_hand_padding_rows_to_the_moe_as_invalid(seen_vali
     ("qwen3_5_moe", 2, "width"), ("qwen3_5_moe", 2, "experts")])
 def test_shared_expert_in_the_routed_launch(variant, tp, experts, monkeypatch):
     """A fixture's config with the shared expert 2 F wide, random fp32 weights: with
-    `models.moe.shared_in_launch`'s rule made to hold on CPU (the XLA implementation of the
+    `models.moe.shared_chunks`' rule made to hold on CPU (the XLA implementation of the
     same routing), every MoE call takes the shared expert's C = 2 (tp 2, experts split: 1)
     chunks as experts, and prefill and decode logits of the real rows equal the family's
     MLP's within 1e-5 (relative); at tp = 2 the shared expert is split on its width."""
@@ -207,16 +207,16 @@ def test_shared_expert_in_the_routed_launch(variant, tp, experts, monkeypatch):
         assert np.linalg.norm(g - w) <= 1e-5 * np.linalg.norm(w)
 
 
-def test_shared_in_launch_rule(monkeypatch):
-    """On a GPU up to SHARED_IN_LAUNCH_MAX_TOKENS tokens when the width divides; never on CPU
-    unless forced."""
+def test_shared_chunks_rule(monkeypatch):
+    """On a GPU up to SHARED_IN_LAUNCH_MAX_TOKENS tokens when the width divides (Fs / F chunks);
+    never on CPU unless forced."""
     x = jnp.zeros((2, 4, 8))
     monkeypatch.setattr(moe, "resolve_impl", lambda impl: "xla")          # a CPU
-    assert not moe.shared_in_launch(x, 16, 32)
-    assert moe.shared_in_launch(x, 16, 48, force=True)
+    assert moe.shared_chunks(x, 16, 32) == 0
+    assert moe.shared_chunks(x, 16, 48, force=True) == 3
     monkeypatch.setattr(moe, "resolve_impl", lambda impl: "pallas_triton")
     limit = moe.SHARED_IN_LAUNCH_MAX_TOKENS
-    assert moe.shared_in_launch(jnp.zeros((limit, 8)), 16, 32)
-    assert not moe.shared_in_launch(jnp.zeros((limit + 1, 8)), 16, 32)
-    assert not moe.shared_in_launch(x, 16, 24)
-    assert not moe.shared_in_launch(x, 16, 32, force=False)
+    assert moe.shared_chunks(jnp.zeros((limit, 8)), 16, 32) == 2
+    assert moe.shared_chunks(jnp.zeros((limit + 1, 8)), 16, 32) == 0
+    assert moe.shared_chunks(x, 16, 24) == 0
+    assert moe.shared_chunks(x, 16, 32, force=False) == 0

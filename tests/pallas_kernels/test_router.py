@@ -121,6 +121,51 @@ def test_bias_selects_but_never_weighs(tiling, interpret):
     np.testing.assert_allclose(got[1][0, 0], 2.0 * s[0, worst], rtol=1e-6)
 
 
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
+@pytest.mark.parametrize("kw,with_bias,C,gate_dtype", [
+    (SIGMOID, True, 2, None),            # Nemotron-3-Nano: two chunks, weight 1
+    (SOFTMAX, False, 1, F32),            # Qwen: one chunk, weighted by its gate
+    (SOFTMAX, False, 3, F32)])
+def test_shared_chunks_follow_the_routed_experts(kw, with_bias, C, gate_dtype, tiling,
+                                                 interpret):
+    """shared_chunks C: the routed columns are unchanged (not renormalised, not scaled over the
+    shared ones) and C columns follow, ids E ... E + C - 1, weight 1 or sigmoid(x . g)."""
+    n, D, E, k = 3, 96, 32, 4
+    x, gate, bias = problem(C, n, D, E)
+    g = None if gate_dtype is None else jnp.asarray(
+        np.random.default_rng(C).standard_normal(D) / np.sqrt(D), gate_dtype)
+    bias = bias if with_bias else None
+    plain = moe.route(x, gate, bias, top_k=k, impl="xla", **kw)
+    want, got = both(x, gate, bias, interpret, tiling, top_k=k, shared_chunks=C,
+                     shared_gate=g, **kw)
+    assert_same(want, got)
+    ids, w = (np.asarray(a) for a in got)
+    assert ids.shape == (n, k + C)
+    np.testing.assert_array_equal(ids[:, :k], plain[0])
+    np.testing.assert_array_equal(ids[:, k:], np.broadcast_to(E + np.arange(C), (n, C)))
+    np.testing.assert_allclose(w[:, :k], plain[1], rtol=1e-6)
+    scale = (np.ones(n) if g is None
+             else 1 / (1 + np.exp(-np.asarray(x, np.float64) @ np.asarray(g, np.float64))))
+    np.testing.assert_allclose(w[:, k:], np.broadcast_to(scale[:, None], (n, C)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("tiling", [FUSED, XLA_LOGITS], ids=["fused", "xla_logits"])
+def test_a_bfloat16_shared_gate_rounds_as_the_models_linear(tiling, interpret):
+    """A bf16 gate (a bf16 model's shared_expert_gate): the scale is the bf16 Linear's rounded
+    logit through a float32 sigmoid rounded to bf16 (as torch computes a bf16 sigmoid); the
+    kernel's own float32 sum may land one bf16 ulp away where it meets a rounding boundary."""
+    n, D, E = 16, 256, 32
+    x, gate, _ = problem(11, n, D, E, dtype=BF16)
+    g = jnp.asarray(np.random.default_rng(12).standard_normal(D) / 4, BF16)
+    want, got = both(x, gate, None, interpret, tiling, top_k=2, shared_chunks=1,
+                     shared_gate=g, **SOFTMAX)
+    np.testing.assert_array_equal(got[0], want[0])
+    z = np.asarray(x @ g[:, None], np.float32)[:, 0]           # XLA's bf16 Linear
+    linear = np.asarray(jnp.asarray(1 / (1 + np.exp(-z.astype(np.float64))), BF16), np.float32)
+    np.testing.assert_array_equal(want[1][:, 2], linear)
+    np.testing.assert_allclose(got[1][:, 2], linear, rtol=2 ** -8, atol=0)
+
+
 @pytest.mark.parametrize("impl,gpu,n,E,k,n_group,want", [
     ("auto", True, 1, 128, 6, 1, "pallas_triton"),
     ("auto", True, router.MAX_TOKENS, 512, 10, 1, "pallas_triton"),
@@ -163,6 +208,12 @@ def test_auto_can_be_turned_off(monkeypatch):
     (dict(tiling=moe.RouterTiling(4096, 4, num_stages=0)), "^num_stages = 0 must be >= 1$"),
     (dict(x=jnp.zeros((0, 32), F32)), r"^x has shape \(0, 32\): every dimension must be >= 1"),
     (dict(x=jnp.zeros((0, 32), F32), impl="xla"), r"^x has shape \(0, 32\)"),
+    (dict(shared_chunks=-1), r"^shared_chunks = -1 must be an integer >= 0$"),
+    (dict(shared_chunks=1.5), r"^shared_chunks = 1.5 must be an integer >= 0$"),
+    (dict(shared_gate=jnp.zeros((32,), F32)), "shared_gate needs shared_chunks >= 1"),
+    (dict(shared_chunks=1, shared_gate=jnp.zeros((16,), F32)),
+     r"shared_gate has shape \(16,\), expected \(32,\)"),
+    (dict(shared_chunks=1, shared_gate=jnp.zeros((32,), jnp.int32)), "shared_gate has dtype"),
 ])
 def test_bad_input_is_named(change, match):
     kw = dict(x=jnp.zeros((2, 32), F32), gate=jnp.zeros((16, 32), F32),

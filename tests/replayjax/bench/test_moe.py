@@ -120,7 +120,7 @@ def test_router_tilings_are_variants(monkeypatch):
     through the router kernel with it (the other variants route in XLA)."""
     seen = []
     monkeypatch.setattr(bench, "layer_call", lambda layer, x, ws, experts, route: (
-        seen.append(route), experts(x, *layer.route(x, **route), ws, None))[1])
+        seen.append(route), experts(x, *layer.route(x, **route), ws))[1])
     monkeypatch.setattr(bench, "_kernel_times", lambda fn, args, iterations=5: (
         jax.block_until_ready(fn(*args)), FAKE_TIMES)[1])
     shape = bench.MoEShape("nemotron_h", 32, 8, 2, 16, 48, 2.5)
