@@ -1,10 +1,13 @@
 """The ASGI app (Starlette): OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus
 /health and /metrics, over one `EngineWorker`.
 
-Every answer other than 200 is in OpenAI's error shape. Admission: a bounded queue (429 with
-Retry-After when full) and a drain for shutdown (503 for new requests while the ones in flight
-finish or, at the deadline, end with finish_reason "abort"). A client that goes away has its
-request cancelled; the engine frees its slot at the next host visit.
+Every answer other than 200 is in OpenAI's error shape. A request's choices (n for each prompt)
+are generations of their own, run side by side; a stream interleaves their chunks, each naming
+its choice's index. Admission: a bounded queue (429 with Retry-After when full; 400 for a
+request of more choices than the slots and the queue hold together) and a drain for shutdown
+(503 for new requests while the ones in flight finish or, at the deadline, end with
+finish_reason "abort"). A client that goes away has its request cancelled; the engine frees its
+slots at the next host visit.
 """
 
 from __future__ import annotations
@@ -69,9 +72,11 @@ class ServerState:
             raise ApiError(str(e), param="messages") from None
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def admit(self, params: protocol.GenerationParams, reply: Reply) -> Generation:
-        """Submits a checked request to the engine (ApiError: 503 when draining or the engine
-        failed, 429 when the queue is full, 400 when the engine refuses it)."""
+    def admit(self, choices: list, reply: Reply) -> list:
+        """Submits a checked request's choices (`protocol.GenerationParams`, in index order) to
+        the engine, all or none, as Generations (ApiError: 503 when draining or the engine
+        failed, 429 when the queue would overflow, 400 when the request could never fit or the
+        engine refuses a choice)."""
         if self.worker.failed:
             raise ApiError(str(self.worker.failed), status=503, type="server_error",
                            code="engine_failed")
@@ -80,19 +85,29 @@ class ServerState:
                            status=503, type="server_error", code="shutting_down")
         # in flight past the slots: waiting (the engine's own queue also holds those that a
         # free slot takes at its next visit)
-        waiting = max(0, len(self.live) - self.worker.load()[2])
-        if waiting >= self.max_queue:
+        slots, k = self.worker.load()[2], len(choices)
+        if k > slots + self.max_queue:
+            raise ApiError(f"The request asks for {k} choices; this server holds at most "
+                           f"{slots + self.max_queue} at once ({slots} slots and a queue of "
+                           f"{self.max_queue}).", param="n", code="too_many_choices")
+        waiting = max(0, len(self.live) - slots)
+        if len(self.live) + k - slots > self.max_queue:
             raise ApiError(f"The server is busy: {waiting} requests are waiting for a slot (at "
                            f"most {self.max_queue}); retry later.", status=429,
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"})
-        gen = Generation(reply.id, params, self.worker, self.tokenizer, self.metrics)
+        gens = []
         try:
-            gen.start()
+            for i, params in enumerate(choices):
+                rid = reply.id if k == 1 else f"{reply.id}-{i}"
+                gens.append(Generation(rid, params, self.worker, self.tokenizer, self.metrics))
+                gens[-1].start()
         except RequestError as e:
+            for gen in gens[:-1]:               # started: the engine drops them
+                self.worker.cancel(gen.id)
             raise ApiError(str(e)) from None
-        self.live.add(gen)
-        return gen
+        self.live.update(gens)
+        return gens
 
     async def drain(self, timeout: float) -> None:
         """Refuses new requests (503), gives those in flight `timeout` seconds to finish, then
@@ -181,27 +196,72 @@ class EventStream:
             disconnected.cancel()
 
 
-def _usage(gen: Generation) -> dict:
-    return protocol.usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
+def _usage(gens: list) -> dict:
+    """The request's usage: each prompt's tokens once (its first choice's), every choice's
+    completion tokens."""
+    firsts = [g for g in gens if g.params.choice == 0]
+    return protocol.usage(sum(g.prompt_tokens for g in firsts),
+                          sum(g.completion_tokens for g in gens),
+                          sum(g.cached_tokens for g in firsts))
 
 
-async def _chunks(st: ServerState, gen: Generation, reply: Reply, disconnected):
-    """A streaming request's chunks: (chat) the assistant role, a chunk per text piece, the
-    finish reason, (include_usage) the usage."""
+async def _merged(streams):
+    """The items of several async iterators as they come, each one's in its order; the first
+    exception in any ends them all (they are closed) and is raised."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream):
+        try:
+            async for item in stream:
+                await queue.put((True, item))
+            await queue.put((False, None))
+        except Exception as e:      # noqa: BLE001 (handed over, raised below)
+            await queue.put((False, e))
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
     try:
-        if reply.chat:
-            yield reply.chunk(first=True)
-        async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
-            async for piece in pieces:
-                yield reply.chunk(piece)
-        if gen.finish_reason != "cancelled":
-            yield reply.chunk(finish_reason=gen.finish_reason)
-            if gen.params.include_usage:
-                yield reply.usage_chunk(_usage(gen))
+        for _ in tasks:
+            while (got := await queue.get())[0]:
+                yield got[1]
+            if got[1] is not None:
+                raise got[1]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected):
+    """One choice's chunks: (chat) the assistant role, a chunk per text piece, the finish
+    reason."""
+    if reply.chat:
+        yield reply.chunk(first=True, index=index)
+    async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
+        async for piece in pieces:
+            yield reply.chunk(piece, index=index)
+    if gen.finish_reason != "cancelled":
+        yield reply.chunk(finish_reason=gen.finish_reason, index=index)
+
+
+async def _chunks(st: ServerState, gens: list, reply: Reply, disconnected):
+    """A streaming request's chunks: its choices' chunks as they come, then (include_usage)
+    the usage."""
+    streams = [_choice_chunks(g, i, reply, disconnected) for i, g in enumerate(gens)]
+    try:
+        async with contextlib.aclosing(_merged(streams)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        if gens[0].params.include_usage and not disconnected.done():
+            yield reply.usage_chunk(_usage(gens))
     except EngineFailed as e:           # or RequestFailed: this request only
         yield error_body(str(e), "server_error", code=e.code)
     finally:
-        st.live.discard(gen)
+        st.live.difference_update(gens)
+
+
+async def _text(gen: Generation, disconnected) -> str:
+    async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
+        return "".join([p async for p in pieces])
 
 
 async def _generate(request: Request, chat: bool):
@@ -210,26 +270,30 @@ async def _generate(request: Request, chat: bool):
         body = await _json_body(request, st.max_body_bytes)
         # parsing tokenizes (and renders a chat template): in a worker thread, so a long prompt
         # does not stall the event loop and with it every running stream
-        params = await asyncio.to_thread(
+        choices = await asyncio.to_thread(
             protocol.parse_chat if chat else protocol.parse_completion, body, st.served,
             st.render if chat else st.encode)
         reply = Reply.new(chat, st.served.name)
-        gen = st.admit(params, reply)
+        gens = st.admit(choices, reply)
     except ApiError as e:
         st.metrics.rejected.labels(e.code or e.type).inc()
         raise
-    if params.stream:
-        return EventStream(lambda disconnected: _chunks(st, gen, reply, disconnected))
+    if choices[0].stream:
+        return EventStream(lambda disconnected: _chunks(st, gens, reply, disconnected))
     disconnected = asyncio.ensure_future(_disconnect(request.receive))
+    tasks = [asyncio.ensure_future(_text(g, disconnected)) for g in gens]
     try:
-        async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
-            text = "".join([p async for p in pieces])
+        texts = await asyncio.gather(*tasks)
     except EngineFailed as e:           # or RequestFailed: this request only
         raise ApiError(str(e), status=e.status, type="server_error", code=e.code) from None
-    finally:
+    finally:                            # (a failed choice ends the others)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         disconnected.cancel()
-        st.live.discard(gen)
-    return JSONResponse(reply.response(text, gen.finish_reason, _usage(gen)))
+        st.live.difference_update(gens)
+    return JSONResponse(reply.response([(t, g.finish_reason) for t, g in zip(texts, gens)],
+                                       _usage(gens)))
 
 
 async def completions(request: Request):

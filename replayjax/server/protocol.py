@@ -2,10 +2,16 @@
 /v1/chat/completions checked field by field into `GenerationParams` (an `ApiError` in OpenAI's
 error shape otherwise), and the response, chunk and error shapes.
 
+A request asks for one or more choices: `n` of them for each prompt (a completion's `prompt`
+may be a list of prompts), at most MAX_CHOICES in all, choice i n + j being prompt i's j-th, as
+OpenAI numbers them. Each choice is a `GenerationParams` of its own; with a `seed`, choice j of a
+prompt samples with seed + j (mod 2^31), so a prompt's choices differ and the request is
+reproducible.
+
 Accepted beyond OpenAI's fields, as vLLM and SGLang accept them: `top_k` (0 or -1: off; the
 vocabulary or more: every token), `stop_token_ids`, `ignore_eos`, `repetition_penalty` (1 only)
 and, for chat, `chat_template_kwargs`. OpenAI fields this server does not implement are accepted
-at their neutral value only (e.g. `n` = 1, `logprobs` null, `presence_penalty` 0); unknown
+at their neutral value only (e.g. `best_of` = 1, `logprobs` null, `presence_penalty` 0); unknown
 fields are refused, as OpenAI refuses them.
 """
 
@@ -23,6 +29,7 @@ from replayjax.commandline import is_unicode
 from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
 
 MAX_STOP_STRINGS = 4
+MAX_CHOICES = 64            # prompts x n of one request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -64,6 +71,7 @@ class GenerationParams:
     stop_ids: tuple = ()                    # stop_token_ids, and the eos ids unless ignore_eos
     stream: bool = False
     include_usage: bool = False
+    choice: int = 0                         # j of the prompt's n choices (usage counts j = 0)
 
 
 # ---------------------------------------------------------------------- field checks
@@ -96,6 +104,7 @@ _CHECKS = {
     "top_k": (lambda v: _is_int(v) and -1 <= v < TOP_K_LIMIT,
               "an integer in [-1, 2^31) (0 or -1: off)"),
     "seed": (lambda v: _is_int(v) and 0 <= v < SEED_LIMIT, "an integer in [0, 2^31)"),
+    "n": (lambda v: _is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]"),
     "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(
         isinstance(s, str) for s in v)), "a string or a list of strings"),
     "stop_token_ids": (lambda v: isinstance(v, list) and all(map(_is_int, v)),
@@ -115,7 +124,7 @@ _CHECKS = {
 }
 # accepted at these values only (what OpenAI does by default); the server implements no other
 _NEUTRAL = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
+    "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
     "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
     "repetition_penalty": (1,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
@@ -215,9 +224,34 @@ def _stream_flags(fields) -> tuple[bool, bool]:
 COMPLETIONS_MAX_TOKENS = 16
 
 
+def _choices(fields, prompts, served: ServedModel, *, max_tokens_field: str,
+             prompt_field: str, default_max_tokens: int | None = None) -> list:
+    """The request's choices, n for each prompt's token ids in `prompts` (the module docstring),
+    every prompt checked before any is admitted; prompt i of several is named
+    `prompt_field[i]`."""
+    n = fields.get("n", 1)
+    if n * len(prompts) > MAX_CHOICES:
+        raise ApiError(f"The request asks for {n * len(prompts)} choices ({len(prompts)} prompts "
+                       f"x n = {n}); this server answers at most {MAX_CHOICES} in one request.",
+                       param="n" if n > 1 else prompt_field)
+    if fields.get("best_of", n) < n:
+        raise ApiError(f"'best_of' ({fields['best_of']}) must be at least 'n' ({n}).",
+                       param="best_of")
+    seed = fields.get("seed")
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = f"{prompt_field}[{i}]" if len(prompts) > 1 else prompt_field
+        one = _params(fields, prompt, served, max_tokens_field=max_tokens_field,
+                      prompt_field=where, default_max_tokens=default_max_tokens)
+        out += [one if j == 0 else dataclasses.replace(one, choice=j, sampling=dataclasses.replace(
+            one.sampling, seed=random.randrange(SEED_LIMIT) if seed is None
+            else (seed + j) % SEED_LIMIT)) for j in range(n)]
+    return out
+
+
 def _params(fields, prompt, served: ServedModel, *, max_tokens_field: str,
             prompt_field: str, default_max_tokens: int | None = None) -> GenerationParams:
-    """GenerationParams from checked fields and the prompt's token ids; without max_tokens,
+    """GenerationParams of one prompt's token ids from checked fields; without max_tokens,
     `default_max_tokens` (None: the room the context leaves), at most that room."""
     if not prompt:
         raise ApiError("The prompt is empty.", param=prompt_field)
@@ -260,24 +294,34 @@ def _params(fields, prompt, served: ServedModel, *, max_tokens_field: str,
                             stream=stream, include_usage=usage)
 
 
-def parse_completion(body, served: ServedModel,
-                     encode: Callable[[str], list]) -> GenerationParams:
-    """A /v1/completions body -> GenerationParams. `prompt` is a string (tokenized by
-    `encode`, special tokens added) or a list of token ids; one prompt per request."""
+def _prompts(prompt, encode) -> list:
+    """A completion's `prompt` as token-id lists: a string (tokenized by `encode`, special
+    tokens added) or a list of token ids is one prompt; a list of strings or of token-id lists
+    is several."""
+    is_ids = lambda v: isinstance(v, list) and all(map(_is_int, v))
+    if isinstance(prompt, str):
+        return [encode(prompt)]
+    if is_ids(prompt) and prompt:           # ([]: no prompt at all)
+        return [prompt]
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(map(is_ids, prompt))):
+        return [encode(p) if isinstance(p, str) else p for p in prompt]
+    if prompt is None:
+        raise ApiError("Missing required parameter: 'prompt'.", param="prompt")
+    if prompt == []:
+        raise ApiError("The prompt is empty.", param="prompt")
+    raise _invalid("prompt", "a string, a list of token ids, or a non-empty list of strings or "
+                   "of token-id lists", prompt)
+
+
+def parse_completion(body, served: ServedModel, encode: Callable[[str], list]) -> list:
+    """A /v1/completions body -> its choices' GenerationParams (module docstring), in choice
+    order. `prompt`: see `_prompts`."""
     fields = _checked_fields(body, COMPLETION_FIELDS)
     check_model(fields["model"], served)
-    prompt = fields.get("prompt")
-    if isinstance(prompt, str):
-        ids = encode(prompt)
-    elif isinstance(prompt, list) and all(map(_is_int, prompt)):
-        ids = prompt
-    elif prompt is None:
-        raise ApiError("Missing required parameter: 'prompt'.", param="prompt")
-    else:
-        raise _invalid("prompt", "a string or a list of token ids (one prompt per request)",
-                       prompt)
-    return _params(fields, ids, served, max_tokens_field="max_tokens", prompt_field="prompt",
-                   default_max_tokens=COMPLETIONS_MAX_TOKENS)
+    return _choices(fields, _prompts(fields.get("prompt"), encode), served,
+                    max_tokens_field="max_tokens", prompt_field="prompt",
+                    default_max_tokens=COMPLETIONS_MAX_TOKENS)
 
 
 def _message(m, i) -> dict:
@@ -321,10 +365,9 @@ def _template_kwargs(fields) -> dict:
     return kwargs
 
 
-def parse_chat(body, served: ServedModel,
-               render: Callable[[list, dict], list]) -> GenerationParams:
-    """A /v1/chat/completions body -> GenerationParams. `render(messages, kwargs)` applies the
-    chat template and tokenizes (ApiError when the template refuses)."""
+def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list]) -> list:
+    """A /v1/chat/completions body -> its n choices' GenerationParams. `render(messages,
+    kwargs)` applies the chat template and tokenizes (ApiError when the template refuses)."""
     fields = _checked_fields(body, CHAT_FIELDS)
     check_model(fields["model"], served)
     messages = fields.get("messages")
@@ -337,7 +380,7 @@ def parse_chat(body, served: ServedModel,
         raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
                        param="max_completion_tokens")
     key = "max_tokens" if "max_tokens" in fields else "max_completion_tokens"
-    return _params(fields, ids, served, max_tokens_field=key, prompt_field="messages")
+    return _choices(fields, [ids], served, max_tokens_field=key, prompt_field="messages")
 
 
 # ---------------------------------------------------------------------- response shapes
@@ -367,22 +410,26 @@ class Reply:
             (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def response(self, text: str, finish_reason: str, use: dict) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
-                  else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=finish_reason)
-        return {**self._head(False), "choices": [choice], "usage": use}
+    def response(self, choices: list, use: dict) -> dict:
+        """The whole answer: choices [(text, finish_reason)] in index order."""
+        out = []
+        for i, (text, finish_reason) in enumerate(choices):
+            choice = ({"index": i, "message": {"role": "assistant", "content": text}}
+                      if self.chat else {"index": i, "text": text})
+            choice.update(logprobs=None, finish_reason=finish_reason)
+            out.append(choice)
+        return {**self._head(False), "choices": out, "usage": use}
 
     def chunk(self, text: str = "", finish_reason: str | None = None,
-              first: bool = False) -> dict:
-        """A stream chunk with `text`; `first` (chat): the one that opens the assistant
-        message; `finish_reason`: the last one."""
+              first: bool = False, index: int = 0) -> dict:
+        """A stream chunk of choice `index` with `text`; `first` (chat): the one that opens
+        the assistant message; `finish_reason`: the choice's last one."""
         if self.chat:
             delta = ({"role": "assistant", "content": text} if first else
                      {"content": text} if text or finish_reason is None else {})
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text}
+            choice = {"index": index, "text": text}
         choice.update(logprobs=None, finish_reason=finish_reason)
         return {**self._head(True), "choices": [choice]}
 

@@ -3,6 +3,7 @@ OpenAI's error shape, unknown routes and methods answer in that shape too, and a
 refuses new requests with 503."""
 
 import asyncio
+import json
 
 from starlette.testclient import TestClient
 
@@ -15,7 +16,8 @@ from replayjax.server.worker import EngineWorker, RequestFailed
 
 class StubWorker:
     """Answers every request with its prompt reversed: its first token in one event (with the
-    prompt tokens "cached", half of them), the rest with its completion in another."""
+    prompt tokens "cached", half of them), the rest with its completion in another; a prompt
+    starting "!" fails, one starting "?" never completes."""
     failed = None
 
     def __init__(self, broken=False):
@@ -33,6 +35,8 @@ class StubWorker:
         tokens, cached = list(reversed(request.prompt))[:request.max_new_tokens], \
             len(request.prompt) // 2
         deliver(Event(request.id, tokens[:1], cached=cached))
+        if request.prompt[:1] == [ord("?")]:     # still running until cancelled
+            return
         deliver(Event(request.id, tokens[1:], Completion(request.id, tokens, "length", 0.0, 0.0,
                                                          cached_tokens=cached), cached))
 
@@ -178,3 +182,58 @@ def test_bodies_past_the_limit_are_413_declared_or_streamed():
     r = c.post("/v1/completions", content='{"model": "stub", "prompt": "ab", "max_tokens": 2}',
                headers=headers)
     assert r.status_code == 200, r.text
+
+
+def test_prompt_lists_and_n_answer_every_choice_in_order():
+    """Two prompts x n = 2: four choices, index i n + j, each its prompt's answer; usage counts
+    each prompt (and its cached tokens) once and every choice's completion; a stream
+    interleaves the choices' chunks, each naming its index, and ends each with its finish
+    reason, then the usage."""
+    c, state = client(StubWorker())
+    body = {"model": "stub", "prompt": ["abc", "de"], "n": 2, "max_tokens": 2}
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [(ch["index"], ch["text"], ch["finish_reason"]) for ch in out["choices"]] == [
+        (0, "cb", "length"), (1, "cb", "length"), (2, "ed", "length"), (3, "ed", "length")]
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13,
+                            "prompt_tokens_details": {"cached_tokens": 2}}
+    r = c.post("/v1/completions", json=dict(body, stream=True,
+                                            stream_options={"include_usage": True}))
+    events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith(
+        "data: {")]
+    texts, reasons = {}, {}
+    for e in events[:-1]:
+        [ch] = e["choices"]
+        texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+        if ch["finish_reason"]:
+            reasons[ch["index"]] = ch["finish_reason"]
+    assert texts == {0: "cb", 1: "cb", 2: "ed", 3: "ed"} and set(reasons.values()) == {"length"}
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == out["usage"]
+    assert r.text.endswith("data: [DONE]\n\n") and not state.live
+    chat = {"model": "stub", "messages": [{"role": "user", "content": "x"}], "n": 2}
+    state.chat_template = type("T", (), {"render": lambda self, m, kw: "hi"})()
+    out = c.post("/v1/chat/completions", json=chat).json()
+    assert [(ch["index"], ch["message"]["content"]) for ch in out["choices"]] == [
+        (0, "ih"), (1, "ih")]
+
+
+def test_choices_are_admitted_all_or_none():
+    """More choices than the slots and the queue hold together: 400 (retrying cannot help);
+    more than the queue has room for now: 429; a choice the engine fails fails the request
+    and cancels its other choices."""
+    c, state = client(StubWorker())        # 4 slots, a queue of 4
+    body = {"model": "stub", "prompt": "abc", "max_tokens": 2}
+    err = error(c.post("/v1/completions", json=dict(body, n=9)), 400)
+    assert (err["code"], err["param"]) == ("too_many_choices", "n") and "9 choices" in \
+        err["message"]
+    assert len(c.post("/v1/completions", json=dict(body, n=8)).json()["choices"]) == 8
+    state.live.update(object() for _ in range(6))          # 2 waiting
+    assert c.post("/v1/completions", json=dict(body, n=2)).status_code == 200
+    assert error(c.post("/v1/completions", json=dict(body, n=3)), 429)["code"] == "queue_full"
+    state.live.clear()
+    cancelled = []
+    state.worker.cancel = cancelled.append
+    err = error(c.post("/v1/completions", json=dict(body, prompt=["?ab", "!x"])), 500)
+    assert err["code"] == "request_failed" and not state.live
+    assert [rid[-2:] for rid in cancelled] == ["-0"]

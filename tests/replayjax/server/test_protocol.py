@@ -1,6 +1,8 @@
 """Request checks of replayjax.server.protocol: what a valid body becomes, and the error
 (status, param, code) of an invalid one."""
 
+import dataclasses
+
 import pytest
 
 from replayjax.sampling import SamplingParams
@@ -19,7 +21,9 @@ def render(messages, kwargs):
 
 
 def completion(**body):
-    return parse_completion({"model": "m", "prompt": "hello", **body}, SERVED, encode)
+    """The one choice of a completion request."""
+    [params] = parse_completion({"model": "m", "prompt": "hello", **body}, SERVED, encode)
+    return params
 
 
 def test_defaults_fit_the_cache_and_eos_stops():
@@ -43,12 +47,35 @@ def test_fields_become_params():
 
 
 def test_unsupported_values_are_shown_as_json():
-    with pytest.raises(ApiError, match=r"'n' = true is not supported by this server \(only 1\)"):
-        completion(n=True)
+    with pytest.raises(ApiError, match=r"'best_of' = true is not supported by this server "
+                                       r"\(only 1\)"):
+        completion(best_of=True)
+
+
+def test_prompt_lists_and_n_are_choices_in_openais_order():
+    """A list of prompts (strings or token-id lists: LangChain sends a one-element list) and n
+    choices each: choice i n + j is prompt i's j-th; seeds seed + j, so a prompt's choices
+    differ and the request is reproducible; unseeded choices get seeds of their own."""
+    [one] = parse_completion({"model": "m", "prompt": ["hello"]}, SERVED, encode)
+    assert one == dataclasses.replace(completion(), sampling=one.sampling)
+    got = parse_completion({"model": "m", "prompt": ["ab", "c"], "n": 3, "seed": 2 ** 31 - 2,
+                            "max_tokens": 4}, SERVED, encode)
+    assert [(p.prompt, p.choice) for p in got] == [
+        (list(b"ab"), 0), (list(b"ab"), 1), (list(b"ab"), 2),
+        (list(b"c"), 0), (list(b"c"), 1), (list(b"c"), 2)]
+    assert [p.sampling.seed for p in got] == [2 ** 31 - 2, 2 ** 31 - 1, 0] * 2
+    assert {p.max_tokens for p in got} == {4}
+    ids = parse_completion({"model": "m", "prompt": [[1, 2], [3]]}, SERVED, encode)
+    assert [p.prompt for p in ids] == [[1, 2], [3]]
+    chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2},
+                      SERVED, render)
+    assert [p.choice for p in chat] == [0, 1] and chat[0].prompt == chat[1].prompt
+    unseeded = parse_completion({"model": "m", "prompt": "x", "n": 8}, SERVED, encode)
+    assert len({p.sampling.seed for p in unseeded}) > 1
 
 
 def test_chat_messages_and_max_completion_tokens():
-    p = parse_chat({"model": "m", "messages": [
+    [p] = parse_chat({"model": "m", "messages": [
         {"role": "system", "content": "s"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
                                                                       "text": "b"}]}],
@@ -66,7 +93,13 @@ def test_chat_messages_and_max_completion_tokens():
     ({"model": "other", "prompt": "x"}, 404, "model", "model_not_found"),
     ({"model": "m"}, 400, "prompt", None),
     ({"model": "m", "prompt": 5}, 400, "prompt", None),
-    ({"model": "m", "prompt": ["a", "b"]}, 400, "prompt", None),
+    ({"model": "m", "prompt": ["a", 5]}, 400, "prompt", None),
+    ({"model": "m", "prompt": [[1], "b"]}, 400, "prompt", None),
+    ({"model": "m", "prompt": [[1], []]}, 400, "prompt[1]", None),
+    ({"model": "m", "prompt": []}, 400, "prompt", None),
+    ({"model": "m", "prompt": [[]]}, 400, "prompt", None),
+    ({"model": "m", "prompt": ["a", [1, 300]]}, 400, "prompt", None),
+    ({"model": "m", "prompt": ["x", "x" * 62]}, 400, "prompt[1]", "context_length_exceeded"),
     ({"model": "m", "prompt": ""}, 400, "prompt", None),
     ({"model": "m", "prompt": [1, 256]}, 400, "prompt", None),
     ({"model": "m", "prompt": [1, -1]}, 400, "prompt", None),
@@ -85,13 +118,18 @@ def test_chat_messages_and_max_completion_tokens():
     ({"model": "m", "prompt": "x", "store": "yes"}, 400, "store", None),
     ({"model": "m", "prompt": "x", "seed": -1}, 400, "seed", None),
     ({"model": "m", "prompt": "x", "seed": 2 ** 40}, 400, "seed", None),
-    ({"model": "m", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "n": 0}, 400, "n", None),
+    ({"model": "m", "prompt": "x", "n": 65}, 400, "n", None),
+    ({"model": "m", "prompt": ["x"] * 33, "n": 2}, 400, "n", None),
+    ({"model": "m", "prompt": ["x"] * 65}, 400, "prompt", None),
+    ({"model": "m", "prompt": "x", "n": 2, "best_of": 1}, 400, "best_of", None),
     ({"model": "m", "prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
     # booleans are not numbers: True == 1 and 0 == False in Python, not in the API (logprobs 0
     # asks for the sampled tokens' log probabilities)
     ({"model": "m", "prompt": "x", "logprobs": 0}, 400, "logprobs", "unsupported_parameter"),
-    ({"model": "m", "prompt": "x", "n": True}, 400, "n", "unsupported_parameter"),
+    ({"model": "m", "prompt": "x", "n": True}, 400, "n", None),
+    ({"model": "m", "prompt": "x", "best_of": True}, 400, "best_of", "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "echo": 0}, 400, "echo", "unsupported_parameter"),
     ({"model": "m", "prompt": "x", "presence_penalty": False}, 400, "presence_penalty",
      "unsupported_parameter"),

@@ -157,9 +157,29 @@ def test_sampling_is_seeded_and_max_tokens_defaults_as_openais(client):
     assert r.usage.completion_tokens > 16
 
 
+def test_prompt_lists_and_n_through_the_client(client, reference):
+    """A list of prompts with n = 2 (greedy: both choices of a prompt are its text), a
+    one-element list as LangChain sends it, and n streamed: every choice's text by index."""
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[:2], n=2, max_tokens=N_NEW,
+                                  temperature=0)
+    assert [(c.index, c.text) for c in r.choices] == [
+        (i, reference[PROMPTS[i // 2]]) for i in range(4)]
+    assert r.usage.prompt_tokens == sum(len(p.encode()) for p in PROMPTS[:2])
+    assert r.usage.completion_tokens == 4 * N_NEW
+    one = client.completions.create(model=MODEL, prompt=[PROMPTS[0]], max_tokens=N_NEW,
+                                    temperature=0)
+    assert [c.text for c in one.choices] == [reference[PROMPTS[0]]]
+    texts = {}
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPTS[1], n=3,
+                                           max_tokens=N_NEW, temperature=0, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {i: reference[PROMPTS[1]] for i in range(3)}
+
+
 def test_refusals_through_the_client(client):
     with pytest.raises(openai.BadRequestError, match="only 1"):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, best_of=2)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
 
@@ -230,7 +250,7 @@ BAD = [  # (method, path, body or raw bytes, status, param)
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "stop": [1]}, 400, "stop"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [-3]}, 400,
      "stop_token_ids"),
-    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, 400, "n"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "bogus": 1}, 400, "bogus"),
     ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}]}, 400,
      "messages[0].content"),
