@@ -17,9 +17,8 @@ and weights [n, k + C] float32:
     E ... E + C - 1 (`pallas_kernels.moe.expert_ffn`'s `shared`), every token routed to all of
     them with weight 1, or, given shared_gate [D] (any float dtype), sigmoid(x . shared_gate)
     (`shared_scale`: the float32 sum of products rounded to that dtype, the sigmoid too; Qwen's
-    shared_expert_gate). Neither normalised nor scaled. The
-    router kernel writes them in its launch, so a decode step needs no concatenation and no
-    launch of its own for the gate.
+    shared_expert_gate). Neither normalised nor scaled. The router kernel writes them in its
+    launch, so a decode step needs no concatenation and no launch of its own for the gate.
 
 impl: "xla" (any shape: the models' routers as they always were), "pallas" (a Pallas kernel,
 one program per token: the scores, top-k as k rounds of argmax (lowest index on ties), the

@@ -228,18 +228,22 @@ def test_bad_input_is_named(change, match):
 @pytest.mark.parametrize("D,E,k,score", [(2688, 128, 6, "sigmoid"),     # Nemotron-3-Nano
                                          (2048, 256, 8, "softmax"),     # Qwen3.5-35B-A3B
                                          (2048, 512, 10, "softmax")])   # Qwen3-Next-80B-A3B
-def test_triton_lowering_at_model_shapes(n, D, E, k, score, tiling, monkeypatch):
+@pytest.mark.parametrize("shared", [False, True], ids=["routed", "shared"])
+def test_triton_lowering_at_model_shapes(n, D, E, k, score, tiling, shared, monkeypatch):
     """bf16 tokens: the kernel lowers to Triton for sm90 without a GPU (every primitive in it
-    has a Triton lowering; only the PTX compile needs the GPU)."""
+    has a Triton lowering; only the PTX compile needs the GPU); shared: with the models' shared
+    columns (Nemotron-3-Nano's 2 chunks, Qwen's one with its bf16 gate)."""
     from jax._src.pallas.triton import pallas_call_registration as registration
     monkeypatch.setattr(registration.gpu_info_lib, "get_gpu_info",
                         lambda: type("Info", (), {"compute_capability": "9.0"}))
     sds = jax.ShapeDtypeStruct
     bias = sds((E,), F32) if score == "sigmoid" else None
+    chunks = (2 if score == "sigmoid" else 1) if shared else 0
+    g = sds((D,), BF16) if shared and score == "softmax" else None
 
-    def fn(x, gate, bias):
+    def fn(x, gate, bias, g):
         return moe.route(x, gate, bias, top_k=k, score=score, scaling=2.5, impl="pallas",
-                         tiling=tiling, interpret=False)
-    hlo = jax.jit(fn).trace(sds((n, D), BF16), sds((E, D), F32), bias).lower(
+                         shared_chunks=chunks, shared_gate=g, tiling=tiling, interpret=False)
+    hlo = jax.jit(fn).trace(sds((n, D), BF16), sds((E, D), F32), bias, g).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "triton" in hlo.lower()
