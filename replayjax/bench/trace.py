@@ -164,6 +164,9 @@ class _HloTexts(collections.abc.Mapping):
         module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(self._protos[key])
         return module.to_string(opts)
 
+    def __contains__(self, key):        # (Mapping's would print the module to find out)
+        return key in self._protos
+
     def __iter__(self):
         return iter(self._protos)
 

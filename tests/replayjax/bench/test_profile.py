@@ -236,6 +236,15 @@ def test_only_the_modules_that_ran_are_read(monkeypatch):
     assert set(read) == {"jit_step(7)"}
 
 
+def test_module_texts_answer_membership_without_printing():
+    """`key in hlo_modules(...)` (a lookup per kernel event) must not print the module: a
+    profile's few hundred events took 34 ms each that way (the protos here are not HLO, so
+    printing one fails)."""
+    texts = trace._HloTexts({"jit_step(1)": b"not a proto", "jit_sin(2)": b"nor this"})
+    assert "jit_step(1)" in texts and "jit_step(9)" not in texts
+    assert sorted(texts) == ["jit_sin(2)", "jit_step(1)"] and len(texts) == 2
+
+
 def test_nested_thunks_keep_the_innermost():
     evs = [(0, 10, "while", {}), (1, 4, "body1", {}), (5, 9, "body2", {}), (12, 13, "after", {})]
     assert [e[2] for e in trace._innermost(evs)] == ["body1", "body2", "after"]
