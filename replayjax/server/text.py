@@ -27,21 +27,29 @@ class Detokenizer:
     def push(self, *tokens: int) -> str:
         """The text that `tokens` complete ("" while a character is incomplete)."""
         self.ids += map(int, tokens)
-        done, text = self._pending()
-        if len(text) > len(done) and not text.endswith(REPLACEMENT):
+        start, text = self._pending()
+        if len(text) > start and not text.endswith(REPLACEMENT):
             self.prefix, self.read = self.read, len(self.ids)
-            return text[len(done):]
+            return text[start:]
         return ""
 
     def flush(self) -> str:
         """The rest at the end of the output (an incomplete character as U+FFFD)."""
-        done, text = self._pending()
+        start, text = self._pending()
         self.prefix = self.read = len(self.ids)
-        return text[len(done):]
+        return text[start:]
 
     def _pending(self):
+        """(where the new text starts, the window's text). A prompt that ends inside a
+        character decodes with U+FFFD there; when the new tokens complete that character, it
+        comes out with them (the text would skip it otherwise)."""
         decode = self.tok.decode
-        return decode(self.ids[self.prefix:self.read]), decode(self.ids[self.prefix:])
+        done, text = decode(self.ids[self.prefix:self.read]), decode(self.ids[self.prefix:])
+        start = len(done)
+        while start and done[start - 1] == REPLACEMENT and (
+                start > len(text) or text[start - 1] != REPLACEMENT):
+            start -= 1
+        return start, text
 
 
 class StopStrings:

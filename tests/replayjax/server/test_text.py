@@ -33,6 +33,17 @@ def test_an_incomplete_character_at_the_end_is_flushed_as_a_replacement(tok):
     assert d.flush() == "\ufffd"
 
 
+def test_a_prompt_ending_inside_a_character_loses_nothing(tok):
+    """Token ids that end inside a character (here after 2 of the 3 bytes of ’): the completion's
+    first piece is that character, completed, then the rest; a prompt's incomplete bytes the
+    completion does not complete stay a U+FFFD of the prompt's."""
+    ids = list("it’s ok".encode())
+    d = Detokenizer(tok, ids[:4])
+    assert "".join([d.push(t) for t in ids[4:]] + [d.flush()]) == "’s ok"
+    d = Detokenizer(tok, ids[:4])
+    assert "".join([d.push(t) for t in b"ab"] + [d.flush()]) == "ab"
+
+
 def stream(stops, pieces):
     s = StopStrings(stops)
     out = [s.push(p) for p in pieces]
