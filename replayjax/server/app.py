@@ -92,8 +92,10 @@ class ServerState:
                            f"{self.max_queue}).", param="n", code="too_many_choices")
         waiting = max(0, len(self.live) - slots)
         if len(self.live) + k - slots > self.max_queue:
+            mine = (f"; with this request's {k} choices {len(self.live) + k - slots} would "
+                    f"wait" if k > 1 else "")
             raise ApiError(f"The server is busy: {waiting} requests are waiting for a slot (at "
-                           f"most {self.max_queue}); retry later.", status=429,
+                           f"most {self.max_queue}{mine}); retry later.", status=429,
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"})
         gens = []
