@@ -590,12 +590,14 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # Qwen3.5-35B's 39.5 us layer on an H100): the default path at batch 1 / 8 / 32, then the
     # same in OLD_TREE (the commit before, `git archive` into an ignored folder and carried),
     # if given, in the same call
-    limit 220 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse-shared \
-      --breakdown --json "$out/moe_route.json" 2>>"$out/moe.log" | grep -v "^WARNING"
+    # (MOE_ROUTE_BATCHES, MOE_ROUTE_S: fewer batches and seconds a half for a short call)
+    limit "${MOE_ROUTE_S:-220}" python3 -m replayjax.bench.moe \
+      --batches ${MOE_ROUTE_BATCHES:-1 8 32} --variants sparse-shared --breakdown \
+      --json "$out/moe_route.json" 2>>"$out/moe.log" | grep -v "^WARNING"
     if [ -n "${OLD_TREE:-}" ]; then
-      (cd "$OLD_TREE" && limit 220 python3 -m replayjax.bench.moe --batches 1 8 32 \
-        --variants sparse-shared --breakdown --json "$out/moe_route_old.json" \
-        2>>"$out/moe.log" | grep -v "^WARNING")
+      (cd "$OLD_TREE" && limit "${MOE_ROUTE_S:-220}" python3 -m replayjax.bench.moe \
+        --batches ${MOE_ROUTE_BATCHES:-1 8 32} --variants sparse-shared --breakdown \
+        --json "$out/moe_route_old.json" 2>>"$out/moe.log" | grep -v "^WARNING")
     fi ;;
   moe-router)
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 --variants sparse sparse-shared \
