@@ -245,11 +245,13 @@ def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d, has_bias, sha
     g_ref = ins.pop() if gate_d else None
     bias = ins.pop()[...] if has_bias else None
     row = pl.program_id(0)
+    x_ref = ins[0] if block_d else ins[1] if gate_d else None
+    # the shared gate's loads first: their latency hides behind the top-k rounds
+    scale = None if g_ref is None else _gate_scale(x_ref, g_ref, row, gate_d)
     if block_d is None:
         z = ins[0][row, :]
-        x_ref = ins[1] if gate_d else None
     else:
-        x_ref, gate_ref = ins
+        gate_ref = ins[1]
 
         def dot(ds, acc):       # exact float32 products, summed over the chunk
             xs = x_ref[row, ds].astype(F32)
@@ -269,10 +271,9 @@ def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d, has_bias, sha
     for j, w in enumerate(ws):
         w_ref[row, j] = (w if norm_eps is None else w / (total + norm_eps)) * scaling
     if shared_chunks:
-        scale = jnp.float32(1.0) if g_ref is None else _gate_scale(x_ref, g_ref, row, gate_d)
         for c in range(shared_chunks):
             ids_ref[row, top_k + c] = jnp.int32(E + c)
-            w_ref[row, top_k + c] = scale
+            w_ref[row, top_k + c] = jnp.float32(1.0) if scale is None else scale
 
 
 def _gate_scale(x_ref, g_ref, row, block_d):
