@@ -222,8 +222,8 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
           f"tile_elems = {t.tile_elems} must be a power of two >= E = {E}")
     block_d = bounded_block("block_d", "D", D, t.tile_elems // E) if fused else None
     gated = shared_gate is not None
-    # the shared gate's dot reads x in slices of at most 1024 (a power of two dividing D)
-    gate_d = bounded_block("block_d", "D", D, 1024) if gated else None
+    # the shared gate's dot reads x in slices of at most 2048 (a power of two dividing D)
+    gate_d = bounded_block("block_d", "D", D, 2048) if gated else None
     inputs = (x, gate) if fused else (_logits(x, gate),) + ((x,) if gated else ())
     return _route(inputs, () if bias is None else (bias,),
                   () if shared_gate is None else (shared_gate,), top_k=top_k, score=score,
