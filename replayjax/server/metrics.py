@@ -51,7 +51,8 @@ class Metrics:
                                 registry=r)
         Gauge("replayjax_draft_acceptance_rate", "Accepted / proposed draft tokens so far",
               registry=r).set_function(self._acceptance)
-        self.finished = Counter("replayjax_requests", "Finished requests by finish reason "
+        self.finished = Counter("replayjax_requests", "Finished requests (each choice of a "
+                                "request with several prompts or n > 1 counts) by finish reason "
                                 "(stop, length, abort: server shutdown, cancelled: the client "
                                 "went away, error: the engine could not serve it)",
                                 ["finish_reason"], registry=r)
