@@ -263,6 +263,10 @@ class MoE(nnx.Module):
                                 scaling=c.routed_scaling_factor, shared_chunks=shared_chunks,
                                 impl=impl, tiling=tiling)
 
+    def shared_partial(self, x):
+        """The shared expert outside the routed launch: this device's partial sum [..., D]."""
+        return self.shared.partial(x)
+
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
         shared_in_launch: force the shared expert into (True) or out of (False) the routed
@@ -278,7 +282,7 @@ class MoE(nnx.Module):
                                shared=self.shared.weights() if C else None)
         if latent:
             y = self.fc2_latent(y)          # linear: applied to the partial sum
-        return tp_sum(y + self.shared.partial(x) if self.shared is not None and not C else y)
+        return tp_sum(y + self.shared_partial(x) if self.shared is not None and not C else y)
 
 
 class Block(nnx.Module):

@@ -286,11 +286,17 @@ class MoE(nnx.Module):
         """x [..., D] -> expert ids [..., k + C] int32, weights [..., k + C] fp32, the shared
         expert's C = shared_chunks chunks last, weighted by its gate (impl, tiling:
         `models.moe.softmax_topk`'s)."""
-        gate = self.shared_gate.kernel[...].reshape(-1) if shared_chunks else None
+        gate = self.shared_gate.kernel[...].reshape(-1) if shared_chunks else None   # [D]
         return moe.softmax_topk(x, self.gate[...], top_k=self.cfg.num_experts_per_tok,
                                 norm_topk_prob=self.cfg.norm_topk_prob,
                                 shared_chunks=shared_chunks, shared_gate=gate, impl=impl,
                                 tiling=tiling)
+
+    def shared_partial(self, x):
+        """The shared expert outside the routed launch, times its gate: this device's partial
+        sum [..., D] (a replicated gate times a partial sum)."""
+        scale = shared_scale(x, self.shared_gate.kernel[...].reshape(-1))
+        return scale[..., None].astype(x.dtype) * self.shared.partial(x)
 
     def __call__(self, x, valid=None, *, shared_in_launch=None):
         """x [..., D]; valid [...] bool: the real tokens (the others get no routed experts).
@@ -304,10 +310,7 @@ class MoE(nnx.Module):
                                w_gate=self.gate_w[...], activation="swiglu",
                                num_experts=self.cfg.num_experts,
                                shared=self.shared.weights() if C else None)
-        if self.shared is not None and not C:     # a replicated gate times a partial sum
-            scale = shared_scale(x, self.shared_gate.kernel[...].reshape(-1))
-            y = y + scale[..., None].astype(y.dtype) * self.shared.partial(x)
-        return tp_sum(y)
+        return tp_sum(y + self.shared_partial(x) if self.shared is not None and not C else y)
 
 
 class Block(nnx.Module):

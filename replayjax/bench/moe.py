@@ -190,11 +190,6 @@ def shared_experts(u, ids, w, ws):
                               shared=ws["shared"])
 
 
-def shared_chunks(ws) -> int:
-    """The shared expert's F-wide chunks in ws (`shared_weights`; 0 without it)."""
-    return ws["shared"].w_up.shape[1] // ws["up"].shape[2] if "shared" in ws else 0
-
-
 def small_experts(u, ids, w, ws, tiling=None):
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
@@ -258,18 +253,14 @@ XLA_ROUTE = {"impl": "xla"}
 def layer_call(layer, x, ws, experts, route=XLA_ROUTE):
     """The family's MoE layer on x [n, D] routed by the module's `route(x, **route)`, the
     routed experts computed by experts(u, ids, weights, ws) (the same composition as the
-    modules' __call__); with the shared expert in ws (`shared_weights`) the routing names its
-    chunks too and experts computes it."""
-    from pallas_kernels.moe.router import shared_scale
-    C = shared_chunks(ws)
+    modules' __call__, unsharded); with the shared expert in ws (`shared_weights`) the routing
+    names its chunks too and experts computes it."""
+    from models import moe
+    C = 0 if "shared" not in ws else moe.shared_chunks(
+        x, ws["up"].shape[2], ws["shared"].w_up.shape[1], force=True)
     ids, w = layer.route(x, shared_chunks=C, **route)
     y = experts(x, ids, w, ws)
-    if C:
-        return y
-    if not hasattr(layer, "shared_gate"):
-        return y + layer.shared(x)
-    scale = shared_scale(x, layer.shared_gate.kernel[...].reshape(-1))
-    return y + scale[..., None].astype(y.dtype) * layer.shared(x)
+    return y if C else y + layer.shared_partial(x)
 
 
 def variants(small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):
