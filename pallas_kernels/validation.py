@@ -212,9 +212,10 @@ def check_draft_slots(draft_slots, known, slots, num_slots: int) -> None:
     its draft rows may repeat)."""
     check_fields((Field("draft_slots", ("b", "T"), INT32_ONLY),), {"draft_slots": draft_slots},
                  known)
-    check_range("draft_slots", draft_slots, 0, num_slots - 1, f"the pool [0, {num_slots})")
     s = concrete(slots)
-    if s is not None:
+    if s is None:           # the rows unknown: the range only
+        check_range("draft_slots", draft_slots, 0, num_slots - 1, f"the pool [0, {num_slots})")
+    else:
         check_slots("draft_slots", draft_slots, num_slots, live=(s != NULL_SLOT)[:, None])
 
 
