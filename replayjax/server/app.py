@@ -89,7 +89,9 @@ class ServerState:
         if k > slots + self.max_queue:
             raise ApiError(f"The request asks for {k} choices; this server holds at most "
                            f"{slots + self.max_queue} at once ({slots} slots and a queue of "
-                           f"{self.max_queue}).", param="n", code="too_many_choices")
+                           f"{self.max_queue}).",
+                           param="n" if any(c.choice for c in choices) else "prompt",
+                           code="too_many_choices")
         waiting = max(0, len(self.live) - slots)
         if len(self.live) + k - slots > self.max_queue:
             mine = (f"; with this request's {k} choices {len(self.live) + k - slots} would "
