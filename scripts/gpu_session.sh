@@ -31,6 +31,8 @@
 #              beside the Triton standard (the 1.6x target's baseline)
 #   moe-b1-route - the MoE layer at batch 1 / 8 / 32 with the shared columns from the router
 #              kernel, beside OLD_TREE's (the commit before) in the same call
+#   moe-pairs - the MoE pair path with tensor-core dots (one launch for both GEMMs) against the
+#              grouped path at batch 1 / 2, over PairTiling neighbours, after its compiled tests
 #   h200-59  - the targets' H200 rows in one call (needs_h200: Mamba-2's T = 8 baseline): GDN
 #              verify T = 4 / 8, P = 80 replay beside its Triton standard, GDN replay decode,
 #              Mamba-2 verify T = 8
@@ -584,6 +586,18 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     limit 300 python3 -m replayjax.bench.moe --batches 1 8 32 \
       --variants ${MOE_VARIANTS:-sparse-shared sparse-small} --breakdown \
       --json "$out/moe_small.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
+  moe-pairs)
+    # the pair path with tensor-core dots (stop 61: both GEMMs in one launch, their weight loads
+    # pipelined; no plan, no hidden activations in memory) against the grouped path, both with
+    # the shared expert's chunks and the router kernel: compiled pair tests, then batch 1 / 2
+    # over the PairTiling neighbours (MOE_PAIRS_BATCHES, MOE_PAIRS_S for a short call)
+    REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+      tests/pallas_kernels/test_moe.py -k "pairs and not lowering" 2>&1 | tail -4
+    limit "${MOE_PAIRS_S:-300}" python3 -m replayjax.bench.moe \
+      --batches ${MOE_PAIRS_BATCHES:-1 2} --variants sparse-shared sparse-small --breakdown \
+      --small-tilings '[{}, {"min_programs": 256}, {"min_programs": 1}, {"num_stages": 4},
+                        {"block_d": 64}, {"block_d": 256}, {"num_warps": 8}]' \
+      --json "$out/moe_pairs.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-b1-route)
     # the router kernel writing the shared expert's chunk columns (and Qwen's shared gate) in
     # its launch (stop 60: at batch 1 two concatenations and the gate's GEMV were ~4.4 us of

@@ -11,10 +11,12 @@ routed experts run as
     shared=, impl and path "auto"; the modules' `route` with impl "pallas"), forced at every
     batch; once per --router-tilings config (fields of `pallas_kernels.moe.RouterTiling` over
     its default, e.g. {"logits": "kernel"}: the logits in the same launch), named with the config,
-  * "sparse-small": `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs")` (one kernel
-    over (token-expert pair, F chunk), no sort), at batch <= SMALL_MAX_BATCH (the models take it
-    at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per --small-tilings config
-    (fields of `pallas_kernels.moe.PairTiling` over its default), named with the config,
+  * "sparse-small": "sparse-shared" with the experts on the pair path,
+    `pallas_kernels.moe.expert_ffn(impl="pallas", path="pairs", shared=...)` (one kernel over
+    (token-expert pair, F chunk): both GEMMs, no plan, no sort), at batch <= SMALL_MAX_BATCH
+    (the models take it at <= `pallas_kernels.moe.PAIR_PATH_MAX_PAIRS` pairs); once per
+    --small-tilings config (fields of `pallas_kernels.moe.PairTiling` over its default), named
+    with the config,
   * "tokamax": sort by expert + `tokamax.ragged_dot` (default implementation: Mosaic GPU on
     Hopper; relu^2 fused, SwiGLU's gate and up as one GEMM, the gate applied by XLA), when
     tokamax can be imported,
@@ -191,9 +193,12 @@ def shared_experts(u, ids, w, ws):
 
 
 def small_experts(u, ids, w, ws, tiling=None):
+    """`shared_experts` on the pair path (unsharded, every row valid: what `routed_experts`
+    passes on)."""
     from pallas_kernels import moe
     return moe.expert_ffn(u, ids, w, ws["up"], ws["down"], w_gate=ws.get("gate"),
-                          activation=_activation(ws), impl="pallas", path="pairs", tiling=tiling)
+                          activation=_activation(ws), shared=ws.get("shared"), impl="pallas",
+                          path="pairs", tiling=tiling)
 
 
 def _named(variant: str, config: dict) -> str:
@@ -277,7 +282,7 @@ def variants(small_tilings=({},), router_tilings=({},), grouped_tilings=({},)):
         out[_named("sparse-shared", config)] = (shared_weights, shared_experts, route)
     for config in small_tilings:
         name, fn = small_variant(config)
-        out[name] = (expert_weights, fn, XLA_ROUTE)
+        out[name] = (shared_weights, fn, {"impl": "pallas"})
     try:
         import tokamax  # noqa: F401
         out["tokamax"] = (tokamax_prepare, tokamax_experts, XLA_ROUTE)

@@ -173,8 +173,9 @@ def test_pairs_several_chunks_and_din_slices(ffn, block_f, shared, interpret):
 
 
 @pytest.mark.parametrize("pairs,F,cap,block_f", [
-    (6, 1856, 64, 32),      # Nemotron-3-Nano, batch 1: 6 x 58 = 348 programs
-    (8, 512, 64, 16),       # Qwen3.5-35B, batch 1: 8 x 32 = 256
+    (6, 1856, 64, 64),      # Nemotron-3-Nano, batch 1: 6 x 29 = 174 programs
+    (8, 512, 64, 32),       # Qwen3.5-35B, batch 1: 8 x 16 = 128
+    (11, 512, 64, 32),      # Qwen3-Next-80B, batch 1 with the shared chunk: 11 x 16
     (48, 1856, 64, 64),     # Nemotron-3-Nano, batch 8: 48 x 29
     (1, 48, 64, 16), (64, 512, 32, 32)])
 def test_pair_chunks_fill_the_gpu(pairs, F, cap, block_f):

@@ -117,7 +117,8 @@ def test_tilings_are_variants(monkeypatch, variant, experts, flag, config, name,
 
 def test_router_tilings_are_variants(monkeypatch):
     """--router-tilings: one sparse-shared variant per RouterTiling override, each routing
-    through the router kernel with it (the other variants route in XLA)."""
+    through the router kernel with it (sparse-small through its default; the other variants
+    route in XLA)."""
     seen = []
     monkeypatch.setattr(bench, "layer_call", lambda layer, x, ws, experts, route: (
         seen.append(route), experts(x, *layer.route(x, **route), ws))[1])
@@ -130,7 +131,9 @@ def test_router_tilings_are_variants(monkeypatch):
     assert [r["impl"] for r in seen] == ["pallas", "pallas"]
     assert [(r["tiling"].logits, r["tiling"].num_warps) for r in seen] == [("xla", 4),
                                                                          ("kernel", 8)]
-    assert {v[2]["impl"] for k, v in bench.variants().items() if k != "sparse-shared"} == {"xla"}
+    routes = {k: v[2]["impl"] for k, v in bench.variants().items()}
+    assert routes.pop("sparse-small") == "pallas" and set(routes.values()) - {"pallas"} == {"xla"}
+    assert [k for k, impl in routes.items() if impl == "pallas"] == ["sparse-shared"]
 
 
 def test_copies_run_one_after_another():
