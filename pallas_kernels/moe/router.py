@@ -233,8 +233,9 @@ def route_pallas(x, gate, bias, top_k, score, norm_topk_prob, scaling, n_group, 
 
 
 def _first_max(v, index):
-    """The lowest index where v [E] is largest (`lax.top_k`'s tie rule)."""
-    return jnp.min(jnp.where(v == jnp.max(v), index, v.shape[0]))
+    """The largest value of v [E] and the lowest index where it is (`lax.top_k`'s tie rule)."""
+    top = jnp.max(v)
+    return top, jnp.min(jnp.where(v == top, index, v.shape[0]))
 
 
 def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d, has_bias, shared_chunks,
@@ -263,9 +264,10 @@ def _route_kernel(*refs, top_k, score, norm_eps, scaling, block_d, has_bias, sha
     expert = lax.broadcasted_iota(jnp.int32, (E,), 0)
     ws = []
     for j in range(top_k):      # the best expert, then out of the running
-        e = _first_max(sel, expert)
+        top, e = _first_max(sel, expert)
         ids_ref[row, j] = e
-        ws.append(jnp.max(jnp.where(expert == e, s, -jnp.inf)))
+        # without a bias the score is the selection's maximum: one reduction a round fewer
+        ws.append(top if bias is None else jnp.max(jnp.where(expert == e, s, -jnp.inf)))
         sel = jnp.where(expert == e, -jnp.inf, sel)
     total = functools.reduce(lambda a, b: a + b, ws)
     for j, w in enumerate(ws):
