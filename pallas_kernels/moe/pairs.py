@@ -16,8 +16,9 @@ about once per distinct expert, and the F chunks give a batch-1 call enough prog
 GPU. The XLA reduction sums the chunks and a token's pairs, each pair times its routing weight.
 Rounding is the grouped path's: x in the weights' dtype, float32 accumulation (float32 weights:
 the same dot precision), the hidden activations rounded to the weights' dtype before the down
-product. Invalid pairs (expert -1) do no work and their (unwritten) parts are masked out. A
-shared expert's chunk c (e = E + c) reads columns c F + chunk of the shared matrices in place.
+product. Invalid pairs (their validity read in the kernel) do no work and their (unwritten)
+parts are masked out. A shared expert's chunk c (e = E + c) reads columns c F + chunk of the
+shared matrices in place.
 Bodies are backend-neutral Pallas; `PairTiling` holds the launch's tile caps, `TILING` the
 default.
 """
@@ -72,15 +73,17 @@ def expert_ffn(x, expert_ids, weights, valid, w_up, w_down, w_gate, shared, acti
     din, F = x.shape[1], w_up.shape[2]
     block_f = chunk_width(n * k, F, t)
     block_d = bounded_block("block_d", "din", din, t.block_d, 16)
-    ok = valid if valid.ndim == 2 else jnp.broadcast_to(valid[:, None], (n, k))
-    pair_expert = jnp.where(ok, expert_ids, -1).reshape(n * k)
+    # validity per token (index p // k) or per pair, read in the kernel: no launch before it
+    per_pair = valid.ndim == 2
     mats = lambda up, gate, down: (up, down) if gate is None else (up, gate, down)
     ws = mats(w_up, w_gate, w_down)
     if shared is not None:
         ws += mats(shared.w_up, shared.w_gate, shared.w_down)
-    part = _pair_ffn(pair_expert, x.astype(w_up.dtype), ws, top_k=k,
-                     activation=activation, block_f=block_f, block_d=block_d,
-                     num_warps=t.num_warps, num_stages=t.num_stages, interpret=interpret)
+    part = _pair_ffn(expert_ids.reshape(n * k), valid.reshape(-1), x.astype(w_up.dtype), ws,
+                     top_k=k, per_pair=per_pair, activation=activation, block_f=block_f,
+                     block_d=block_d, num_warps=t.num_warps, num_stages=t.num_stages,
+                     interpret=interpret)
+    ok = valid if per_pair else valid[:, None]
     part = jnp.where(ok[:, :, None, None], part.reshape(n, k, F // block_f, din), 0.0)
     return (part * weights[:, :, None, None]).sum((1, 2)).astype(x.dtype)
 
@@ -93,7 +96,8 @@ def _dot(a, b, precision):
                            preferred_element_type=F32)
 
 
-def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation, precision):
+def _pair_kernel(expert_ref, valid_ref, x_ref, *refs, top_k, per_pair, block_f, block_d,
+                 activation, precision):
     # W_up (and W_gate for SwiGLU), W_down; the shared expert's (if any); the out
     *w_refs, part_ref = refs
     n = 3 if activation == "swiglu" else 2
@@ -101,6 +105,7 @@ def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation, 
     E, F = routed[0].shape[0], routed[0].shape[2]
     p, c = pl.program_id(0), pl.program_id(1)
     e, fs = expert_ref[p], pl.ds(c * block_f, block_f)
+    live = valid_ref[p if per_pair else p // top_k]     # the ids of other pairs mean nothing
 
     def run(mats, up_block, down_block):    # (w, ds) -> the [bd, bf] / [bf, bd] weight block
         *ups, down_ref = mats
@@ -124,27 +129,29 @@ def _pair_kernel(expert_ref, x_ref, *refs, top_k, block_f, block_d, activation, 
 
         n_chunks(x_ref.shape[1], block_d, down, None)
 
-    pl.when((e >= 0) & (e < E))(lambda: run(routed, lambda w, ds: w[e, ds, fs],
+    pl.when(live & (e >= 0) & (e < E))(lambda: run(routed, lambda w, ds: w[e, ds, fs],
                                             lambda w, ds: w[e, fs, ds]))
     if shared:                  # chunk e - E: columns (rows of W_down) (e - E) F + fs
         sf = pl.ds((e - E) * F + fs.start, block_f)
-        pl.when(e >= E)(lambda: run(shared, lambda w, ds: w[ds, sf], lambda w, ds: w[sf, ds]))
+        pl.when(live & (e >= E))(lambda: run(shared, lambda w, ds: w[ds, sf], lambda w, ds: w[sf, ds]))
 
 
-@functools.partial(jax.jit, static_argnames=("top_k", "activation", "block_f", "block_d",
-                                             "num_warps", "num_stages", "interpret"))
-def _pair_ffn(pair_expert, x, ws, *, top_k, activation, block_f, block_d, num_warps,
-              num_stages, interpret):
-    """pair_expert [P] int32 (-1: no work); x [n, din] in the weights' dtype; ws: W_up[, W_gate]
+@functools.partial(jax.jit, static_argnames=("top_k", "per_pair", "activation", "block_f",
+                                             "block_d", "num_warps", "num_stages", "interpret"))
+def _pair_ffn(pair_expert, valid, x, ws, *, top_k, per_pair, activation, block_f, block_d,
+              num_warps, num_stages, interpret):
+    """pair_expert [P] int32 (in [0, E + C) where valid); valid [P] bool (per_pair) or [n] bool
+    (a token's: pair p's is valid[p // top_k]), False: no work; x [n, din] in the weights' dtype;
+    ws: W_up[, W_gate]
     [E, din, F] and W_down [E, F, din], then the shared expert's [din, Fs] and [Fs, din], if
     any. Returns part [P, F / block_f, din] float32 (rows of invalid pairs unwritten)."""
     P, (din, F) = pair_expert.shape[0], ws[0].shape[1:]
     precision = dot_precision(interpret) if ws[0].dtype == F32 else None
     return pl.pallas_call(
-        functools.partial(_pair_kernel, top_k=top_k, block_f=block_f, block_d=block_d,
-                          activation=activation, precision=precision),
+        functools.partial(_pair_kernel, top_k=top_k, per_pair=per_pair, block_f=block_f,
+                          block_d=block_d, activation=activation, precision=precision),
         grid=(P, F // block_f),
         out_shape=jax.ShapeDtypeStruct((P, F // block_f, din), F32),
         compiler_params=compiler_params(num_warps, num_stages, interpret),
         interpret=interpret, name="moe_pair_ffn",
-    )(pair_expert, x, *ws)
+    )(pair_expert, valid, x, *ws)
