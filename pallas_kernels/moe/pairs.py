@@ -33,7 +33,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-
 from pallas_kernels._kernel_utils import F32, compiler_params, dot_precision, n_chunks
 from pallas_kernels.moe.reference import activate
 from pallas_kernels.validation import bounded_block, resolve_tiling
@@ -133,7 +132,8 @@ def _pair_kernel(expert_ref, valid_ref, x_ref, *refs, top_k, per_pair, block_f, 
                                             lambda w, ds: w[e, fs, ds]))
     if shared:                  # chunk e - E: columns (rows of W_down) (e - E) F + fs
         sf = pl.ds((e - E) * F + fs.start, block_f)
-        pl.when(live & (e >= E))(lambda: run(shared, lambda w, ds: w[ds, sf], lambda w, ds: w[sf, ds]))
+        pl.when(live & (e >= E))(lambda: run(shared, lambda w, ds: w[ds, sf],
+                                             lambda w, ds: w[sf, ds]))
 
 
 @functools.partial(jax.jit, static_argnames=("top_k", "per_pair", "activation", "block_f",
