@@ -589,16 +589,18 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
   moe-pairs)
     # the pair path with tensor-core dots (stop 61: both GEMMs in one launch, their weight loads
     # pipelined; no plan, no hidden activations in memory) against the grouped path, both with
-    # the shared expert's chunks and the router kernel: compiled pair tests, then batch 1 / 2
-    # over the PairTiling neighbours, and the router kernel on 1 / 2 warps (its top-k rounds'
-    # reductions within a warp) (MOE_PAIRS_BATCHES, MOE_PAIRS_S for a short call)
+    # the shared expert's chunks and the router kernel: compiled pair tests, then batch 1 over
+    # PairTiling neighbours, and the router kernel on 1 warp (its top-k rounds' reductions
+    # within a warp) (MOE_PAIRS_BATCHES, MOE_PAIRS_TILINGS, MOE_ROUTER_TILINGS, MOE_PAIRS_S)
+    pair_tilings='[{}, {"min_programs": 256}, {"min_programs": 1}, {"num_stages": 4},
+                   {"block_d": 64}]'
+    router_tilings='[{}, {"num_warps": 1}]'
     REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_moe.py -k "pairs and not lowering" 2>&1 | tail -4
     limit "${MOE_PAIRS_S:-300}" python3 -m replayjax.bench.moe \
-      --batches ${MOE_PAIRS_BATCHES:-1 2} --variants sparse-shared sparse-small --breakdown \
-      --small-tilings '[{}, {"min_programs": 256}, {"min_programs": 1}, {"num_stages": 4},
-                        {"block_d": 64}, {"block_d": 256}, {"num_warps": 8}]' \
-      --router-tilings '[{}, {"num_warps": 1}, {"num_warps": 2}]' \
+      --batches ${MOE_PAIRS_BATCHES:-1} --variants sparse-shared sparse-small --breakdown \
+      --small-tilings "${MOE_PAIRS_TILINGS:-$pair_tilings}" \
+      --router-tilings "${MOE_ROUTER_TILINGS:-$router_tilings}" \
       --json "$out/moe_pairs.json" 2>>"$out/moe.log" | grep -v "^WARNING" ;;
   moe-b1-route)
     # the router kernel writing the shared expert's chunk columns (and Qwen's shared gate) in
