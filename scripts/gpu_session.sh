@@ -593,7 +593,7 @@ from replayjax.bench.e2e import main; sys.exit(main(sys.argv[1:]))" --synthetic 
     # PairTiling neighbours, and the router kernel on 1 warp (its top-k rounds' reductions
     # within a warp) (MOE_PAIRS_BATCHES, MOE_PAIRS_TILINGS, MOE_ROUTER_TILINGS, MOE_PAIRS_S)
     pair_tilings='[{}, {"min_programs": 256}, {"min_programs": 1}, {"num_stages": 4},
-                   {"block_d": 64}]'
+                   {"block_d": 256}]'
     router_tilings='[{}, {"num_warps": 1}]'
     REPLAYJAX_TEST_BACKEND=gpu limit 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
       tests/pallas_kernels/test_moe.py -k "pairs and not lowering" 2>&1 | tail -4
