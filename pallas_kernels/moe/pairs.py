@@ -142,9 +142,9 @@ def _pair_ffn(pair_expert, valid, x, ws, *, top_k, per_pair, activation, block_f
               num_warps, num_stages, interpret):
     """pair_expert [P] int32 (in [0, E + C) where valid); valid [P] bool (per_pair) or [n] bool
     (a token's: pair p's is valid[p // top_k]), False: no work; x [n, din] in the weights' dtype;
-    ws: W_up[, W_gate]
-    [E, din, F] and W_down [E, F, din], then the shared expert's [din, Fs] and [Fs, din], if
-    any. Returns part [P, F / block_f, din] float32 (rows of invalid pairs unwritten)."""
+    ws: W_up[, W_gate] [E, din, F] and W_down [E, F, din], then the shared expert's [din, Fs]
+    and [Fs, din], if any. Returns part [P, F / block_f, din] float32 (rows of invalid pairs
+    unwritten)."""
     P, (din, F) = pair_expert.shape[0], ws[0].shape[1:]
     precision = dot_precision(interpret) if ws[0].dtype == F32 else None
     return pl.pallas_call(
