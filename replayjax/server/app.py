@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from replayjax.server.chat import ChatTemplate, ChatTemplateError
 from replayjax.server.generation import Generation
 from replayjax.server.metrics import CONTENT_TYPE, Metrics
 from replayjax.server.protocol import ApiError, Reply, ServedModel, error_body
+from replayjax.server.tools import ToolStream, split_reply
 from replayjax.server.worker import EngineFailed, EngineWorker
 
 log = logging.getLogger("replayjax.server")
@@ -42,13 +44,15 @@ POLL_S = 0.05
 @dataclasses.dataclass(eq=False)
 class ServerState:
     """What the handlers share: the engine thread, the tokenizer (a `tokenizers.Tokenizer`), the
-    chat template (None: the model has none, chat requests get a 400), metrics, admission."""
+    chat template (None: the model has none, chat requests get a 400) and its tool-call format
+    (`tools.template_format`; None: requests with tools get a 400), metrics, admission."""
     worker: EngineWorker
     tokenizer: object
     chat_template: ChatTemplate | None
     served: ServedModel
     metrics: Metrics
     max_queue: int
+    tool_format: str | None = None
     max_body_bytes: int = 16_000_000        # a request body past this answers 413 (16 MB)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
@@ -236,15 +240,28 @@ async def _merged(streams):
 
 
 async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected):
-    """One choice's chunks: (chat) the assistant role, a chunk per text piece, the finish
-    reason."""
+    """One choice's chunks: (chat) the assistant role, a chunk per text piece, (with tools) the
+    tool calls once the reply is whole, the finish reason ("tool_calls" when it called one)."""
     if reply.chat:
         yield reply.chunk(first=True, index=index)
+    tools = ToolStream(gen.params.tools) if gen.params.tools else None
     async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
         async for piece in pieces:
-            yield reply.chunk(piece, index=index)
-    if gen.finish_reason != "cancelled":
-        yield reply.chunk(finish_reason=gen.finish_reason, index=index)
+            if tools is not None:
+                piece = tools.push(piece)
+            if piece:
+                yield reply.chunk(piece, index=index)
+    if gen.finish_reason == "cancelled":
+        return
+    reason = gen.finish_reason
+    if tools is not None:
+        rest, calls = tools.finish()
+        if rest:
+            yield reply.chunk(rest, index=index)
+        for j, call in enumerate(calls):
+            yield reply.chunk(index=index, tool_calls=[(j, call)])
+        reason = "tool_calls" if calls else reason
+    yield reply.chunk(finish_reason=reason, index=index)
 
 
 async def _chunks(st: ServerState, gens: list, reply: Reply, disconnected):
@@ -274,9 +291,10 @@ async def _generate(request: Request, chat: bool):
         body = await _json_body(request, st.max_body_bytes)
         # parsing tokenizes (and renders a chat template): in a worker thread, so a long prompt
         # does not stall the event loop and with it every running stream
-        choices = await asyncio.to_thread(
-            protocol.parse_chat if chat else protocol.parse_completion, body, st.served,
-            st.render if chat else st.encode)
+        parse = (functools.partial(protocol.parse_chat, tool_format=st.tool_format) if chat
+                 else protocol.parse_completion)
+        choices = await asyncio.to_thread(parse, body, st.served,
+                                          st.render if chat else st.encode)
         reply = Reply.new(chat, st.served.name)
         gens = st.admit(choices, reply)
     except ApiError as e:
@@ -296,8 +314,17 @@ async def _generate(request: Request, chat: bool):
         await asyncio.gather(*tasks, return_exceptions=True)
         disconnected.cancel()
         st.live.difference_update(gens)
-    return JSONResponse(reply.response([(t, g.finish_reason) for t, g in zip(texts, gens)],
+    return JSONResponse(reply.response([_answer(t, g) for t, g in zip(texts, gens)],
                                        _usage(gens)))
+
+
+def _answer(text: str, gen: Generation) -> tuple:
+    """A whole choice as `Reply.response` takes it: with tools, its content, the finish reason
+    ("tool_calls" when it called one) and its calls."""
+    if not gen.params.tools:
+        return text, gen.finish_reason
+    content, calls = split_reply(text, gen.params.tools)
+    return content, "tool_calls" if calls else gen.finish_reason, calls
 
 
 async def completions(request: Request):

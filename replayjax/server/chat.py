@@ -68,7 +68,7 @@ class ChatTemplate:
             self.template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"{where}: line {e.lineno}: {e.message}") from None
-        self.special_tokens = special_tokens
+        self.source, self.special_tokens = source, special_tokens
 
     def render(self, messages: list[dict], extra: dict | None = None) -> str:
         """The prompt text for `messages` (dicts with "role" and "content"), ending with the

@@ -23,6 +23,7 @@ import uvicorn
 from replayjax import commandline as cli
 from replayjax.bench.synthetic import SYNTHETIC
 from replayjax.commandline import MAX_VERIFY_TOKENS
+from replayjax.server.tools import FORMATS as TOOL_FORMATS
 
 PROG = "replayjax serve"
 DEMO_NAME = "replayjax-demo"
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat-template", type=cli.nonempty, metavar="FILE",
                     help="Jinja chat template (default: the model dir's chat_template.jinja or "
                          "tokenizer_config.json chat_template)")
+    ap.add_argument("--tool-call-format", choices=["auto", *TOOL_FORMATS, "none"],
+                    default="auto",
+                    help="how the model writes tool calls, for chat requests with 'tools': "
+                         "auto (read off the chat template), hermes (<tool_call>{json}"
+                         "</tool_call>: Qwen3, Qwen3-Next), xml (<tool_call><function=...>: "
+                         "Qwen3.5, Nemotron 3), toolcall (<TOOLCALL>[json]</TOOLCALL>: "
+                         "Nemotron-H), none (requests with tools are refused)")
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
                     help="SSM decode: ReplaySSM, or the standard recurrence (the baseline)")
     ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
@@ -167,6 +175,15 @@ def build_engine(args, model_dir: str | None):
     return engine
 
 
+def tool_format(flag: str, template) -> str | None:
+    """--tool-call-format: the chat template's own format ("auto"; None without a template or
+    one that renders no tools), the one named, or None ("none": requests with tools refused)."""
+    from replayjax.server.tools import template_format
+    if flag == "auto":
+        return template_format(template.source if template is not None else None)
+    return None if flag == "none" else flag
+
+
 def build_state(args):
     """Everything the app serves, from the flags: model, tokenizer, chat template, engine thread
     (not started), metrics."""
@@ -209,7 +226,8 @@ def build_state(args):
     return ServerState(worker=worker, tokenizer=tokenizer, chat_template=template,
                        served=served, metrics=Metrics(worker.load, args.num_draft),
                        max_queue=args.max_queue,
-                       max_body_bytes=int(args.max_request_mb * 1e6))
+                       max_body_bytes=int(args.max_request_mb * 1e6),
+                       tool_format=tool_format(args.tool_call_format, template))
 
 
 def _bind(host: str, port: int) -> socket.socket:

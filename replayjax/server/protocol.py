@@ -13,6 +13,11 @@ vocabulary or more: every token), `stop_token_ids`, `ignore_eos`, `repetition_pe
 and, for chat, `chat_template_kwargs`. OpenAI fields this server does not implement are accepted
 at their neutral value only (e.g. `best_of` = 1, `logprobs` null, `presence_penalty` 0); unknown
 fields are refused, as OpenAI refuses them.
+
+Chat `tools` (function tools, `tool_choice` "auto" or "none", `parallel_tool_calls`) are rendered
+by the chat template and the reply is read in the tool-call format it describes
+(`replayjax.server.tools`); assistant messages may carry `tool_calls`, "tool" messages answer
+them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Callable
 
 from replayjax.commandline import is_unicode
 from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
+from replayjax.server.tools import ToolError, Tools, check_tools, history_calls
 
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 64            # prompts x n of one request
@@ -72,6 +78,7 @@ class GenerationParams:
     stream: bool = False
     include_usage: bool = False
     choice: int = 0                         # j of the prompt's n choices (usage counts j = 0)
+    tools: Tools | None = None              # chat: the reply may call these
 
 
 # ---------------------------------------------------------------------- field checks
@@ -126,7 +133,7 @@ _CHECKS = {
 _NEUTRAL = {
     "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
     "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
-    "repetition_penalty": (1,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "repetition_penalty": (1,), "logit_bias": ({},), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
     "prediction": (), "reasoning_effort": (), "web_search_options": (),
@@ -347,16 +354,26 @@ def _message(m, i) -> dict:
         content = "\n".join(parts)
     elif not (isinstance(content, str) or (content is None and role == "assistant")):
         raise _invalid(f"{where}.content", "a string or a list of text parts", content)
-    return {**m, "content": content}
+    out = {**m, "content": content}
+    if m.get("tool_calls") is not None:
+        if role != "assistant":
+            raise ApiError(f"'{where}.tool_calls': only assistant messages call tools.",
+                           param=f"{where}.tool_calls")
+        try:
+            out["tool_calls"] = history_calls(m["tool_calls"], f"{where}.tool_calls")
+        except ToolError as e:
+            raise ApiError(str(e), param=e.param) from None
+    return out
 
 
 def _template_kwargs(fields) -> dict:
     """chat_template_kwargs, refusing the variables the server sets itself (the template would
     not see the request's values: a silent change of the prompt)."""
     kwargs = fields.get("chat_template_kwargs", {})
-    if "messages" in kwargs:
-        raise ApiError("'chat_template_kwargs' cannot set 'messages'; give the conversation as "
-                       "the request's 'messages'.", param="chat_template_kwargs")
+    for key, field in (("messages", "conversation"), ("tools", "tools")):
+        if key in kwargs:
+            raise ApiError(f"'chat_template_kwargs' cannot set '{key}'; give the {field} as "
+                           f"the request's '{key}'.", param="chat_template_kwargs")
     if (v := kwargs.get("add_generation_prompt", True)) is not True:
         raise ApiError(f"'chat_template_kwargs.add_generation_prompt' = {_json(v)} is not "
                        f"supported by this server (only true: the reply follows the template's "
@@ -365,9 +382,12 @@ def _template_kwargs(fields) -> dict:
     return kwargs
 
 
-def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list]) -> list:
+def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list],
+               tool_format: str | None = None) -> list:
     """A /v1/chat/completions body -> its n choices' GenerationParams. `render(messages,
-    kwargs)` applies the chat template and tokenizes (ApiError when the template refuses)."""
+    kwargs)` applies the chat template and tokenizes (ApiError when the template refuses);
+    `tool_format`: the template's tool-call format (`tools.template_format`; None: it renders
+    no tools, and a request with tools is refused)."""
     fields = _checked_fields(body, CHAT_FIELDS)
     check_model(fields["model"], served)
     messages = fields.get("messages")
@@ -375,12 +395,21 @@ def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list]) 
         raise ApiError("Missing required parameter: 'messages'.", param="messages")
     if not isinstance(messages, list) or not messages:
         raise _invalid("messages", "a non-empty list of messages", messages)
-    ids = render([_message(m, i) for i, m in enumerate(messages)], _template_kwargs(fields))
+    try:
+        tools = check_tools(fields.get("tools"), fields.get("tool_choice", "auto"),
+                            fields.get("parallel_tool_calls", True), tool_format)
+    except ToolError as e:
+        raise ApiError(str(e), param=e.param) from None
+    kwargs = _template_kwargs(fields)
+    if tools is not None:
+        kwargs = {**kwargs, "tools": list(tools.specs)}
+    ids = render([_message(m, i) for i, m in enumerate(messages)], kwargs)
     if "max_tokens" in fields and "max_completion_tokens" in fields:
         raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
                        param="max_completion_tokens")
     key = "max_tokens" if "max_tokens" in fields else "max_completion_tokens"
-    return _choices(fields, [ids], served, max_tokens_field=key, prompt_field="messages")
+    choices = _choices(fields, [ids], served, max_tokens_field=key, prompt_field="messages")
+    return [dataclasses.replace(c, tools=tools) for c in choices] if tools else choices
 
 
 # ---------------------------------------------------------------------- response shapes
@@ -411,22 +440,32 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def response(self, choices: list, use: dict) -> dict:
-        """The whole answer: choices [(text, finish_reason)] in index order."""
+        """The whole answer: choices [(text, finish_reason)] or (chat) [(content,
+        finish_reason, tool_calls)] in index order (content None beside tool calls without
+        text)."""
         out = []
-        for i, (text, finish_reason) in enumerate(choices):
-            choice = ({"index": i, "message": {"role": "assistant", "content": text}}
-                      if self.chat else {"index": i, "text": text})
+        for i, (text, finish_reason, *calls) in enumerate(choices):
+            if self.chat:
+                message = {"role": "assistant", "content": text}
+                if calls and calls[0]:
+                    message["tool_calls"] = calls[0]
+                choice = {"index": i, "message": message}
+            else:
+                choice = {"index": i, "text": text}
             choice.update(logprobs=None, finish_reason=finish_reason)
             out.append(choice)
         return {**self._head(False), "choices": out, "usage": use}
 
     def chunk(self, text: str = "", finish_reason: str | None = None,
-              first: bool = False, index: int = 0) -> dict:
+              first: bool = False, index: int = 0, tool_calls: list | None = None) -> dict:
         """A stream chunk of choice `index` with `text`; `first` (chat): the one that opens
-        the assistant message; `finish_reason`: the choice's last one."""
+        the assistant message; `finish_reason`: the choice's last one; `tool_calls` (chat):
+        [(j, call)], whole calls with their index j among the choice's calls."""
         if self.chat:
             delta = ({"role": "assistant", "content": text} if first else
                      {"content": text} if text or finish_reason is None else {})
+            if tool_calls:
+                delta = {"tool_calls": [{"index": j, **c} for j, c in tool_calls]}
             choice = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text}

@@ -32,6 +32,7 @@ from replayjax.server import cli
     (["--synthetic", "nemotron-h-8b", "--model", "m"], "not allowed with argument --synthetic"),
     (["--dtype", "float32"], "argument --dtype: only with --synthetic"),
     (["--warmup", "none"], "argument --warmup: invalid choice"),
+    (["--tool-call-format", "json"], "argument --tool-call-format: invalid choice"),
 ])
 def test_bad_flags_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -96,3 +97,11 @@ def test_synthetic_model_serves_every_token_as_text(monkeypatch):
     out = state.worker.engine.generate([Request(prompt=[5, 299, 7], max_new_tokens=4)])[0]
     text = state.tokenizer.decode(out.tokens)
     assert text.split() == [f"<{t}>" for t in out.tokens]
+
+
+def test_the_tool_call_format_follows_the_template_unless_named():
+    from replayjax.server.chat import ChatTemplate
+    hermes = ChatTemplate("{% if tools %}<tool_call>{% endif %}{{ messages }}", {})
+    plain = ChatTemplate("{{ messages }}", {})
+    assert [cli.tool_format("auto", t) for t in (hermes, plain, None)] == ["hermes", None, None]
+    assert cli.tool_format("xml", plain) == "xml" and cli.tool_format("none", hermes) is None

@@ -165,7 +165,19 @@ def test_completion_errors(body, status, param, code):
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
       "max_completion_tokens": 2}, "max_completion_tokens"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools[0]"),
+    # a template without a tool-call format renders no tools (parse_chat's tool_format None)
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "tool_choice"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls"),
+    ({"model": "m", "messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 0}, "logprobs"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": False},

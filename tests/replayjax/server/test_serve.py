@@ -71,6 +71,21 @@ def wait_idle(server, timeout=30.0):
 
 # ---------------------------------------------------------------------- the openai client
 
+def test_tools_on_the_demo_model_are_a_clear_400(client):
+    """The demo's chat template renders no tools: a request with tools is refused, naming the
+    way to serve them (tool_choice "none" renders none, so it is served)."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    msgs = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError, match="--tool-call-format") as e:
+        client.chat.completions.create(model=MODEL, messages=msgs, tools=[weather],
+                                       max_tokens=2)
+    assert e.value.body["param"] == "tools"
+    out = client.chat.completions.create(model=MODEL, messages=msgs, tools=[weather],
+                                         tool_choice="none", max_tokens=2)
+    assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+
+
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
