@@ -32,6 +32,7 @@ from replayjax.server.chat import ChatTemplate, ChatTemplateError
 from replayjax.server.generation import Generation
 from replayjax.server.metrics import CONTENT_TYPE, Metrics
 from replayjax.server.protocol import ApiError, Reply, ServedModel, error_body
+from replayjax.server.reasoning import ReasoningStream, split_reasoning
 from replayjax.server.tools import ToolStream, split_reply
 from replayjax.server.worker import EngineFailed, EngineWorker
 
@@ -44,8 +45,9 @@ POLL_S = 0.05
 @dataclasses.dataclass(eq=False)
 class ServerState:
     """What the handlers share: the engine thread, the tokenizer (a `tokenizers.Tokenizer`), the
-    chat template (None: the model has none, chat requests get a 400) and its tool-call format
-    (`tools.template_format`; None: requests with tools get a 400), metrics, admission."""
+    chat template (None: the model has none, chat requests get a 400), its tool-call format
+    (`tools.template_format`; None: requests with tools get a 400) and whether replies' thinking
+    is split off (`reasoning`), metrics, admission."""
     worker: EngineWorker
     tokenizer: object
     chat_template: ChatTemplate | None
@@ -53,6 +55,7 @@ class ServerState:
     metrics: Metrics
     max_queue: int
     tool_format: str | None = None
+    reasoning: bool = False
     max_body_bytes: int = 16_000_000        # a request body past this answers 413 (16 MB)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
@@ -63,9 +66,9 @@ class ServerState:
         """A completion prompt's token ids (special tokens added, as Hugging Face does)."""
         return self.tokenizer.encode(text).ids
 
-    def render(self, messages: list, kwargs: dict) -> list:
-        """A chat's prompt token ids: the template's text, tokenized without special tokens
-        (the template writes them)."""
+    def render(self, messages: list, kwargs: dict) -> tuple[list, str]:
+        """A chat's prompt: the template's text, and its token ids (tokenized without special
+        tokens: the template writes them)."""
         if self.chat_template is None:
             raise ApiError("This model has no chat template (tokenizer_config.json "
                            "'chat_template' or chat_template.jinja); use /v1/completions, or "
@@ -74,7 +77,7 @@ class ServerState:
             text = self.chat_template.render(messages, kwargs)
         except ChatTemplateError as e:
             raise ApiError(str(e), param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False).ids, text
 
     def admit(self, choices: list, reply: Reply) -> list:
         """Submits a checked request's choices (`protocol.GenerationParams`, in index order) to
@@ -240,19 +243,33 @@ async def _merged(streams):
 
 
 async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected):
-    """One choice's chunks: (chat) the assistant role, a chunk per text piece, (with tools) the
-    tool calls once the reply is whole, the finish reason ("tool_calls" when it called one)."""
+    """One choice's chunks: (chat) the assistant role, a chunk per text piece (thinking as
+    reasoning_content when split off), (with tools) the tool calls once the reply is whole,
+    the finish reason ("tool_calls" when it called one)."""
+    p = gen.params
     if reply.chat:
         yield reply.chunk(first=True, index=index)
-    tools = ToolStream(gen.params.tools) if gen.params.tools else None
+    think = ReasoningStream(p.thinking) if p.thinking is not None else None
+    tools = ToolStream(p.tools) if p.tools else None
+
+    def chunks(split):          # split: (reasoning, content) of a piece
+        thought, text = split
+        if thought:
+            yield reply.chunk(reasoning=thought, index=index)
+        if tools is not None and text:
+            text = tools.push(text)
+        if text:
+            yield reply.chunk(text, index=index)
+
     async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
         async for piece in pieces:
-            if tools is not None:
-                piece = tools.push(piece)
-            if piece:
-                yield reply.chunk(piece, index=index)
+            for chunk in chunks(think.push(piece) if think else ("", piece)):
+                yield chunk
     if gen.finish_reason == "cancelled":
         return
+    if think is not None:
+        for chunk in chunks(think.finish()):
+            yield chunk
     reason = gen.finish_reason
     if tools is not None:
         rest, calls = tools.finish()
@@ -291,7 +308,8 @@ async def _generate(request: Request, chat: bool):
         body = await _json_body(request, st.max_body_bytes)
         # parsing tokenizes (and renders a chat template): in a worker thread, so a long prompt
         # does not stall the event loop and with it every running stream
-        parse = (functools.partial(protocol.parse_chat, tool_format=st.tool_format) if chat
+        parse = (functools.partial(protocol.parse_chat, tool_format=st.tool_format,
+                                   reasoning=st.reasoning) if chat
                  else protocol.parse_completion)
         choices = await asyncio.to_thread(parse, body, st.served,
                                           st.render if chat else st.encode)
@@ -319,12 +337,17 @@ async def _generate(request: Request, chat: bool):
 
 
 def _answer(text: str, gen: Generation) -> tuple:
-    """A whole choice as `Reply.response` takes it: with tools, its content, the finish reason
-    ("tool_calls" when it called one) and its calls."""
-    if not gen.params.tools:
+    """A whole choice as `Reply.response` takes it: (chat) its content, the finish reason
+    ("tool_calls" when it called one), its tool calls and its thinking (split off)."""
+    p = gen.params
+    if p.thinking is None and not p.tools:
         return text, gen.finish_reason
-    content, calls = split_reply(text, gen.params.tools)
-    return content, "tool_calls" if calls else gen.finish_reason, calls
+    reasoning, content = (split_reasoning(text, p.thinking) if p.thinking is not None
+                          else (None, text))
+    calls = []
+    if p.tools:
+        content, calls = split_reply(content, p.tools)
+    return content, "tool_calls" if calls else gen.finish_reason, calls, reasoning
 
 
 async def completions(request: Request):

@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "</tool_call>: Qwen3, Qwen3-Next), xml (<tool_call><function=...>: "
                          "Qwen3.5, Nemotron 3), toolcall (<TOOLCALL>[json]</TOOLCALL>: "
                          "Nemotron-H), none (requests with tools are refused)")
+    ap.add_argument("--reasoning", choices=["auto", "none"], default="auto",
+                    help="auto: when the chat template thinks in <think> blocks (Qwen3.5, "
+                         "Nemotron 3, ...), a chat reply's thinking comes back as "
+                         "reasoning_content, apart from its content; none: all of it is "
+                         "content")
     ap.add_argument("--ssm-mode", choices=["replay", "standard"], default="replay",
                     help="SSM decode: ReplaySSM, or the standard recurrence (the baseline)")
     ap.add_argument("--window", type=cli.window, default=16, help="ReplaySSM ring window L")
@@ -198,6 +203,7 @@ def build_state(args):
         synthetic_tokenizer,
     )
     from replayjax.server.protocol import ServedModel
+    from replayjax.server.reasoning import template_thinks
     from replayjax.server.worker import EngineWorker
 
     if args.synthetic:
@@ -227,7 +233,9 @@ def build_state(args):
                        served=served, metrics=Metrics(worker.load, args.num_draft),
                        max_queue=args.max_queue,
                        max_body_bytes=int(args.max_request_mb * 1e6),
-                       tool_format=tool_format(args.tool_call_format, template))
+                       tool_format=tool_format(args.tool_call_format, template),
+                       reasoning=args.reasoning == "auto" and template_thinks(
+                           template.source if template is not None else None))
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -17,7 +17,8 @@ fields are refused, as OpenAI refuses them.
 Chat `tools` (function tools, `tool_choice` "auto" or "none", `parallel_tool_calls`) are rendered
 by the chat template and the reply is read in the tool-call format it describes
 (`replayjax.server.tools`); assistant messages may carry `tool_calls`, "tool" messages answer
-them.
+them. A reasoning model's thinking comes back as `reasoning_content`
+(`replayjax.server.reasoning`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable
 
 from replayjax.commandline import is_unicode
 from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
+from replayjax.server.reasoning import open_after
 from replayjax.server.tools import ToolError, Tools, check_tools, history_calls
 
 MAX_STOP_STRINGS = 4
@@ -79,6 +81,8 @@ class GenerationParams:
     include_usage: bool = False
     choice: int = 0                         # j of the prompt's n choices (usage counts j = 0)
     tools: Tools | None = None              # chat: the reply may call these
+    thinking: bool | None = None            # chat: split off the reply's thinking (None: not;
+                                            # True: the prompt opened a think block)
 
 
 # ---------------------------------------------------------------------- field checks
@@ -382,12 +386,13 @@ def _template_kwargs(fields) -> dict:
     return kwargs
 
 
-def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list],
-               tool_format: str | None = None) -> list:
+def parse_chat(body, served: ServedModel, render: Callable[[list, dict], tuple],
+               tool_format: str | None = None, reasoning: bool = False) -> list:
     """A /v1/chat/completions body -> its n choices' GenerationParams. `render(messages,
-    kwargs)` applies the chat template and tokenizes (ApiError when the template refuses);
+    kwargs)` applies the chat template: (token ids, text) (ApiError when the template refuses);
     `tool_format`: the template's tool-call format (`tools.template_format`; None: it renders
-    no tools, and a request with tools is refused)."""
+    no tools, and a request with tools is refused); `reasoning`: split the replies' thinking
+    off (`reasoning.template_thinks`)."""
     fields = _checked_fields(body, CHAT_FIELDS)
     check_model(fields["model"], served)
     messages = fields.get("messages")
@@ -403,13 +408,14 @@ def parse_chat(body, served: ServedModel, render: Callable[[list, dict], list],
     kwargs = _template_kwargs(fields)
     if tools is not None:
         kwargs = {**kwargs, "tools": list(tools.specs)}
-    ids = render([_message(m, i) for i, m in enumerate(messages)], kwargs)
+    ids, text = render([_message(m, i) for i, m in enumerate(messages)], kwargs)
     if "max_tokens" in fields and "max_completion_tokens" in fields:
         raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
                        param="max_completion_tokens")
     key = "max_tokens" if "max_tokens" in fields else "max_completion_tokens"
     choices = _choices(fields, [ids], served, max_tokens_field=key, prompt_field="messages")
-    return [dataclasses.replace(c, tools=tools) for c in choices] if tools else choices
+    thinking = open_after(text) if reasoning else None
+    return [dataclasses.replace(c, tools=tools, thinking=thinking) for c in choices]
 
 
 # ---------------------------------------------------------------------- response shapes
@@ -441,14 +447,17 @@ class Reply:
 
     def response(self, choices: list, use: dict) -> dict:
         """The whole answer: choices [(text, finish_reason)] or (chat) [(content,
-        finish_reason, tool_calls)] in index order (content None beside tool calls without
-        text)."""
+        finish_reason, tool_calls, reasoning)] in index order (content None beside tool calls
+        without text; tool_calls [] and reasoning None: none)."""
         out = []
-        for i, (text, finish_reason, *calls) in enumerate(choices):
+        for i, (text, finish_reason, *more) in enumerate(choices):
             if self.chat:
+                calls, reasoning = (more + [None, None])[:2]
                 message = {"role": "assistant", "content": text}
-                if calls and calls[0]:
-                    message["tool_calls"] = calls[0]
+                if reasoning is not None:
+                    message["reasoning_content"] = reasoning
+                if calls:
+                    message["tool_calls"] = calls
                 choice = {"index": i, "message": message}
             else:
                 choice = {"index": i, "text": text}
@@ -457,15 +466,19 @@ class Reply:
         return {**self._head(False), "choices": out, "usage": use}
 
     def chunk(self, text: str = "", finish_reason: str | None = None,
-              first: bool = False, index: int = 0, tool_calls: list | None = None) -> dict:
+              first: bool = False, index: int = 0, tool_calls: list | None = None,
+              reasoning: str = "") -> dict:
         """A stream chunk of choice `index` with `text`; `first` (chat): the one that opens
         the assistant message; `finish_reason`: the choice's last one; `tool_calls` (chat):
-        [(j, call)], whole calls with their index j among the choice's calls."""
+        [(j, call)], whole calls with their index j among the choice's calls; `reasoning`
+        (chat): a piece of thinking."""
         if self.chat:
             delta = ({"role": "assistant", "content": text} if first else
                      {"content": text} if text or finish_reason is None else {})
             if tool_calls:
                 delta = {"tool_calls": [{"index": j, **c} for j, c in tool_calls]}
+            elif reasoning:
+                delta = {"reasoning_content": reasoning}
             choice = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text}

@@ -17,7 +17,8 @@ def encode(text):
 
 
 def render(messages, kwargs):
-    return encode("".join(f"{m['role']}:{m['content']}\n" for m in messages))
+    text = "".join(f"{m['role']}:{m['content']}\n" for m in messages)
+    return encode(text), text
 
 
 def completion(**body):
@@ -84,7 +85,7 @@ def test_chat_messages_and_max_completion_tokens():
     seen = []
     parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
                 "chat_template_kwargs": {"enable_thinking": True, "add_generation_prompt": True}},
-               SERVED, lambda messages, kwargs: seen.append(kwargs) or [1])
+               SERVED, lambda messages, kwargs: seen.append(kwargs) or ([1], "x"))
     assert seen == [{"enable_thinking": True, "add_generation_prompt": True}]
 
 

@@ -177,7 +177,7 @@ def test_the_template_renders_tools_and_history(fmt):
 
     def render(messages, kwargs):
         seen.append(template.render(messages, kwargs))
-        return list(seen[-1].encode())
+        return list(seen[-1].encode()), seen[-1]
     body = {"model": "m", "tools": [WEATHER], "messages": [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type":
@@ -305,4 +305,4 @@ def test_history_calls_read_their_arguments():
     with pytest.raises(ApiError):
         parse_chat({"model": "m", "messages": [{"role": "assistant", "content": None,
                                                 "tool_calls": "x"}]}, SERVED,
-                   lambda m, k: [1], tool_format="hermes")
+                   lambda m, k: ([1], "x"), tool_format="hermes")
