@@ -340,13 +340,9 @@ def _answer(text: str, gen: Generation) -> tuple:
     """A whole choice as `Reply.response` takes it: (chat) its content, the finish reason
     ("tool_calls" when it called one), its tool calls and its thinking (split off)."""
     p = gen.params
-    if p.thinking is None and not p.tools:
-        return text, gen.finish_reason
     reasoning, content = (split_reasoning(text, p.thinking) if p.thinking is not None
                           else (None, text))
-    calls = []
-    if p.tools:
-        content, calls = split_reply(content, p.tools)
+    content, calls = split_reply(content, p.tools) if p.tools else (content, [])
     return content, "tool_calls" if calls else gen.finish_reason, calls, reasoning
 
 

@@ -446,13 +446,12 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def response(self, choices: list, use: dict) -> dict:
-        """The whole answer: choices [(text, finish_reason)] or (chat) [(content,
-        finish_reason, tool_calls, reasoning)] in index order (content None beside tool calls
-        without text; tool_calls [] and reasoning None: none)."""
+        """The whole answer: choices [(text, finish_reason, tool_calls, reasoning)] in index
+        order (chat: content None beside tool calls without text; tool_calls [] and reasoning
+        None: none)."""
         out = []
-        for i, (text, finish_reason, *more) in enumerate(choices):
+        for i, (text, finish_reason, calls, reasoning) in enumerate(choices):
             if self.chat:
-                calls, reasoning = (more + [None, None])[:2]
                 message = {"role": "assistant", "content": text}
                 if reasoning is not None:
                     message["reasoning_content"] = reasoning
