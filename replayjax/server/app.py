@@ -66,18 +66,21 @@ class ServerState:
         """A completion prompt's token ids (special tokens added, as Hugging Face does)."""
         return self.tokenizer.encode(text).ids
 
-    def render(self, messages: list, kwargs: dict) -> tuple[list, str]:
-        """A chat's prompt: the template's text, and its token ids (tokenized without special
-        tokens: the template writes them)."""
+    def render(self, messages: list, kwargs: dict) -> str:
+        """A chat's prompt text (the chat template's)."""
         if self.chat_template is None:
             raise ApiError("This model has no chat template (tokenizer_config.json "
                            "'chat_template' or chat_template.jinja); use /v1/completions, or "
                            "start the server with --chat-template FILE.", param="messages")
         try:
-            text = self.chat_template.render(messages, kwargs)
+            return self.chat_template.render(messages, kwargs)
         except ChatTemplateError as e:
             raise ApiError(str(e), param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids, text
+
+    def encode_chat(self, text: str) -> list:
+        """A chat prompt's token ids: without special tokens added (the template writes
+        them)."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def admit(self, choices: list, reply: Reply) -> list:
         """Submits a checked request's choices (`protocol.GenerationParams`, in index order) to
@@ -308,11 +311,11 @@ async def _generate(request: Request, chat: bool):
         body = await _json_body(request, st.max_body_bytes)
         # parsing tokenizes (and renders a chat template): in a worker thread, so a long prompt
         # does not stall the event loop and with it every running stream
-        parse = (functools.partial(protocol.parse_chat, tool_format=st.tool_format,
+        parse = (functools.partial(protocol.parse_chat, render=st.render,
+                                   encode=st.encode_chat, tool_format=st.tool_format,
                                    reasoning=st.reasoning) if chat
-                 else protocol.parse_completion)
-        choices = await asyncio.to_thread(parse, body, st.served,
-                                          st.render if chat else st.encode)
+                 else functools.partial(protocol.parse_completion, encode=st.encode))
+        choices = await asyncio.to_thread(parse, body, st.served)
         reply = Reply.new(chat, st.served.name)
         gens = st.admit(choices, reply)
     except ApiError as e:
@@ -342,7 +345,8 @@ def _answer(text: str, gen: Generation) -> tuple:
     p = gen.params
     reasoning, content = (split_reasoning(text, p.thinking) if p.thinking is not None
                           else (None, text))
-    content, calls = split_reply(content, p.tools) if p.tools else (content, [])
+    content, calls = (split_reply(p.tools.forced + content, p.tools) if p.tools
+                      else (content, []))
     return content, "tool_calls" if calls else gen.finish_reason, calls, reasoning
 
 

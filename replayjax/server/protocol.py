@@ -14,8 +14,8 @@ and, for chat, `chat_template_kwargs`. OpenAI fields this server does not implem
 at their neutral value only (e.g. `best_of` = 1, `logprobs` null, `presence_penalty` 0); unknown
 fields are refused, as OpenAI refuses them.
 
-Chat `tools` (function tools, `tool_choice` "auto" or "none", `parallel_tool_calls`) are rendered
-by the chat template and the reply is read in the tool-call format it describes
+Chat `tools` (function tools, `tool_choice`, `parallel_tool_calls`) are rendered by the chat
+template and the reply is read in the tool-call format it describes
 (`replayjax.server.tools`); assistant messages may carry `tool_calls`, "tool" messages answer
 them. A reasoning model's thinking comes back as `reasoning_content`
 (`replayjax.server.reasoning`).
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from replayjax.commandline import is_unicode
 from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
-from replayjax.server.reasoning import open_after
+from replayjax.server.reasoning import CLOSE, open_after
 from replayjax.server.tools import ToolError, Tools, check_tools, history_calls
 
 MAX_STOP_STRINGS = 4
@@ -130,6 +130,7 @@ _CHECKS = {
     "store": (lambda v: isinstance(v, bool), "a boolean"),
     "service_tier": (lambda v: isinstance(v, str), "a string"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
+    "tool_choice": (lambda v: isinstance(v, (str, dict)), "a string or an object"),
     "prompt_cache_key": (lambda v: isinstance(v, str), "a string"),
     "safety_identifier": (lambda v: isinstance(v, str), "a string"),
 }
@@ -138,7 +139,7 @@ _NEUTRAL = {
     "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
     "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
     "repetition_penalty": (1,), "logit_bias": ({},), "functions": ([],),
-    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
     "prediction": (), "reasoning_effort": (), "web_search_options": (),
 }
@@ -386,13 +387,14 @@ def _template_kwargs(fields) -> dict:
     return kwargs
 
 
-def parse_chat(body, served: ServedModel, render: Callable[[list, dict], tuple],
-               tool_format: str | None = None, reasoning: bool = False) -> list:
+def parse_chat(body, served: ServedModel, render: Callable[[list, dict], str],
+               encode: Callable[[str], list], tool_format: str | None = None,
+               reasoning: bool = False) -> list:
     """A /v1/chat/completions body -> its n choices' GenerationParams. `render(messages,
-    kwargs)` applies the chat template: (token ids, text) (ApiError when the template refuses);
-    `tool_format`: the template's tool-call format (`tools.template_format`; None: it renders
-    no tools, and a request with tools is refused); `reasoning`: split the replies' thinking
-    off (`reasoning.template_thinks`)."""
+    kwargs)` applies the chat template (ApiError when the template refuses), `encode` tokenizes
+    its text; `tool_format`: the template's tool-call format (`tools.template_format`; None:
+    it renders no tools, and a request with tools is refused); `reasoning`: split the replies'
+    thinking off (`reasoning.template_thinks`)."""
     fields = _checked_fields(body, CHAT_FIELDS)
     check_model(fields["model"], served)
     messages = fields.get("messages")
@@ -408,7 +410,10 @@ def parse_chat(body, served: ServedModel, render: Callable[[list, dict], tuple],
     kwargs = _template_kwargs(fields)
     if tools is not None:
         kwargs = {**kwargs, "tools": list(tools.specs)}
-    ids, text = render([_message(m, i) for i, m in enumerate(messages)], kwargs)
+    text = render([_message(m, i) for i, m in enumerate(messages)], kwargs)
+    if tools is not None and tools.forced:      # a forced call: the reply begins with it
+        text += ("\n" + CLOSE + "\n\n" if open_after(text) else "") + tools.forced
+    ids = encode(text)
     if "max_tokens" in fields and "max_completion_tokens" in fields:
         raise ApiError("Give one of 'max_tokens' and 'max_completion_tokens', not both.",
                        param="max_completion_tokens")

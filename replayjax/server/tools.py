@@ -14,6 +14,11 @@ A model calls tools by writing blocks in the format its chat template describes:
 `tools`). Whitespace between the tags is the template's layout and is dropped. A reply whose
 blocks do not all parse is plain content, as if it had called nothing. Each call gets an id
 "call_<24 hex digits>"; its arguments are a JSON string, as OpenAI sends them.
+
+tool_choice "required", or a function named ({"type": "function", "function": {"name": F}}),
+forces a call by the prompt, not by a grammar: the reply is made to begin with a block's
+opening (for F, up to its arguments; a think block the prompt opened is closed first), the
+model writes the rest. A reply that then does not parse still comes back as content.
 """
 
 from __future__ import annotations
@@ -58,10 +63,12 @@ def template_format(source: str | None) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Tools:
     """A request's tools as its chat template gets them (`specs`: OpenAI's tool objects), the
-    format the reply is read in, and whether it may call more than one (parallel_tool_calls)."""
+    format the reply is read in, whether it may call more than one (parallel_tool_calls), and
+    the text its reply is forced to begin with ("": none; tool_choice "required" or named)."""
     specs: tuple
     format: str
     parallel: bool = True
+    forced: str = ""
 
     def schema(self, name: str) -> dict:
         """The JSON schema of function `name`'s parameters ({} if unknown)."""
@@ -72,16 +79,48 @@ class Tools:
         return {}
 
 
+def _opener(fmt: str, name: str | None) -> str:
+    """The start of a call block in format fmt: up to the function's arguments when named."""
+    start = _TAGS[fmt][0] + ("[" if fmt == "toolcall" else "\n")
+    if name is None:
+        return start
+    if fmt == "xml":
+        return f"{start}<function={name}>\n"
+    return start + '{"name": ' + json.dumps(name) + ', "arguments": '
+
+
+def _chosen(tool_choice, names) -> str | None | bool:
+    """tool_choice as the function it forces (a name), True ("required": any), False ("auto")
+    or None ("none"). ToolError for another value."""
+    if tool_choice in (None, "auto"):
+        return False
+    if tool_choice == "none":
+        return None
+    if tool_choice == "required":
+        return True
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    if not (isinstance(fn, dict) and tool_choice.get("type") == "function"
+            and isinstance(fn.get("name"), str)):
+        raise ToolError("Invalid value for 'tool_choice': expected \"none\", \"auto\", "
+                        "\"required\" or {\"type\": \"function\", \"function\": "
+                        "{\"name\": ...}}.", "tool_choice")
+    name = fn["name"]
+    if name not in names:
+        raise ToolError(f"'tool_choice' names the function '{name}', which is not among the "
+                        f"request's tools.", "tool_choice")
+    return name
+
+
 def check_tools(tools, tool_choice, parallel: bool, fmt: str | None) -> Tools | None:
     """The request's Tools, or None when it gives none or tool_choice is "none" (the template
-    then renders no tools and the reply is plain content). ToolError for malformed tools, or
-    tools a template without a tool-call format cannot render."""
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
+    then renders no tools and the reply is plain content). ToolError for malformed tools or
+    tool_choice, or tools a template without a tool-call format cannot render."""
+    if tools is not None and not isinstance(tools, list):
         raise ToolError(f"Invalid value for 'tools': expected a list of tools, got "
                         f"{type(tools).__name__}.", "tools")
-    if not tools or tool_choice == "none":
+    if not tools:
+        if _chosen(tool_choice, ()) not in (False, None):   # (a named one fails in _chosen)
+            raise ToolError("tool_choice \"required\" needs 'tools'.", "tool_choice")
         return None
     names = set()
     for i, tool in enumerate(tools):
@@ -111,11 +150,16 @@ def check_tools(tools, tool_choice, parallel: bool, fmt: str | None) -> Tools | 
             if fn.get(key) is not None and not isinstance(fn[key], kind):
                 raise ToolError(f"Invalid value for '{where}.function.{key}': expected {want}.",
                                 f"{where}.function.{key}")
+    choice = _chosen(tool_choice, names)
+    if choice is None:
+        return None
     if fmt is None:
         raise ToolError("This model's chat template describes no tool-call format (it never "
                         "renders 'tools'); start the server with --chat-template FILE of one "
                         "that does, or --tool-call-format.", "tools")
-    return Tools(tuple(tools), fmt, parallel)
+    named = isinstance(choice, str)
+    return Tools(tuple(tools), fmt, parallel and not named,
+                 "" if choice is False else _opener(fmt, choice if named else None))
 
 
 def history_calls(calls, where: str) -> list:
@@ -247,6 +291,7 @@ class ToolStream:
         self.tools, self.tag = tools, _TAGS[tools.format][0]
         self.held = ""                  # a tail that may start the tag
         self.rest: str | None = None    # everything from the first tag on
+        self.push(tools.forced)         # (the reply's forced start: a tag, so nothing is sent)
 
     def push(self, piece: str) -> str:
         if self.rest is not None:

@@ -17,8 +17,7 @@ def encode(text):
 
 
 def render(messages, kwargs):
-    text = "".join(f"{m['role']}:{m['content']}\n" for m in messages)
-    return encode(text), text
+    return "".join(f"{m['role']}:{m['content']}\n" for m in messages)
 
 
 def completion(**body):
@@ -69,7 +68,7 @@ def test_prompt_lists_and_n_are_choices_in_openais_order():
     ids = parse_completion({"model": "m", "prompt": [[1, 2], [3]]}, SERVED, encode)
     assert [p.prompt for p in ids] == [[1, 2], [3]]
     chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2},
-                      SERVED, render)
+                      SERVED, render, encode)
     assert [p.choice for p in chat] == [0, 1] and chat[0].prompt == chat[1].prompt
     unseeded = parse_completion({"model": "m", "prompt": "x", "n": 8}, SERVED, encode)
     assert len({p.sampling.seed for p in unseeded}) > 1
@@ -80,12 +79,12 @@ def test_chat_messages_and_max_completion_tokens():
         {"role": "system", "content": "s"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
                                                                       "text": "b"}]}],
-        "max_completion_tokens": 4}, SERVED, render)
+        "max_completion_tokens": 4}, SERVED, render, encode)
     assert p.prompt == encode("system:s\nuser:a\nb\n") and p.max_tokens == 4
     seen = []
     parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
                 "chat_template_kwargs": {"enable_thinking": True, "add_generation_prompt": True}},
-               SERVED, lambda messages, kwargs: seen.append(kwargs) or ([1], "x"))
+               SERVED, lambda messages, kwargs: seen.append(kwargs) or "x", encode)
     assert seen == [{"enable_thinking": True, "add_generation_prompt": True}]
 
 
@@ -191,5 +190,5 @@ def test_completion_errors(body, status, param, code):
 ])
 def test_chat_errors(body, param):
     with pytest.raises(ApiError) as e:
-        parse_chat(body, SERVED, render)
+        parse_chat(body, SERVED, render, encode)
     assert e.value.status == 400 and e.value.param == param

@@ -163,6 +163,10 @@ def test_tools_need_a_format_unless_none_are_asked_for():
     assert got == T.Tools((WEATHER,), "xml", False)
 
 
+def encode(text):
+    return list(text.encode())
+
+
 SERVED = ServedModel(name="m", vocab=256, max_len=4096, num_draft=0,
                      defaults=SamplingParams(temperature=0.0))
 
@@ -177,19 +181,20 @@ def test_the_template_renders_tools_and_history(fmt):
 
     def render(messages, kwargs):
         seen.append(template.render(messages, kwargs))
-        return list(seen[-1].encode()), seen[-1]
+        return seen[-1]
     body = {"model": "m", "tools": [WEATHER], "messages": [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type":
             "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}
-    [params] = parse_chat(body, SERVED, render, tool_format=fmt)
+    [params] = parse_chat(body, SERVED, render, encode, tool_format=fmt)
     described = "The weather in a city."
     assert params.tools == T.Tools((WEATHER,), fmt) and described in seen[-1]
     if fmt != "toolcall":       # (its template shows no history calls)
         assert {"hermes": '"arguments": {"city": "Oslo"}',
                 "xml": "<parameter=city>\nOslo\n</parameter>"}[fmt] in seen[-1]
-    [params] = parse_chat({**body, "tool_choice": "none"}, SERVED, render, tool_format=fmt)
+    [params] = parse_chat({**body, "tool_choice": "none"}, SERVED, render, encode,
+                          tool_format=fmt)
     assert params.tools is None and described not in seen[-1]
 
 
@@ -305,4 +310,66 @@ def test_history_calls_read_their_arguments():
     with pytest.raises(ApiError):
         parse_chat({"model": "m", "messages": [{"role": "assistant", "content": None,
                                                 "tool_calls": "x"}]}, SERVED,
-                   lambda m, k: ([1], "x"), tool_format="hermes")
+                   lambda m, k: "x", encode, tool_format="hermes")
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+CONTINUATIONS = {   # what a model writes after the forced start of a call to get_weather
+    "hermes": '{"city": "Paris", "days": 3}}\n</tool_call>',
+    "xml": "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+           "</function>\n</tool_call>",
+    "toolcall": '{"city": "Paris", "days": 3}}]</TOOLCALL>',
+}
+
+
+@pytest.mark.parametrize("fmt", list(TEMPLATES))
+def test_tool_choice_forces_a_call_by_the_prompt(fmt):
+    """tool_choice "required" / a named function: the prompt ends with a block's opening (up
+    to the named function's arguments), the reply read from it; a named call is the only one;
+    a think block the prompt opened is closed first."""
+    required = T.check_tools([WEATHER, TIME], "required", True, fmt)
+    named = T.check_tools([WEATHER, TIME], NAMED, True, fmt)
+    assert required.parallel and not named.parallel
+    assert required.forced == {"hermes": "<tool_call>\n", "xml": "<tool_call>\n",
+                               "toolcall": "<TOOLCALL>["}[fmt]
+    assert named.forced.startswith(required.forced) and "get_weather" in named.forced
+    text = named.forced + CONTINUATIONS[fmt]
+    [call] = T.split_reply(text, named)[1]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "get_weather", {"city": "Paris", "days": 3})
+    body = {"model": "m", "tools": [WEATHER], "tool_choice": NAMED,
+            "messages": [{"role": "user", "content": "x"}]}
+    opened = lambda m, kw: "user: x\nassistant: <think>\n"
+    [p] = parse_chat(body, SERVED, opened, encode, tool_format=fmt, reasoning=True)
+    assert bytes(p.prompt).decode() == (
+        "user: x\nassistant: <think>\n\n</think>\n\n" + named.forced)
+    assert p.thinking is False
+
+
+@pytest.mark.parametrize("choice,param,match", [
+    ({"type": "function", "function": {"name": "nope"}}, "tool_choice", "not among"),
+    ({"type": "function"}, "tool_choice", "expected"),
+    ("always", "tool_choice", "expected"),
+])
+def test_bad_tool_choice_is_named(choice, param, match):
+    with pytest.raises(T.ToolError, match=match) as e:
+        T.check_tools([WEATHER], choice, True, "hermes")
+    assert e.value.param == param
+    with pytest.raises(T.ToolError, match="needs 'tools'"):
+        T.check_tools(None, "required", True, "hermes")
+
+
+@pytest.mark.parametrize("fmt", list(TEMPLATES))
+def test_the_server_answers_a_forced_call(fmt):
+    c = _client(CONTINUATIONS[fmt], fmt)
+    body = _chat(tools=[WEATHER, TIME], tool_choice=NAMED)
+    out = c.post("/v1/chat/completions", json=body).json()
+    choice = oa.ChatCompletion.model_validate(out).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments))
+            for t in choice.message.tool_calls] == [("get_weather", {"city": "Paris",
+                                                                      "days": 3})]
+    content, calls, reason = _streamed(c, body)
+    assert (content, reason) == ("", "tool_calls")
+    assert [(x["name"], json.loads(x["arguments"])) for x in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3})]
