@@ -31,6 +31,10 @@ measured against (`replayjax bench --variants replay+mtp standard+mtp`).
 
 With `return_logits=True` every Completion carries the fp32 logits each of its tokens was sampled
 from / verified against (`Completion.logits` [n_tokens, V]); off by default (V floats per token).
+With `logprobs=K` (0 ... MAX_TOP_LOGPROBS) every token comes with its log probability under the
+model (the log-softmax of those logits) and the K most likely tokens' ids and log probabilities,
+computed on the device: `Event.logprobs` / `Completion.logprobs`, a (logprob, ((id, logprob),
+...)) per token.
 
 Prefix caching: `Engine(model, prefix_cache_gb=X)` keeps a device pool of X GB of cached prompt
 blocks (`prefix_block` tokens each: per SSM layer the checkpoint and conv state after the block
@@ -77,12 +81,13 @@ from replayjax.drafters import MTPDrafter, make_drafter
 from replayjax.prefix_cache import PrefixCache
 from replayjax.requests import Completion, Event, Request, RequestError, check_request, is_int
 from replayjax.sampling import SamplingArrays, SamplingParams
-from replayjax.steps import EngineState, PrefixRows, SlotInputs
+from replayjax.steps import EngineState, Keep, PrefixRows, SlotInputs
 
 __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "SamplingParams"]
 
 
 MIN_DECODE_ROWS = 8          # the smallest decode batch (fewer compilations below it)
+MAX_TOP_LOGPROBS = 20        # most likely tokens reported per token (OpenAI's top_logprobs)
 # XLA options of the decode and verify loops. XLA's dot merger joins the q, k and v projections
 # (dots sharing their input) into one dot over the concatenated weights, and inside a while loop
 # that concatenation of loop-invariant weights runs every step (XLA does not hoist an op that
@@ -99,7 +104,8 @@ def _bucket(n, minimum=16):
 
 def _check_settings(*, model, num_slots, max_len, ssm_mode, window, state_dtype,
                     steps_per_visit, num_draft, impl, prefill_rows, prefill_tokens,
-                    prefix_cache_gb, prefix_block, prefix_host_gb, mesh):
+                    prefix_cache_gb, prefix_block, prefix_host_gb, mesh, logprobs,
+                    return_logits):
     """ValueError (TypeError for a wrong kind of object) naming the first invalid engine setting
     and its rule."""
     if not isinstance(model, nnx.Module) or not hasattr(model, "cfg"):
@@ -141,6 +147,12 @@ def _check_settings(*, model, num_slots, max_len, ssm_mode, window, state_dtype,
     if prefix_host_gb and not prefix_cache_gb:
         raise ValueError("prefix_host_gb needs prefix_cache_gb > 0 (it holds the entries the "
                          "device pool evicts)")
+    if logprobs is not None and not (is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (the "
+                         f"most likely tokens reported with each token), got {logprobs!r}")
+    if logprobs is not None and return_logits:
+        raise ValueError("logprobs and return_logits are exclusive (the logits hold the "
+                         "log probabilities: log_softmax of them)")
     if not (is_int(prefix_block) and prefix_block >= window
             and prefix_block & (prefix_block - 1) == 0):
         raise ValueError(f"prefix_block must be a power of two >= window = {window} (blocks end "
@@ -161,6 +173,7 @@ class _Entry:
     streamed: int = 0                                       # tokens reported in events
     drafts: list = dataclasses.field(default_factory=list)
     logits: list = dataclasses.field(default_factory=list)  # [k, V] chunks, return_logits
+    logprobs: list = dataclasses.field(default_factory=list)    # a token's, Engine(logprobs=K)
     capture: bool = False           # a re-prefill storing a finished request's decoded blocks
     # the visit's verify steps: (first token, tokens, (cache length, drafts) or None)
     spec_steps: list = dataclasses.field(default_factory=list)
@@ -190,7 +203,7 @@ class Engine:
                  draft_model=None, return_logits: bool = False, prefill_rows: int = 32,
                  prefill_tokens: int = 16384, batch_invariant: bool = True, mesh=None,
                  prefix_cache_gb: float = 0.0, prefix_block: int = 64,
-                 prefix_host_gb: float = 0.0):
+                 prefix_host_gb: float = 0.0, logprobs: int | None = None):
         """drafter: a name in `replayjax.drafters.DRAFTERS`; None means "ngram" when
         num_draft > 0, else "none" (plain decoding). draft_model: drafter="draft" only.
         steps_per_visit: decode steps a visit runs on device, or speculative steps with a
@@ -202,6 +215,8 @@ class Engine:
         prefix_block tokens (a power of two >= window; a prompt hits every token it shares
         with a cached one). prefix_host_gb: host memory the entries the device pool evicts are
         spilled to (0: dropped).
+        logprobs: None, or K: every token's log probability and the K most likely tokens'
+        (module docstring); not with return_logits.
         prefill_rows, prefill_tokens: a prefill call takes at most prefill_rows prompts and
         rows x length bucket <= prefill_tokens padded positions (at least one prompt): its
         activations grow with the positions, so long prompts are prefilled fewer at a time.
@@ -217,7 +232,8 @@ class Engine:
                         steps_per_visit=steps_per_visit, num_draft=num_draft, impl=impl,
                         prefill_rows=prefill_rows, prefill_tokens=prefill_tokens,
                         prefix_cache_gb=prefix_cache_gb, prefix_block=prefix_block,
-                        prefix_host_gb=prefix_host_gb, mesh=mesh)
+                        prefix_host_gb=prefix_host_gb, mesh=mesh, logprobs=logprobs,
+                        return_logits=return_logits)
         if sharding.mesh_tp(mesh) > 1:
             model = _on_mesh(model, mesh, "model")
             draft_model = draft_model and _on_mesh(draft_model, mesh, "draft_model")
@@ -233,6 +249,7 @@ class Engine:
         self.prefill_tokens = prefill_tokens
         self.batch_invariant = bool(batch_invariant)
         self.return_logits = return_logits
+        self.keep = Keep(bool(return_logits), -1 if logprobs is None else logprobs)
 
         def init_cache(m, mode="replay"):
             return m.init_cache(self.S, max_len, window=window, max_verify=num_draft + 1,
@@ -258,9 +275,9 @@ class Engine:
         if why := memory.shortfall(need):
             raise MemoryError(f"the cache of num_slots = {num_slots} x max_len = {max_len} {why}")
         self.state = self.runner.place(init_state)
-        static = dict(mode=ssm_mode, impl=impl, keep_logits=return_logits)
+        static = dict(mode=ssm_mode, impl=impl, keep=self.keep)
         self._prefill = self.runner.jit(functools.partial(
-            steps.prefill, drafter=self.drafter, keep_logits=return_logits))
+            steps.prefill, drafter=self.drafter, keep=self.keep))
         self._decode = self.runner.jit(functools.partial(steps.decode_loop, n=steps_per_visit,
                                                          **static),
                                        compiler_options=LOOP_COMPILER_OPTIONS)
@@ -587,13 +604,30 @@ class Engine:
         engine."""
         logits = (np.concatenate(e.logits or [np.zeros((0, self.vocab), np.float32)])
                   if self.return_logits else None)
+        lps = e.logprobs if self.keep.logprobs >= 0 else None
         c = Completion(e.req.id, e.tokens, reason, e.ttft, now - e.submitted, e.verify_steps,
-                       e.accepted, e.drafts, logits, e.cached, error)
+                       e.accepted, e.drafts, logits, e.cached, error, lps)
         with self._lock:
             self._ids.discard(e.req.id)
             self._cancel.discard(e.req.id)
-        new, e.streamed = e.tokens[e.streamed:], len(e.tokens)
-        return Event(e.req.id, new, c, e.cached)
+        return self._event(e, c)
+
+    def _event(self, e: _Entry, completion: Completion | None = None) -> Event:
+        """The Event of e's tokens (and logprobs) since its last one."""
+        start, e.streamed = e.streamed, len(e.tokens)
+        return Event(e.req.id, e.tokens[start:], completion, e.cached,
+                     e.logprobs[start:] if self.keep.logprobs >= 0 else None)
+
+    def _keep(self, e: _Entry, kept, index) -> None:
+        """Adds to e what the visit kept of its new tokens' logits: kept[index] ([k, ...])."""
+        if kept is None:
+            return
+        if self.keep.logits:
+            e.logits.append(kept[index])
+            return
+        lp, ids, top = (np.asarray(a[index]) for a in kept)
+        e.logprobs += [(float(p), tuple(zip(i.tolist(), t.tolist())))
+                       for p, i, t in zip(lp, ids, top)]
 
     def _settle(self, slot, e: _Entry, now: float) -> list:
         """After a visit added tokens to `e`: completes it at a stop id or max_new_tokens (the
@@ -605,10 +639,10 @@ class Engine:
             e.count_steps()
             if len(e.tokens) == e.streamed:
                 return []
-            new, e.streamed = e.tokens[e.streamed:], len(e.tokens)
-            return [Event(r.id, new, cached=e.cached)]
+            return [self._event(e)]
         n = min(len(e.tokens) if hit is None else hit + 1, r.max_new_tokens)
         e.tokens = e.tokens[:n]
+        e.logprobs = e.logprobs[:n]
         e.count_steps()
         if self.return_logits:
             e.logits = [np.concatenate(e.logits)[:n]]
@@ -708,7 +742,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 -- refused before running, or the engine breaks
             return self._prefill_failed(batch, before, e)
         self.state = state
-        last = np.asarray(last) if self.return_logits else None
+        last = jax.tree.map(np.asarray, last)
         now = time.perf_counter()
         self.visits.append(("prefill", 1, now - start))
         events = []
@@ -716,8 +750,7 @@ class Engine:
             if e.capture:                   # its slot stays free
                 continue
             e.tokens, e.ttft = [int(first[r])], now - e.submitted
-            if last is not None:
-                e.logits.append(last[r:r + 1])
+            self._keep(e, last, slice(r, r + 1))
             self._running[s] = e
             events += self._settle(s, e, now)
         return events
@@ -786,9 +819,9 @@ class Engine:
     def _decode_visit(self):
         pairs, inp, sp = self._slot_inputs()
         start = time.perf_counter()
-        self.state, out, logits = self._decode(self.state, inp, sp)
+        self.state, out, kept = self._decode(self.state, inp, sp)
         out = np.asarray(out)                                   # [rows, steps], -1 = none
-        logits = np.asarray(logits) if self.return_logits else None
+        kept = jax.tree.map(np.asarray, kept)
         now = time.perf_counter()
         self.visits.append(("decode", int((out >= 0).any(0).sum()), now - start))
         events = []
@@ -796,8 +829,7 @@ class Engine:
             e = self._running[s]
             ok = out[r] >= 0
             e.tokens += out[r, ok].tolist()
-            if logits is not None:
-                e.logits.append(logits[r, ok])
+            self._keep(e, kept, (r, ok))
             events += self._settle(s, e, now)
         return events
 
@@ -808,10 +840,10 @@ class Engine:
             host = self.drafter.host_drafts(inp.last.shape[0], {
                 r: (self._running[s].req.prompt, self._running[s].tokens) for r, s in pairs})
         start = time.perf_counter()
-        self.state, emitted, n_acc, drafts, logits = self._speculate(self.state, inp, sp, host)
+        self.state, emitted, n_acc, drafts, kept = self._speculate(self.state, inp, sp, host)
         emitted, n_acc = np.asarray(emitted), np.asarray(n_acc)   # [rows, steps, T], [rows, steps]
         drafts = np.asarray(drafts) if self.record_drafts else None
-        logits = np.asarray(logits) if self.return_logits else None
+        kept = jax.tree.map(np.asarray, kept)
         now = time.perf_counter()
         self.visits.append(("verify", int((n_acc > 0).any(0).sum()), now - start))
         events = []
@@ -822,8 +854,7 @@ class Engine:
                 e.spec_steps.append((len(e.tokens), k, None if drafts is None else (
                     len(e.req.prompt) + len(e.tokens) - 1, drafts[r, j].tolist())))
                 e.tokens += emitted[r, j, :k].tolist()
-                if logits is not None:
-                    e.logits.append(logits[r, j, :k])
+                self._keep(e, kept, (r, j, slice(0, k)))
             events += self._settle(s, e, now)
         return events
 

@@ -37,6 +37,7 @@ class Completion:
     cached_tokens: int = 0          # prompt tokens restored from the prefix cache (not prefilled)
     error: str = ""                 # finish_reason "error": why (its prefill failed before it
                                     # ran; the engine goes on)
+    logprobs: list | None = None    # per token (logprob, ((id, logprob), ...)), Engine(logprobs=K)
 
     @property
     def tpot_s(self):
@@ -53,6 +54,7 @@ class Event:
     tokens: list
     completion: Completion | None = None
     cached: int = 0         # prompt tokens the prefix cache restored (known once prefilled)
+    logprobs: list | None = None    # its tokens' (logprob, ((id, logprob), ...)), Engine(logprobs)
 
     @property
     def finished(self) -> bool:
