@@ -77,6 +77,10 @@ class ServerState:
         except ChatTemplateError as e:
             raise ApiError(str(e), param="messages") from None
 
+    def spell(self, token: int) -> str:
+        """A token's own text (special tokens too), for log probabilities."""
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
     def encode_chat(self, text: str) -> list:
         """A chat prompt's token ids: without special tokens added (the template writes
         them)."""
@@ -245,24 +249,42 @@ async def _merged(streams):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected):
+def _logprobs(gen: Generation, reply: Reply, spell, entries=None, offset: int = 0):
+    """The choice's logprobs object of `entries` (None: all its tokens'), or None when it asked
+    for none."""
+    k = gen.params.logprobs
+    if k is None:
+        return None
+    entries = gen.token_logprobs if entries is None else entries
+    return (protocol.chat_logprobs(entries, spell, k) if reply.chat
+            else protocol.completion_logprobs(entries, spell, k, offset))
+
+
+async def _choice_chunks(gen: Generation, index: int, reply: Reply, spell, disconnected):
     """One choice's chunks: (chat) the assistant role, a chunk per text piece (thinking as
-    reasoning_content when split off), (with tools) the tool calls once the reply is whole,
-    the finish reason ("tool_calls" when it called one)."""
+    reasoning_content when split off; the log probabilities of its tokens on its last chunk),
+    (with tools) the tool calls once the reply is whole, the finish reason ("tool_calls" when
+    it called one)."""
     p = gen.params
     if reply.chat:
         yield reply.chunk(first=True, index=index)
     think = ReasoningStream(p.thinking) if p.thinking is not None else None
     tools = ToolStream(p.tools) if p.tools else None
+    sent = 0                    # text sent (completions' text_offset)
 
     def chunks(split):          # split: (reasoning, content) of a piece
+        nonlocal sent
         thought, text = split
-        if thought:
-            yield reply.chunk(reasoning=thought, index=index)
+        out = [reply.chunk(reasoning=thought, index=index)] if thought else []
         if tools is not None and text:
             text = tools.push(text)
         if text:
-            yield reply.chunk(text, index=index)
+            out.append(reply.chunk(text, index=index))
+        if (lps := gen.new_logprobs()) and p.logprobs is not None:
+            out = out or [reply.chunk(index=index)]
+            out[-1]["choices"][0]["logprobs"] = _logprobs(gen, reply, spell, lps, sent)
+        sent += len(text)
+        return out
 
     async with contextlib.aclosing(gen.pieces(disconnected)) as pieces:
         async for piece in pieces:
@@ -270,9 +292,8 @@ async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected
                 yield chunk
     if gen.finish_reason == "cancelled":
         return
-    if think is not None:
-        for chunk in chunks(think.finish()):
-            yield chunk
+    for chunk in chunks(think.finish() if think else ("", "")):
+        yield chunk
     reason = gen.finish_reason
     if tools is not None:
         rest, calls = tools.finish()
@@ -287,7 +308,8 @@ async def _choice_chunks(gen: Generation, index: int, reply: Reply, disconnected
 async def _chunks(st: ServerState, gens: list, reply: Reply, disconnected):
     """A streaming request's chunks: its choices' chunks as they come, then (include_usage)
     the usage."""
-    streams = [_choice_chunks(g, i, reply, disconnected) for i, g in enumerate(gens)]
+    streams = [_choice_chunks(g, i, reply, st.spell, disconnected)
+               for i, g in enumerate(gens)]
     try:
         async with contextlib.aclosing(_merged(streams)) as chunks:
             async for chunk in chunks:
@@ -335,19 +357,21 @@ async def _generate(request: Request, chat: bool):
         await asyncio.gather(*tasks, return_exceptions=True)
         disconnected.cancel()
         st.live.difference_update(gens)
-    return JSONResponse(reply.response([_answer(t, g) for t, g in zip(texts, gens)],
-                                       _usage(gens)))
+    return JSONResponse(reply.response([_answer(t, g, reply, st.spell)
+                                        for t, g in zip(texts, gens)], _usage(gens)))
 
 
-def _answer(text: str, gen: Generation) -> tuple:
-    """A whole choice as `Reply.response` takes it: (chat) its content, the finish reason
-    ("tool_calls" when it called one), its tool calls and its thinking (split off)."""
+def _answer(text: str, gen: Generation, reply: Reply, spell) -> tuple:
+    """A whole choice as `Reply.response` takes it: its (chat: content) text, the finish
+    reason ("tool_calls" when it called one), its tool calls, its thinking (split off) and its
+    tokens' log probabilities."""
     p = gen.params
     reasoning, content = (split_reasoning(text, p.thinking) if p.thinking is not None
                           else (None, text))
     content, calls = (split_reply(p.tools.forced + content, p.tools) if p.tools
                       else (content, []))
-    return content, "tool_calls" if calls else gen.finish_reason, calls, reasoning
+    return (content, "tool_calls" if calls else gen.finish_reason, calls, reasoning,
+            _logprobs(gen, reply, spell))
 
 
 async def completions(request: Request):

@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "</tool_call>: Qwen3, Qwen3-Next), xml (<tool_call><function=...>: "
                          "Qwen3.5, Nemotron 3), toolcall (<TOOLCALL>[json]</TOOLCALL>: "
                          "Nemotron-H), none (requests with tools are refused)")
+    ap.add_argument("--max-logprobs", type=cli.in_range(0, 20), metavar="N",
+                    help="let requests ask for log probabilities (completions 'logprobs', chat "
+                         "'logprobs' / 'top_logprobs') with up to N alternatives a token; the "
+                         "engine then computes them at every step (a log-softmax and a top-N "
+                         "over the vocabulary), so they are off by default")
     ap.add_argument("--reasoning", choices=["auto", "none"], default="auto",
                     help="auto: when the chat template thinks in <think> blocks (Qwen3.5, "
                          "Nemotron 3, ...), a chat reply's thinking comes back as "
@@ -173,7 +178,8 @@ def build_engine(args, model_dir: str | None):
     except ConvertError as e:
         raise ServeError(f"--speculative draft: {e}") from None
     try:
-        engine = Engine(model, draft_model=draft, **cli.engine_settings(args))
+        engine = Engine(model, draft_model=draft, logprobs=args.max_logprobs,
+                        **cli.engine_settings(args))
     except ValueError as e:
         raise ServeError(cli.engine_error(e)) from None
     engine.warm_up_buckets(every_bucket=args.warmup == "all")     # compile before serving
@@ -227,7 +233,8 @@ def build_state(args):
         name = args.served_model_name or (
             DEMO_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     served = ServedModel(name=name, vocab=engine.vocab, max_len=args.max_len,
-                         num_draft=args.num_draft, eos_ids=eos, defaults=defaults)
+                         num_draft=args.num_draft, eos_ids=eos, defaults=defaults,
+                         max_logprobs=args.max_logprobs)
     worker = EngineWorker(engine)
     return ServerState(worker=worker, tokenizer=tokenizer, chat_template=template,
                        served=served, metrics=Metrics(worker.load, args.num_draft),

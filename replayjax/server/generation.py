@@ -26,6 +26,8 @@ class Generation:
         self.stops = StopStrings(params.stop)
         self.prompt_tokens = len(params.prompt)
         self.completion_tokens = 0
+        self.token_logprobs = []                # (id, logprob, alternatives) of counted tokens
+        self._logprobs_sent = 0
         self.cached_tokens = 0                  # prompt tokens the prefix cache restored
         self.finish_reason: str | None = None
         self.aborted = False                    # the server cancelled it (shutdown)
@@ -96,8 +98,13 @@ class Generation:
             self.metrics.tokens(len(ev.tokens), now)
         text = []
         # with stop strings token by token (the tokens past one are not counted), else at once
-        for chunk in ([t] for t in ev.tokens) if self.stops.stops else [ev.tokens]:
+        n = len(ev.tokens)
+        for a, b in [(i, i + 1) for i in range(n)] if self.stops.stops else [(0, n)]:
+            chunk = ev.tokens[a:b]
             self.completion_tokens += len(chunk)
+            if self.params.logprobs is not None and ev.logprobs is not None:
+                self.token_logprobs += [(t, lp, alts) for t, (lp, alts)
+                                        in zip(chunk, ev.logprobs[a:b])]
             text.append(self.stops.push(self.detok.push(*chunk)))
             if self.stops.hit:
                 self._finish("stop")
@@ -116,6 +123,11 @@ class Generation:
             self._finish(reason if reason != "cancelled" else
                          "abort" if self.aborted else "cancelled")
         return "".join(text)
+
+    def new_logprobs(self) -> list:
+        """The (id, logprob, alternatives) of the tokens counted since the last call."""
+        start, self._logprobs_sent = self._logprobs_sent, len(self.token_logprobs)
+        return self.token_logprobs[start:]
 
     def _finish(self, reason: str) -> None:
         self.finish_reason = reason

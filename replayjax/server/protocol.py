@@ -11,8 +11,12 @@ reproducible.
 Accepted beyond OpenAI's fields, as vLLM and SGLang accept them: `top_k` (0 or -1: off; the
 vocabulary or more: every token), `stop_token_ids`, `ignore_eos`, `repetition_penalty` (1 only)
 and, for chat, `chat_template_kwargs`. OpenAI fields this server does not implement are accepted
-at their neutral value only (e.g. `best_of` = 1, `logprobs` null, `presence_penalty` 0); unknown
+at their neutral value only (e.g. `best_of` = 1, `echo` false, `presence_penalty` 0); unknown
 fields are refused, as OpenAI refuses them.
+
+Log probabilities (completions `logprobs` N, chat `logprobs` + `top_logprobs` N) are the
+model's own (the log-softmax of its logits, before temperature and filters), for a server
+started with `--max-logprobs` (N at most that; the engine computes them for every token then).
 
 Chat `tools` (function tools, `tool_choice`, `parallel_tool_calls`) are rendered by the chat
 template and the reply is read in the tool-call format it describes
@@ -24,6 +28,7 @@ them. A reasoning model's thinking comes back as `reasoning_content`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -67,6 +72,8 @@ class ServedModel:
     num_draft: int
     eos_ids: tuple = ()                     # stop ids unless ignore_eos
     defaults: SamplingParams = SamplingParams(temperature=1.0)   # for omitted fields
+    max_logprobs: int | None = None         # alternatives a token's logprobs may list (None:
+                                            # the engine computes no log probabilities)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +88,7 @@ class GenerationParams:
     include_usage: bool = False
     choice: int = 0                         # j of the prompt's n choices (usage counts j = 0)
     tools: Tools | None = None              # chat: the reply may call these
+    logprobs: int | None = None             # each token's logprob and this many alternatives
     thinking: bool | None = None            # chat: split off the reply's thinking (None: not;
                                             # True: the prompt opened a think block)
 
@@ -136,8 +144,8 @@ _CHECKS = {
 }
 # accepted at these values only (what OpenAI does by default); the server implements no other
 _NEUTRAL = {
-    "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
-    "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,),
+    "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "presence_penalty": (0,), "frequency_penalty": (0,),
     "repetition_penalty": (1,), "logit_bias": ({},), "functions": ([],),
     "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
@@ -161,8 +169,8 @@ def _json(v) -> str:
 
 def _is_neutral(value, allowed) -> bool:
     """Whether `value` is one of the neutral `allowed` values, booleans and numbers kept apart
-    (Python's True == 1 and 0 == False: `n: true` is not `n: 1`, and `logprobs: 0` asks a
-    completion for the sampled tokens' log probabilities, which `false` does not)."""
+    (Python's True == 1 and 0 == False: `n: true` is not `n: 1`, and `best_of: true` is not
+    `best_of: 1`)."""
     return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
 
 
@@ -326,14 +334,46 @@ def _prompts(prompt, encode) -> list:
                    "of token-id lists", prompt)
 
 
+MAX_TOP_LOGPROBS = 20       # OpenAI's top_logprobs bound
+
+
+def _logprobs(fields, served: ServedModel, chat: bool) -> int | None:
+    """The alternatives per token a request asks log probabilities for, or None: completions'
+    `logprobs` N; chat's `logprobs` true with `top_logprobs` N (0 without it)."""
+    if chat:
+        want, top = fields.get("logprobs", False), fields.get("top_logprobs")
+        if not isinstance(want, bool):
+            raise _invalid("logprobs", "a boolean", want)
+        if top is not None and not (_is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS):
+            raise _invalid("top_logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]", top)
+        if top is not None and not want:
+            raise ApiError("'top_logprobs' needs 'logprobs' true.", param="top_logprobs")
+        n, param = (top or 0) if want else None, "top_logprobs" if top else "logprobs"
+    else:
+        n, param = fields.get("logprobs"), "logprobs"
+        if n is not None and not (_is_int(n) and 0 <= n <= MAX_TOP_LOGPROBS):
+            raise _invalid("logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]", n)
+    if n is None:
+        return None
+    if served.max_logprobs is None:
+        raise ApiError("This server computes no log probabilities; start it with "
+                       "--max-logprobs N.", param=param, code="unsupported_parameter")
+    if n > served.max_logprobs:
+        raise ApiError(f"'{param}' = {n}: this server lists at most {served.max_logprobs} "
+                       f"alternatives per token (--max-logprobs).", param=param)
+    return n
+
+
 def parse_completion(body, served: ServedModel, encode: Callable[[str], list]) -> list:
     """A /v1/completions body -> its choices' GenerationParams (module docstring), in choice
     order. `prompt`: see `_prompts`."""
     fields = _checked_fields(body, COMPLETION_FIELDS)
     check_model(fields["model"], served)
-    return _choices(fields, _prompts(fields.get("prompt"), encode), served,
-                    max_tokens_field="max_tokens", prompt_field="prompt",
-                    default_max_tokens=COMPLETIONS_MAX_TOKENS)
+    logprobs = _logprobs(fields, served, chat=False)
+    choices = _choices(fields, _prompts(fields.get("prompt"), encode), served,
+                       max_tokens_field="max_tokens", prompt_field="prompt",
+                       default_max_tokens=COMPLETIONS_MAX_TOKENS)
+    return [dataclasses.replace(c, logprobs=logprobs) for c in choices]
 
 
 def _message(m, i) -> dict:
@@ -407,6 +447,7 @@ def parse_chat(body, served: ServedModel, render: Callable[[list, dict], str],
                             fields.get("parallel_tool_calls", True), tool_format)
     except ToolError as e:
         raise ApiError(str(e), param=e.param) from None
+    logprobs = _logprobs(fields, served, chat=True)
     kwargs = _template_kwargs(fields)
     if tools is not None:
         kwargs = {**kwargs, "tools": list(tools.specs)}
@@ -420,10 +461,38 @@ def parse_chat(body, served: ServedModel, render: Callable[[list, dict], str],
     key = "max_tokens" if "max_tokens" in fields else "max_completion_tokens"
     choices = _choices(fields, [ids], served, max_tokens_field=key, prompt_field="messages")
     thinking = open_after(text) if reasoning else None
-    return [dataclasses.replace(c, tools=tools, thinking=thinking) for c in choices]
+    return [dataclasses.replace(c, tools=tools, thinking=thinking, logprobs=logprobs)
+            for c in choices]
 
 
 # ---------------------------------------------------------------------- response shapes
+
+def _logprob(v: float) -> float:
+    return max(v, -9999.0)      # OpenAI's floor (JSON has no -inf)
+
+
+def chat_logprobs(entries, spell: Callable[[int], str], top: int) -> dict:
+    """A chat choice's `logprobs` of its tokens `entries` [(id, logprob, ((id, logprob), ...))]
+    with `top` alternatives each; spell(id) is a token's text."""
+    def one(i, lp):
+        text = spell(i)
+        return {"token": text, "logprob": _logprob(lp), "bytes": list(text.encode())}
+    return {"content": [{**one(t, lp), "top_logprobs": [one(i, a) for i, a in alts[:top]]}
+                        for t, lp, alts in entries], "refusal": None}
+
+
+def completion_logprobs(entries, spell: Callable[[int], str], top: int,
+                        offset: int = 0) -> dict:
+    """A completion choice's `logprobs` (the legacy shape) of `entries` (as `chat_logprobs`'):
+    each token's text, its logprob, the `top` alternatives and the sampled token by text, and
+    where its text starts (from `offset`, the length of the text before these tokens)."""
+    tokens = [spell(t) for t, _, _ in entries]
+    tops = [{**{spell(i): _logprob(a) for i, a in alts[:top]}, tokens[n]: _logprob(lp)}
+            for n, (_, lp, alts) in enumerate(entries)]
+    return {"tokens": tokens, "token_logprobs": [_logprob(lp) for _, lp, _ in entries],
+            "top_logprobs": tops,
+            "text_offset": list(itertools.accumulate(map(len, tokens), initial=offset))[:-1]}
+
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     """OpenAI's usage object; cached_tokens: prompt tokens served from the prefix cache."""
@@ -451,11 +520,11 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def response(self, choices: list, use: dict) -> dict:
-        """The whole answer: choices [(text, finish_reason, tool_calls, reasoning)] in index
-        order (chat: content None beside tool calls without text; tool_calls [] and reasoning
-        None: none)."""
+        """The whole answer: choices [(text, finish_reason, tool_calls, reasoning, logprobs)] in
+        index order (chat: content None beside tool calls without text; tool_calls [] and
+        reasoning None: none; logprobs: `chat_logprobs` / `completion_logprobs` or None)."""
         out = []
-        for i, (text, finish_reason, calls, reasoning) in enumerate(choices):
+        for i, (text, finish_reason, calls, reasoning, logprobs) in enumerate(choices):
             if self.chat:
                 message = {"role": "assistant", "content": text}
                 if reasoning is not None:
@@ -465,17 +534,17 @@ class Reply:
                 choice = {"index": i, "message": message}
             else:
                 choice = {"index": i, "text": text}
-            choice.update(logprobs=None, finish_reason=finish_reason)
+            choice.update(logprobs=logprobs, finish_reason=finish_reason)
             out.append(choice)
         return {**self._head(False), "choices": out, "usage": use}
 
     def chunk(self, text: str = "", finish_reason: str | None = None,
               first: bool = False, index: int = 0, tool_calls: list | None = None,
-              reasoning: str = "") -> dict:
+              reasoning: str = "", logprobs: dict | None = None) -> dict:
         """A stream chunk of choice `index` with `text`; `first` (chat): the one that opens
         the assistant message; `finish_reason`: the choice's last one; `tool_calls` (chat):
         [(j, call)], whole calls with their index j among the choice's calls; `reasoning`
-        (chat): a piece of thinking."""
+        (chat): a piece of thinking; `logprobs`: those of the tokens since the last chunk."""
         if self.chat:
             delta = ({"role": "assistant", "content": text} if first else
                      {"content": text} if text or finish_reason is None else {})
@@ -486,7 +555,7 @@ class Reply:
             choice = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason)
+        choice.update(logprobs=logprobs, finish_reason=finish_reason)
         return {**self._head(True), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:

@@ -14,7 +14,8 @@ def jax_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_server(jax_cache, tmp_path_factory):
-    server = ServerProcess(jax_cache, tmp_path_factory.mktemp("serve") / "stderr.log")
+    server = ServerProcess(jax_cache, tmp_path_factory.mktemp("serve") / "stderr.log",
+                           "--max-logprobs", "5")
     try:
         yield server.wait_ready()
     finally:

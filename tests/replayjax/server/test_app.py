@@ -52,7 +52,7 @@ class ByteTokenizer:
     def encode(self, text, add_special_tokens=True):
         return self._Enc(list(text.encode()))
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=True):
         return bytes(ids).decode(errors="replace")
 
 

@@ -33,6 +33,8 @@ from replayjax.server import cli
     (["--dtype", "float32"], "argument --dtype: only with --synthetic"),
     (["--warmup", "none"], "argument --warmup: invalid choice"),
     (["--tool-call-format", "json"], "argument --tool-call-format: invalid choice"),
+    (["--max-logprobs", "21"], "argument --max-logprobs: must be in [0, 20], got 21"),
+    (["--reasoning", "on"], "argument --reasoning: invalid choice"),
 ])
 def test_bad_flags_exit_2(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:

@@ -6,6 +6,7 @@ slot; every bad request gets its 4xx in OpenAI's shape and the next request is s
 
 import asyncio
 import json
+import math
 import random
 import subprocess
 import sys
@@ -84,6 +85,29 @@ def test_tools_on_the_demo_model_are_a_clear_400(client):
     out = client.chat.completions.create(model=MODEL, messages=msgs, tools=[weather],
                                          tool_choice="none", max_tokens=2)
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+
+
+def test_logprobs_of_greedy_tokens(client):
+    """The demo server runs with --max-logprobs 5: a greedy token is its own most likely
+    alternative, every logprob is <= 0 and the alternatives' probabilities sum to <= 1, in
+    both shapes."""
+    out = client.completions.create(model=MODEL, prompt="This program", max_tokens=8,
+                                    temperature=0, logprobs=3)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == out.usage.completion_tokens == 8
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and max(top.values()) == value and top[token] == value
+        assert len(top) == 3 and sum(math.exp(v) for v in top.values()) <= 1 + 1e-6
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == out.choices[0].text
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Quote the GPL."}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 6
+    assert all(t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob
+               and len(t.top_logprobs) == 2 for t in content)
+    with pytest.raises(openai.BadRequestError, match="at most 5 alternatives"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, logprobs=6)
 
 
 def test_models_and_health(client, server):
