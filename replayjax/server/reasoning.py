@@ -13,6 +13,8 @@ lines templates put around the tags are dropped.
 
 from __future__ import annotations
 
+from replayjax.server.text import tag_start
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -24,12 +26,6 @@ def template_thinks(source: str | None) -> bool:
 def open_after(prompt: str) -> bool:
     """Whether the reply to this prompt text starts inside a think block."""
     return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
-
-
-def _partial(text: str, tag: str) -> int:
-    """The length of text's longest tail that begins `tag` (shorter than it)."""
-    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1)
-                 if tag.startswith(text[-k:])), 0)
 
 
 class ReasoningStream:
@@ -62,7 +58,7 @@ class ReasoningStream:
             self.state = "answer"
             return (self._part("think", text[:i].rstrip("\n")),
                     self._part("answer", text[i + len(CLOSE):]))
-        body = text[:len(text) - _partial(text, CLOSE)]
+        body = text[:len(text) - tag_start(text, CLOSE)]
         body = body.rstrip("\n")                # newlines right before </think> are layout
         self.held = text[len(body):]
         return self._part("think", body), ""

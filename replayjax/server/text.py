@@ -52,6 +52,13 @@ class Detokenizer:
         return start, text
 
 
+def tag_start(text: str, tag: str) -> int:
+    """The length of text's longest tail that begins `tag` (shorter than it; 0: none): what a
+    stream must hold back until it knows whether the tag follows."""
+    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1)
+                 if tag.startswith(text[-k:])), 0)
+
+
 class StopStrings:
     """Cuts a text stream before the first of `stops` (non-empty strings) and holds back text that
     could still begin one, so nothing emitted ever shows a part of a stop string."""

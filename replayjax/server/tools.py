@@ -28,6 +28,8 @@ import json
 import re
 import uuid
 
+from replayjax.server.text import tag_start
+
 FORMATS = ("hermes", "xml", "toolcall")
 _TAGS = {"hermes": ("<tool_call>", "</tool_call>"), "xml": ("<tool_call>", "</tool_call>"),
          "toolcall": ("<TOOLCALL>", "</TOOLCALL>")}
@@ -301,8 +303,7 @@ class ToolStream:
         if (i := text.find(self.tag)) >= 0:
             self.rest, self.held = text[i:], ""
             return text[:i]
-        keep = next((k for k in range(min(len(self.tag) - 1, len(text)), 0, -1)
-                     if self.tag.startswith(text[-k:])), 0)
+        keep = tag_start(text, self.tag)
         self.held = text[len(text) - keep:]
         return text[:len(text) - keep]
 

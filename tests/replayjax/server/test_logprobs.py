@@ -10,13 +10,13 @@ import openai.types.chat as oa
 import pytest
 from starlette.testclient import TestClient
 
-from replayjax.engine import Completion, Event
 from replayjax.sampling import SamplingParams
 from replayjax.server import protocol as P
 from replayjax.server.app import ServerState, create_app
 from replayjax.server.chat import ChatTemplate
 from replayjax.server.metrics import Metrics
 from tests.replayjax.server.test_app import ByteTokenizer
+from tests.replayjax.server.test_tools import ScriptWorker
 
 SERVED = P.ServedModel(name="m", vocab=256, max_len=256, num_draft=0,
                        defaults=SamplingParams(temperature=0.0), max_logprobs=5)
@@ -85,30 +85,13 @@ def test_the_shapes():
                                                                        {"b": -1.0}]
 
 
-class LogprobWorker:
-    """Answers with `reply`'s bytes, a token per event; token t's logprob -t / 100 and its
-    alternatives t, t + 1, ... at -t / 100 - j."""
-    failed = None
-
-    def __init__(self, reply: str):
-        self.tokens = list(reply.encode())
-
-    def load(self):
-        return 0, 0, 4
-
-    def submit(self, request, deliver):
-        for i, t in enumerate(self.tokens):
-            lp = (-t / 100, tuple((t + j, -t / 100 - j) for j in range(5)))
-            done = Completion(request.id, self.tokens, "length", 0.0, 0.0) \
-                if i == len(self.tokens) - 1 else None
-            deliver(Event(request.id, [t], done, logprobs=[lp]))
-
-    def cancel(self, request_id):
-        pass
+def _logprob(t):
+    """Token t's logprob -t / 100 and its alternatives t, t + 1, ... at -t / 100 - j."""
+    return -t / 100, tuple((t + j, -t / 100 - j) for j in range(5))
 
 
 def _client(reply):
-    worker = LogprobWorker(reply)
+    worker = ScriptWorker(reply, "length", _logprob)
     state = ServerState(worker=worker, tokenizer=ByteTokenizer(),
                         chat_template=ChatTemplate("{{ messages[0].content }}", {}),
                         served=SERVED, metrics=Metrics(worker.load, 0), max_queue=4)

@@ -199,20 +199,22 @@ def test_the_template_renders_tools_and_history(fmt):
 
 
 class ScriptWorker:
-    """Answers every request with `reply`, a token (byte) per event, finishing "stop"."""
+    """Answers every request with `reply`, a token (byte) per event, finishing `reason`; with
+    `logprobs` (token -> (logprob, alternatives)) each event carries its token's."""
     failed = None
 
-    def __init__(self, reply: str):
-        self.tokens = list(reply.encode())
+    def __init__(self, reply: str, reason: str = "stop", logprobs=None):
+        self.tokens, self.reason, self.logprobs = list(reply.encode()), reason, logprobs
 
     def load(self):
         return 0, 0, 4
 
     def submit(self, request, deliver):
         for i, t in enumerate(self.tokens):
-            last = i == len(self.tokens) - 1
-            deliver(Event(request.id, [t], Completion(request.id, self.tokens, "stop", 0.0, 0.0)
-                          if last else None))
+            done = (Completion(request.id, self.tokens, self.reason, 0.0, 0.0)
+                    if i == len(self.tokens) - 1 else None)
+            deliver(Event(request.id, [t], done,
+                          logprobs=[self.logprobs(t)] if self.logprobs else None))
 
     def cancel(self, request_id):
         pass
