@@ -138,6 +138,10 @@ def build_parser():
                    help="write the fp32 logits each generated token was sampled from, "
                         "[prompts, max_new_tokens, vocab] (np.save format, to FILE as named); "
                         "rows past a prompt's last token are NaN")
+    o.add_argument("--logprobs", type=cli.in_range(0, 20), metavar="N",
+                   help="with --json / --jsonl: each generated token's log probability under "
+                        "the model (log-softmax of its logits) and the N most likely tokens' "
+                        "(a result's \"logprobs\": [[logprob, [[id, logprob], ...]], ...])")
     return ap
 
 
@@ -168,6 +172,11 @@ def parse_args(argv=None):
         ap.error("argument --jsonl: give --json (one object) or --jsonl (one line per prompt)")
     if args.stream and (args.json or args.jsonl):
         ap.error("argument --stream: prints text as it comes; not with --json / --jsonl")
+    if args.logprobs is not None and not (args.json or args.jsonl):
+        ap.error("argument --logprobs: they are printed in --json / --jsonl output")
+    if args.logprobs is not None and args.save_logits:
+        ap.error("argument --logprobs: not with --save-logits (the logits hold them: their "
+                 "log-softmax)")
     if args.stream and len(args.prompts) > 1:
         ap.error(f"argument --stream: prints one prompt's output; got {len(args.prompts)} "
                  f"prompts")
@@ -311,7 +320,8 @@ def generate(args, tok, model_dir, prompts):
         with progress.stage("allocating the cache"):
             try:
                 engine = Engine(model, draft_model=draft_model,
-                                return_logits=bool(args.save_logits), **cli.engine_settings(args))
+                                return_logits=bool(args.save_logits), logprobs=args.logprobs,
+                                **cli.engine_settings(args))
             except MemoryError as e:
                 raise cli.UserError(f"--num-slots {args.num_slots}, --max-len {args.max_len}: "
                                     f"{e}") from None
@@ -355,6 +365,8 @@ def _row(i, p, ids, c, tok):
                accepted_drafts=c.accepted_drafts, cached_tokens=c.cached_tokens)
     if tok:
         row["text"] = tok.decode(c.tokens)
+    if c.logprobs is not None:
+        row["logprobs"] = [[lp, [list(a) for a in alts]] for lp, alts in c.logprobs]
     return row
 
 

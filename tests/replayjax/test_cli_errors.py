@@ -116,6 +116,9 @@ PARSE_CASES = [
     (GEN + ["--stream", "--jsonl"], "--stream"),
     (GEN + ["--stream", "--prompt-ids", "3"], "--stream"),
     (GEN + ["--json", "--jsonl"], "--jsonl"),
+    (GEN + ["--logprobs", "2"], "--logprobs"),               # without --json / --jsonl
+    (GEN + ["--logprobs", "21", "--json"], "--logprobs"),
+    (GEN + ["--logprobs", "2", "--json", "--save-logits", "x.npy"], "--logprobs"),
     (GEN + ["--frobnicate"], "--frobnicate"),
     (GEN + ["--max-new-tokens"], "--max-new-tokens"),       # value missing
     (["generate"], "--prompt"),

@@ -91,6 +91,17 @@ def test_jsonl_is_one_object_per_prompt_and_json_reports_compilation_apart(capsy
     assert out["generate_s"] < out["compile_s"]
 
 
+def test_logprobs_in_json_rows(capsys):
+    """--logprobs N: each result lists its tokens' (logprob, N alternatives); greedy tokens are
+    their own most likely alternative."""
+    assert generate_cli.main(SMALL + ["--prompt-ids", "1,2,3", "--logprobs", "2",
+                                      "--jsonl"]) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(row["logprobs"]) == len(row["tokens"]) == 3
+    for token, (lp, alts) in zip(row["tokens"], row["logprobs"]):
+        assert len(alts) == 2 and alts[0] == [token, lp] and lp >= alts[1][1] and lp <= 0
+
+
 def test_a_request_the_engine_could_not_serve_is_one_line(monkeypatch, capsys):
     """A completion that finished with finish_reason "error" (its prefill failed and the engine
     went on) is not printed as an empty output: one line naming the prompt and why, exit 1."""
