@@ -24,6 +24,7 @@ from replayjax import commandline as cli
 from replayjax.bench.synthetic import SYNTHETIC
 from replayjax.commandline import MAX_VERIFY_TOKENS
 from replayjax.server.tools import FORMATS as TOOL_FORMATS
+from replayjax.server.tools import template_format
 
 PROG = "replayjax serve"
 DEMO_NAME = "replayjax-demo"
@@ -189,7 +190,6 @@ def build_engine(args, model_dir: str | None):
 def tool_format(flag: str, template) -> str | None:
     """--tool-call-format: the chat template's own format ("auto"; None without a template or
     one that renders no tools), the one named, or None ("none": requests with tools refused)."""
-    from replayjax.server.tools import template_format
     if flag == "auto":
         return template_format(template.source if template is not None else None)
     return None if flag == "none" else flag
