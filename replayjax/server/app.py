@@ -33,7 +33,7 @@ from replayjax.server.generation import Generation
 from replayjax.server.metrics import CONTENT_TYPE, Metrics
 from replayjax.server.protocol import ApiError, Reply, ServedModel, error_body
 from replayjax.server.reasoning import ReasoningStream, split_reasoning
-from replayjax.server.tools import ToolStream, split_reply
+from replayjax.server.tools import ToolStream, call_tag, split_reply
 from replayjax.server.worker import EngineFailed, EngineWorker
 
 log = logging.getLogger("replayjax.server")
@@ -268,7 +268,7 @@ async def _choice_chunks(gen: Generation, index: int, reply: Reply, spell, disco
     p = gen.params
     if reply.chat:
         yield reply.chunk(first=True, index=index)
-    think = ReasoningStream(p.thinking) if p.thinking is not None else None
+    think = ReasoningStream(p.thinking, call_tag(p.tools)) if p.thinking is not None else None
     tools = ToolStream(p.tools) if p.tools else None
     sent = 0                    # text sent (completions' text_offset)
 
@@ -366,8 +366,8 @@ def _answer(text: str, gen: Generation, reply: Reply, spell) -> tuple:
     reason ("tool_calls" when it called one), its tool calls, its thinking (split off) and its
     tokens' log probabilities."""
     p = gen.params
-    reasoning, content = (split_reasoning(text, p.thinking) if p.thinking is not None
-                          else (None, text))
+    reasoning, content = (split_reasoning(text, p.thinking, call_tag(p.tools))
+                          if p.thinking is not None else (None, text))
     content, calls = (split_reply(p.tools.forced + content, p.tools) if p.tools
                       else (content, []))
     return (content, "tool_calls" if calls else gen.finish_reason, calls, reasoning,

@@ -8,7 +8,9 @@ start of the reply. `open_after(prompt)` tells the first case from the prompt's 
 <think> not closed); a reply that starts with <think> (after whitespace) is the second. A reply
 in neither case is all content (e.g. Qwen3.5 with enable_thinking false: the template closes
 an empty think block in the prompt). A reply cut before </think> is all thinking. The blank
-lines templates put around the tags are dropped.
+lines templates put around the tags are dropped. With tools, a tool call's start tag ends the
+thinking too (Qwen3.5 may open a call without closing its think block first); the answer
+begins with the tag.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ class ReasoningStream:
     """A reply's text as it streams, split into (reasoning, content) pieces; `thinking`: the
     prompt left it inside a think block (`open_after`). Text that may turn out to be a tag, or
     the newlines before </think>, waits for the next piece; the pieces join to the whole
-    reply's split (`split_reasoning`)."""
+    reply's split (`split_reasoning`). `call`: a tool call's start tag, which ends the thinking
+    (kept in the answer), or None."""
 
-    def __init__(self, thinking: bool):
+    def __init__(self, thinking: bool, call: str | None = None):
         self.state = "think" if thinking else "start"   # "start": it may still open one
         self.thought = thinking                         # it thinks at all
+        self.ends = (CLOSE,) + ((call,) if call else ())
         self.held = ""
         self.begun = {"think": False, "answer": False}  # a part's first character sent
 
@@ -54,11 +58,13 @@ class ReasoningStream:
                 return "", text
         if self.state == "answer":
             return "", self._part("answer", text)
-        if (i := text.find(CLOSE)) >= 0:
+        found = [(i, tag) for tag in self.ends if (i := text.find(tag)) >= 0]
+        if found:
+            i, tag = min(found)
             self.state = "answer"
-            return (self._part("think", text[:i].rstrip("\n")),
-                    self._part("answer", text[i + len(CLOSE):]))
-        body = text[:len(text) - tag_start(text, CLOSE)]
+            rest = text[i + len(CLOSE):] if tag == CLOSE else text[i:]
+            return self._part("think", text[:i].rstrip("\n")), self._part("answer", rest)
+        body = text[:len(text) - max(tag_start(text, tag) for tag in self.ends)]
         body = body.rstrip("\n")                # newlines right before </think> are layout
         self.held = text[len(body):]
         return self._part("think", body), ""
@@ -79,9 +85,10 @@ class ReasoningStream:
         return "", text
 
 
-def split_reasoning(text: str, thinking: bool) -> tuple[str | None, str]:
+def split_reasoning(text: str, thinking: bool, call: str | None = None
+                    ) -> tuple[str | None, str]:
     """(reasoning_content, content) of a whole reply; reasoning None when it does not think
-    (or thinks nothing)."""
-    stream = ReasoningStream(thinking)
+    (or thinks nothing). `call`: as `ReasoningStream`'s."""
+    stream = ReasoningStream(thinking, call)
     parts = [stream.push(text), stream.finish()]
     return "".join(p[0] for p in parts) or None, "".join(p[1] for p in parts)

@@ -284,6 +284,11 @@ def split_reply(text: str, tools: Tools) -> tuple[str | None, list]:
     return content or None, [_call(name, args) for name, args in calls]
 
 
+def call_tag(tools: Tools | None) -> str | None:
+    """The tag a tool call starts with in the request's format (None without tools)."""
+    return None if tools is None else _TAGS[tools.format][0]
+
+
 class ToolStream:
     """A streamed reply split as `split_reply` splits it: `push(piece)` returns the content to
     send now (up to a tool-call block's start tag; a piece's tail that may begin one waits for

@@ -31,11 +31,21 @@ CASES = [   # reply, the prompt opened a think block, (reasoning, content)
 ]
 
 
-@pytest.mark.parametrize("text,thinking,want", CASES)
-def test_a_reply_splits_alike_whole_and_in_any_pieces(text, thinking, want):
-    assert R.split_reasoning(text, thinking) == want
+CALL = "<tool_call>"
+CALL_CASES = [   # with tools: a call's tag ends the thinking too, and stays in the answer
+    ("plan\n<tool_call>{}</tool_call>", True, ("plan", "<tool_call>{}</tool_call>")),
+    ("plan</think>\n\n<tool_call>x", True, ("plan", "<tool_call>x")),
+    ("<think>a<tool_call>b</think>c", False, ("a", "<tool_call>b</think>c")),
+    ("a <tool_ca", True, ("a <tool_ca", "")),
+]
+
+
+@pytest.mark.parametrize("text,thinking,want,call", [c + (None,) for c in CASES] +
+                         [c + (CALL,) for c in CALL_CASES])
+def test_a_reply_splits_alike_whole_and_in_any_pieces(text, thinking, want, call):
+    assert R.split_reasoning(text, thinking, call) == want
     for i, j in itertools.combinations(range(len(text) + 1), 2):
-        stream = R.ReasoningStream(thinking)
+        stream = R.ReasoningStream(thinking, call)
         parts = [stream.push(p) for p in (text[:i], text[i:j], text[j:])] + [stream.finish()]
         assert ("".join(p[0] for p in parts) or None, "".join(p[1] for p in parts)) == want
 
@@ -117,3 +127,22 @@ def test_tool_calls_after_thinking():
     assert _stream(c, _body(tools=[WEATHER])) == (
         "Paris needs a lookup.", "I will check.\n",
         [("get_weather", WANT_ARGS["hermes"]), ("get_time", {})], "tool_calls")
+
+
+def test_a_call_inside_the_thinking_ends_it():
+    """Qwen3.5 may open a tool call without closing its think block: the call is read, the
+    text before it is thinking."""
+    text, _ = REPLIES["hermes"]
+    c = _client("Paris needs a lookup.\n" + text)
+    out = c.post("/v1/chat/completions", json=_body(tools=[WEATHER])).json()
+    message = out["choices"][0]["message"]
+    assert out["choices"][0]["finish_reason"] == "tool_calls" and message["content"] is None
+    assert message["reasoning_content"] == "Paris needs a lookup.\nI will check."
+    assert [t["function"]["name"] for t in message["tool_calls"]] == ["get_weather", "get_time"]
+    thought, content, calls, reason = _stream(c, _body(tools=[WEATHER]))
+    assert (thought, content, reason) == ("Paris needs a lookup.\nI will check.", "",
+                                          "tool_calls")
+    assert [name for name, _ in calls] == ["get_weather", "get_time"]
+    # without tools the tag is no end: all of it is thinking
+    out = c.post("/v1/chat/completions", json=_body()).json()
+    assert out["choices"][0]["message"]["content"] == ""
