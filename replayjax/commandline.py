@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 
-# pallas_kernels.ring's limits, repeated so that parsing a flag does not import jax (a test checks
-# they agree)
+# pallas_kernels.ring's limits and replayjax.requests' MAX_TOP_LOGPROBS, repeated so that parsing
+# a flag does not import jax (a test checks they agree)
 MAX_WINDOW = 64
 MAX_VERIFY_TOKENS = 8
+MAX_TOP_LOGPROBS = 20
 INT32_MAX = 2 ** 31 - 1
 
 

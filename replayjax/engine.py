@@ -79,7 +79,15 @@ from pallas_kernels.validation import STATE_DTYPES
 from replayjax import memory, steps
 from replayjax.drafters import MTPDrafter, make_drafter
 from replayjax.prefix_cache import PrefixCache
-from replayjax.requests import Completion, Event, Request, RequestError, check_request, is_int
+from replayjax.requests import (
+    MAX_TOP_LOGPROBS,
+    Completion,
+    Event,
+    Request,
+    RequestError,
+    check_request,
+    is_int,
+)
 from replayjax.sampling import SamplingArrays, SamplingParams
 from replayjax.steps import EngineState, Keep, PrefixRows, SlotInputs
 
@@ -87,7 +95,6 @@ __all__ = ["Engine", "Request", "Completion", "Event", "RequestError", "Sampling
 
 
 MIN_DECODE_ROWS = 8          # the smallest decode batch (fewer compilations below it)
-MAX_TOP_LOGPROBS = 20        # most likely tokens reported per token (OpenAI's top_logprobs)
 # XLA options of the decode and verify loops. XLA's dot merger joins the q, k and v projections
 # (dots sharing their input) into one dot over the concatenated weights, and inside a while loop
 # that concatenation of loop-invariant weights runs every step (XLA does not hoist an op that

@@ -138,7 +138,7 @@ def build_parser():
                    help="write the fp32 logits each generated token was sampled from, "
                         "[prompts, max_new_tokens, vocab] (np.save format, to FILE as named); "
                         "rows past a prompt's last token are NaN")
-    o.add_argument("--logprobs", type=cli.in_range(0, 20), metavar="N",
+    o.add_argument("--logprobs", type=cli.in_range(0, cli.MAX_TOP_LOGPROBS), metavar="N",
                    help="with --json / --jsonl: each generated token's log probability under "
                         "the model (log-softmax of its logits) and the N most likely tokens' "
                         "(a result's \"logprobs\": [[logprob, [[id, logprob], ...]], ...])")

@@ -12,6 +12,8 @@ import numpy as np
 from pallas_kernels.validation import is_int
 from replayjax.sampling import SamplingParams
 
+MAX_TOP_LOGPROBS = 20       # most likely tokens listed with a token's log probability (OpenAI's)
+
 
 @dataclasses.dataclass
 class Request:

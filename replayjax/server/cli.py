@@ -22,7 +22,7 @@ import uvicorn
 
 from replayjax import commandline as cli
 from replayjax.bench.synthetic import SYNTHETIC
-from replayjax.commandline import MAX_VERIFY_TOKENS
+from replayjax.commandline import MAX_TOP_LOGPROBS, MAX_VERIFY_TOKENS
 from replayjax.server.tools import FORMATS as TOOL_FORMATS
 from replayjax.server.tools import template_format
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "</tool_call>: Qwen3, Qwen3-Next), xml (<tool_call><function=...>: "
                          "Qwen3.5, Nemotron 3), toolcall (<TOOLCALL>[json]</TOOLCALL>: "
                          "Nemotron-H), none (requests with tools are refused)")
-    ap.add_argument("--max-logprobs", type=cli.in_range(0, 20), metavar="N",
+    ap.add_argument("--max-logprobs", type=cli.in_range(0, MAX_TOP_LOGPROBS), metavar="N",
                     help="let requests ask for log probabilities (completions 'logprobs', chat "
                          "'logprobs' / 'top_logprobs') with up to N alternatives a token; the "
                          "engine then computes them at every step (a log-softmax and a top-N "

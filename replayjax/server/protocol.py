@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable
 
 from replayjax.commandline import is_unicode
+from replayjax.requests import MAX_TOP_LOGPROBS
 from replayjax.sampling import SEED_LIMIT, TOP_K_LIMIT, SamplingParams
 from replayjax.server.reasoning import CLOSE, open_after
 from replayjax.server.tools import ToolError, Tools, check_tools, history_calls
@@ -332,9 +333,6 @@ def _prompts(prompt, encode) -> list:
         raise ApiError("The prompt is empty.", param="prompt")
     raise _invalid("prompt", "a string, a list of token ids, or a non-empty list of strings or "
                    "of token-id lists", prompt)
-
-
-MAX_TOP_LOGPROBS = 20       # OpenAI's top_logprobs bound
 
 
 def _logprobs(fields, served: ServedModel, chat: bool) -> int | None:

@@ -63,8 +63,10 @@ def test_generate_help_says_what_greedy_and_the_seed_are(capsys):
 
 def test_limits_repeated_for_parsing_match_the_kernels():
     from pallas_kernels import ring
+    from replayjax import requests
     assert (commandline.MAX_WINDOW, commandline.MAX_VERIFY_TOKENS) == (ring.MAX_WINDOW,
                                                                      ring.MAX_VERIFY_TOKENS)
+    assert commandline.MAX_TOP_LOGPROBS == requests.MAX_TOP_LOGPROBS
 
 
 def test_progress_is_drawn_only_when_enabled(monkeypatch, capsys):
