@@ -368,8 +368,7 @@ def _answer(text: str, gen: Generation, reply: Reply, spell) -> tuple:
     p = gen.params
     reasoning, content = (split_reasoning(text, p.thinking, call_tag(p.tools))
                           if p.thinking is not None else (None, text))
-    content, calls = (split_reply(p.tools.forced + content, p.tools) if p.tools
-                      else (content, []))
+    content, calls = split_reply(content, p.tools) if p.tools else (content, [])
     return (content, "tool_calls" if calls else gen.finish_reason, calls, reasoning,
             _logprobs(gen, reply, spell))
 

@@ -77,9 +77,7 @@ class StopStrings:
         if cut >= 0:
             self.held, self.hit = "", True
             return text[:cut]
-        keep = next((i for i in range(max(0, len(text) - max(map(len, self.stops)) + 1),
-                                      len(text))
-                     if any(s.startswith(text[i:]) for s in self.stops)), len(text))
+        keep = len(text) - max(tag_start(text, s) for s in self.stops)
         self.held = text[keep:]
         return text[:keep]
 

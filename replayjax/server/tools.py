@@ -261,9 +261,11 @@ _PARSERS = {"hermes": _hermes, "xml": _xml, "toolcall": _toolcall}
 
 
 def split_reply(text: str, tools: Tools) -> tuple[str | None, list]:
-    """(content, tool_calls) of a whole reply: the text outside the tool-call blocks (None when
-    only whitespace is left) and OpenAI's tool_calls objects; (text, []) when it holds no
-    block, or one that does not parse or close."""
+    """(content, tool_calls) of a whole reply (the text generated after its forced start, if
+    any): the text outside the tool-call blocks (None when only whitespace is left) and OpenAI's
+    tool_calls objects; (the reply, []) when it holds no block, or one that does not parse or
+    close."""
+    text = tools.forced + text
     start, end = _TAGS[tools.format]
     outside, calls, pos = [], [], 0
     while (i := text.find(start, pos)) >= 0:
@@ -297,8 +299,8 @@ class ToolStream:
     def __init__(self, tools: Tools):
         self.tools, self.tag = tools, _TAGS[tools.format][0]
         self.held = ""                  # a tail that may start the tag
-        self.rest: str | None = None    # everything from the first tag on
-        self.push(tools.forced)         # (the reply's forced start: a tag, so nothing is sent)
+        # everything from the first tag on (a forced start is in a block from the first piece)
+        self.rest: str | None = "" if tools.forced else None
 
     def push(self, piece: str) -> str:
         if self.rest is not None:
@@ -317,6 +319,4 @@ class ToolStream:
         if self.rest is None:
             return self.held, []
         content, calls = split_reply(self.rest, self.tools)
-        if not calls:
-            return self.rest, []
         return content or "", calls

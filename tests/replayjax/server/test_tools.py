@@ -335,8 +335,7 @@ def test_tool_choice_forces_a_call_by_the_prompt(fmt):
     assert required.forced == {"hermes": "<tool_call>\n", "xml": "<tool_call>\n",
                                "toolcall": "<TOOLCALL>["}[fmt]
     assert named.forced.startswith(required.forced) and "get_weather" in named.forced
-    text = named.forced + CONTINUATIONS[fmt]
-    [call] = T.split_reply(text, named)[1]
+    [call] = T.split_reply(CONTINUATIONS[fmt], named)[1]     # (the text after the forced start)
     assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
         "get_weather", {"city": "Paris", "days": 3})
     body = {"model": "m", "tools": [WEATHER], "tool_choice": NAMED,
