@@ -280,7 +280,7 @@ async def _choice_chunks(gen: Generation, index: int, reply: Reply, spell, disco
             text = tools.push(text)
         if text:
             out.append(reply.chunk(text, index=index))
-        if (lps := gen.new_logprobs()) and p.logprobs is not None:
+        if lps := gen.new_logprobs():        # (none unless the request asked for them)
             out = out or [reply.chunk(index=index)]
             out[-1]["choices"][0]["logprobs"] = _logprobs(gen, reply, spell, lps, sent)
         sent += len(text)

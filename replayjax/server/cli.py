@@ -187,11 +187,12 @@ def build_engine(args, model_dir: str | None):
     return engine
 
 
-def tool_format(flag: str, template) -> str | None:
-    """--tool-call-format: the chat template's own format ("auto"; None without a template or
-    one that renders no tools), the one named, or None ("none": requests with tools refused)."""
+def tool_format(flag: str, source: str | None) -> str | None:
+    """--tool-call-format: the format of the chat template whose source is given ("auto"; None
+    without a template or for one that renders no tools), the one named, or None ("none":
+    requests with tools refused)."""
     if flag == "auto":
-        return template_format(template.source if template is not None else None)
+        return template_format(source)
     return None if flag == "none" else flag
 
 
@@ -236,13 +237,13 @@ def build_state(args):
                          num_draft=args.num_draft, eos_ids=eos, defaults=defaults,
                          max_logprobs=args.max_logprobs)
     worker = EngineWorker(engine)
+    source = template.source if template is not None else None
     return ServerState(worker=worker, tokenizer=tokenizer, chat_template=template,
                        served=served, metrics=Metrics(worker.load, args.num_draft),
                        max_queue=args.max_queue,
                        max_body_bytes=int(args.max_request_mb * 1e6),
-                       tool_format=tool_format(args.tool_call_format, template),
-                       reasoning=args.reasoning == "auto" and template_thinks(
-                           template.source if template is not None else None))
+                       tool_format=tool_format(args.tool_call_format, source),
+                       reasoning=args.reasoning == "auto" and template_thinks(source))
 
 
 def _bind(host: str, port: int) -> socket.socket:

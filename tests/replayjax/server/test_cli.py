@@ -102,8 +102,7 @@ def test_synthetic_model_serves_every_token_as_text(monkeypatch):
 
 
 def test_the_tool_call_format_follows_the_template_unless_named():
-    from replayjax.server.chat import ChatTemplate
-    hermes = ChatTemplate("{% if tools %}<tool_call>{% endif %}{{ messages }}", {})
-    plain = ChatTemplate("{{ messages }}", {})
+    hermes = "{% if tools %}<tool_call>{% endif %}{{ messages }}"
+    plain = "{{ messages }}"
     assert [cli.tool_format("auto", t) for t in (hermes, plain, None)] == ["hermes", None, None]
     assert cli.tool_format("xml", plain) == "xml" and cli.tool_format("none", hermes) is None
