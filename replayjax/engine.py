@@ -632,9 +632,8 @@ class Engine:
         if self.keep.logits:
             e.logits.append(kept[index])
             return
-        lp, ids, top = (np.asarray(a[index]) for a in kept)
-        e.logprobs += [(float(p), tuple(zip(i.tolist(), t.tolist())))
-                       for p, i, t in zip(lp, ids, top)]
+        lp, ids, top = (a[index].tolist() for a in kept)      # one conversion each
+        e.logprobs += [(p, tuple(zip(i, t))) for p, i, t in zip(lp, ids, top)]
 
     def _settle(self, slot, e: _Entry, now: float) -> list:
         """After a visit added tokens to `e`: completes it at a stop id or max_new_tokens (the
